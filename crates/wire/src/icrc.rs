@@ -1,0 +1,337 @@
+//! The invariant CRC (IBA 9.9, RoCEv2 Annex A17.3.3) and the envelope it covers.
+//!
+//! The ICRC protects the parts of a packet that no router changes. Over RoCEv2 it is the
+//! standard reflected CRC-32 (Ethernet/zlib: poly 0xEDB88320, init and final XOR all ones)
+//! of:
+//!
+//! 1. eight `0xFF` bytes, standing in for the IB LRH that RoCEv2 does not have;
+//! 2. the IP header with its variant fields set to all ones: IPv4 TOS, TTL and header
+//!    checksum; IPv6 traffic class, flow label and hop limit;
+//! 3. the UDP header with its checksum set to all ones;
+//! 4. the BTH with byte 4 (FECN, BECN, reserved) set to all ones;
+//! 5. the rest of the packet through the pad.
+//!
+//! It is appended little-endian, the one field of the packet that is not big-endian.
+//!
+//! A socket-based stack never sees the IP and UDP headers it sends or receives, so the
+//! fields they contribute are given as an [`Envelope`]: addresses, ports, and for IPv4 the
+//! identification and DF bit. Lengths follow from the packet itself.
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::ROCEV2_UDP_PORT;
+
+/// Length of the ICRC trailer.
+pub const ICRC_LEN: usize = 4;
+
+const IPV4_HEADER_LEN: usize = 20;
+const IPV6_HEADER_LEN: usize = 40;
+const UDP_HEADER_LEN: usize = 8;
+/// Offset within the BTH of the byte holding FECN/BECN, masked out of the ICRC.
+const BTH_VARIANT_BYTE: usize = 4;
+const PROTO_UDP: u8 = 17;
+
+/// The IPv4 and UDP fields the ICRC covers, for a packet with no IP options.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Ipv4Envelope {
+    /// Source address.
+    pub src: Ipv4Addr,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// IPv4 identification. Linux sends 0 on an unconnected UDP socket with
+    /// `IP_PMTUDISC_DO`; kernel rxe sends a pseudo-random value.
+    pub identification: u16,
+    /// The don't-fragment flag (RoCEv2 senders set it).
+    pub dont_fragment: bool,
+    /// UDP source port (flow entropy; any value).
+    pub src_port: u16,
+    /// UDP destination port, 4791 for RoCEv2.
+    pub dst_port: u16,
+}
+
+/// The IPv6 and UDP fields the ICRC covers, for a packet with no extension headers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Ipv6Envelope {
+    /// Source address.
+    pub src: Ipv6Addr,
+    /// Destination address.
+    pub dst: Ipv6Addr,
+    /// UDP source port.
+    pub src_port: u16,
+    /// UDP destination port, 4791 for RoCEv2.
+    pub dst_port: u16,
+}
+
+/// What the ICRC covers outside the UDP payload.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum Envelope {
+    /// RoCEv2 over IPv4.
+    V4(Ipv4Envelope),
+    /// RoCEv2 over IPv6.
+    V6(Ipv6Envelope),
+}
+
+impl Envelope {
+    /// The envelope a RoCEv2 sender uses from `src` to `dst` (port 4791) on an unconnected
+    /// socket with path-MTU discovery on: DF set, IPv4 identification 0.
+    pub fn rocev2(src: IpAddr, src_port: u16, dst: IpAddr) -> Option<Self> {
+        match (src, dst) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Some(Envelope::V4(Ipv4Envelope {
+                src,
+                dst,
+                identification: 0,
+                dont_fragment: true,
+                src_port,
+                dst_port: ROCEV2_UDP_PORT,
+            })),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => Some(Envelope::V6(Ipv6Envelope {
+                src,
+                dst,
+                src_port,
+                dst_port: ROCEV2_UDP_PORT,
+            })),
+            _ => None,
+        }
+    }
+
+    /// Source IP address.
+    pub fn src_ip(&self) -> IpAddr {
+        match self {
+            Envelope::V4(e) => e.src.into(),
+            Envelope::V6(e) => e.src.into(),
+        }
+    }
+
+    /// Destination IP address.
+    pub fn dst_ip(&self) -> IpAddr {
+        match self {
+            Envelope::V4(e) => e.dst.into(),
+            Envelope::V6(e) => e.dst.into(),
+        }
+    }
+
+    /// UDP source port.
+    pub fn src_port(&self) -> u16 {
+        match self {
+            Envelope::V4(e) => e.src_port,
+            Envelope::V6(e) => e.src_port,
+        }
+    }
+
+    /// UDP destination port.
+    pub fn dst_port(&self) -> u16 {
+        match self {
+            Envelope::V4(e) => e.dst_port,
+            Envelope::V6(e) => e.dst_port,
+        }
+    }
+}
+
+/// An ICRC computed piece by piece, so that a header and a payload held in different
+/// buffers need not be copied together.
+///
+/// ```
+/// # use softrdma_wire::{icrc::{self, IcrcHasher}, Envelope};
+/// let env = Envelope::rocev2([10, 0, 0, 1].into(), 0xc000, [10, 0, 0, 2].into()).unwrap();
+/// let packet = [0x64u8, 0, 0xff, 0xff, 0, 0, 0, 1, 0, 0, 0, 7, 0x80, 1, 0, 0, 0, 0, 0, 1];
+/// let mut h = IcrcHasher::new(&env, packet.len());
+/// h.update(&packet[..10]);
+/// h.update(&packet[10..]);
+/// assert_eq!(h.finalize(), icrc::compute(&env, &packet));
+/// ```
+#[derive(Clone)]
+pub struct IcrcHasher {
+    crc: crc32fast::Hasher,
+    /// Bytes of the UDP payload fed so far, to find the BTH byte that must be masked.
+    position: usize,
+}
+
+impl IcrcHasher {
+    /// Starts an ICRC for a UDP payload whose covered part (everything but the 4-byte ICRC)
+    /// is `covered_len` bytes long; the length enters the IP and UDP length fields.
+    ///
+    /// Lengths too large for a datagram wrap around in those fields; such a packet cannot
+    /// have been sent, so its ICRC simply will not match.
+    pub fn new(envelope: &Envelope, covered_len: usize) -> Self {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&[0xff; 8]);
+        let udp_len = (UDP_HEADER_LEN + covered_len + ICRC_LEN) as u16;
+        let (src_port, dst_port) = match envelope {
+            Envelope::V4(e) => {
+                let total_len = udp_len.wrapping_add(IPV4_HEADER_LEN as u16);
+                let flags: u8 = if e.dont_fragment { 0x40 } else { 0 };
+                let mut ip = [0u8; IPV4_HEADER_LEN];
+                ip[0] = 0x45;
+                ip[1] = 0xff; // TOS: variant
+                ip[2..4].copy_from_slice(&total_len.to_be_bytes());
+                ip[4..6].copy_from_slice(&e.identification.to_be_bytes());
+                ip[6] = flags; // fragment offset 0: RoCEv2 is never fragmented
+                ip[8] = 0xff; // TTL: variant
+                ip[9] = PROTO_UDP;
+                ip[10] = 0xff; // header checksum: variant
+                ip[11] = 0xff;
+                ip[12..16].copy_from_slice(&e.src.octets());
+                ip[16..20].copy_from_slice(&e.dst.octets());
+                crc.update(&ip);
+                (e.src_port, e.dst_port)
+            }
+            Envelope::V6(e) => {
+                let mut ip = [0u8; IPV6_HEADER_LEN];
+                // Version 6, traffic class and flow label all ones: variant.
+                ip[..4].copy_from_slice(&[0x6f, 0xff, 0xff, 0xff]);
+                ip[4..6].copy_from_slice(&udp_len.to_be_bytes());
+                ip[6] = PROTO_UDP;
+                ip[7] = 0xff; // hop limit: variant
+                ip[8..24].copy_from_slice(&e.src.octets());
+                ip[24..40].copy_from_slice(&e.dst.octets());
+                crc.update(&ip);
+                (e.src_port, e.dst_port)
+            }
+        };
+        let mut udp = [0xffu8; UDP_HEADER_LEN]; // checksum (bytes 6..8): variant
+        udp[0..2].copy_from_slice(&src_port.to_be_bytes());
+        udp[2..4].copy_from_slice(&dst_port.to_be_bytes());
+        udp[4..6].copy_from_slice(&udp_len.to_be_bytes());
+        crc.update(&udp);
+        Self { crc, position: 0 }
+    }
+
+    /// Feeds the next bytes of the UDP payload (BTH first), masking BTH byte 4.
+    pub fn update(&mut self, bytes: &[u8]) {
+        let start = self.position;
+        self.position += bytes.len();
+        if (start..self.position).contains(&BTH_VARIANT_BYTE) {
+            let at = BTH_VARIANT_BYTE - start;
+            self.crc.update(&bytes[..at]);
+            self.crc.update(&[0xff]);
+            self.crc.update(&bytes[at + 1..]);
+        } else {
+            self.crc.update(bytes);
+        }
+    }
+
+    /// The ICRC value; on the wire it goes little-endian (`to_le_bytes`).
+    pub fn finalize(self) -> u32 {
+        self.crc.finalize()
+    }
+}
+
+/// The ICRC of a UDP payload whose first `covered.len()` bytes are BTH through pad.
+pub fn compute(envelope: &Envelope, covered: &[u8]) -> u32 {
+    let mut h = IcrcHasher::new(envelope, covered.len());
+    h.update(covered);
+    h.finalize()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(s: &str) -> std::vec::Vec<u8> {
+        s.split_whitespace()
+            .map(|b| u8::from_str_radix(b, 16).unwrap())
+            .collect()
+    }
+
+    /// Checks a whole IPv4 packet (IP header onward, ICRC last) against `compute`, taking
+    /// the envelope from its header.
+    fn check_ipv4_packet(bytes: &[u8]) {
+        let envelope = Envelope::V4(Ipv4Envelope {
+            src: Ipv4Addr::new(bytes[12], bytes[13], bytes[14], bytes[15]),
+            dst: Ipv4Addr::new(bytes[16], bytes[17], bytes[18], bytes[19]),
+            identification: u16::from_be_bytes([bytes[4], bytes[5]]),
+            dont_fragment: bytes[6] & 0x40 != 0,
+            src_port: u16::from_be_bytes([bytes[20], bytes[21]]),
+            dst_port: u16::from_be_bytes([bytes[22], bytes[23]]),
+        });
+        let udp_payload = &bytes[28..];
+        let (covered, trailer) = udp_payload.split_at(udp_payload.len() - 4);
+        assert_eq!(compute(&envelope, covered).to_le_bytes(), trailer);
+    }
+
+    #[test]
+    fn worked_examples_of_the_reference() {
+        // RC SEND_ONLY (A), its ACK (B), UD SEND_ONLY with pad 3 (C), READ request (D).
+        check_ipv4_packet(&hex(
+            "45 00 00 3c 12 34 40 00 40 11 a5 0e c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
+             04 00 ff ff 00 00 00 12 80 12 34 56 00 00 7f 12 34 56 00 00 00 00 12 34 00 00 00 40
+             f6 17 39 8e",
+        ));
+        check_ipv4_packet(&hex(
+            "45 00 00 30 43 21 40 00 40 11 74 2d c0 a8 01 14 c0 a8 01 0a c1 32 12 b7 00 1c 00 00
+             11 00 ff ff 00 00 00 11 00 12 34 56 1f 00 00 01 8c 11 96 d7",
+        ));
+        check_ipv4_packet(&hex(
+            "45 00 00 3c 00 01 40 00 40 11 b7 41 c0 a8 01 0a c0 a8 01 14 c4 20 12 b7 00 28 00 00
+             64 30 ff ff 00 00 00 21 00 00 00 01 11 11 11 11 00 00 00 20 68 65 6c 6c 6f 00 00 00
+             00 d3 0b 07",
+        ));
+        check_ipv4_packet(&hex(
+            "45 00 00 3c 22 22 40 00 40 11 95 20 c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
+             0c 00 ff ff 00 00 00 12 80 00 01 00 00 00 7f 00 00 00 10 00 00 00 0a 0b 00 00 09 c4
+             f2 95 00 a7",
+        ));
+    }
+
+    #[test]
+    fn scapy_vectors() {
+        // secdev/scapy test/contrib/roce.uts: a CNP captured on a ConnectX-4 Lx (TOS 0xc2 is
+        // variant, UDP source port 0 is covered as sent) ...
+        check_ipv4_packet(&hex(
+            "45 c2 00 3c 71 8c 40 00 40 11 91 61 0a 00 11 01 0a 00 12 01 00 00 12 b7 00 28 00 00
+             81 00 ff ff 40 00 01 18 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00
+             82 fd 00 2a",
+        ));
+        // ... and a UC SEND_ONLY with MigReq and pad 2 (TOS 1, ID 1144, 192.168.0.7 to itself).
+        check_ipv4_packet(&hex(
+            "45 01 00 40 04 78 40 00 40 11 00 00 c0 a8 00 07 c0 a8 00 07 c0 00 12 b7 00 2c 00 00
+             24 60 ff ff 00 00 00 d3 00 cf 17 10
+             46 30 81 8b e2 89 35 d9 0e 9a 95 50 54 01 be 88 5e 50 00 00
+             78 f3 53 f3",
+        ));
+    }
+
+    #[test]
+    fn masks_exactly_the_variant_bth_byte() {
+        let env = Envelope::rocev2([10, 0, 0, 1].into(), 0xc000, [10, 0, 0, 2].into()).unwrap();
+        let mut packet = hex("04 00 ff ff 00 00 00 12 80 00 00 01");
+        let base = compute(&env, &packet);
+        packet[4] = 0xc0; // FECN + BECN: variant
+        assert_eq!(compute(&env, &packet), base);
+        for i in (0..packet.len()).filter(|&i| i != 4) {
+            let mut flipped = packet.clone();
+            flipped[i] ^= 1;
+            assert_ne!(compute(&env, &flipped), base, "byte {i} not covered");
+        }
+    }
+
+    #[test]
+    fn split_updates_match_one_shot_at_every_split_point() {
+        let env = Envelope::rocev2([10, 0, 0, 1].into(), 0xc000, [10, 0, 0, 2].into()).unwrap();
+        let packet: std::vec::Vec<u8> = (0u8..40).collect();
+        let whole = compute(&env, &packet);
+        for a in 0..=packet.len() {
+            for b in a..=packet.len() {
+                let mut h = IcrcHasher::new(&env, packet.len());
+                h.update(&packet[..a]);
+                h.update(&packet[a..b]);
+                h.update(&packet[b..]);
+                assert_eq!(h.finalize(), whole, "split at {a}/{b}");
+            }
+        }
+    }
+
+    #[test]
+    fn ipv6_envelope_is_covered() {
+        let src: Ipv6Addr = "fe80::1".parse().unwrap();
+        let dst: Ipv6Addr = "fe80::2".parse().unwrap();
+        let env = Envelope::rocev2(src.into(), 0xc000, dst.into()).unwrap();
+        let packet = hex("04 00 ff ff 00 00 00 12 80 00 00 01");
+        let base = compute(&env, &packet);
+        let other = Envelope::rocev2(src.into(), 0xc001, dst.into()).unwrap();
+        assert_ne!(compute(&other, &packet), base);
+        let swapped = Envelope::rocev2(dst.into(), 0xc000, src.into()).unwrap();
+        assert_ne!(compute(&swapped, &packet), base);
+        assert!(Envelope::rocev2(src.into(), 1, Ipv4Addr::LOCALHOST.into()).is_none());
+    }
+}

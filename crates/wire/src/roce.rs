@@ -1,0 +1,762 @@
+//! A whole RoCEv2 packet as it sits in a UDP payload: BTH, extended headers, payload, pad,
+//! ICRC. Layout comes from the opcode table ([`crate::opcode`]).
+//!
+//! An opcode the table does not know (reserved values, RD) still parses: its packet has no
+//! extended headers, and everything between the BTH and the pad is payload. Its ICRC is
+//! checked like any other, and it re-emits unchanged; a receiver decides what to do with it.
+
+use crate::aeth::{AethPacket, AethRepr};
+use crate::bth::{self, BthPacket, BthRepr};
+use crate::ext::atomic_ack_eth::{AtomicAckEthPacket, AtomicAckEthRepr};
+use crate::ext::atomic_eth::{AtomicEthPacket, AtomicEthRepr};
+use crate::ext::deth::{DethPacket, DethRepr};
+use crate::ext::feth::{FethPacket, FethRepr};
+use crate::ext::ieth::{IethPacket, IethRepr};
+use crate::ext::imm_dt::{ImmDtPacket, ImmDtRepr};
+use crate::ext::reth::{RethPacket, RethRepr};
+use crate::icrc::{self, Envelope, ICRC_LEN};
+use crate::opcode::{Headers, OpcodeInfo, PayloadRule};
+use crate::{Error, Result};
+
+/// The smallest RoCE packet: a BTH and an ICRC.
+pub const MIN_LEN: usize = bth::HEADER_LEN + ICRC_LEN;
+
+/// A zero-copy view of a RoCEv2 UDP payload.
+///
+/// After [`check_len`](Self::check_len) passes, no accessor panics: the buffer holds the
+/// BTH, every extended header the opcode announces, the pad the BTH announces and the ICRC.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct RocePacket<T: AsRef<[u8]>> {
+    buffer: T,
+}
+
+impl<T: AsRef<[u8]>> RocePacket<T> {
+    /// Wraps `buffer` without checks.
+    pub const fn new_unchecked(buffer: T) -> Self {
+        Self { buffer }
+    }
+
+    /// Wraps `buffer` after [`check_len`](Self::check_len).
+    pub fn new_checked(buffer: T) -> Result<Self> {
+        let p = Self::new_unchecked(buffer);
+        p.check_len()?;
+        Ok(p)
+    }
+
+    /// Checks that the buffer holds the BTH, the extended headers of its opcode, its pad and
+    /// the ICRC. Fails with [`Error::Truncated`] or, when only the pad does not fit,
+    /// [`Error::BadPadding`].
+    pub fn check_len(&self) -> Result<()> {
+        let len = self.buffer.as_ref().len();
+        if len < MIN_LEN {
+            return Err(Error::Truncated);
+        }
+        let fixed = self.header_len() + ICRC_LEN;
+        if len < fixed {
+            return Err(Error::Truncated);
+        }
+        if len < fixed + usize::from(self.bth().pad_count()) {
+            return Err(Error::BadPadding);
+        }
+        Ok(())
+    }
+
+    /// Returns the underlying buffer.
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
+    /// The BTH.
+    pub fn bth(&self) -> BthPacket<&[u8]> {
+        BthPacket::new_unchecked(self.buffer.as_ref())
+    }
+
+    /// What the opcode table says about this packet's opcode.
+    pub fn info(&self) -> Option<&'static OpcodeInfo> {
+        self.bth().opcode().info()
+    }
+
+    /// The extended headers present (none for an unknown opcode).
+    pub fn headers(&self) -> Headers {
+        self.info().map_or(Headers::NONE, |i| i.headers)
+    }
+
+    /// Length of BTH plus extended headers.
+    pub fn header_len(&self) -> usize {
+        bth::HEADER_LEN + self.headers().len()
+    }
+
+    fn ext(&self, header: Headers) -> Option<&[u8]> {
+        let offset = bth::HEADER_LEN + self.headers().offset_of(header)?;
+        Some(&self.buffer.as_ref()[offset..])
+    }
+
+    /// The RETH, if the opcode carries one.
+    pub fn reth(&self) -> Option<RethPacket<&[u8]>> {
+        self.ext(Headers::RETH).map(RethPacket::new_unchecked)
+    }
+
+    /// The AETH, if the opcode carries one.
+    pub fn aeth(&self) -> Option<AethPacket<&[u8]>> {
+        self.ext(Headers::AETH).map(AethPacket::new_unchecked)
+    }
+
+    /// The DETH, if the opcode carries one.
+    pub fn deth(&self) -> Option<DethPacket<&[u8]>> {
+        self.ext(Headers::DETH).map(DethPacket::new_unchecked)
+    }
+
+    /// The AtomicETH, if the opcode carries one.
+    pub fn atomic_eth(&self) -> Option<AtomicEthPacket<&[u8]>> {
+        self.ext(Headers::ATOMIC_ETH)
+            .map(AtomicEthPacket::new_unchecked)
+    }
+
+    /// The AtomicAckETH, if the opcode carries one.
+    pub fn atomic_ack_eth(&self) -> Option<AtomicAckEthPacket<&[u8]>> {
+        self.ext(Headers::ATOMIC_ACK_ETH)
+            .map(AtomicAckEthPacket::new_unchecked)
+    }
+
+    /// The immediate data, if the opcode carries it.
+    pub fn imm_dt(&self) -> Option<ImmDtPacket<&[u8]>> {
+        self.ext(Headers::IMM_DT).map(ImmDtPacket::new_unchecked)
+    }
+
+    /// The IETH, if the opcode carries one.
+    pub fn ieth(&self) -> Option<IethPacket<&[u8]>> {
+        self.ext(Headers::IETH).map(IethPacket::new_unchecked)
+    }
+
+    /// The FETH, if the opcode carries one.
+    pub fn feth(&self) -> Option<FethPacket<&[u8]>> {
+        self.ext(Headers::FETH).map(FethPacket::new_unchecked)
+    }
+
+    fn payload_end(&self) -> usize {
+        self.buffer.as_ref().len() - ICRC_LEN - usize::from(self.bth().pad_count())
+    }
+
+    /// The payload, without pad.
+    pub fn payload(&self) -> &[u8] {
+        &self.buffer.as_ref()[self.header_len()..self.payload_end()]
+    }
+
+    /// The pad bytes (zero to three).
+    pub fn pad(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        &b[self.payload_end()..b.len() - ICRC_LEN]
+    }
+
+    /// Everything the ICRC covers inside the UDP payload: BTH through pad.
+    pub fn icrc_covered(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        &b[..b.len() - ICRC_LEN]
+    }
+
+    /// The ICRC as it travels (little-endian on the wire).
+    pub fn icrc(&self) -> u32 {
+        let b = self.buffer.as_ref();
+        let t = &b[b.len() - ICRC_LEN..];
+        u32::from_le_bytes([t[0], t[1], t[2], t[3]])
+    }
+
+    /// Whether the ICRC matches the packet sent inside `envelope`.
+    ///
+    /// Needs only [`MIN_LEN`] bytes, not a full `check_len`, so that corruption is reported
+    /// as corruption even when it garbled the opcode.
+    pub fn verify_icrc(&self, envelope: &Envelope) -> bool {
+        self.buffer.as_ref().len() >= MIN_LEN
+            && icrc::compute(envelope, self.icrc_covered()) == self.icrc()
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> RocePacket<T> {
+    /// The BTH, writable.
+    pub fn bth_mut(&mut self) -> BthPacket<&mut [u8]> {
+        BthPacket::new_unchecked(self.buffer.as_mut())
+    }
+
+    /// Recomputes and writes the ICRC, e.g. after changing a header in place.
+    pub fn fill_icrc(&mut self, envelope: &Envelope) {
+        let value = icrc::compute(envelope, self.icrc_covered());
+        let b = self.buffer.as_mut();
+        let at = b.len() - ICRC_LEN;
+        b[at..].copy_from_slice(&value.to_le_bytes());
+    }
+}
+
+/// The extended headers of one packet; which are present must be exactly what the opcode
+/// table says for its opcode.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct ExtHeaders {
+    /// FLUSH extended transport header.
+    pub feth: Option<FethRepr>,
+    /// RDMA extended transport header.
+    pub reth: Option<RethRepr>,
+    /// ACK extended transport header.
+    pub aeth: Option<AethRepr>,
+    /// Datagram extended transport header.
+    pub deth: Option<DethRepr>,
+    /// Atomic extended transport header.
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// Atomic acknowledge extended transport header.
+    pub atomic_ack_eth: Option<AtomicAckEthRepr>,
+    /// Immediate data.
+    pub imm_dt: Option<ImmDtRepr>,
+    /// Invalidate extended transport header.
+    pub ieth: Option<IethRepr>,
+}
+
+impl ExtHeaders {
+    /// The set of headers present.
+    pub fn headers(&self) -> Headers {
+        let mut h = Headers::NONE;
+        let present = [
+            (self.feth.is_some(), Headers::FETH),
+            (self.reth.is_some(), Headers::RETH),
+            (self.aeth.is_some(), Headers::AETH),
+            (self.deth.is_some(), Headers::DETH),
+            (self.atomic_eth.is_some(), Headers::ATOMIC_ETH),
+            (self.atomic_ack_eth.is_some(), Headers::ATOMIC_ACK_ETH),
+            (self.imm_dt.is_some(), Headers::IMM_DT),
+            (self.ieth.is_some(), Headers::IETH),
+        ];
+        for (is_present, header) in present {
+            if is_present {
+                h = h.with(header);
+            }
+        }
+        h
+    }
+}
+
+/// A validated RoCEv2 packet: BTH, extended headers and a borrowed payload.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RoceRepr<'a> {
+    /// The base transport header (its pad count follows from `payload`).
+    pub bth: BthRepr,
+    /// The extended headers, exactly those of the opcode.
+    pub ext: ExtHeaders,
+    /// The payload, without pad.
+    pub payload: &'a [u8],
+}
+
+impl<'a> RoceRepr<'a> {
+    /// Parses a packet received inside `envelope`, checking its ICRC first, then its
+    /// layout and the opcode's payload rule.
+    pub fn parse<T: AsRef<[u8]> + ?Sized>(
+        packet: &RocePacket<&'a T>,
+        envelope: &Envelope,
+    ) -> Result<Self> {
+        if packet.buffer.as_ref().len() < MIN_LEN {
+            return Err(Error::Truncated);
+        }
+        if !packet.verify_icrc(envelope) {
+            return Err(Error::BadIcrc);
+        }
+        Self::parse_ignoring_icrc(packet)
+    }
+
+    /// Parses a packet without checking its ICRC.
+    ///
+    /// Only for tools that must show a corrupted packet (a capture decoder); a receiver uses
+    /// [`parse`](Self::parse), which drops it.
+    pub fn parse_ignoring_icrc<T: AsRef<[u8]> + ?Sized>(
+        packet: &RocePacket<&'a T>,
+    ) -> Result<Self> {
+        packet.check_len()?;
+        let bth = BthRepr::parse(&packet.bth())?;
+        // IBA 9.8.3: the packet through the pad is a whole number of 4-byte words.
+        if packet.icrc_covered().len() % 4 != 0 {
+            return Err(Error::BadPadding);
+        }
+        let bytes: &'a [u8] = packet.buffer.as_ref();
+        let view = RocePacket::new_unchecked(bytes);
+        let payload = &bytes[view.header_len()..view.payload_end()];
+        let mut ext = ExtHeaders::default();
+        if let Some(info) = view.info() {
+            if !info.payload.allows(payload.len()) {
+                return Err(Error::BadPayloadLength);
+            }
+            if info.payload == PayloadRule::PathMtu && !view.pad().is_empty() {
+                return Err(Error::BadPadding);
+            }
+            ext = ExtHeaders {
+                feth: view.feth().map(|p| FethRepr::parse(&p)).transpose()?,
+                reth: view.reth().map(|p| RethRepr::parse(&p)).transpose()?,
+                aeth: view.aeth().map(|p| AethRepr::parse(&p)).transpose()?,
+                deth: view.deth().map(|p| DethRepr::parse(&p)).transpose()?,
+                atomic_eth: view
+                    .atomic_eth()
+                    .map(|p| AtomicEthRepr::parse(&p))
+                    .transpose()?,
+                atomic_ack_eth: view
+                    .atomic_ack_eth()
+                    .map(|p| AtomicAckEthRepr::parse(&p))
+                    .transpose()?,
+                imm_dt: view.imm_dt().map(|p| ImmDtRepr::parse(&p)).transpose()?,
+                ieth: view.ieth().map(|p| IethRepr::parse(&p)).transpose()?,
+            };
+        }
+        Ok(Self { bth, ext, payload })
+    }
+
+    /// Pad bytes needed after the payload.
+    pub fn pad_len(&self) -> usize {
+        self.payload.len().wrapping_neg() & 3
+    }
+
+    /// Length of BTH plus extended headers.
+    pub fn header_len(&self) -> usize {
+        bth::HEADER_LEN + self.ext.headers().len()
+    }
+
+    /// Bytes [`emit`](Self::emit) writes: the whole UDP payload, ICRC included.
+    pub fn buffer_len(&self) -> usize {
+        self.header_len() + self.payload.len() + self.pad_len() + ICRC_LEN
+    }
+
+    /// Checks that the headers are the opcode's and the payload fits its rule.
+    pub fn validate(&self) -> Result<()> {
+        match self.bth.opcode.info() {
+            Some(info) => {
+                if self.ext.headers() != info.headers {
+                    return Err(Error::HeaderMismatch);
+                }
+                if !info.payload.allows(self.payload.len()) {
+                    return Err(Error::BadPayloadLength);
+                }
+            }
+            None => {
+                if !self.ext.headers().is_empty() {
+                    return Err(Error::HeaderMismatch);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the packet to the start of `buf`, sent inside `envelope`: every header, the
+    /// payload, zeroed pad and the ICRC. Returns the number of bytes written.
+    pub fn emit(&self, envelope: &Envelope, buf: &mut [u8]) -> Result<usize> {
+        self.validate()?;
+        let len = self.buffer_len();
+        let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        let header_len = self.header_len();
+        let pad = self.pad_len();
+
+        let mut bth = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
+        self.bth.emit(&mut bth);
+        bth.set_pad_count(pad as u8);
+
+        let headers = self.ext.headers();
+        let (head, rest) = buf.split_at_mut(header_len);
+        let ext = &mut head[bth::HEADER_LEN..];
+        let at = |h: Headers| headers.offset_of(h).unwrap_or(0);
+        if let Some(r) = &self.ext.feth {
+            r.emit(&mut FethPacket::new_unchecked(
+                &mut ext[at(Headers::FETH)..],
+            ));
+        }
+        if let Some(r) = &self.ext.reth {
+            r.emit(&mut RethPacket::new_unchecked(
+                &mut ext[at(Headers::RETH)..],
+            ));
+        }
+        if let Some(r) = &self.ext.aeth {
+            r.emit(&mut AethPacket::new_unchecked(
+                &mut ext[at(Headers::AETH)..],
+            ));
+        }
+        if let Some(r) = &self.ext.deth {
+            r.emit(&mut DethPacket::new_unchecked(
+                &mut ext[at(Headers::DETH)..],
+            ));
+        }
+        if let Some(r) = &self.ext.atomic_eth {
+            r.emit(&mut AtomicEthPacket::new_unchecked(
+                &mut ext[at(Headers::ATOMIC_ETH)..],
+            ));
+        }
+        if let Some(r) = &self.ext.atomic_ack_eth {
+            r.emit(&mut AtomicAckEthPacket::new_unchecked(
+                &mut ext[at(Headers::ATOMIC_ACK_ETH)..],
+            ));
+        }
+        if let Some(r) = &self.ext.imm_dt {
+            r.emit(&mut ImmDtPacket::new_unchecked(
+                &mut ext[at(Headers::IMM_DT)..],
+            ));
+        }
+        if let Some(r) = &self.ext.ieth {
+            r.emit(&mut IethPacket::new_unchecked(
+                &mut ext[at(Headers::IETH)..],
+            ));
+        }
+
+        let (payload, tail) = rest.split_at_mut(self.payload.len());
+        payload.copy_from_slice(self.payload);
+        tail[..pad].fill(0);
+        RocePacket::new_unchecked(&mut *buf).fill_icrc(envelope);
+        Ok(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::aeth::Syndrome;
+    use crate::opcode::Opcode;
+    use crate::psn::Psn;
+    use crate::types::{Msn, PKey, QKey, Qpn, RKey};
+
+    fn env() -> Envelope {
+        Envelope::rocev2([192, 168, 1, 10].into(), 0xc132, [192, 168, 1, 20].into()).unwrap()
+    }
+
+    fn bth(opcode: Opcode) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited_event: false,
+            mig_req: false,
+            pkey: PKey::DEFAULT,
+            fecn: false,
+            becn: false,
+            dest_qp: Qpn::new(0x12).unwrap(),
+            ack_req: true,
+            psn: Psn::new(0x100).unwrap(),
+        }
+    }
+
+    /// Emits into a buffer pre-filled with 0xa5, so that an unwritten byte shows.
+    fn emit(repr: &RoceRepr<'_>) -> std::vec::Vec<u8> {
+        let mut buf = std::vec![0xa5u8; repr.buffer_len() + 8];
+        let n = repr.emit(&env(), &mut buf).unwrap();
+        assert_eq!(n, repr.buffer_len());
+        assert!(buf[n..].iter().all(|&b| b == 0xa5), "wrote past buffer_len");
+        buf.truncate(n);
+        buf
+    }
+
+    fn round_trip(repr: RoceRepr<'_>) -> std::vec::Vec<u8> {
+        let bytes = emit(&repr);
+        let packet = RocePacket::new_checked(&bytes[..]).unwrap();
+        assert_eq!(RoceRepr::parse(&packet, &env()).unwrap(), repr);
+        bytes
+    }
+
+    #[test]
+    fn golden_read_request() {
+        // Example D of the reference, UDP payload only.
+        let repr = RoceRepr {
+            bth: BthRepr {
+                psn: Psn::new(0x100).unwrap(),
+                ..bth(Opcode::RC_RDMA_READ_REQUEST)
+            },
+            ext: ExtHeaders {
+                reth: Some(RethRepr {
+                    virtual_address: 0x7f00_0000_1000,
+                    rkey: RKey(0xa0b),
+                    dma_length: 2500,
+                }),
+                ..Default::default()
+            },
+            payload: &[],
+        };
+        let Envelope::V4(mut e) = env() else {
+            unreachable!()
+        };
+        e.identification = 0x2222;
+        let mut bytes = [0xa5u8; 32];
+        assert_eq!(repr.emit(&Envelope::V4(e), &mut bytes), Ok(32));
+        assert_eq!(
+            bytes,
+            [
+                0x0c, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x80, 0x00, 0x01, 0x00, 0x00, 0x00,
+                0x7f, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x0a, 0x0b, 0x00, 0x00, 0x09, 0xc4,
+                0xf2, 0x95, 0x00, 0xa7
+            ]
+        );
+    }
+
+    #[test]
+    fn golden_ud_send_with_pad() {
+        // Example C: "hello", pad 3, DETH Q_Key 0x11111111 from QP 0x20, ID 1.
+        let Envelope::V4(mut e) = env() else {
+            unreachable!()
+        };
+        e.identification = 1;
+        e.src_port = 0xc420;
+        let envelope = Envelope::V4(e);
+        let repr = RoceRepr {
+            bth: BthRepr {
+                dest_qp: Qpn::new(0x21).unwrap(),
+                ack_req: false,
+                psn: Psn::new(1).unwrap(),
+                ..bth(Opcode::UD_SEND_ONLY)
+            },
+            ext: ExtHeaders {
+                deth: Some(DethRepr {
+                    qkey: QKey(0x1111_1111),
+                    src_qp: Qpn::new(0x20).unwrap(),
+                }),
+                ..Default::default()
+            },
+            payload: b"hello",
+        };
+        let mut buf = [0xa5u8; 40];
+        let n = repr.emit(&envelope, &mut buf).unwrap();
+        assert_eq!(
+            &buf[..n],
+            &[
+                0x64, 0x30, 0xff, 0xff, 0x00, 0x00, 0x00, 0x21, 0x00, 0x00, 0x00, 0x01, 0x11, 0x11,
+                0x11, 0x11, 0x00, 0x00, 0x00, 0x20, 0x68, 0x65, 0x6c, 0x6c, 0x6f, 0x00, 0x00, 0x00,
+                0x00, 0xd3, 0x0b, 0x07
+            ]
+        );
+        let p = RocePacket::new_checked(&buf[..n]).unwrap();
+        assert_eq!(p.pad(), &[0, 0, 0]);
+        assert_eq!(p.payload(), b"hello");
+    }
+
+    #[test]
+    fn every_opcode_class_round_trips() {
+        let data = [7u8; 1024];
+        let aeth = AethRepr {
+            syndrome: Syndrome::ACK_NO_CREDITS,
+            msn: Msn::new(9).unwrap(),
+        };
+        let reth = RethRepr {
+            virtual_address: 0x1000,
+            rkey: RKey(0xdead_beef),
+            dma_length: 3000,
+        };
+        let atomic = AtomicEthRepr {
+            virtual_address: 0x2000,
+            rkey: RKey(7),
+            swap_add: 1,
+            compare: 2,
+        };
+        for info in &crate::opcode::OPCODES {
+            let payload: &[u8] = match info.payload {
+                PayloadRule::None => &[],
+                PayloadRule::PathMtu => &data[..1024],
+                PayloadRule::UpToPathMtuNonEmpty | PayloadRule::UpToPathMtu => &data[..13],
+                PayloadRule::Exactly(n) => &data[..usize::from(n)],
+            };
+            let h = info.headers;
+            let ext = ExtHeaders {
+                feth: h.contains(Headers::FETH).then_some(FethRepr {
+                    selectivity: 0,
+                    placement_type: 1,
+                }),
+                reth: h.contains(Headers::RETH).then_some(reth),
+                aeth: h.contains(Headers::AETH).then_some(aeth),
+                deth: h.contains(Headers::DETH).then_some(DethRepr {
+                    qkey: QKey::GSI,
+                    src_qp: Qpn::GSI,
+                }),
+                atomic_eth: h.contains(Headers::ATOMIC_ETH).then_some(atomic),
+                atomic_ack_eth: h
+                    .contains(Headers::ATOMIC_ACK_ETH)
+                    .then_some(AtomicAckEthRepr { original_data: 5 }),
+                imm_dt: h
+                    .contains(Headers::IMM_DT)
+                    .then_some(ImmDtRepr([1, 2, 3, 4])),
+                ieth: h
+                    .contains(Headers::IETH)
+                    .then_some(IethRepr { rkey: RKey(3) }),
+            };
+            let bytes = round_trip(RoceRepr {
+                bth: bth(info.opcode),
+                ext,
+                payload,
+            });
+            assert_eq!(
+                bytes.len(),
+                info.header_len() + payload.len() + (payload.len().wrapping_neg() & 3) + 4,
+                "{}",
+                info.name
+            );
+        }
+    }
+
+    #[test]
+    fn emit_refuses_headers_the_opcode_does_not_carry() {
+        let repr = RoceRepr {
+            bth: bth(Opcode::RC_SEND_ONLY),
+            ext: ExtHeaders {
+                imm_dt: Some(ImmDtRepr([0; 4])),
+                ..Default::default()
+            },
+            payload: &[],
+        };
+        assert_eq!(
+            repr.emit(&env(), &mut [0u8; 64]),
+            Err(Error::HeaderMismatch)
+        );
+        let repr = RoceRepr {
+            bth: bth(Opcode::RC_SEND_FIRST),
+            ext: ExtHeaders::default(),
+            payload: &[0; 100],
+        };
+        assert_eq!(
+            repr.emit(&env(), &mut [0u8; 256]),
+            Err(Error::BadPayloadLength)
+        );
+        let repr = RoceRepr {
+            bth: bth(Opcode::RC_SEND_ONLY),
+            ext: ExtHeaders::default(),
+            payload: &[0; 100],
+        };
+        assert_eq!(
+            repr.emit(&env(), &mut [0u8; 64]),
+            Err(Error::BufferTooSmall)
+        );
+    }
+
+    #[test]
+    fn unknown_opcode_is_opaque_but_checked() {
+        let repr = RoceRepr {
+            bth: bth(Opcode(0x44)),
+            ext: ExtHeaders::default(),
+            payload: &[1, 2, 3, 4, 5, 6, 7, 8],
+        };
+        let bytes = round_trip(repr);
+        assert_eq!(
+            RocePacket::new_checked(&bytes[..]).unwrap().payload(),
+            &[1, 2, 3, 4, 5, 6, 7, 8]
+        );
+    }
+
+    #[test]
+    fn any_flipped_covered_bit_is_an_icrc_error() {
+        let payload: std::vec::Vec<u8> = (0..37).collect();
+        let repr = RoceRepr {
+            bth: bth(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE),
+            ext: ExtHeaders {
+                reth: Some(RethRepr {
+                    virtual_address: 1 << 40,
+                    rkey: RKey(0x1234),
+                    dma_length: 37,
+                }),
+                imm_dt: Some(ImmDtRepr([9; 4])),
+                ..Default::default()
+            },
+            payload: &payload,
+        };
+        let bytes = emit(&repr);
+        for bit in 0..bytes.len() * 8 {
+            let mut corrupt = bytes.clone();
+            corrupt[bit / 8] ^= 1 << (bit % 8);
+            let got = RoceRepr::parse(&RocePacket::new_unchecked(&corrupt[..]), &env());
+            if bit / 8 == 4 {
+                // BTH byte 4 (FECN, BECN, reserved) is variant: routers may set FECN.
+                assert!(got.is_ok(), "variant bit {bit} broke the packet");
+            } else {
+                assert_eq!(got, Err(Error::BadIcrc), "flipped bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn envelope_fields_are_covered() {
+        let bytes = emit(&RoceRepr {
+            bth: bth(Opcode::RC_SEND_ONLY),
+            ext: ExtHeaders::default(),
+            payload: b"ping",
+        });
+        let p = RocePacket::new_checked(&bytes[..]).unwrap();
+        let Envelope::V4(e) = env() else {
+            unreachable!()
+        };
+        let variants = [
+            Ipv4Envelope {
+                identification: 1,
+                ..e
+            },
+            Ipv4Envelope {
+                dont_fragment: false,
+                ..e
+            },
+            Ipv4Envelope {
+                src_port: e.src_port + 1,
+                ..e
+            },
+            Ipv4Envelope {
+                dst_port: 4792,
+                ..e
+            },
+            Ipv4Envelope {
+                src: [192, 168, 1, 11].into(),
+                ..e
+            },
+            Ipv4Envelope {
+                dst: [192, 168, 1, 21].into(),
+                ..e
+            },
+        ];
+        for v in variants {
+            assert_eq!(
+                RoceRepr::parse(&p, &Envelope::V4(v)),
+                Err(Error::BadIcrc),
+                "{v:?}"
+            );
+        }
+        use crate::icrc::Ipv4Envelope;
+    }
+
+    fn with_icrc(mut bytes: std::vec::Vec<u8>) -> std::vec::Vec<u8> {
+        RocePacket::new_unchecked(&mut bytes[..]).fill_icrc(&env());
+        bytes
+    }
+
+    #[test]
+    fn layout_errors() {
+        let hello = emit(&RoceRepr {
+            bth: bth(Opcode::RC_SEND_ONLY),
+            ext: ExtHeaders::default(),
+            payload: b"hello",
+        });
+        fn parse(b: &[u8]) -> Result<RoceRepr<'_>> {
+            RoceRepr::parse(&RocePacket::new_unchecked(b), &env())
+        }
+
+        // Pad count 0 and the pad bytes dropped: 17 covered bytes are not 4-byte aligned.
+        let mut unaligned = hello[..17].to_vec();
+        unaligned[1] &= !0x30;
+        unaligned.extend_from_slice(&[0; 4]);
+        assert_eq!(parse(&with_icrc(unaligned)), Err(Error::BadPadding));
+
+        // A pad count larger than what follows the headers.
+        let mut bth_only = hello[..12].to_vec();
+        bth_only[1] |= 0x30;
+        bth_only.extend_from_slice(&[0; 4]);
+        assert_eq!(parse(&with_icrc(bth_only)), Err(Error::BadPadding));
+
+        // An ACK whose AETH is followed by payload.
+        let mut ack = hello[..12].to_vec();
+        ack[0] = Opcode::RC_ACKNOWLEDGE.0;
+        ack[1] &= !0x30;
+        ack.extend_from_slice(&[0x1f, 0, 0, 1, 0xde, 0xad, 0xbe, 0xef, 0, 0, 0, 0]);
+        assert_eq!(parse(&with_icrc(ack)), Err(Error::BadPayloadLength));
+
+        // A compare-and-swap needs 28 header bytes after the BTH.
+        let mut atomic = hello.clone();
+        atomic[0] = Opcode::RC_COMPARE_SWAP.0;
+        assert_eq!(parse(&with_icrc(atomic)), Err(Error::Truncated));
+
+        // A SEND_FIRST that is not a path MTU long.
+        let mut first = hello.clone();
+        first[0] = Opcode::RC_SEND_FIRST.0;
+        assert_eq!(parse(&with_icrc(first)), Err(Error::BadPayloadLength));
+
+        // TVer 1.
+        let mut tver = hello.clone();
+        tver[1] |= 1;
+        assert_eq!(parse(&with_icrc(tver)), Err(Error::BadTransportVersion));
+
+        assert_eq!(parse(&hello[..15]), Err(Error::Truncated));
+    }
+}
