@@ -130,6 +130,70 @@ fn envelope(ip: &IpRepr, udp: &UdpHeader) -> Envelope {
     }
 }
 
+/// Hop limit (IPv4 TTL) that softrdma sends with, the Linux default route hop limit.
+pub const DEFAULT_HOP_LIMIT: u8 = 64;
+
+/// The IP and UDP headers a RoCEv2 sender puts before a UDP payload of `udp_payload_len`
+/// bytes inside `envelope`, the way Linux sends them from a UDP socket: TOS / traffic class
+/// 0, TTL / hop limit 64, IPv6 flow label 0, UDP checksum 0 (as rxe does; the ICRC masks it).
+///
+/// Used to frame packets for capture files without parsing them (they may be malformed).
+pub fn ip_udp_headers(envelope: &Envelope, udp_payload_len: usize) -> Result<(IpRepr, UdpHeader)> {
+    let udp_len = u16::try_from(UdpHeader::LEN + udp_payload_len).map_err(|_| Error::BadLength)?;
+    let udp = UdpHeader {
+        source_port: envelope.src_port(),
+        destination_port: envelope.dst_port(),
+        length: udp_len,
+        checksum: 0,
+    };
+    let ip = match envelope {
+        Envelope::V4(e) => {
+            let mut h = Ipv4Header::new(
+                udp_len,
+                DEFAULT_HOP_LIMIT,
+                IpNumber::UDP,
+                e.src.octets(),
+                e.dst.octets(),
+            )
+            .map_err(|_| Error::BadLength)?;
+            h.identification = e.identification;
+            h.dont_fragment = e.dont_fragment;
+            h.header_checksum = h.calc_header_checksum();
+            IpRepr::V4(h)
+        }
+        Envelope::V6(e) => IpRepr::V6(Ipv6Header {
+            traffic_class: 0,
+            flow_label: Default::default(),
+            payload_length: udp_len,
+            next_header: IpNumber::UDP,
+            hop_limit: DEFAULT_HOP_LIMIT,
+            source: e.src.octets(),
+            destination: e.dst.octets(),
+        }),
+    };
+    Ok((ip, udp))
+}
+
+/// Writes `ip` and `udp` as they are (no length or checksum fixing) to the start of `buf`;
+/// returns the bytes written.
+pub fn emit_ip_udp(ip: &IpRepr, udp: &UdpHeader, buf: &mut [u8]) -> Result<usize> {
+    let ip_len = ip.header_len();
+    let buf = buf
+        .get_mut(..ip_len + UdpHeader::LEN)
+        .ok_or(Error::BufferTooSmall)?;
+    match ip {
+        IpRepr::V4(h) => {
+            if h.header_len() != Ipv4Header::MIN_LEN {
+                return Err(Error::Unsupported);
+            }
+            buf[..ip_len].copy_from_slice(&h.to_bytes());
+        }
+        IpRepr::V6(h) => buf[..ip_len].copy_from_slice(&h.to_bytes()),
+    }
+    buf[ip_len..].copy_from_slice(&udp.to_bytes());
+    Ok(buf.len())
+}
+
 /// A RoCEv2 packet with its IP and UDP headers.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct DatagramRepr<'a> {
@@ -346,5 +410,19 @@ mod tests {
         assert!(DatagramRepr::parse(&out).is_ok());
         out[8] ^= 1; // source address is covered
         assert_eq!(DatagramRepr::parse(&out), Err(Error::BadIcrc));
+    }
+
+    #[test]
+    fn framing_raw_bytes_matches_a_parsed_datagram() {
+        let bytes = hex(EXAMPLE_A);
+        let d = DatagramRepr::parse(&bytes).unwrap();
+        let (ip, udp) = ip_udp_headers(&d.envelope(), bytes.len() - 28).unwrap();
+        let mut out = [0xa5u8; 28];
+        assert_eq!(emit_ip_udp(&ip, &udp, &mut out), Ok(28));
+        assert_eq!(
+            &out[..],
+            &bytes[..28],
+            "same header as the reference example (TTL 64, TOS 0)"
+        );
     }
 }
