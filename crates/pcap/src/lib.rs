@@ -18,9 +18,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use etherparse::{
-    EtherType, Ethernet2Header, LinuxSllHeader, LinuxSllProtocolType, SingleVlanHeader,
-};
+use etherparse::{EtherType, Ethernet2Header, LinuxSllHeader, LinuxSllProtocolType, SingleVlanHeader};
 use pcap_file::pcap::{PcapHeader, PcapPacket, PcapReader, PcapWriter};
 use pcap_file::pcapng::{Block, PcapNgReader};
 use pcap_file::{DataLink, PcapError};
@@ -75,13 +73,11 @@ impl Frame {
     pub fn ip_packet(&self) -> Result<&[u8], NotIp> {
         let (mut ether_type, mut rest) = match self.link {
             DataLink::ETHERNET => {
-                let (h, rest) =
-                    Ethernet2Header::from_slice(&self.data).map_err(|_| NotIp::Truncated)?;
+                let (h, rest) = Ethernet2Header::from_slice(&self.data).map_err(|_| NotIp::Truncated)?;
                 (h.ether_type, rest)
             }
             DataLink::LINUX_SLL => {
-                let (h, rest) =
-                    LinuxSllHeader::from_slice(&self.data).map_err(|_| NotIp::Truncated)?;
+                let (h, rest) = LinuxSllHeader::from_slice(&self.data).map_err(|_| NotIp::Truncated)?;
                 match h.protocol_type {
                     LinuxSllProtocolType::EtherType(t) => (t, rest),
                     _ => return Err(NotIp::OtherProtocol),
@@ -90,19 +86,13 @@ impl Frame {
             DataLink::RAW | DataLink::IPV4 | DataLink::IPV6 => return ip_or_not(&self.data),
             // BSD loopback: a 4-byte address family in host order, then the packet.
             DataLink::NULL | DataLink::LOOP => {
-                return self
-                    .data
-                    .get(4..)
-                    .ok_or(NotIp::Truncated)
-                    .and_then(ip_or_not);
+                return self.data.get(4..).ok_or(NotIp::Truncated).and_then(ip_or_not);
             }
             other => return Err(NotIp::UnsupportedLink(other)),
         };
         while matches!(
             ether_type,
-            EtherType::VLAN_TAGGED_FRAME
-                | EtherType::PROVIDER_BRIDGING
-                | EtherType::VLAN_DOUBLE_TAGGED_FRAME
+            EtherType::VLAN_TAGGED_FRAME | EtherType::PROVIDER_BRIDGING | EtherType::VLAN_DOUBLE_TAGGED_FRAME
         ) {
             let (tag, after) = SingleVlanHeader::from_slice(rest).map_err(|_| NotIp::Truncated)?;
             ether_type = tag.ether_type;
@@ -141,12 +131,8 @@ impl CaptureReader<BufReader<File>> {
     /// Opens a capture file.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CaptureError> {
         let path = path.as_ref();
-        let open = |p: &Path| {
-            File::open(p).map_err(|source| CaptureError::Open {
-                path: p.display().to_string(),
-                source,
-            })
-        };
+        let open =
+            |p: &Path| File::open(p).map_err(|source| CaptureError::Open { path: p.display().to_string(), source });
         let mut magic = [0u8; 4];
         let is_ng = open(path)?.read_exact(&mut magic).is_ok() && magic == PCAPNG_MAGIC;
         Self::new(BufReader::new(open(path)?), is_ng)
@@ -171,12 +157,7 @@ impl<R: Read> CaptureReader<R> {
                 let link = r.header().datalink;
                 r.next_packet().map(|p| {
                     let p = p?;
-                    Ok(Frame {
-                        timestamp: p.timestamp,
-                        link,
-                        orig_len: p.orig_len,
-                        data: p.data.into_owned(),
-                    })
+                    Ok(Frame { timestamp: p.timestamp, link, orig_len: p.orig_len, data: p.data.into_owned() })
                 })
             }
             Inner::PcapNg(r) => loop {
@@ -186,27 +167,12 @@ impl<R: Read> CaptureReader<R> {
                 };
                 // Copy the packet out of the block before asking the reader for its interface.
                 let (interface, timestamp, orig_len, data) = match block {
-                    Block::EnhancedPacket(p) => (
-                        p.interface_id,
-                        p.timestamp,
-                        p.original_len,
-                        p.data.into_owned(),
-                    ),
-                    Block::SimplePacket(p) => {
-                        (0, Duration::ZERO, p.original_len, p.data.into_owned())
-                    }
+                    Block::EnhancedPacket(p) => (p.interface_id, p.timestamp, p.original_len, p.data.into_owned()),
+                    Block::SimplePacket(p) => (0, Duration::ZERO, p.original_len, p.data.into_owned()),
                     _ => continue,
                 };
-                let link = r
-                    .interfaces()
-                    .get(interface as usize)
-                    .map_or(DataLink::ETHERNET, |i| i.linktype);
-                return Some(Ok(Frame {
-                    timestamp,
-                    link,
-                    orig_len,
-                    data,
-                }));
+                let link = r.interfaces().get(interface as usize).map_or(DataLink::ETHERNET, |i| i.linktype);
+                return Some(Ok(Frame { timestamp, link, orig_len, data }));
             },
         }
     }
@@ -230,10 +196,8 @@ impl CaptureWriter<BufWriter<File>> {
     /// Creates (or truncates) a capture file.
     pub fn create(path: impl AsRef<Path>) -> Result<Self, CaptureError> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|source| CaptureError::Open {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let file =
+            File::create(path).map_err(|source| CaptureError::Open { path: path.display().to_string(), source })?;
         Self::new(BufWriter::new(file))
     }
 }
@@ -241,14 +205,8 @@ impl CaptureWriter<BufWriter<File>> {
 impl<W: Write> CaptureWriter<W> {
     /// Writes a pcap header for Ethernet frames to `writer`.
     pub fn new(writer: W) -> Result<Self, CaptureError> {
-        let header = PcapHeader {
-            datalink: DataLink::ETHERNET,
-            ..Default::default()
-        };
-        Ok(Self {
-            writer: PcapWriter::with_header(writer, header)?,
-            frame: Vec::with_capacity(9000),
-        })
+        let header = PcapHeader { datalink: DataLink::ETHERNET, ..Default::default() };
+        Ok(Self { writer: PcapWriter::with_header(writer, header)?, frame: Vec::with_capacity(9000) })
     }
 
     /// Writes one RoCE packet (a UDP payload: BTH through ICRC) that travelled inside
@@ -265,11 +223,8 @@ impl<W: Write> CaptureWriter<W> {
             Envelope::V4(_) => EtherType::IPV4,
             Envelope::V6(_) => EtherType::IPV6,
         };
-        let eth = Ethernet2Header {
-            source: mac_for(envelope.src_ip()),
-            destination: mac_for(envelope.dst_ip()),
-            ether_type,
-        };
+        let eth =
+            Ethernet2Header { source: mac_for(envelope.src_ip()), destination: mac_for(envelope.dst_ip()), ether_type };
         self.frame.clear();
         self.frame.extend_from_slice(&eth.to_bytes());
         let at = self.frame.len();
@@ -277,16 +232,14 @@ impl<W: Write> CaptureWriter<W> {
         emit_ip_udp(&ip, &udp, &mut self.frame[at..])?;
         self.frame.extend_from_slice(udp_payload);
         let len = u32::try_from(self.frame.len()).unwrap_or(u32::MAX);
-        self.writer
-            .write_packet(&PcapPacket::new(timestamp, len, &self.frame))?;
+        self.writer.write_packet(&PcapPacket::new(timestamp, len, &self.frame))?;
         Ok(())
     }
 
     /// Writes an already framed Ethernet frame.
     pub fn write_frame(&mut self, timestamp: Duration, frame: &[u8]) -> Result<(), CaptureError> {
         let len = u32::try_from(frame.len()).unwrap_or(u32::MAX);
-        self.writer
-            .write_packet(&PcapPacket::new(timestamp, len, frame))?;
+        self.writer.write_packet(&PcapPacket::new(timestamp, len, frame))?;
         Ok(())
     }
 
@@ -313,9 +266,7 @@ mod tests {
     use softrdma_wire::{EthernetFrameRepr, RocePacket};
 
     fn data(name: &str) -> std::path::PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/data")
-            .join(name)
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
     }
 
     #[test]
@@ -323,10 +274,7 @@ mod tests {
         // Re-frame every RoCE packet of an rxe capture from its envelope alone: rxe's IP
         // headers (TTL 64, TOS 0, DF, UDP checksum 0) are the ones the writer synthesises,
         // so only the MAC addresses may differ.
-        let frames: Vec<Frame> = CaptureReader::open(data("rxe2rxe-rping.pcap"))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let frames: Vec<Frame> = CaptureReader::open(data("rxe2rxe-rping.pcap")).unwrap().map(Result::unwrap).collect();
         assert_eq!(frames.len(), 67);
         let mut writer = CaptureWriter::new(Vec::new()).unwrap();
         let mut originals = Vec::new();
@@ -338,85 +286,46 @@ mod tests {
             if !dgram.is_roce() {
                 continue;
             }
-            writer
-                .write_roce(f.timestamp, &dgram.envelope(), dgram.payload)
-                .unwrap();
+            writer.write_roce(f.timestamp, &dgram.envelope(), dgram.payload).unwrap();
             originals.push(f.clone());
         }
         let bytes = writer.into_inner();
-        let rewritten: Vec<Frame> = CaptureReader::new(&bytes[..], false)
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let rewritten: Vec<Frame> = CaptureReader::new(&bytes[..], false).unwrap().map(Result::unwrap).collect();
         assert_eq!(rewritten.len(), 65);
         for (a, b) in originals.iter().zip(&rewritten) {
             assert_eq!(a.timestamp, b.timestamp);
-            assert_eq!(
-                a.data[12..],
-                b.data[12..],
-                "everything after the MAC addresses is identical"
-            );
+            assert_eq!(a.data[12..], b.data[12..], "everything after the MAC addresses is identical");
             assert!(EthernetFrameRepr::parse(&b.data).is_ok());
         }
     }
 
     #[test]
     fn non_ip_frames_are_told_apart() {
-        let arp = CaptureReader::open(data("rxe2rxe-rping.pcap"))
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap();
+        let arp = CaptureReader::open(data("rxe2rxe-rping.pcap")).unwrap().next().unwrap().unwrap();
         assert_eq!(arp.ip_packet(), Err(NotIp::OtherProtocol), "frame 1 is ARP");
-        let raw = Frame {
-            timestamp: Duration::ZERO,
-            link: DataLink::RAW,
-            data: vec![0x45, 0],
-            orig_len: 2,
-        };
+        let raw = Frame { timestamp: Duration::ZERO, link: DataLink::RAW, data: vec![0x45, 0], orig_len: 2 };
         assert_eq!(raw.ip_packet(), Ok(&[0x45, 0][..]));
-        let other = Frame {
-            link: DataLink::IEEE802_11,
-            ..raw.clone()
-        };
-        assert_eq!(
-            other.ip_packet(),
-            Err(NotIp::UnsupportedLink(DataLink::IEEE802_11))
-        );
+        let other = Frame { link: DataLink::IEEE802_11, ..raw.clone() };
+        assert_eq!(other.ip_packet(), Err(NotIp::UnsupportedLink(DataLink::IEEE802_11)));
     }
 
     #[test]
     fn linux_cooked_and_vlan_frames_reach_the_ip_packet() {
-        let frame = CaptureReader::open(data("rxe2rxe-ib_read_lat.pcap"))
-            .unwrap()
-            .map(Result::unwrap)
-            .nth(24)
-            .unwrap();
+        let frame = CaptureReader::open(data("rxe2rxe-ib_read_lat.pcap")).unwrap().map(Result::unwrap).nth(24).unwrap();
         let ip = frame.ip_packet().unwrap().to_vec();
         // Linux SLL v1: packet type, ARPHRD, address length, 8 address bytes, protocol.
         let mut sll = vec![0, 0, 0, 1, 0, 6, 2, 0, 0, 0, 0, 0, 0, 0, 0x08, 0x00];
         sll.extend_from_slice(&ip);
-        let cooked = Frame {
-            link: DataLink::LINUX_SLL,
-            data: sll,
-            ..frame.clone()
-        };
+        let cooked = Frame { link: DataLink::LINUX_SLL, data: sll, ..frame.clone() };
         assert_eq!(cooked.ip_packet().unwrap(), &ip[..]);
         // One 802.1Q tag (VLAN 100) between the MACs and the EtherType.
         let mut tagged = frame.data[..12].to_vec();
         tagged.extend_from_slice(&[0x81, 0x00, 0x00, 0x64, 0x08, 0x00]);
         tagged.extend_from_slice(&ip);
-        let vlan = Frame {
-            data: tagged,
-            ..frame.clone()
-        };
+        let vlan = Frame { data: tagged, ..frame.clone() };
         assert_eq!(vlan.ip_packet().unwrap(), &ip[..]);
         let dgram = softrdma_wire::datagram::UdpDatagram::parse(&ip).unwrap();
-        assert!(
-            RocePacket::new_checked(dgram.payload)
-                .unwrap()
-                .verify_icrc(&dgram.envelope())
-        );
+        assert!(RocePacket::new_checked(dgram.payload).unwrap().verify_icrc(&dgram.envelope()));
     }
 
     #[test]
@@ -425,17 +334,11 @@ mod tests {
         use pcap_file::pcapng::PcapNgWriter;
         use pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketBlock;
         use pcap_file::pcapng::blocks::interface_description::InterfaceDescriptionBlock;
-        let frames: Vec<Frame> = CaptureReader::open(data("rxe2rxe-ibv_ud_pingpong.pcap"))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let frames: Vec<Frame> =
+            CaptureReader::open(data("rxe2rxe-ibv_ud_pingpong.pcap")).unwrap().map(Result::unwrap).collect();
         let mut w = PcapNgWriter::new(Vec::new()).unwrap();
-        w.write_pcapng_block(InterfaceDescriptionBlock {
-            linktype: DataLink::ETHERNET,
-            snaplen: 0,
-            options: vec![],
-        })
-        .unwrap();
+        w.write_pcapng_block(InterfaceDescriptionBlock { linktype: DataLink::ETHERNET, snaplen: 0, options: vec![] })
+            .unwrap();
         for f in &frames {
             let epb = EnhancedPacketBlock {
                 interface_id: 0,
@@ -448,20 +351,13 @@ mod tests {
         }
         let bytes = w.into_inner();
         assert_eq!(bytes[..4], PCAPNG_MAGIC);
-        let back: Vec<Frame> = CaptureReader::new(&bytes[..], true)
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
+        let back: Vec<Frame> = CaptureReader::new(&bytes[..], true).unwrap().map(Result::unwrap).collect();
         assert_eq!(back, frames);
     }
 
     #[test]
     fn missing_file_names_the_path() {
         let err = CaptureReader::open("/nonexistent/x.pcap").err().unwrap();
-        assert!(
-            err.to_string()
-                .starts_with("cannot open /nonexistent/x.pcap: "),
-            "{err}"
-        );
+        assert!(err.to_string().starts_with("cannot open /nonexistent/x.pcap: "), "{err}");
     }
 }

@@ -155,9 +155,8 @@ pub struct RnrTimer(u8);
 
 /// IBA Table 45: RNR timer code → delay in microseconds. Code 0 is the longest, 655.36 ms.
 const RNR_DELAY_US: [u32; 32] = [
-    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840,
-    5_120, 7_680, 10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840,
-    245_760, 327_680, 491_520,
+    655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1_280, 1_920, 2_560, 3_840, 5_120, 7_680,
+    10_240, 15_360, 20_480, 30_720, 40_960, 61_440, 81_920, 122_880, 163_840, 245_760, 327_680, 491_520,
 ];
 
 impl RnrTimer {
@@ -181,14 +180,10 @@ impl RnrTimer {
 /// credit count is invalid (unlimited), and gives `None`.
 pub const fn credits_from_code(code: u8) -> Option<u16> {
     const CREDITS: [u16; 31] = [
-        0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-        2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768,
+        0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096,
+        6144, 8192, 12288, 16384, 24576, 32768,
     ];
-    if (code as usize) < CREDITS.len() {
-        Some(CREDITS[code as usize])
-    } else {
-        None
-    }
+    if (code as usize) < CREDITS.len() { Some(CREDITS[code as usize]) } else { None }
 }
 
 /// A parsed AETH.
@@ -204,10 +199,7 @@ impl AethRepr {
     /// Parses an AETH. Every syndrome byte is accepted (see [`Syndrome`]).
     pub fn parse<T: AsRef<[u8]>>(p: &AethPacket<T>) -> Result<Self> {
         p.check_len()?;
-        Ok(Self {
-            syndrome: p.syndrome(),
-            msn: p.msn(),
-        })
+        Ok(Self { syndrome: p.syndrome(), msn: p.msn() })
     }
 
     /// Writes the AETH.
@@ -232,30 +224,12 @@ mod tests {
     #[test]
     fn syndrome_classes() {
         assert_eq!(Syndrome::from_u8(0x1f), Syndrome::ACK_NO_CREDITS);
-        assert_eq!(
-            Syndrome::from_u8(0x2c),
-            Syndrome::RnrNak(RnrTimer::new(12).unwrap())
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x60),
-            Syndrome::Nak(NakCode::PsnSequenceError)
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x61),
-            Syndrome::Nak(NakCode::InvalidRequest)
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x62),
-            Syndrome::Nak(NakCode::RemoteAccessError)
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x63),
-            Syndrome::Nak(NakCode::RemoteOperationalError)
-        );
-        assert_eq!(
-            Syndrome::from_u8(0x64),
-            Syndrome::Nak(NakCode::InvalidRdRequest)
-        );
+        assert_eq!(Syndrome::from_u8(0x2c), Syndrome::RnrNak(RnrTimer::new(12).unwrap()));
+        assert_eq!(Syndrome::from_u8(0x60), Syndrome::Nak(NakCode::PsnSequenceError));
+        assert_eq!(Syndrome::from_u8(0x61), Syndrome::Nak(NakCode::InvalidRequest));
+        assert_eq!(Syndrome::from_u8(0x62), Syndrome::Nak(NakCode::RemoteAccessError));
+        assert_eq!(Syndrome::from_u8(0x63), Syndrome::Nak(NakCode::RemoteOperationalError));
+        assert_eq!(Syndrome::from_u8(0x64), Syndrome::Nak(NakCode::InvalidRdRequest));
         assert_eq!(Syndrome::from_u8(0x65), Syndrome::Nak(NakCode::Reserved(5)));
         assert_eq!(Syndrome::from_u8(0x40), Syndrome::Reserved(0x40));
         assert_eq!(Syndrome::from_u8(0x9f), Syndrome::Reserved(0x9f));
@@ -285,13 +259,7 @@ mod tests {
         // Example B: ACK, credits invalid, MSN 1.
         let bytes = [0x1f, 0, 0, 1];
         let r = AethRepr::parse(&AethPacket::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(
-            r,
-            AethRepr {
-                syndrome: Syndrome::ACK_NO_CREDITS,
-                msn: Msn::new(1).unwrap()
-            }
-        );
+        assert_eq!(r, AethRepr { syndrome: Syndrome::ACK_NO_CREDITS, msn: Msn::new(1).unwrap() });
         let mut out = [0xa5u8; 4];
         r.emit(&mut AethPacket::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);

@@ -192,8 +192,7 @@ impl BthRepr {
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, packet: &mut BthPacket<T>) {
         let b = packet.b_mut();
         b[f::OPCODE] = self.opcode.0;
-        b[f::FLAGS] =
-            if self.solicited_event { SE } else { 0 } | if self.mig_req { MIG } else { 0 };
+        b[f::FLAGS] = if self.solicited_event { SE } else { 0 } | if self.mig_req { MIG } else { 0 };
         field::set_u16(b, f::PKEY, self.pkey.0);
         b[f::ECN] = if self.fecn { FECN } else { 0 } | if self.becn { BECN } else { 0 };
         field::set_u24(b, f::DEST_QP, self.dest_qp.value());
@@ -207,9 +206,7 @@ mod tests {
     use super::*;
 
     // RC SEND_ONLY to QP 0x12, AckReq, PSN 0x123456 (RoCE wire reference, example A).
-    const GOLDEN: [u8; 12] = [
-        0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x80, 0x12, 0x34, 0x56,
-    ];
+    const GOLDEN: [u8; 12] = [0x04, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x12, 0x80, 0x12, 0x34, 0x56];
 
     fn golden_repr() -> BthRepr {
         BthRepr {
@@ -257,13 +254,7 @@ mod tests {
     fn rejects_transport_version_and_short_buffers() {
         let mut buf = GOLDEN;
         buf[1] = 0x01;
-        assert_eq!(
-            BthRepr::parse(&BthPacket::new_unchecked(&buf[..])),
-            Err(Error::BadTransportVersion)
-        );
-        assert_eq!(
-            BthPacket::new_checked(&GOLDEN[..11]).unwrap_err(),
-            Error::Truncated
-        );
+        assert_eq!(BthRepr::parse(&BthPacket::new_unchecked(&buf[..])), Err(Error::BadTransportVersion));
+        assert_eq!(BthPacket::new_checked(&GOLDEN[..11]).unwrap_err(), Error::Truncated);
     }
 }

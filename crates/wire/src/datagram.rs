@@ -68,9 +68,7 @@ impl<'a> UdpDatagram<'a> {
                     return Err(Error::NotRoce);
                 }
                 let end = usize::from(h.total_len);
-                let payload = ip_packet
-                    .get(Ipv4Header::MIN_LEN..end)
-                    .ok_or(Error::Truncated)?;
+                let payload = ip_packet.get(Ipv4Header::MIN_LEN..end).ok_or(Error::Truncated)?;
                 (IpRepr::V4(h), payload)
             }
             6 => {
@@ -82,9 +80,7 @@ impl<'a> UdpDatagram<'a> {
                     return Err(Error::NotRoce);
                 }
                 let end = Ipv6Header::LEN + usize::from(h.payload_length);
-                let payload = ip_packet
-                    .get(Ipv6Header::LEN..end)
-                    .ok_or(Error::Truncated)?;
+                let payload = ip_packet.get(Ipv6Header::LEN..end).ok_or(Error::Truncated)?;
                 (IpRepr::V6(h), payload)
             }
             _ => return Err(Error::NotRoce),
@@ -93,11 +89,7 @@ impl<'a> UdpDatagram<'a> {
         if usize::from(udp.length) != ip_payload.len() {
             return Err(Error::BadLength);
         }
-        Ok(Self {
-            ip,
-            udp,
-            payload: &ip_payload[UdpHeader::LEN..],
-        })
+        Ok(Self { ip, udp, payload: &ip_payload[UdpHeader::LEN..] })
     }
 
     /// Whether the datagram goes to the RoCEv2 port.
@@ -148,14 +140,8 @@ pub fn ip_udp_headers(envelope: &Envelope, udp_payload_len: usize) -> Result<(Ip
     };
     let ip = match envelope {
         Envelope::V4(e) => {
-            let mut h = Ipv4Header::new(
-                udp_len,
-                DEFAULT_HOP_LIMIT,
-                IpNumber::UDP,
-                e.src.octets(),
-                e.dst.octets(),
-            )
-            .map_err(|_| Error::BadLength)?;
+            let mut h = Ipv4Header::new(udp_len, DEFAULT_HOP_LIMIT, IpNumber::UDP, e.src.octets(), e.dst.octets())
+                .map_err(|_| Error::BadLength)?;
             h.identification = e.identification;
             h.dont_fragment = e.dont_fragment;
             h.header_checksum = h.calc_header_checksum();
@@ -178,9 +164,7 @@ pub fn ip_udp_headers(envelope: &Envelope, udp_payload_len: usize) -> Result<(Ip
 /// returns the bytes written.
 pub fn emit_ip_udp(ip: &IpRepr, udp: &UdpHeader, buf: &mut [u8]) -> Result<usize> {
     let ip_len = ip.header_len();
-    let buf = buf
-        .get_mut(..ip_len + UdpHeader::LEN)
-        .ok_or(Error::BufferTooSmall)?;
+    let buf = buf.get_mut(..ip_len + UdpHeader::LEN).ok_or(Error::BufferTooSmall)?;
     match ip {
         IpRepr::V4(h) => {
             if h.header_len() != Ipv4Header::MIN_LEN {
@@ -214,11 +198,7 @@ impl<'a> DatagramRepr<'a> {
             return Err(Error::NotRoce);
         }
         let roce = RoceRepr::parse(&RocePacket::new_unchecked(dgram.payload), &dgram.envelope())?;
-        Ok(Self {
-            ip: dgram.ip,
-            udp: dgram.udp,
-            roce,
-        })
+        Ok(Self { ip: dgram.ip, udp: dgram.udp, roce })
     }
 
     /// The fields of the IP and UDP headers that the ICRC covers.
@@ -243,9 +223,7 @@ impl<'a> DatagramRepr<'a> {
         let ip_len = match &self.ip {
             IpRepr::V4(h) => {
                 let mut h = h.clone();
-                h.total_len = udp_len
-                    .checked_add(Ipv4Header::MIN_LEN as u16)
-                    .ok_or(Error::BadLength)?;
+                h.total_len = udp_len.checked_add(Ipv4Header::MIN_LEN as u16).ok_or(Error::BadLength)?;
                 h.header_checksum = h.calc_header_checksum();
                 let bytes = h.to_bytes();
                 buf[..bytes.len()].copy_from_slice(&bytes);
@@ -317,9 +295,7 @@ mod tests {
     use crate::types::{PKey, QKey, Qpn};
 
     fn hex(s: &str) -> std::vec::Vec<u8> {
-        s.split_whitespace()
-            .map(|b| u8::from_str_radix(b, 16).unwrap())
-            .collect()
+        s.split_whitespace().map(|b| u8::from_str_radix(b, 16).unwrap()).collect()
     }
 
     const EXAMPLE_A: &str = "45 00 00 3c 12 34 40 00 40 11 a5 0e c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
@@ -369,12 +345,7 @@ mod tests {
         };
         let d = DatagramRepr {
             ip: IpRepr::V6(ip),
-            udp: UdpHeader {
-                source_port: 0xc000,
-                destination_port: ROCEV2_UDP_PORT,
-                length: 0,
-                checksum: 0,
-            },
+            udp: UdpHeader { source_port: 0xc000, destination_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
             roce: RoceRepr {
                 bth: BthRepr {
                     opcode: Opcode::UD_SEND_ONLY,
@@ -388,10 +359,7 @@ mod tests {
                     psn: Psn::new(1).unwrap(),
                 },
                 ext: ExtHeaders {
-                    deth: Some(DethRepr {
-                        qkey: QKey(0x1234),
-                        src_qp: Qpn::new(6).unwrap(),
-                    }),
+                    deth: Some(DethRepr { qkey: QKey(0x1234), src_qp: Qpn::new(6).unwrap() }),
                     ..Default::default()
                 },
                 payload: b"over ipv6",
@@ -400,9 +368,7 @@ mod tests {
         let mut out = std::vec![0xa5u8; d.buffer_len()];
         d.emit(&mut out).unwrap();
         let parsed = DatagramRepr::parse(&out).unwrap();
-        let IpRepr::V6(h) = &parsed.ip else {
-            panic!("not v6")
-        };
+        let IpRepr::V6(h) = &parsed.ip else { panic!("not v6") };
         assert_eq!(usize::from(h.payload_length), out.len() - 40);
         assert_eq!(parsed.roce, d.roce);
         // The hop limit is variant: a router decrements it and the ICRC still holds.
@@ -419,10 +385,6 @@ mod tests {
         let (ip, udp) = ip_udp_headers(&d.envelope(), bytes.len() - 28).unwrap();
         let mut out = [0xa5u8; 28];
         assert_eq!(emit_ip_udp(&ip, &udp, &mut out), Ok(28));
-        assert_eq!(
-            &out[..],
-            &bytes[..28],
-            "same header as the reference example (TTL 64, TOS 0)"
-        );
+        assert_eq!(&out[..], &bytes[..28], "same header as the reference example (TTL 64, TOS 0)");
     }
 }

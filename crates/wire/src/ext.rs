@@ -55,11 +55,7 @@ pub mod reth {
         /// Parses a RETH.
         pub fn parse<T: AsRef<[u8]>>(p: &RethPacket<T>) -> Result<Self> {
             p.check_len()?;
-            Ok(Self {
-                virtual_address: p.virtual_address(),
-                rkey: p.rkey(),
-                dma_length: p.dma_length(),
-            })
+            Ok(Self { virtual_address: p.virtual_address(), rkey: p.rkey(), dma_length: p.dma_length() })
         }
         /// Writes the RETH.
         pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut RethPacket<T>) {
@@ -176,9 +172,7 @@ pub mod atomic_ack_eth {
         /// Parses an AtomicAckETH.
         pub fn parse<T: AsRef<[u8]>>(p: &AtomicAckEthPacket<T>) -> Result<Self> {
             p.check_len()?;
-            Ok(Self {
-                original_data: p.original_data(),
-            })
+            Ok(Self { original_data: p.original_data() })
         }
         /// Writes the AtomicAckETH.
         pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut AtomicAckEthPacket<T>) {
@@ -313,10 +307,7 @@ pub mod deth {
         /// Parses a DETH (the reserved byte is ignored).
         pub fn parse<T: AsRef<[u8]>>(p: &DethPacket<T>) -> Result<Self> {
             p.check_len()?;
-            Ok(Self {
-                qkey: p.qkey(),
-                src_qp: p.src_qp(),
-            })
+            Ok(Self { qkey: p.qkey(), src_qp: p.src_qp() })
         }
         /// Writes the DETH, reserved byte zero.
         pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut DethPacket<T>) {
@@ -366,15 +357,11 @@ pub mod feth {
         /// Parses a FETH.
         pub fn parse<T: AsRef<[u8]>>(p: &FethPacket<T>) -> Result<Self> {
             p.check_len()?;
-            Ok(Self {
-                selectivity: p.selectivity(),
-                placement_type: p.placement_type(),
-            })
+            Ok(Self { selectivity: p.selectivity(), placement_type: p.placement_type() })
         }
         /// Writes the FETH, reserved bits zero. Values wider than their field are masked.
         pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut FethPacket<T>) {
-            let word =
-                (u32::from(self.selectivity & 0x3) << 4) | u32::from(self.placement_type & 0xf);
+            let word = (u32::from(self.selectivity & 0x3) << 4) | u32::from(self.placement_type & 0xf);
             field::set_u32(p.buffer.as_mut(), WORD, word);
         }
     }
@@ -390,18 +377,9 @@ mod tests {
     #[test]
     fn reth_golden() {
         // READ request of example D: VA 0x7f0000001000, R_Key 0xa0b, length 2500.
-        let bytes = [
-            0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x0a, 0x0b, 0, 0, 0x09, 0xc4,
-        ];
+        let bytes = [0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x0a, 0x0b, 0, 0, 0x09, 0xc4];
         let r = RethRepr::parse(&RethPacket::new_checked(&bytes[..]).unwrap()).unwrap();
-        assert_eq!(
-            r,
-            RethRepr {
-                virtual_address: 0x7f00_0000_1000,
-                rkey: RKey(0xa0b),
-                dma_length: 2500
-            }
-        );
+        assert_eq!(r, RethRepr { virtual_address: 0x7f00_0000_1000, rkey: RKey(0xa0b), dma_length: 2500 });
         let mut out = [0xa5u8; 16];
         r.emit(&mut RethPacket::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);
@@ -420,18 +398,12 @@ mod tests {
         assert_eq!(&out[8..12], &[0x11, 0x12, 0x13, 0x14]);
         assert_eq!(&out[12..14], &[0x21, 0x22]);
         assert_eq!(&out[20..22], &[0x31, 0x32]);
-        assert_eq!(
-            AtomicEthRepr::parse(&AtomicEthPacket::new_unchecked(&out[..])).unwrap(),
-            r
-        );
+        assert_eq!(AtomicEthRepr::parse(&AtomicEthPacket::new_unchecked(&out[..])).unwrap(), r);
     }
 
     #[test]
     fn deth_writes_reserved_byte() {
-        let r = DethRepr {
-            qkey: QKey::GSI,
-            src_qp: Qpn::GSI,
-        };
+        let r = DethRepr { qkey: QKey::GSI, src_qp: Qpn::GSI };
         let mut out = [0xa5u8; 8];
         r.emit(&mut DethPacket::new_unchecked(&mut out[..]));
         assert_eq!(out, [0x80, 0x01, 0, 0, 0, 0, 0, 1]);
@@ -439,17 +411,11 @@ mod tests {
 
     #[test]
     fn feth_fields() {
-        let r = feth::FethRepr {
-            selectivity: 1,
-            placement_type: 2,
-        };
+        let r = feth::FethRepr { selectivity: 1, placement_type: 2 };
         let mut out = [0xa5u8; 4];
         r.emit(&mut feth::FethPacket::new_unchecked(&mut out[..]));
         assert_eq!(out, [0, 0, 0, 0x12]);
-        assert_eq!(
-            feth::FethRepr::parse(&feth::FethPacket::new_unchecked(&out[..])).unwrap(),
-            r
-        );
+        assert_eq!(feth::FethRepr::parse(&feth::FethPacket::new_unchecked(&out[..])).unwrap(), r);
     }
 
     #[test]

@@ -44,11 +44,7 @@ impl GrhRepr {
     /// Reads the first 40 bytes of a receive buffer, deciding IPv4 or IPv6 as Linux does.
     pub fn parse(area: &[u8]) -> Result<Self> {
         let area = area.get(..GRH_LEN).ok_or(Error::Truncated)?;
-        let v4_at_20 = || {
-            Ipv4Header::from_slice(&area[IPV4_OFFSET..])
-                .ok()
-                .map(|(h, _)| h)
-        };
+        let v4_at_20 = || Ipv4Header::from_slice(&area[IPV4_OFFSET..]).ok().map(|(h, _)| h);
         if area[0] >> 4 != 6 {
             return v4_at_20().map(GrhRepr::V4).ok_or(Error::BadGrh);
         }
@@ -104,8 +100,7 @@ mod tests {
     use etherparse::IpNumber;
 
     fn v4() -> Ipv4Header {
-        let mut h =
-            Ipv4Header::new(36, 64, IpNumber::UDP, [198, 18, 0, 2], [198, 18, 0, 3]).unwrap();
+        let mut h = Ipv4Header::new(36, 64, IpNumber::UDP, [198, 18, 0, 2], [198, 18, 0, 3]).unwrap();
         h.identification = 0x9cfa;
         h.dont_fragment = true;
         h
@@ -118,9 +113,7 @@ mod tests {
         assert_eq!(&area[..20], &[0; 20]);
         assert_eq!(area[20], 0x45);
         let parsed = GrhRepr::parse(&area).unwrap();
-        let GrhRepr::V4(h) = &parsed else {
-            panic!("not v4")
-        };
+        let GrhRepr::V4(h) = &parsed else { panic!("not v4") };
         assert_eq!(h.source, [198, 18, 0, 2]);
         assert_eq!(parsed.sgid(), Gid::from_ip([198, 18, 0, 2].into()));
         assert_eq!(parsed.dgid().to_string(), "::ffff:198.18.0.3");
@@ -156,9 +149,6 @@ mod tests {
     fn rejects_garbage_and_short_areas() {
         assert_eq!(GrhRepr::parse(&[0u8; 40]), Err(Error::BadGrh));
         assert_eq!(GrhRepr::parse(&[0u8; 39]), Err(Error::Truncated));
-        assert_eq!(
-            GrhRepr::V4(v4()).emit(&mut [0u8; 39]),
-            Err(Error::BufferTooSmall)
-        );
+        assert_eq!(GrhRepr::V4(v4()).emit(&mut [0u8; 39]), Err(Error::BufferTooSmall));
     }
 }

@@ -84,12 +84,9 @@ impl Envelope {
                 src_port,
                 dst_port: ROCEV2_UDP_PORT,
             })),
-            (IpAddr::V6(src), IpAddr::V6(dst)) => Some(Envelope::V6(Ipv6Envelope {
-                src,
-                dst,
-                src_port,
-                dst_port: ROCEV2_UDP_PORT,
-            })),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                Some(Envelope::V6(Ipv6Envelope { src, dst, src_port, dst_port: ROCEV2_UDP_PORT }))
+            }
             _ => None,
         }
     }
@@ -228,9 +225,7 @@ mod tests {
     use super::*;
 
     fn hex(s: &str) -> std::vec::Vec<u8> {
-        s.split_whitespace()
-            .map(|b| u8::from_str_radix(b, 16).unwrap())
-            .collect()
+        s.split_whitespace().map(|b| u8::from_str_radix(b, 16).unwrap()).collect()
     }
 
     /// Checks a whole IPv4 packet (IP header onward, ICRC last) against `compute`, taking
@@ -252,43 +247,31 @@ mod tests {
     #[test]
     fn worked_examples_of_the_reference() {
         // RC SEND_ONLY (A), its ACK (B), UD SEND_ONLY with pad 3 (C), READ request (D).
-        check_ipv4_packet(&hex(
-            "45 00 00 3c 12 34 40 00 40 11 a5 0e c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
+        check_ipv4_packet(&hex("45 00 00 3c 12 34 40 00 40 11 a5 0e c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
              04 00 ff ff 00 00 00 12 80 12 34 56 00 00 7f 12 34 56 00 00 00 00 12 34 00 00 00 40
-             f6 17 39 8e",
-        ));
-        check_ipv4_packet(&hex(
-            "45 00 00 30 43 21 40 00 40 11 74 2d c0 a8 01 14 c0 a8 01 0a c1 32 12 b7 00 1c 00 00
-             11 00 ff ff 00 00 00 11 00 12 34 56 1f 00 00 01 8c 11 96 d7",
-        ));
-        check_ipv4_packet(&hex(
-            "45 00 00 3c 00 01 40 00 40 11 b7 41 c0 a8 01 0a c0 a8 01 14 c4 20 12 b7 00 28 00 00
+             f6 17 39 8e"));
+        check_ipv4_packet(&hex("45 00 00 30 43 21 40 00 40 11 74 2d c0 a8 01 14 c0 a8 01 0a c1 32 12 b7 00 1c 00 00
+             11 00 ff ff 00 00 00 11 00 12 34 56 1f 00 00 01 8c 11 96 d7"));
+        check_ipv4_packet(&hex("45 00 00 3c 00 01 40 00 40 11 b7 41 c0 a8 01 0a c0 a8 01 14 c4 20 12 b7 00 28 00 00
              64 30 ff ff 00 00 00 21 00 00 00 01 11 11 11 11 00 00 00 20 68 65 6c 6c 6f 00 00 00
-             00 d3 0b 07",
-        ));
-        check_ipv4_packet(&hex(
-            "45 00 00 3c 22 22 40 00 40 11 95 20 c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
+             00 d3 0b 07"));
+        check_ipv4_packet(&hex("45 00 00 3c 22 22 40 00 40 11 95 20 c0 a8 01 0a c0 a8 01 14 c1 32 12 b7 00 28 00 00
              0c 00 ff ff 00 00 00 12 80 00 01 00 00 00 7f 00 00 00 10 00 00 00 0a 0b 00 00 09 c4
-             f2 95 00 a7",
-        ));
+             f2 95 00 a7"));
     }
 
     #[test]
     fn scapy_vectors() {
         // secdev/scapy test/contrib/roce.uts: a CNP captured on a ConnectX-4 Lx (TOS 0xc2 is
         // variant, UDP source port 0 is covered as sent) ...
-        check_ipv4_packet(&hex(
-            "45 c2 00 3c 71 8c 40 00 40 11 91 61 0a 00 11 01 0a 00 12 01 00 00 12 b7 00 28 00 00
+        check_ipv4_packet(&hex("45 c2 00 3c 71 8c 40 00 40 11 91 61 0a 00 11 01 0a 00 12 01 00 00 12 b7 00 28 00 00
              81 00 ff ff 40 00 01 18 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00 00
-             82 fd 00 2a",
-        ));
+             82 fd 00 2a"));
         // ... and a UC SEND_ONLY with MigReq and pad 2 (TOS 1, ID 1144, 192.168.0.7 to itself).
-        check_ipv4_packet(&hex(
-            "45 01 00 40 04 78 40 00 40 11 00 00 c0 a8 00 07 c0 a8 00 07 c0 00 12 b7 00 2c 00 00
+        check_ipv4_packet(&hex("45 01 00 40 04 78 40 00 40 11 00 00 c0 a8 00 07 c0 a8 00 07 c0 00 12 b7 00 2c 00 00
              24 60 ff ff 00 00 00 d3 00 cf 17 10
              46 30 81 8b e2 89 35 d9 0e 9a 95 50 54 01 be 88 5e 50 00 00
-             78 f3 53 f3",
-        ));
+             78 f3 53 f3"));
     }
 
     #[test]

@@ -108,9 +108,7 @@ pub enum Error {
     #[error("bad padding: the packet is not 4-byte aligned, or the pad count exceeds the payload")]
     BadPadding,
     /// The invariant CRC does not match the packet.
-    #[error(
-        "ICRC mismatch: the packet was corrupted, or its IP/UDP envelope is not the one it was sent with"
-    )]
+    #[error("ICRC mismatch: the packet was corrupted, or its IP/UDP envelope is not the one it was sent with")]
     BadIcrc,
     /// An IP or UDP length field disagrees with the bytes present.
     #[error("IP or UDP length field disagrees with the datagram size")]
@@ -122,14 +120,10 @@ pub enum Error {
     #[error("not RoCEv2: not a UDP datagram to port 4791")]
     NotRoce,
     /// IPv4 options, IPv6 extension headers or IP fragments, none of which RoCEv2 uses.
-    #[error(
-        "unsupported IP feature for RoCEv2 (IPv4 options, IPv6 extension headers or fragments)"
-    )]
+    #[error("unsupported IP feature for RoCEv2 (IPv4 options, IPv6 extension headers or fragments)")]
     Unsupported,
     /// The extended headers given to `emit` are not the ones the opcode carries.
-    #[error(
-        "extended headers do not match the opcode (see opcode::OPCODES for which headers each opcode carries)"
-    )]
+    #[error("extended headers do not match the opcode (see opcode::OPCODES for which headers each opcode carries)")]
     HeaderMismatch,
     /// The output buffer cannot hold what `emit` must write; size it with `buffer_len`.
     #[error("output buffer too small; size it with buffer_len()")]

@@ -205,16 +205,7 @@ impl Headers {
 
 impl fmt::Debug for Headers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const NAMES: [&str; 8] = [
-            "FETH",
-            "RETH",
-            "AETH",
-            "DETH",
-            "AtomicETH",
-            "AtomicAckETH",
-            "ImmDt",
-            "IETH",
-        ];
+        const NAMES: [&str; 8] = ["FETH", "RETH", "AETH", "DETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH"];
         let mut set = f.debug_set();
         for (i, name) in NAMES.iter().enumerate() {
             if self.0 & (1 << i) != 0 {
@@ -257,10 +248,7 @@ impl OpcodeInfo {
 
     /// Sent by a responder.
     pub const fn is_response(&self) -> bool {
-        matches!(
-            self.operation,
-            Operation::RdmaReadResponse | Operation::Acknowledge | Operation::AtomicAcknowledge
-        )
+        matches!(self.operation, Operation::RdmaReadResponse | Operation::Acknowledge | Operation::AtomicAcknowledge)
     }
 }
 
@@ -283,100 +271,20 @@ const fn row(
     headers: Headers,
     payload: PayloadRule,
 ) -> OpcodeInfo {
-    OpcodeInfo {
-        opcode: Opcode(code),
-        name,
-        transport,
-        operation,
-        position,
-        headers,
-        payload,
-    }
+    OpcodeInfo { opcode: Opcode(code), name, transport, operation, position, headers, payload }
 }
 
 /// Every opcode softrdma knows, in numeric order.
 pub static OPCODES: [OpcodeInfo; 40] = [
-    row(
-        0x00,
-        "RC_SEND_FIRST",
-        T::Rc,
-        O::Send,
-        Pos::First,
-        Headers::NONE,
-        P::PathMtu,
-    ),
-    row(
-        0x01,
-        "RC_SEND_MIDDLE",
-        T::Rc,
-        O::Send,
-        Pos::Middle,
-        Headers::NONE,
-        P::PathMtu,
-    ),
-    row(
-        0x02,
-        "RC_SEND_LAST",
-        T::Rc,
-        O::Send,
-        Pos::Last,
-        Headers::NONE,
-        P::UpToPathMtuNonEmpty,
-    ),
-    row(
-        0x03,
-        "RC_SEND_LAST_WITH_IMMEDIATE",
-        T::Rc,
-        O::SendWithImm,
-        Pos::Last,
-        Headers::IMM_DT,
-        P::UpToPathMtuNonEmpty,
-    ),
-    row(
-        0x04,
-        "RC_SEND_ONLY",
-        T::Rc,
-        O::Send,
-        Pos::Only,
-        Headers::NONE,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x05,
-        "RC_SEND_ONLY_WITH_IMMEDIATE",
-        T::Rc,
-        O::SendWithImm,
-        Pos::Only,
-        Headers::IMM_DT,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x06,
-        "RC_RDMA_WRITE_FIRST",
-        T::Rc,
-        O::RdmaWrite,
-        Pos::First,
-        Headers::RETH,
-        P::PathMtu,
-    ),
-    row(
-        0x07,
-        "RC_RDMA_WRITE_MIDDLE",
-        T::Rc,
-        O::RdmaWrite,
-        Pos::Middle,
-        Headers::NONE,
-        P::PathMtu,
-    ),
-    row(
-        0x08,
-        "RC_RDMA_WRITE_LAST",
-        T::Rc,
-        O::RdmaWrite,
-        Pos::Last,
-        Headers::NONE,
-        P::UpToPathMtuNonEmpty,
-    ),
+    row(0x00, "RC_SEND_FIRST", T::Rc, O::Send, Pos::First, Headers::NONE, P::PathMtu),
+    row(0x01, "RC_SEND_MIDDLE", T::Rc, O::Send, Pos::Middle, Headers::NONE, P::PathMtu),
+    row(0x02, "RC_SEND_LAST", T::Rc, O::Send, Pos::Last, Headers::NONE, P::UpToPathMtuNonEmpty),
+    row(0x03, "RC_SEND_LAST_WITH_IMMEDIATE", T::Rc, O::SendWithImm, Pos::Last, Headers::IMM_DT, P::UpToPathMtuNonEmpty),
+    row(0x04, "RC_SEND_ONLY", T::Rc, O::Send, Pos::Only, Headers::NONE, P::UpToPathMtu),
+    row(0x05, "RC_SEND_ONLY_WITH_IMMEDIATE", T::Rc, O::SendWithImm, Pos::Only, Headers::IMM_DT, P::UpToPathMtu),
+    row(0x06, "RC_RDMA_WRITE_FIRST", T::Rc, O::RdmaWrite, Pos::First, Headers::RETH, P::PathMtu),
+    row(0x07, "RC_RDMA_WRITE_MIDDLE", T::Rc, O::RdmaWrite, Pos::Middle, Headers::NONE, P::PathMtu),
+    row(0x08, "RC_RDMA_WRITE_LAST", T::Rc, O::RdmaWrite, Pos::Last, Headers::NONE, P::UpToPathMtuNonEmpty),
     row(
         0x09,
         "RC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
@@ -386,51 +294,11 @@ pub static OPCODES: [OpcodeInfo; 40] = [
         Headers::IMM_DT,
         P::UpToPathMtuNonEmpty,
     ),
-    row(
-        0x0a,
-        "RC_RDMA_WRITE_ONLY",
-        T::Rc,
-        O::RdmaWrite,
-        Pos::Only,
-        Headers::RETH,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x0b,
-        "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
-        T::Rc,
-        O::RdmaWriteWithImm,
-        Pos::Only,
-        RETH_IMM,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x0c,
-        "RC_RDMA_READ_REQUEST",
-        T::Rc,
-        O::RdmaReadRequest,
-        Pos::Only,
-        Headers::RETH,
-        P::None,
-    ),
-    row(
-        0x0d,
-        "RC_RDMA_READ_RESPONSE_FIRST",
-        T::Rc,
-        O::RdmaReadResponse,
-        Pos::First,
-        Headers::AETH,
-        P::PathMtu,
-    ),
-    row(
-        0x0e,
-        "RC_RDMA_READ_RESPONSE_MIDDLE",
-        T::Rc,
-        O::RdmaReadResponse,
-        Pos::Middle,
-        Headers::NONE,
-        P::PathMtu,
-    ),
+    row(0x0a, "RC_RDMA_WRITE_ONLY", T::Rc, O::RdmaWrite, Pos::Only, Headers::RETH, P::UpToPathMtu),
+    row(0x0b, "RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", T::Rc, O::RdmaWriteWithImm, Pos::Only, RETH_IMM, P::UpToPathMtu),
+    row(0x0c, "RC_RDMA_READ_REQUEST", T::Rc, O::RdmaReadRequest, Pos::Only, Headers::RETH, P::None),
+    row(0x0d, "RC_RDMA_READ_RESPONSE_FIRST", T::Rc, O::RdmaReadResponse, Pos::First, Headers::AETH, P::PathMtu),
+    row(0x0e, "RC_RDMA_READ_RESPONSE_MIDDLE", T::Rc, O::RdmaReadResponse, Pos::Middle, Headers::NONE, P::PathMtu),
     row(
         0x0f,
         "RC_RDMA_READ_RESPONSE_LAST",
@@ -440,51 +308,11 @@ pub static OPCODES: [OpcodeInfo; 40] = [
         Headers::AETH,
         P::UpToPathMtuNonEmpty,
     ),
-    row(
-        0x10,
-        "RC_RDMA_READ_RESPONSE_ONLY",
-        T::Rc,
-        O::RdmaReadResponse,
-        Pos::Only,
-        Headers::AETH,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x11,
-        "RC_ACKNOWLEDGE",
-        T::Rc,
-        O::Acknowledge,
-        Pos::Only,
-        Headers::AETH,
-        P::None,
-    ),
-    row(
-        0x12,
-        "RC_ATOMIC_ACKNOWLEDGE",
-        T::Rc,
-        O::AtomicAcknowledge,
-        Pos::Only,
-        AETH_ATOMIC_ACK,
-        P::None,
-    ),
-    row(
-        0x13,
-        "RC_COMPARE_SWAP",
-        T::Rc,
-        O::CompareSwap,
-        Pos::Only,
-        Headers::ATOMIC_ETH,
-        P::None,
-    ),
-    row(
-        0x14,
-        "RC_FETCH_ADD",
-        T::Rc,
-        O::FetchAdd,
-        Pos::Only,
-        Headers::ATOMIC_ETH,
-        P::None,
-    ),
+    row(0x10, "RC_RDMA_READ_RESPONSE_ONLY", T::Rc, O::RdmaReadResponse, Pos::Only, Headers::AETH, P::UpToPathMtu),
+    row(0x11, "RC_ACKNOWLEDGE", T::Rc, O::Acknowledge, Pos::Only, Headers::AETH, P::None),
+    row(0x12, "RC_ATOMIC_ACKNOWLEDGE", T::Rc, O::AtomicAcknowledge, Pos::Only, AETH_ATOMIC_ACK, P::None),
+    row(0x13, "RC_COMPARE_SWAP", T::Rc, O::CompareSwap, Pos::Only, Headers::ATOMIC_ETH, P::None),
+    row(0x14, "RC_FETCH_ADD", T::Rc, O::FetchAdd, Pos::Only, Headers::ATOMIC_ETH, P::None),
     row(
         0x16,
         "RC_SEND_LAST_WITH_INVALIDATE",
@@ -494,114 +322,18 @@ pub static OPCODES: [OpcodeInfo; 40] = [
         Headers::IETH,
         P::UpToPathMtuNonEmpty,
     ),
-    row(
-        0x17,
-        "RC_SEND_ONLY_WITH_INVALIDATE",
-        T::Rc,
-        O::SendWithInvalidate,
-        Pos::Only,
-        Headers::IETH,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x1c,
-        "RC_FLUSH",
-        T::Rc,
-        O::Flush,
-        Pos::Only,
-        FETH_RETH,
-        P::None,
-    ),
-    row(
-        0x1d,
-        "RC_ATOMIC_WRITE",
-        T::Rc,
-        O::AtomicWrite,
-        Pos::Only,
-        Headers::RETH,
-        P::Exactly(8),
-    ),
-    row(
-        0x20,
-        "UC_SEND_FIRST",
-        T::Uc,
-        O::Send,
-        Pos::First,
-        Headers::NONE,
-        P::PathMtu,
-    ),
-    row(
-        0x21,
-        "UC_SEND_MIDDLE",
-        T::Uc,
-        O::Send,
-        Pos::Middle,
-        Headers::NONE,
-        P::PathMtu,
-    ),
-    row(
-        0x22,
-        "UC_SEND_LAST",
-        T::Uc,
-        O::Send,
-        Pos::Last,
-        Headers::NONE,
-        P::UpToPathMtuNonEmpty,
-    ),
-    row(
-        0x23,
-        "UC_SEND_LAST_WITH_IMMEDIATE",
-        T::Uc,
-        O::SendWithImm,
-        Pos::Last,
-        Headers::IMM_DT,
-        P::UpToPathMtuNonEmpty,
-    ),
-    row(
-        0x24,
-        "UC_SEND_ONLY",
-        T::Uc,
-        O::Send,
-        Pos::Only,
-        Headers::NONE,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x25,
-        "UC_SEND_ONLY_WITH_IMMEDIATE",
-        T::Uc,
-        O::SendWithImm,
-        Pos::Only,
-        Headers::IMM_DT,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x26,
-        "UC_RDMA_WRITE_FIRST",
-        T::Uc,
-        O::RdmaWrite,
-        Pos::First,
-        Headers::RETH,
-        P::PathMtu,
-    ),
-    row(
-        0x27,
-        "UC_RDMA_WRITE_MIDDLE",
-        T::Uc,
-        O::RdmaWrite,
-        Pos::Middle,
-        Headers::NONE,
-        P::PathMtu,
-    ),
-    row(
-        0x28,
-        "UC_RDMA_WRITE_LAST",
-        T::Uc,
-        O::RdmaWrite,
-        Pos::Last,
-        Headers::NONE,
-        P::UpToPathMtuNonEmpty,
-    ),
+    row(0x17, "RC_SEND_ONLY_WITH_INVALIDATE", T::Rc, O::SendWithInvalidate, Pos::Only, Headers::IETH, P::UpToPathMtu),
+    row(0x1c, "RC_FLUSH", T::Rc, O::Flush, Pos::Only, FETH_RETH, P::None),
+    row(0x1d, "RC_ATOMIC_WRITE", T::Rc, O::AtomicWrite, Pos::Only, Headers::RETH, P::Exactly(8)),
+    row(0x20, "UC_SEND_FIRST", T::Uc, O::Send, Pos::First, Headers::NONE, P::PathMtu),
+    row(0x21, "UC_SEND_MIDDLE", T::Uc, O::Send, Pos::Middle, Headers::NONE, P::PathMtu),
+    row(0x22, "UC_SEND_LAST", T::Uc, O::Send, Pos::Last, Headers::NONE, P::UpToPathMtuNonEmpty),
+    row(0x23, "UC_SEND_LAST_WITH_IMMEDIATE", T::Uc, O::SendWithImm, Pos::Last, Headers::IMM_DT, P::UpToPathMtuNonEmpty),
+    row(0x24, "UC_SEND_ONLY", T::Uc, O::Send, Pos::Only, Headers::NONE, P::UpToPathMtu),
+    row(0x25, "UC_SEND_ONLY_WITH_IMMEDIATE", T::Uc, O::SendWithImm, Pos::Only, Headers::IMM_DT, P::UpToPathMtu),
+    row(0x26, "UC_RDMA_WRITE_FIRST", T::Uc, O::RdmaWrite, Pos::First, Headers::RETH, P::PathMtu),
+    row(0x27, "UC_RDMA_WRITE_MIDDLE", T::Uc, O::RdmaWrite, Pos::Middle, Headers::NONE, P::PathMtu),
+    row(0x28, "UC_RDMA_WRITE_LAST", T::Uc, O::RdmaWrite, Pos::Last, Headers::NONE, P::UpToPathMtuNonEmpty),
     row(
         0x29,
         "UC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
@@ -611,52 +343,12 @@ pub static OPCODES: [OpcodeInfo; 40] = [
         Headers::IMM_DT,
         P::UpToPathMtuNonEmpty,
     ),
-    row(
-        0x2a,
-        "UC_RDMA_WRITE_ONLY",
-        T::Uc,
-        O::RdmaWrite,
-        Pos::Only,
-        Headers::RETH,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x2b,
-        "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE",
-        T::Uc,
-        O::RdmaWriteWithImm,
-        Pos::Only,
-        RETH_IMM,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x64,
-        "UD_SEND_ONLY",
-        T::Ud,
-        O::Send,
-        Pos::Only,
-        Headers::DETH,
-        P::UpToPathMtu,
-    ),
-    row(
-        0x65,
-        "UD_SEND_ONLY_WITH_IMMEDIATE",
-        T::Ud,
-        O::SendWithImm,
-        Pos::Only,
-        DETH_IMM,
-        P::UpToPathMtu,
-    ),
+    row(0x2a, "UC_RDMA_WRITE_ONLY", T::Uc, O::RdmaWrite, Pos::Only, Headers::RETH, P::UpToPathMtu),
+    row(0x2b, "UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", T::Uc, O::RdmaWriteWithImm, Pos::Only, RETH_IMM, P::UpToPathMtu),
+    row(0x64, "UD_SEND_ONLY", T::Ud, O::Send, Pos::Only, Headers::DETH, P::UpToPathMtu),
+    row(0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", T::Ud, O::SendWithImm, Pos::Only, DETH_IMM, P::UpToPathMtu),
     // RoCEv2 CNP (Annex A17.9.2): BTH with BECN set, then 16 reserved bytes.
-    row(
-        0x81,
-        "CNP",
-        T::Cnp,
-        O::Cnp,
-        Pos::Only,
-        Headers::NONE,
-        P::Exactly(16),
-    ),
+    row(0x81, "CNP", T::Cnp, O::Cnp, Pos::Only, Headers::NONE, P::Exactly(16)),
 ];
 
 const ROWS: usize = OPCODES.len();
@@ -748,11 +440,7 @@ mod tests {
     #[test]
     fn table_is_sorted_and_indexed() {
         for pair in OPCODES[..ROWS].windows(2) {
-            assert!(
-                pair[0].opcode < pair[1].opcode,
-                "{:?} out of order",
-                pair[1].opcode
-            );
+            assert!(pair[0].opcode < pair[1].opcode, "{:?} out of order", pair[1].opcode);
         }
         for info in &OPCODES[..ROWS] {
             assert_eq!(info.opcode.info(), Some(info));
@@ -847,9 +535,6 @@ mod tests {
         assert_eq!(Opcode(0x64).to_string(), "UD_SEND_ONLY");
         assert_eq!(Opcode(0x15).to_string(), "UNKNOWN(0x15)");
         assert_eq!(Opcode(0x44).name(), "UNKNOWN", "RD is not supported");
-        assert_eq!(
-            format!("{:?}", Opcode::RC_ACKNOWLEDGE),
-            "RC_ACKNOWLEDGE(0x11)"
-        );
+        assert_eq!(format!("{:?}", Opcode::RC_ACKNOWLEDGE), "RC_ACKNOWLEDGE(0x11)");
     }
 }

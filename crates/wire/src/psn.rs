@@ -22,11 +22,7 @@ impl Psn {
 
     /// Returns `None` when `value` does not fit in 24 bits.
     pub const fn new(value: u32) -> Option<Self> {
-        if value < Self::MODULUS {
-            Some(Self(value))
-        } else {
-            None
-        }
+        if value < Self::MODULUS { Some(Self(value)) } else { None }
     }
 
     /// Keeps the low 24 bits of `value`.
@@ -115,11 +111,7 @@ impl PsnWindow {
     /// A window of `len` PSNs from `start`. Returns `None` if `len` exceeds half the circle,
     /// past which membership would be ambiguous.
     pub const fn new(start: Psn, len: u32) -> Option<Self> {
-        if len <= Psn::HALF {
-            Some(Self { start, len })
-        } else {
-            None
-        }
+        if len <= Psn::HALF { Some(Self { start, len }) } else { None }
     }
 
     /// First PSN of the window.

@@ -167,10 +167,7 @@ mod tests {
     #[test]
     fn gid_maps_ipv4() {
         let gid = Gid::from_ip([192, 168, 1, 10].into());
-        assert_eq!(
-            gid.0,
-            [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 10]
-        );
+        assert_eq!(gid.0, [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 192, 168, 1, 10]);
         assert_eq!(gid.to_string(), "::ffff:192.168.1.10");
         assert_eq!(gid.to_ip(), core::net::IpAddr::from([192, 168, 1, 10]));
         let v6: core::net::IpAddr = "fe80::1".parse().unwrap();

@@ -69,17 +69,8 @@ fn every_rxe_packet_parses_verifies_and_reemits_identically() {
             let mut out = vec![0xa5u8; repr.buffer_len()];
             let n = repr.emit(&mut out).unwrap();
             // Frames shorter than 60 bytes would carry Ethernet padding after the IP packet.
-            assert_eq!(
-                &out[..n],
-                &frame[..n],
-                "{name} frame {}: re-emitted bytes differ",
-                i + 1
-            );
-            assert!(
-                frame[n..].iter().all(|&b| b == 0),
-                "{name} frame {}: trailing bytes",
-                i + 1
-            );
+            assert_eq!(&out[..n], &frame[..n], "{name} frame {}: re-emitted bytes differ", i + 1);
+            assert!(frame[n..].iter().all(|&b| b == 0), "{name} frame {}: trailing bytes", i + 1);
         }
         assert_eq!(roce, roce_count, "{name}: RoCE frame count");
         total += roce;
@@ -98,10 +89,7 @@ fn opcodes_seen_match_tshark() {
             }
         }
     }
-    let names: Vec<(String, usize)> = seen
-        .iter()
-        .map(|(&op, &n)| (Opcode(op).to_string(), n))
-        .collect();
+    let names: Vec<(String, usize)> = seen.iter().map(|(&op, &n)| (Opcode(op).to_string(), n)).collect();
     // From `tshark -Y 'udp.dstport==4791 && !icmp' -T fields -e infiniband.bth.opcode`
     // over every capture, `sort -n | uniq -c`.
     let expected: Vec<(String, usize)> = [
