@@ -1,1 +1,66 @@
-fn main() {}
+//! `softrdma`: the command-line face of softrdma.
+//!
+//! Today it decodes RoCEv2 captures (`softrdma decode`); perf tests, device listings and
+//! counters join it as the runtime lands.
+
+use std::io::{self, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod decode;
+
+/// RDMA in software: RoCEv2 verbs and rdma_cm in user space.
+#[derive(Parser, Debug)]
+#[command(name = "softrdma", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Decode the RoCEv2 packets of a pcap or pcapng capture, one line per packet.
+    ///
+    /// Every RoCEv2 packet (UDP to port 4791) is shown with its BTH, extended headers, MAD
+    /// and CM message, payload length and whether its ICRC verifies. Other frames are
+    /// counted and skipped; malformed ones are reported with the reason. A summary goes to
+    /// standard error.
+    Decode {
+        /// The capture file (pcap or pcapng; Ethernet, Linux cooked, raw IP links).
+        file: PathBuf,
+        /// One JSON object per line instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Decode { file, json } => {
+            let stdout = io::stdout();
+            let mut out = io::BufWriter::new(stdout.lock());
+            let format = if json { decode::Format::Json } else { decode::Format::Text };
+            let result = decode::run(&file, format, &mut out).and_then(|s| out.flush().map(|()| s).map_err(Into::into));
+            match result {
+                Ok(summary) => {
+                    #[allow(clippy::print_stderr)]
+                    {
+                        eprintln!("softrdma decode: {summary}");
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(decode::DecodeError::Output(e)) if e.kind() == io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+                Err(e) => {
+                    #[allow(clippy::print_stderr)]
+                    {
+                        eprintln!("softrdma decode: {e}");
+                    }
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
