@@ -131,9 +131,15 @@ pub enum Error {
     /// A MAD is not exactly 256 bytes.
     #[error("a MAD must be exactly 256 bytes")]
     BadMadLength,
-    /// The MAD is not of the connection-management class (0x07, class version 2).
+    /// The MAD is not of the connection-management class (0x07).
     #[error("not a CM MAD (management class 0x07)")]
     NotCm,
+    /// A variable-length part given to `emit` (CM private data, REJ additional reject
+    /// information, SIDR_REP additional information) is longer than its field.
+    #[error(
+        "private data or additional information longer than its field in the CM message (REQ allows 92 bytes, of which rdma_cm leaves 56 to the user)"
+    )]
+    FieldTooLong,
     /// The 40 bytes of a UD receive buffer's GRH area hold neither a valid IPv4 header at
     /// offset 20 nor an IPv6 header.
     #[error("GRH area holds neither an IPv4 header (at offset 20) nor an IPv6 header")]
