@@ -24,7 +24,7 @@ fn decode_json(path: &Path) -> Vec<Value> {
     String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).expect(l)).collect()
 }
 
-fn frame<'a>(lines: &'a [Value], number: u64) -> &'a Value {
+fn frame(lines: &[Value], number: u64) -> &Value {
     lines.iter().find(|l| l["frame"] == number).unwrap_or_else(|| panic!("frame {number} not decoded"))
 }
 
@@ -307,6 +307,56 @@ fn extended_headers_match_tshark() {
 }
 
 #[test]
+fn cm_messages_match_tshark() {
+    let rping = decode_json(&data("rxe2rxe-rping.pcap"));
+    // Frame 3, the REQ: TID 0x000000022dbcdc8f, Local Communication ID 0x8fdcbc2d, Local QPN
+    // 0x00005b, Starting PSN 0x0b3beb; IP CM source port 0xa9b0, 198.18.0.2 to 198.18.0.3;
+    // service ID: rdma_cm TCP port space (0x0106), port 7174 (rping's default).
+    let mad = &frame(&rping, 3)["mad"];
+    assert_eq!(mad["class"], "CM");
+    assert_eq!(mad["method"], "SEND");
+    assert_eq!(mad["attribute_id"], 0x0010);
+    assert_eq!(mad["transaction_id"], 0x0000_0002_2dbc_dc8fu64);
+    let req = &mad["cm"];
+    assert_eq!(req["message"], "REQ");
+    assert_eq!(req["local_comm_id"], 0x8fdc_bc2du64);
+    assert_eq!(req["qpn"], 0x5b);
+    assert_eq!(req["starting_psn"], 0x0b_3beb);
+    assert_eq!(req["service_id"], 0x0106_1c06);
+    assert_eq!(req["rdma_cm"]["src_port"], 0xa9b0);
+    assert_eq!(req["rdma_cm"]["src"], "198.18.0.2");
+    assert_eq!(req["rdma_cm"]["dst"], "198.18.0.3");
+    assert_eq!(req["rdma_cm"]["dst_port"], 7174);
+    // Frame 4, the REP: Local 0xe1aea61d, Remote 0x8fdcbc2d, QPN 0x000011, PSN 0x296126.
+    let rep = &frame(&rping, 4)["mad"]["cm"];
+    assert_eq!(rep["message"], "REP");
+    assert_eq!(rep["local_comm_id"], 0xe1ae_a61du64);
+    assert_eq!(rep["remote_comm_id"], 0x8fdc_bc2du64);
+    assert_eq!(rep["qpn"], 0x11);
+    assert_eq!(rep["starting_psn"], 0x29_6126);
+    let names: Vec<&str> = rping.iter().filter_map(|l| l["mad"]["cm"]["message"].as_str()).collect();
+    assert_eq!(names, ["REQ", "REP", "RTU", "DREQ", "DREP"]);
+
+    // The REJ after an unanswered REQ: Local 0x8cdcbc2d, Remote 0, reason 0x0004 (timeout).
+    let cm = decode_json(&data("guest-to-host-rping-cm-req.pcap"));
+    let rej = &frame(&cm, 5)["mad"]["cm"];
+    assert_eq!(rej["message"], "REJ");
+    assert_eq!(rej["local_comm_id"], 0x8cdc_bc2du64);
+    assert_eq!(rej["remote_comm_id"], 0);
+    assert_eq!(rej["reason_value"], 4);
+
+    // A performance-management MAD: class 0x04, GetResp (0x81), attribute 0x0012
+    // (PortCounters), TID 0x30e17d90d1839b5f. Not CM, so no "cm" object.
+    let probe = decode_json(&data("host-guest-mad-probe.pcap"));
+    let mad = &frame(&probe, 2)["mad"];
+    assert_eq!(mad["class_value"], 4);
+    assert_eq!(mad["method_value"], 0x81);
+    assert_eq!(mad["attribute_id"], 0x0012);
+    assert_eq!(mad["transaction_id"], 0x30e1_7d90_d183_9b5fu64);
+    assert!(mad.get("cm").is_none());
+}
+
+#[test]
 fn text_output_reads_like_the_protocol() {
     let out = softrdma(&["decode", data("rxe2rxe-rping.pcap").to_str().unwrap()]);
     assert!(out.status.success());
@@ -316,6 +366,15 @@ fn text_output_reads_like_the_protocol() {
         line8,
         "     8    0.240209 198.18.0.3:59460 → 198.18.0.2:4791 RC_RDMA_READ_REQUEST dqp=0x00005b psn=736235 \
          ackreq=1 va=0x55da91e805e0 rkey=0x000069c0 dmalen=64 len=0 icrc=ok"
+    );
+    let line3 = text.lines().find(|l| l.trim_start().starts_with("3 ")).unwrap();
+    assert!(
+        line3.ends_with(
+            "mad=CM/SEND attr=REQ tid=0x000000022dbcdc8f cm=REQ local_comm_id=0x8fdcbc2d \
+             service_id=0x0000000001061c06 qpn=0x00005b start_psn=736235 \
+             rdma_cm=TCP:198.18.0.2:43440→198.18.0.3:7174 len=256 icrc=ok"
+        ),
+        "{line3}"
     );
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert_eq!(
