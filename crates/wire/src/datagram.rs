@@ -211,9 +211,34 @@ impl<'a> DatagramRepr<'a> {
         self.ip.header_len() + UdpHeader::LEN + self.roce.buffer_len()
     }
 
+    /// Refuses what [`parse`](Self::parse) would refuse, so that emitting then parsing gives
+    /// back the same value: IPv4 options or fragments, IPv6 extension headers, a protocol
+    /// other than UDP ([`Error::Unsupported`]), a UDP port other than 4791
+    /// ([`Error::NotRoce`]).
+    fn validate_framing(&self) -> Result<()> {
+        let udp_only = match &self.ip {
+            IpRepr::V4(h) => {
+                h.header_len() == Ipv4Header::MIN_LEN
+                    && !h.more_fragments
+                    && h.fragment_offset.value() == 0
+                    && h.protocol == IpNumber::UDP
+            }
+            IpRepr::V6(h) => h.next_header == IpNumber::UDP,
+        };
+        if !udp_only {
+            return Err(Error::Unsupported);
+        }
+        if self.udp.destination_port != ROCEV2_UDP_PORT {
+            return Err(Error::NotRoce);
+        }
+        Ok(())
+    }
+
     /// Writes IP header, UDP header and RoCE packet (with its ICRC) to the start of `buf`.
-    /// Returns the number of bytes written.
+    /// Returns the number of bytes written. IPv4 options are refused ([`Error::Unsupported`]):
+    /// RoCEv2 does not use them and [`parse`](Self::parse) would not accept them back.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        self.validate_framing()?;
         let len = self.buffer_len();
         let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
         let roce_len = self.roce.buffer_len();
@@ -246,7 +271,7 @@ impl<'a> DatagramRepr<'a> {
 /// A RoCEv2 packet in an Ethernet II frame, as capture files hold it.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct EthernetFrameRepr<'a> {
-    /// The Ethernet header. On emit the EtherType follows the IP version.
+    /// The Ethernet header. Its EtherType must name the IP version of `datagram`.
     pub ethernet: Ethernet2Header,
     /// The IP datagram.
     pub datagram: DatagramRepr<'a>,
@@ -261,6 +286,9 @@ impl<'a> EthernetFrameRepr<'a> {
             return Err(Error::NotRoce);
         }
         let datagram = DatagramRepr::parse(rest)?;
+        if ethernet.ether_type != ether_type_of(&datagram.ip) {
+            return Err(Error::BadEtherType);
+        }
         Ok(Self { ethernet, datagram })
     }
 
@@ -269,18 +297,25 @@ impl<'a> EthernetFrameRepr<'a> {
         Ethernet2Header::LEN + self.datagram.buffer_len()
     }
 
-    /// Writes the frame (without FCS) to the start of `buf`; returns its length.
+    /// Writes the frame (without FCS) to the start of `buf`; returns its length. Fails with
+    /// [`Error::BadEtherType`] when the EtherType does not name the datagram's IP version.
     pub fn emit(&self, buf: &mut [u8]) -> Result<usize> {
+        if self.ethernet.ether_type != ether_type_of(&self.datagram.ip) {
+            return Err(Error::BadEtherType);
+        }
         let len = self.buffer_len();
         let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
-        let mut eth = self.ethernet.clone();
-        eth.ether_type = match self.datagram.ip {
-            IpRepr::V4(_) => EtherType::IPV4,
-            IpRepr::V6(_) => EtherType::IPV6,
-        };
-        buf[..Ethernet2Header::LEN].copy_from_slice(&eth.to_bytes());
+        buf[..Ethernet2Header::LEN].copy_from_slice(&self.ethernet.to_bytes());
         self.datagram.emit(&mut buf[Ethernet2Header::LEN..])?;
         Ok(len)
+    }
+}
+
+/// The EtherType that announces `ip`.
+pub fn ether_type_of(ip: &IpRepr) -> EtherType {
+    match ip {
+        IpRepr::V4(_) => EtherType::IPV4,
+        IpRepr::V6(_) => EtherType::IPV6,
     }
 }
 

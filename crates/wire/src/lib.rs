@@ -119,6 +119,9 @@ pub enum Error {
     /// Not UDP to port 4791.
     #[error("not RoCEv2: not a UDP datagram to port 4791")]
     NotRoce,
+    /// The Ethernet EtherType names one IP version and the packet is the other.
+    #[error("EtherType disagrees with the IP version of the packet it carries (0x0800 is IPv4, 0x86dd IPv6)")]
+    BadEtherType,
     /// IPv4 options, IPv6 extension headers or IP fragments, none of which RoCEv2 uses.
     #[error("unsupported IP feature for RoCEv2 (IPv4 options, IPv6 extension headers or fragments)")]
     Unsupported,

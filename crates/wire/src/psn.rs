@@ -55,19 +55,23 @@ impl Psn {
 
     /// Signed distance from `self` to `other`: positive when `other` is after `self`.
     ///
-    /// The result is in `-2^23 ..= 2^23 - 1`; a distance of exactly half the circle counts
-    /// as negative, as rxe's `(s32)((a - b) << 8)` does.
+    /// The result is in `-2^23 ..= 2^23 - 1`. Two PSNs exactly half the circle apart are
+    /// each at distance `-2^23` from the other, so each counts as *after* the other: the
+    /// same ambiguity as rxe's `(s32)((a - b) << 8)`, where each is "before" the other. A
+    /// window never spans half the circle ([`PsnWindow::new`]), so the case never decides
+    /// anything.
     pub const fn distance_to(self, other: Psn) -> i32 {
         // Shift the 24-bit difference into the top of an i32 and back: sign-extends it.
         ((other.0.wrapping_sub(self.0) << 8) as i32) >> 8
     }
 
-    /// How `self` compares to `other` on the circle (`Less` = `self` comes first).
+    /// How `self` compares to `other` on the circle (`Less` = `self` comes first), from the
+    /// sign of [`distance_to`](Self::distance_to); agrees with `is_before` and `is_after`.
     pub const fn compare(self, other: Psn) -> Ordering {
-        let d = other.distance_to(self);
-        if d < 0 {
+        let d = self.distance_to(other);
+        if d > 0 {
             Ordering::Less
-        } else if d > 0 {
+        } else if d < 0 {
             Ordering::Greater
         } else {
             Ordering::Equal
@@ -79,9 +83,10 @@ impl Psn {
         self.distance_to(other) > 0
     }
 
-    /// `self` comes strictly after `other`.
+    /// `self` comes strictly after `other` (including, ambiguously, exactly half the
+    /// circle away; see [`distance_to`](Self::distance_to)).
     pub const fn is_after(self, other: Psn) -> bool {
-        other.is_before(self)
+        self.distance_to(other) < 0
     }
 }
 
@@ -164,8 +169,10 @@ mod tests {
         assert_eq!(p(2).distance_to(Psn::MAX), -3);
         assert_eq!(p(7).compare(p(7)), Ordering::Equal);
         assert_eq!(p(10).compare(p(11)), Ordering::Less);
-        // Exactly half the circle away: rxe's psn_compare calls it negative both ways round.
+        // Exactly half the circle away: each is after the other, and compare agrees.
         assert_eq!(p(0).distance_to(p(Psn::HALF)), -(Psn::HALF as i32));
+        assert!(p(0).is_after(p(Psn::HALF)) && p(Psn::HALF).is_after(p(0)));
+        assert_eq!(p(0).compare(p(Psn::HALF)), Ordering::Greater);
     }
 
     #[test]
