@@ -1,7 +1,25 @@
-//! # softrdma-engine (being written)
+//! # softrdma-engine
+//!
+//! A software RDMA device, sans-IO: the objects of the verbs API (protection domains, memory
+//! regions, completion queues, shared receive queues, address handles, queue pairs of type
+//! RC, UC and UD), the QP state machine, and the RoCEv2 protocol engine behind them
+//! (requester, responder, completer, RC reliability with go-back-N, RNR and local ACK
+//! timeouts). It speaks through [`softrdma_wire`] and never does I/O: see [`Engine`] for
+//! the calling contract.
 #![forbid(unsafe_code)]
 
+mod completer;
+mod engine;
+pub mod memory;
+mod qp;
 pub mod qp_state;
+mod responder;
 pub mod time;
+mod transmit;
+pub mod verbs;
 
+pub use engine::{Counters, DeviceConfig, Engine, Transmit, udp_source_port};
+pub use memory::{Memory, MemoryFault, VecMemory};
+pub use responder::{IpInfo, grh_for};
 pub use time::Instant;
+pub use verbs::*;

@@ -1,0 +1,429 @@
+//! The completer: what the requester learns from ACKs, NAKs and responses.
+//!
+//! RC completions are strictly in order. An ACK for PSN `p` is cumulative: it completes
+//! every SEND and WRITE whose last PSN is at or before `p`. READs and atomics complete only
+//! with their response; an ACK past a READ that has not been answered means the response
+//! was lost (IBA 9.7.5.1.5, "implied NAK"), and the requester retries it.
+
+use core::time::Duration;
+
+use softrdma_wire::opcode::Position;
+use softrdma_wire::{NakCode, Psn, PsnWindow, Qpn, Syndrome};
+
+use crate::Instant;
+use crate::engine::{KeyError, Shared};
+use crate::memory::Memory;
+use crate::qp::{InMessage, Qp};
+use crate::verbs::{Access, AsyncEvent, Event, QpState, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
+
+/// The completion of a WR flushed by the error state.
+pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> Wc {
+    Wc {
+        wr_id,
+        status: WcStatus::WrFlushErr,
+        opcode,
+        byte_len: 0,
+        imm_data: None,
+        qp_num: qpn,
+        src_qp: Qpn::default(),
+        grh: false,
+        solicited: false,
+    }
+}
+
+/// Reports the send WQE at ring position `pos` (the head) and retires it. Successful
+/// unsignaled WRs retire silently; errors always complete (IBA 10.8.3.1).
+pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
+    let pos = qp.sq.head();
+    let wqe = qp.sq.get(pos);
+    let op = wqe.op();
+    if op.is_read_or_atomic() && wqe.started {
+        qp.req.rd_atomic_outstanding = qp.req.rd_atomic_outstanding.saturating_sub(1);
+    }
+    if wqe.signaled || status != WcStatus::Success {
+        let wc = Wc {
+            wr_id: wqe.wr_id,
+            status,
+            opcode: op.wc_opcode(),
+            byte_len: if status == WcStatus::Success { wqe.length } else { 0 },
+            imm_data: None,
+            qp_num: qp.qpn,
+            src_qp: Qpn::default(),
+            grh: false,
+            solicited: false,
+        };
+        sh.push_cqe(qp.send_cq, wc);
+    }
+    qp.sq.pop();
+    if qp.req.next < qp.sq.head() {
+        qp.req.next = qp.sq.head();
+        qp.req.offset = 0;
+    }
+}
+
+/// Moves `qp` to the error state: `failed` (the head WQE's status) completes first, then
+/// every other outstanding WR is flushed, receives included.
+pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>) {
+    if let Some(status) = failed {
+        if !qp.sq.is_empty() {
+            complete_head(qp, sh, status);
+        }
+    }
+    let was_error = qp.state == QpState::Err;
+    qp.state = QpState::Err;
+    while !qp.sq.is_empty() {
+        let wqe = qp.sq.get(qp.sq.head());
+        let wc = flush_wc(qp.qpn, wqe.wr_id, wqe.op().wc_opcode());
+        sh.push_cqe(qp.send_cq, wc);
+        qp.sq.pop();
+    }
+    if let InMessage::Send { wqe, .. } = core::mem::take(&mut qp.resp.current) {
+        sh.push_cqe(qp.recv_cq, flush_wc(qp.qpn, wqe.wr_id, WcOpcode::Recv));
+    }
+    while !qp.rq.is_empty() {
+        let wr_id = qp.rq.get(qp.rq.head()).wr_id;
+        sh.push_cqe(qp.recv_cq, flush_wc(qp.qpn, wr_id, WcOpcode::Recv));
+        qp.rq.pop();
+    }
+    if qp.srq.is_some() && !was_error {
+        sh.events.push_back(Event::Async(AsyncEvent::QpLastWqeReached(qp.qpn)));
+    }
+    qp.req.next = qp.sq.tail();
+    qp.req.offset = 0;
+    qp.req.rd_atomic_outstanding = 0;
+    qp.req.retransmit_at = None;
+    qp.req.rnr_wait_until = None;
+    qp.resp.out.clear();
+    sh.update_timer(qp);
+}
+
+/// Fails the QP because of its own error (a local protection or length error, retries
+/// exhausted, a NAK): the head WQE completes with `status`, the rest flush, and the QP
+/// reports `IBV_EVENT_QP_FATAL`... unless the error is one the application caused, which
+/// only the completion reports.
+pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
+    enter_error(qp, sh, Some(status));
+}
+
+/// The status a failed local key check gives.
+pub(crate) fn local_key_status(e: KeyError) -> WcStatus {
+    match e {
+        KeyError::BadKey | KeyError::Bounds | KeyError::Access => WcStatus::LocProtErr,
+    }
+}
+
+fn window(qp: &Qp, pos: u64) -> PsnWindow {
+    let w = qp.sq.get(pos);
+    PsnWindow::new(w.first_psn, w.npkts.max(1)).unwrap_or(PsnWindow::new(w.first_psn, 1).expect("1 fits"))
+}
+
+/// Whether `psn` acknowledges something outstanding: in `[comp.psn, req.psn)`.
+fn outstanding(qp: &Qp, psn: Psn) -> bool {
+    let n = qp.comp.psn.distance_to(qp.req.psn);
+    n > 0 && PsnWindow::new(qp.comp.psn, n as u32).is_some_and(|w| w.contains(psn))
+}
+
+/// Completes, in order, the SENDs and WRITEs whose last PSN is before `limit` (or at it,
+/// when `inclusive`). Stops at a READ or atomic and returns its position if `limit` lies
+/// past its request: that response was lost.
+fn retire_acked(qp: &mut Qp, sh: &mut Shared, limit: Psn, inclusive: bool) -> Option<u64> {
+    while !qp.sq.is_empty() {
+        let pos = qp.sq.head();
+        let wqe = qp.sq.get(pos);
+        if !wqe.started {
+            return None;
+        }
+        let last = wqe.last_psn();
+        let covered = if inclusive { !last.is_after(limit) } else { last.is_before(limit) };
+        if wqe.op().is_read_or_atomic() {
+            let request_covered =
+                if inclusive { !wqe.first_psn.is_after(limit) } else { wqe.first_psn.is_before(limit) };
+            return request_covered.then_some(pos);
+        }
+        if !covered {
+            return None;
+        }
+        complete_head(qp, sh, WcStatus::Success);
+    }
+    None
+}
+
+fn progress(qp: &mut Qp, now: Instant, acked_through: Psn) {
+    if qp.comp.psn.distance_to(acked_through.next()) > 0 {
+        qp.comp.psn = acked_through.next();
+    }
+    qp.req.retry_left = qp.attr.retry_cnt;
+    qp.req.rnr_retry_left = qp.attr.rnr_retry;
+    rearm(qp, now);
+}
+
+/// The local ACK timer runs while anything is unacknowledged.
+pub(crate) fn rearm(qp: &mut Qp, now: Instant) {
+    let unacked = qp.comp.psn != qp.req.psn || qp.req.rd_atomic_outstanding > 0;
+    qp.req.retransmit_at = match local_ack_timeout(qp.attr.timeout) {
+        Some(t) if unacked && qp.qp_type == crate::verbs::QpType::Rc => Some(now + t),
+        _ => None,
+    };
+}
+
+/// Rewinds the requester to resend from `psn` (go-back-N), restarting mid-message where
+/// needed; a partly answered READ is reissued for what is missing.
+pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
+    let mtu = qp.mtu();
+    let mut pos = qp.sq.head();
+    while pos < qp.req.next || (pos == qp.req.next && pos < qp.sq.tail() && qp.sq.get(pos).started) {
+        if window(qp, pos).contains(psn) {
+            break;
+        }
+        pos += 1;
+    }
+    if pos >= qp.sq.tail() || !qp.sq.get(pos).started {
+        return;
+    }
+    // WQEs after the retry point are sent again from scratch.
+    for later in pos + 1..qp.sq.tail() {
+        let w = qp.sq.get_mut(later);
+        if w.started {
+            w.started = false;
+            if w.op().is_read_or_atomic() {
+                qp.req.rd_atomic_outstanding = qp.req.rd_atomic_outstanding.saturating_sub(1);
+            }
+        }
+    }
+    let w = qp.sq.get(pos);
+    let (offset, from) = match w.op() {
+        SendOp::RdmaRead { .. } => {
+            let done_pkts = w.read_done / mtu;
+            (w.read_done, w.first_psn.wrapping_add(done_pkts))
+        }
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => (0, w.first_psn),
+        _ => {
+            let k = w.first_psn.distance_to(psn).max(0) as u32;
+            (k * mtu, psn)
+        }
+    };
+    qp.req.next = pos;
+    qp.req.offset = offset;
+    qp.req.psn = from;
+    qp.req.since_ack_req = 0;
+    sh.counters.retransmitted_packets += 1;
+    sh.schedule(qp);
+}
+
+/// An ACKNOWLEDGE (ACK, RNR NAK or NAK) for `psn`.
+pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, syndrome: Syndrome) {
+    match syndrome {
+        Syndrome::Ack { .. } => {
+            if !outstanding(qp, psn) {
+                return; // stale or duplicate ACK (IBA 9.7.5.1.3)
+            }
+            if let Some(pos) = retire_acked(qp, sh, psn, true) {
+                let _ = pos;
+                sh.counters.naks_rcvd += 0; // implied NAK: the response was lost
+                let w = qp.sq.get(qp.sq.head());
+                let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
+                progress(qp, now, resume.wrapping_sub(1));
+                retry_from(qp, sh, resume);
+                return;
+            }
+            progress(qp, now, psn);
+            sh.schedule(qp);
+        }
+        Syndrome::RnrNak(timer) => {
+            sh.counters.rnr_naks_rcvd += 1;
+            if !outstanding(qp, psn) {
+                return;
+            }
+            let _ = retire_acked(qp, sh, psn, false);
+            if qp.req.rnr_retry_left == 0 {
+                fail(qp, sh, WcStatus::RnrRetryExcErr);
+                return;
+            }
+            if qp.req.rnr_retry_left != 7 {
+                qp.req.rnr_retry_left -= 1; // 7 means retry forever (IBA 9.7.5.2.8)
+            }
+            qp.req.rnr_wait_until = Some(now + Duration::from_micros(u64::from(timer.delay_us())));
+            qp.req.retransmit_at = None;
+            retry_from(qp, sh, psn);
+            sh.update_timer(qp);
+        }
+        Syndrome::Nak(code) => {
+            sh.counters.naks_rcvd += 1;
+            if !outstanding(qp, psn) {
+                return;
+            }
+            let _ = retire_acked(qp, sh, psn, false);
+            match code {
+                NakCode::PsnSequenceError => {
+                    if qp.req.retry_left == 0 {
+                        fail(qp, sh, WcStatus::RetryExcErr);
+                        return;
+                    }
+                    qp.req.retry_left -= 1;
+                    if psn.distance_to(qp.comp.psn) < 0 {
+                        qp.comp.psn = psn;
+                    }
+                    rearm(qp, now);
+                    retry_from(qp, sh, psn);
+                }
+                NakCode::InvalidRequest => fail(qp, sh, WcStatus::RemInvReqErr),
+                NakCode::RemoteAccessError => fail(qp, sh, WcStatus::RemAccessErr),
+                _ => fail(qp, sh, WcStatus::RemOpErr),
+            }
+            sh.update_timer(qp);
+        }
+        Syndrome::Reserved(_) => {}
+    }
+}
+
+/// An RDMA READ response packet.
+pub(crate) fn handle_read_response<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    psn: Psn,
+    position: Position,
+    payload: &[u8],
+) {
+    if !outstanding(qp, psn) {
+        return;
+    }
+    // A response implicitly acknowledges everything sent before its READ (IBA 9.7.5.1.2).
+    let _ = retire_acked(qp, sh, psn, false);
+    if qp.sq.is_empty() {
+        return;
+    }
+    let pos = qp.sq.head();
+    let mtu = qp.mtu();
+    let w = qp.sq.get(pos);
+    let SendOp::RdmaRead { .. } = w.op() else { return };
+    if !w.started || !window(qp, pos).contains(psn) {
+        return;
+    }
+    let expected = w.first_psn.wrapping_add(w.read_done / mtu);
+    if psn != expected {
+        if psn.is_after(expected) {
+            // Responses were lost: ask again for the rest (IBA 9.7.5.1.5).
+            if qp.req.retry_left == 0 {
+                fail(qp, sh, WcStatus::RetryExcErr);
+                return;
+            }
+            qp.req.retry_left -= 1;
+            retry_from(qp, sh, expected);
+        }
+        return;
+    }
+    let remaining = w.length - w.read_done;
+    let len = payload.len() as u32;
+    let ok_len = match position {
+        Position::First | Position::Middle => len == mtu && len < remaining,
+        Position::Last => len == remaining && w.read_done > 0,
+        Position::Only => len == remaining && w.read_done == 0,
+    };
+    if !ok_len {
+        fail(qp, sh, WcStatus::BadRespErr);
+        return;
+    }
+    if let Err(status) = scatter(qp, sh, mem, pos, w.read_done, payload) {
+        fail(qp, sh, status);
+        return;
+    }
+    let w = qp.sq.get_mut(pos);
+    w.read_done += len;
+    let last = w.last_psn();
+    if position.ends_message() {
+        complete_head(qp, sh, WcStatus::Success);
+        progress(qp, now, last);
+        sh.schedule(qp); // a fence or the READ limit may have held the next WQE
+    } else {
+        progress(qp, now, psn);
+    }
+    sh.update_timer(qp);
+}
+
+/// An ATOMIC ACKNOWLEDGE.
+pub(crate) fn handle_atomic_ack<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    psn: Psn,
+    original: u64,
+) {
+    if !outstanding(qp, psn) {
+        return;
+    }
+    let _ = retire_acked(qp, sh, psn, false);
+    if qp.sq.is_empty() {
+        return;
+    }
+    let pos = qp.sq.head();
+    let w = qp.sq.get(pos);
+    if !w.op().is_atomic() || !w.started || w.first_psn != psn {
+        return;
+    }
+    if let Err(status) = scatter(qp, sh, mem, pos, 0, &original.to_ne_bytes()) {
+        fail(qp, sh, status);
+        return;
+    }
+    complete_head(qp, sh, WcStatus::Success);
+    progress(qp, now, psn);
+    sh.schedule(qp);
+    sh.update_timer(qp);
+}
+
+/// Writes `data` at byte `offset` of the local buffers of send WQE `pos` (READ data, an
+/// atomic's original value), after checking each SGE's key for local write.
+fn scatter<M: Memory + ?Sized>(
+    qp: &Qp,
+    sh: &Shared,
+    mem: &mut M,
+    pos: u64,
+    mut offset: u32,
+    mut data: &[u8],
+) -> Result<(), WcStatus> {
+    for sge in &qp.sq.get(pos).sges {
+        if data.is_empty() {
+            break;
+        }
+        if offset >= sge.length {
+            offset -= sge.length;
+            continue;
+        }
+        let n = ((sge.length - offset) as usize).min(data.len());
+        let addr = sge.addr + u64::from(offset);
+        sh.check_lkey(qp.pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(local_key_status)?;
+        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
+        data = &data[n..];
+        offset = 0;
+    }
+    if data.is_empty() { Ok(()) } else { Err(WcStatus::LocLenErr) }
+}
+
+/// The local ACK timer of `qp` fired.
+pub(crate) fn handle_retransmit_timeout(qp: &mut Qp, sh: &mut Shared, now: Instant) {
+    qp.req.retransmit_at = None;
+    if qp.state != QpState::Rts && qp.state != QpState::Sqd {
+        return;
+    }
+    sh.counters.ack_timeouts += 1;
+    if qp.req.retry_left == 0 {
+        fail(qp, sh, WcStatus::RetryExcErr);
+        return;
+    }
+    qp.req.retry_left -= 1;
+    let from = if qp.sq.is_empty() {
+        qp.comp.psn
+    } else {
+        let w = qp.sq.get(qp.sq.head());
+        if w.op().is_read_or_atomic() && w.started {
+            w.first_psn.wrapping_add(w.read_done / qp.mtu())
+        } else {
+            qp.comp.psn
+        }
+    };
+    retry_from(qp, sh, from);
+    rearm(qp, now);
+    sh.update_timer(qp);
+}

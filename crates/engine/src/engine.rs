@@ -1,0 +1,939 @@
+//! The device: its object tables and the verbs.
+//!
+//! # The sans-IO contract
+//!
+//! [`Engine`] is a whole RDMA NIC with no sockets, clocks, threads or global randomness:
+//!
+//! - **Inputs**: [`handle_datagram`](Engine::handle_datagram) (one received UDP payload and
+//!   its envelope) and [`handle_timeout`](Engine::handle_timeout), each with `now`; and the
+//!   verbs ([`post_send`](Engine::post_send), [`modify_qp`](Engine::modify_qp), ...).
+//! - **Outputs**: [`poll_transmit`](Engine::poll_transmit) (the next datagram to send),
+//!   [`poll_timeout`](Engine::poll_timeout) (when to call `handle_timeout` next),
+//!   [`poll_event`](Engine::poll_event) (completion-channel and asynchronous events) and
+//!   [`poll_cq`](Engine::poll_cq).
+//!
+//! After any input, call `poll_transmit` until it returns `None`, then `poll_timeout`.
+//! Registered memory is reached only through the [`Memory`] passed to the calls that touch
+//! it, and only after the engine's own key, bounds and access checks. All randomness (R_Keys)
+//! comes from the seed in [`DeviceConfig`].
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::IpAddr;
+
+use rand_chacha::ChaCha12Rng;
+use rand_core::{Rng, SeedableRng};
+use slab::Slab;
+use softrdma_wire::{Envelope, Gid, Ipv4Envelope, Ipv6Envelope, Psn, Qpn, RKey, ROCEV2_UDP_PORT};
+
+use crate::Instant;
+use crate::memory::Memory;
+use crate::qp::{Qp, RecvWqe, Ring};
+use crate::qp_state::{self, AttrMask};
+use crate::verbs::*;
+
+/// What the device is and what it allows (`ibv_device_attr` and the port).
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// The GID table: the device's IP addresses, in index order.
+    pub addresses: Vec<IpAddr>,
+    /// Seeds the R_Key generator.
+    pub seed: u64,
+    /// First QPN handed out (QPs 0 and 1 are the SMI and GSI).
+    pub qpn_base: u32,
+    /// Most QPs.
+    pub max_qp: u32,
+    /// Deepest work queue.
+    pub max_qp_wr: u32,
+    /// Most SGEs per WR.
+    pub max_sge: u32,
+    /// Deepest CQ.
+    pub max_cqe: u32,
+    /// Most memory regions.
+    pub max_mr: u32,
+    /// Most inline bytes per send WR.
+    pub max_inline_data: u32,
+    /// Most outstanding READs/atomics per QP, either direction.
+    pub max_qp_rd_atom: u8,
+    /// The port MTU (UD messages must fit one packet of it).
+    pub port_mtu: Mtu,
+    /// Largest message.
+    pub max_msg_sz: u32,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            addresses: vec![IpAddr::from([127, 0, 0, 1])],
+            seed: 0,
+            qpn_base: 0x11,
+            max_qp: 1 << 16,
+            max_qp_wr: 1 << 14,
+            max_sge: 32,
+            max_cqe: 1 << 20,
+            max_mr: 1 << 20,
+            max_inline_data: 256,
+            max_qp_rd_atom: 128,
+            port_mtu: Mtu::Mtu4096,
+            max_msg_sz: 1 << 31,
+        }
+    }
+}
+
+/// Packet and error counters, like rxe's `hw_counters`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+pub struct Counters {
+    /// Datagrams sent.
+    pub sent_packets: u64,
+    /// Datagrams received and accepted.
+    pub rcvd_packets: u64,
+    /// Received datagrams that failed to parse (bad ICRC, malformed), dropped.
+    pub rcvd_malformed: u64,
+    /// Received datagrams whose ICRC did not match, dropped (also in `rcvd_malformed`).
+    pub rcvd_icrc_errors: u64,
+    /// Datagrams for a QP that does not exist or is in the wrong state, or from the wrong
+    /// peer, or with the wrong Q_Key, dropped.
+    pub rcvd_dropped: u64,
+    /// Duplicate requests seen by responders.
+    pub duplicate_requests: u64,
+    /// Out-of-sequence requests seen by responders.
+    pub out_of_sequence: u64,
+    /// Packets resent by requesters.
+    pub retransmitted_packets: u64,
+    /// Local ACK timeouts.
+    pub ack_timeouts: u64,
+    /// RNR NAKs sent.
+    pub rnr_naks_sent: u64,
+    /// RNR NAKs received.
+    pub rnr_naks_rcvd: u64,
+    /// NAKs (not RNR) sent.
+    pub naks_sent: u64,
+    /// NAKs (not RNR) received.
+    pub naks_rcvd: u64,
+}
+
+/// A datagram [`Engine::poll_transmit`] wrote.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Transmit {
+    /// Where it goes (IPv4 identification 0 and DF set: send it from an unconnected socket
+    /// with `IP_PMTUDISC_DO`, which is what the ICRC was computed for).
+    pub envelope: Envelope,
+    /// Bytes of UDP payload written at the start of the buffer.
+    pub len: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Mr {
+    pub(crate) pd: PdId,
+    pub(crate) addr: u64,
+    pub(crate) length: u64,
+    pub(crate) access: Access,
+    pub(crate) keys: MrKeys,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Notify {
+    Next,
+    Solicited,
+}
+
+#[derive(Debug)]
+pub(crate) struct Cq {
+    capacity: u32,
+    entries: VecDeque<Wc>,
+    notify: Option<Notify>,
+    overflowed: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Srq {
+    pub(crate) pd: PdId,
+    pub(crate) ring: Ring<RecvWqe>,
+    pub(crate) max_sge: u32,
+    pub(crate) limit: u32,
+}
+
+#[derive(Debug)]
+pub(crate) struct Ah {
+    pub(crate) pd: PdId,
+    pub(crate) av: AddressVector,
+}
+
+/// Everything but the QP table, so that a QP and the rest can be borrowed at once.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: DeviceConfig,
+    rng: ChaCha12Rng,
+    pds: Slab<u32>,
+    pub(crate) mrs: Slab<Mr>,
+    lkeys: BTreeMap<u32, usize>,
+    rkeys: BTreeMap<u32, usize>,
+    cqs: Slab<Cq>,
+    pub(crate) srqs: Slab<Srq>,
+    pub(crate) ahs: Slab<Ah>,
+    pub(crate) ready: VecDeque<Qpn>,
+    pub(crate) timers: BTreeSet<(Instant, u32)>,
+    pub(crate) events: VecDeque<Event>,
+    pub(crate) counters: Counters,
+    /// Scratch space for one packet's payload.
+    pub(crate) scratch: Vec<u8>,
+}
+
+/// A software RDMA device. See the [module documentation](self) for the calling contract.
+#[derive(Debug)]
+pub struct Engine {
+    pub(crate) shared: Shared,
+    pub(crate) qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+}
+
+/// Where in the object tables a key check failed; decides the completion status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    /// No such key, or it belongs to another PD.
+    BadKey,
+    /// The range leaves the region.
+    Bounds,
+    /// The region does not allow the access.
+    Access,
+}
+
+impl Shared {
+    /// Checks that `[addr, addr + len)` lies in the MR `lkey` names, in `pd`, with `need`.
+    pub(crate) fn check_lkey(&self, pd: PdId, lkey: LKey, addr: u64, len: u64, need: Access) -> Result<(), KeyError> {
+        let &index = self.lkeys.get(&lkey.0).ok_or(KeyError::BadKey)?;
+        self.check_mr(index, pd, addr, len, need)
+    }
+
+    /// Checks that `[va, va + len)` lies in the MR `rkey` names, in `pd`, with `need`.
+    pub(crate) fn check_rkey(&self, pd: PdId, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), KeyError> {
+        let &index = self.rkeys.get(&rkey).ok_or(KeyError::BadKey)?;
+        self.check_mr(index, pd, va, len, need)
+    }
+
+    fn check_mr(&self, index: usize, pd: PdId, addr: u64, len: u64, need: Access) -> Result<(), KeyError> {
+        let mr = &self.mrs[index];
+        if mr.pd != pd {
+            return Err(KeyError::BadKey);
+        }
+        let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
+        if addr < mr.addr || end > mr.addr + mr.length {
+            return Err(KeyError::Bounds);
+        }
+        if !mr.access.contains(need) {
+            return Err(KeyError::Access);
+        }
+        Ok(())
+    }
+
+    /// Adds a completion to `cq`, raising the completion event if the CQ is armed for it.
+    pub(crate) fn push_cqe(&mut self, cq: CqId, wc: Wc) {
+        let Some(c) = self.cqs.get_mut(cq.0 as usize) else { return };
+        if c.overflowed {
+            return;
+        }
+        if c.entries.len() >= c.capacity as usize {
+            // IBA 11.4.2.1: a CQ overrun is an affiliated asynchronous error.
+            c.overflowed = true;
+            self.events.push_back(Event::Async(AsyncEvent::CqError(cq)));
+            return;
+        }
+        let wakes = match c.notify {
+            Some(Notify::Next) => true,
+            Some(Notify::Solicited) => wc.solicited || wc.status != WcStatus::Success,
+            None => false,
+        };
+        c.entries.push_back(wc);
+        if wakes {
+            c.notify = None;
+            self.events.push_back(Event::Completion(cq));
+        }
+    }
+
+    /// Registers `qp`'s current deadline in the timer set.
+    pub(crate) fn update_timer(&mut self, qp: &mut Qp) {
+        let deadline = qp.deadline();
+        if deadline != qp.timer {
+            if let Some(old) = qp.timer {
+                self.timers.remove(&(old, qp.qpn.value()));
+            }
+            if let Some(new) = deadline {
+                self.timers.insert((new, qp.qpn.value()));
+            }
+            qp.timer = deadline;
+        }
+    }
+
+    /// Puts `qp` in the transmit round-robin.
+    pub(crate) fn schedule(&mut self, qp: &mut Qp) {
+        if !qp.in_ready {
+            qp.in_ready = true;
+            self.ready.push_back(qp.qpn);
+        }
+    }
+
+    /// A receive WQE for `qp`: from its SRQ or its own queue.
+    pub(crate) fn take_recv(&mut self, qp: &mut Qp) -> Option<(RecvWqe, bool)> {
+        if let Some(srq_id) = qp.srq {
+            let srq = self.srqs.get_mut(srq_id.0 as usize)?;
+            if srq.ring.is_empty() {
+                return None;
+            }
+            let wqe = std::mem::take(srq.ring.get_mut(srq.ring.head()));
+            srq.ring.pop();
+            if srq.limit > 0 && srq.ring.len() < srq.limit {
+                // IBA 10.2.9.2: the limit event fires once, then the limit disarms.
+                srq.limit = 0;
+                self.events.push_back(Event::Async(AsyncEvent::SrqLimitReached(srq_id)));
+            }
+            return Some((wqe, true));
+        }
+        if qp.rq.is_empty() {
+            return None;
+        }
+        let wqe = std::mem::take(qp.rq.get_mut(qp.rq.head()));
+        qp.rq.pop();
+        Some((wqe, false))
+    }
+
+    /// The envelope from a local GID index to `dgid`, with the RoCEv2 UDP source port.
+    pub(crate) fn envelope_for(&self, av: &AddressVector, src_port: u16) -> Option<Envelope> {
+        let src = *self.config.addresses.get(usize::from(av.sgid_index))?;
+        match (src, av.dgid.to_ip()) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => Some(Envelope::V4(Ipv4Envelope {
+                src,
+                dst,
+                identification: 0,
+                dont_fragment: true,
+                src_port,
+                dst_port: ROCEV2_UDP_PORT,
+            })),
+            (IpAddr::V6(src), IpAddr::V6(dst)) => {
+                Some(Envelope::V6(Ipv6Envelope { src, dst, src_port, dst_port: ROCEV2_UDP_PORT }))
+            }
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_local(&self, ip: IpAddr) -> bool {
+        self.config.addresses.contains(&ip)
+    }
+}
+
+/// The UDP source port Linux derives for a flow (`include/rdma/ib_verbs.h:
+/// rdma_get_udp_sport`): a flow label, or a hash of the two QPNs when it is 0, folded into
+/// 0xC000..=0xFFFF.
+pub fn udp_source_port(flow_label: u32, local_qpn: u32, remote_qpn: u32) -> u16 {
+    let fl = if flow_label == 0 {
+        let mut v = u64::from(local_qpn) * u64::from(remote_qpn);
+        v ^= v >> 20;
+        v ^= v >> 40;
+        (v & 0xf_ffff) as u32
+    } else {
+        flow_label & 0xf_ffff
+    };
+    (((fl & 0x3fff) ^ ((fl & 0xf_c000) >> 14)) | 0xc000) as u16
+}
+
+fn invalid(msg: impl Into<String>) -> VerbsError {
+    VerbsError::Invalid(msg.into())
+}
+
+impl Engine {
+    /// A device with `config`.
+    pub fn new(config: DeviceConfig) -> Self {
+        let rng = ChaCha12Rng::seed_from_u64(config.seed);
+        let next_qpn = config.qpn_base;
+        Self {
+            shared: Shared {
+                config,
+                rng,
+                pds: Slab::new(),
+                mrs: Slab::new(),
+                lkeys: BTreeMap::new(),
+                rkeys: BTreeMap::new(),
+                cqs: Slab::new(),
+                srqs: Slab::new(),
+                ahs: Slab::new(),
+                ready: VecDeque::with_capacity(1024),
+                timers: BTreeSet::new(),
+                events: VecDeque::new(),
+                counters: Counters::default(),
+                scratch: vec![0; 4096],
+            },
+            qps: BTreeMap::new(),
+            next_qpn,
+        }
+    }
+
+    /// The device's configuration.
+    pub fn config(&self) -> &DeviceConfig {
+        &self.shared.config
+    }
+
+    /// The packet and error counters.
+    pub fn counters(&self) -> Counters {
+        self.shared.counters
+    }
+
+    /// The GID at `index`.
+    pub fn gid(&self, index: u8) -> Option<Gid> {
+        self.shared.config.addresses.get(usize::from(index)).map(|&ip| Gid::from_ip(ip))
+    }
+
+    // ---- protection domains and memory regions -------------------------------------------
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&mut self) -> PdId {
+        PdId(self.shared.pds.insert(0) as u32)
+    }
+
+    /// `ibv_dealloc_pd`. Fails while MRs, QPs, SRQs or AHs use it.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
+        let users = self.shared.pds.get(pd.0 as usize).copied().ok_or(VerbsError::NotFound { kind: "PD", id: pd.0 })?;
+        if users > 0 {
+            return Err(VerbsError::Busy(format!("PD {} still has {users} MRs, QPs, SRQs or AHs", pd.0)));
+        }
+        self.shared.pds.remove(pd.0 as usize);
+        Ok(())
+    }
+
+    fn pd_use(&mut self, pd: PdId, delta: i32) -> Result<(), VerbsError> {
+        let users = self.shared.pds.get_mut(pd.0 as usize).ok_or(VerbsError::NotFound { kind: "PD", id: pd.0 })?;
+        *users = users.saturating_add_signed(delta);
+        Ok(())
+    }
+
+    /// `ibv_reg_mr`: registers `[addr, addr + length)` with `access`. The R_Key is random.
+    ///
+    /// IBA 10.6.3.1: remote write or atomic access needs local write too.
+    pub fn reg_mr(&mut self, pd: PdId, addr: u64, length: u64, access: Access) -> Result<MrKeys, VerbsError> {
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(invalid("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (IBA 10.6.3.1)"));
+        }
+        if addr.checked_add(length).is_none() {
+            return Err(invalid(format!("the region {addr:#x} + {length} wraps around the address space")));
+        }
+        if self.shared.mrs.len() as u32 >= self.shared.config.max_mr {
+            return Err(VerbsError::NoResources(format!(
+                "the device's max_mr ({}) MRs exist",
+                self.shared.config.max_mr
+            )));
+        }
+        self.pd_use(pd, 1)?;
+        let lkey = self.fresh_key(true);
+        let rkey = self.fresh_key(false);
+        let keys = MrKeys { lkey: LKey(lkey), rkey: RKey(rkey) };
+        let index = self.shared.mrs.insert(Mr { pd, addr, length, access, keys });
+        self.shared.lkeys.insert(lkey, index);
+        self.shared.rkeys.insert(rkey, index);
+        Ok(keys)
+    }
+
+    /// A random key not in use (and never 0, which some programs treat as "none").
+    fn fresh_key(&mut self, local: bool) -> u32 {
+        loop {
+            let k = self.shared.rng.next_u32();
+            let taken = if local { self.shared.lkeys.contains_key(&k) } else { self.shared.rkeys.contains_key(&k) };
+            if k != 0 && !taken {
+                return k;
+            }
+        }
+    }
+
+    /// `ibv_dereg_mr`. Afterwards no access through its keys succeeds: the engine checks
+    /// keys on every packet, so nothing in flight can reach the memory once this returns.
+    pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), VerbsError> {
+        let index = self.shared.lkeys.remove(&lkey.0).ok_or(VerbsError::NotFound { kind: "MR", id: lkey.0 })?;
+        let mr = self.shared.mrs.remove(index);
+        self.shared.rkeys.remove(&mr.keys.rkey.0);
+        self.pd_use(mr.pd, -1)
+    }
+
+    // ---- completion queues ---------------------------------------------------------------
+
+    /// `ibv_create_cq` with room for `cqe` completions.
+    pub fn create_cq(&mut self, cqe: u32) -> Result<CqId, VerbsError> {
+        if cqe == 0 || cqe > self.shared.config.max_cqe {
+            return Err(invalid(format!("cqe = {cqe}; it must be 1..={}", self.shared.config.max_cqe)));
+        }
+        let cq = Cq {
+            capacity: cqe,
+            entries: VecDeque::with_capacity(cqe.min(4096) as usize),
+            notify: None,
+            overflowed: false,
+        };
+        Ok(CqId(self.shared.cqs.insert(cq) as u32))
+    }
+
+    /// `ibv_destroy_cq`. Fails while a QP or SRQ uses it.
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
+        if !self.shared.cqs.contains(cq.0 as usize) {
+            return Err(VerbsError::NotFound { kind: "CQ", id: cq.0 });
+        }
+        if let Some(qp) = self.qps.values().find(|q| q.send_cq == cq || q.recv_cq == cq) {
+            return Err(VerbsError::Busy(format!("CQ {} is used by QP {}", cq.0, qp.qpn)));
+        }
+        self.shared.cqs.remove(cq.0 as usize);
+        Ok(())
+    }
+
+    /// `ibv_poll_cq` for one completion.
+    pub fn poll_cq(&mut self, cq: CqId) -> Option<Wc> {
+        self.shared.cqs.get_mut(cq.0 as usize)?.entries.pop_front()
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or, with `solicited_only`, the next solicited
+    /// or error completion) raises [`Event::Completion`].
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), VerbsError> {
+        let c = self.shared.cqs.get_mut(cq.0 as usize).ok_or(VerbsError::NotFound { kind: "CQ", id: cq.0 })?;
+        c.notify = Some(if solicited_only { Notify::Solicited } else { Notify::Next });
+        Ok(())
+    }
+
+    /// The next completion-channel or asynchronous event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.shared.events.pop_front()
+    }
+
+    // ---- address handles and shared receive queues --------------------------------------
+
+    /// `ibv_create_ah`.
+    pub fn create_ah(&mut self, pd: PdId, av: AddressVector) -> Result<AhId, VerbsError> {
+        if self.shared.envelope_for(&av, 0).is_none() {
+            return Err(invalid(format!(
+                "no route for the AV: sgid_index {} must name a local address of the same IP version as {}",
+                av.sgid_index, av.dgid
+            )));
+        }
+        self.pd_use(pd, 1)?;
+        Ok(AhId(self.shared.ahs.insert(Ah { pd, av }) as u32))
+    }
+
+    /// `ibv_destroy_ah`.
+    pub fn destroy_ah(&mut self, ah: AhId) -> Result<(), VerbsError> {
+        let a = self.shared.ahs.try_remove(ah.0 as usize).ok_or(VerbsError::NotFound { kind: "AH", id: ah.0 })?;
+        self.pd_use(a.pd, -1)
+    }
+
+    /// `ibv_create_srq` with `max_wr` receives of up to `max_sge` SGEs each.
+    pub fn create_srq(&mut self, pd: PdId, max_wr: u32, max_sge: u32) -> Result<SrqId, VerbsError> {
+        if max_wr == 0 || max_wr > self.shared.config.max_qp_wr || max_sge > self.shared.config.max_sge {
+            return Err(invalid(format!(
+                "max_wr {max_wr} / max_sge {max_sge}: limits are 1..={} and {}",
+                self.shared.config.max_qp_wr, self.shared.config.max_sge
+            )));
+        }
+        self.pd_use(pd, 1)?;
+        let ring = Ring::new(max_wr, || RecvWqe { sges: Vec::with_capacity(max_sge as usize), ..RecvWqe::default() });
+        Ok(SrqId(self.shared.srqs.insert(Srq { pd, ring, max_sge, limit: 0 }) as u32))
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event for when fewer than
+    /// `limit` receives remain.
+    pub fn arm_srq_limit(&mut self, srq: SrqId, limit: u32) -> Result<(), VerbsError> {
+        let s = self.shared.srqs.get_mut(srq.0 as usize).ok_or(VerbsError::NotFound { kind: "SRQ", id: srq.0 })?;
+        if limit > s.ring.capacity() {
+            return Err(invalid(format!("srq_limit {limit} exceeds the SRQ's depth {}", s.ring.capacity())));
+        }
+        s.limit = limit;
+        Ok(())
+    }
+
+    /// `ibv_destroy_srq`. Fails while a QP uses it.
+    pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
+        if let Some(qp) = self.qps.values().find(|q| q.srq == Some(srq)) {
+            return Err(VerbsError::Busy(format!("SRQ {} is used by QP {}", srq.0, qp.qpn)));
+        }
+        let s = self.shared.srqs.try_remove(srq.0 as usize).ok_or(VerbsError::NotFound { kind: "SRQ", id: srq.0 })?;
+        self.pd_use(s.pd, -1)
+    }
+
+    /// `ibv_post_srq_recv`.
+    pub fn post_srq_recv(&mut self, srq: SrqId, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let s = self
+            .shared
+            .srqs
+            .get_mut(srq.0 as usize)
+            .ok_or_else(|| PostError { index: 0, kind: PostErrorKind::Invalid(format!("no such SRQ {}", srq.0)) })?;
+        for (index, wr) in wrs.iter().enumerate() {
+            if s.ring.is_full() {
+                return Err(PostError { index, kind: PostErrorKind::QueueFull { depth: s.ring.capacity() } });
+            }
+            if wr.sg_list.len() > s.max_sge as usize {
+                return Err(PostError {
+                    index,
+                    kind: PostErrorKind::Invalid(format!(
+                        "{} SGEs; the SRQ was created with max_sge = {}",
+                        wr.sg_list.len(),
+                        s.max_sge
+                    )),
+                });
+            }
+            fill_recv(s.ring.next_free(), wr);
+            s.ring.commit();
+        }
+        Ok(())
+    }
+
+    // ---- queue pairs ---------------------------------------------------------------------
+
+    /// `ibv_create_qp`. The QP starts in RESET.
+    pub fn create_qp(&mut self, init: &QpInitAttr) -> Result<Qpn, VerbsError> {
+        let c = &self.shared.config;
+        let cap = init.cap;
+        if cap.max_send_wr == 0 || cap.max_send_wr > c.max_qp_wr || cap.max_recv_wr > c.max_qp_wr {
+            return Err(invalid(format!(
+                "max_send_wr {} / max_recv_wr {}: limits are 1..={} and {}",
+                cap.max_send_wr, cap.max_recv_wr, c.max_qp_wr, c.max_qp_wr
+            )));
+        }
+        if cap.max_send_sge > c.max_sge || cap.max_recv_sge > c.max_sge {
+            return Err(invalid(format!("max_send_sge / max_recv_sge must be at most {}", c.max_sge)));
+        }
+        if cap.max_inline_data > c.max_inline_data {
+            return Err(invalid(format!(
+                "max_inline_data {} exceeds the device's {}",
+                cap.max_inline_data, c.max_inline_data
+            )));
+        }
+        if self.qps.len() as u32 >= c.max_qp {
+            return Err(VerbsError::NoResources(format!("the device's max_qp ({}) QPs exist", c.max_qp)));
+        }
+        if init.qp_type == QpType::Gsi {
+            return Err(invalid("the GSI QP (QP1) belongs to the connection manager"));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !self.shared.cqs.contains(cq.0 as usize) {
+                return Err(VerbsError::NotFound { kind: "CQ", id: cq.0 });
+            }
+        }
+        if let Some(srq) = init.srq {
+            if !self.shared.srqs.contains(srq.0 as usize) {
+                return Err(VerbsError::NotFound { kind: "SRQ", id: srq.0 });
+            }
+        }
+        self.pd_use(init.pd, 1)?;
+        let qpn = self.allocate_qpn();
+        let mut qp = Qp::new(qpn, init.pd, init);
+        if qp.qp_type == QpType::Ud {
+            qp.attr.path_mtu = self.shared.config.port_mtu;
+        }
+        self.qps.insert(qpn.value(), qp);
+        Ok(qpn)
+    }
+
+    fn allocate_qpn(&mut self) -> Qpn {
+        loop {
+            let n = self.next_qpn;
+            self.next_qpn = if n >= Qpn::MAX.value() { self.shared.config.qpn_base } else { n + 1 };
+            if !self.qps.contains_key(&n) {
+                return Qpn::from_u24_truncating(n);
+            }
+        }
+    }
+
+    /// `ibv_destroy_qp`. Its outstanding WRs are discarded without completions; packets
+    /// still addressed to it are dropped.
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
+        let mut qp = self.qps.remove(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
+        qp.req.retransmit_at = None;
+        qp.req.rnr_wait_until = None;
+        self.shared.update_timer(&mut qp);
+        self.pd_use(qp.pd, -1)
+    }
+
+    /// The QP's state.
+    pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.qps.get(&qpn.value()).map(|q| q.state)
+    }
+
+    /// `ibv_query_qp`: the QP's current attributes.
+    pub fn query_qp(&self, qpn: Qpn) -> Option<(QpAttr, QpCap)> {
+        self.qps.get(&qpn.value()).map(|q| (QpAttr { qp_state: q.state, cur_qp_state: q.state, ..q.attr }, q.cap))
+    }
+
+    /// `ibv_modify_qp`: checks the transition and the attribute mask against the IBTA table
+    /// (naming any missing or unexpected bit), checks each value, then applies them.
+    pub fn modify_qp(&mut self, qpn: Qpn, attr: &QpAttr, mask: AttrMask) -> Result<(), VerbsError> {
+        let config = &self.shared.config;
+        let qp = self.qps.get_mut(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
+        let next_state = mask.contains(AttrMask::STATE).then_some(attr.qp_state);
+        let claimed = mask.contains(AttrMask::CUR_STATE).then_some(attr.cur_qp_state);
+        let next = qp_state::check_modify(qp.qp_type, qp.state, next_state, mask, claimed)?;
+
+        // Values, before anything changes.
+        if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
+            return Err(invalid(format!("port_num {}: the device has one port, 1", attr.port_num)));
+        }
+        if mask.contains(AttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
+            return Err(invalid(format!("pkey_index {}: the P_Key table has one entry, 0 (0xffff)", attr.pkey_index)));
+        }
+        if mask.contains(AttrMask::TIMEOUT) && attr.timeout > 31 {
+            return Err(invalid(format!("timeout {} is a 5-bit exponent (0..=31)", attr.timeout)));
+        }
+        if mask.contains(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+            return Err(invalid(format!("retry_cnt {} is 3 bits (0..=7)", attr.retry_cnt)));
+        }
+        if mask.contains(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+            return Err(invalid(format!("rnr_retry {} is 3 bits (0..=7, 7 = forever)", attr.rnr_retry)));
+        }
+        if mask.contains(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+            return Err(invalid(format!("min_rnr_timer {} is a 5-bit code (0..=31)", attr.min_rnr_timer)));
+        }
+        for (bit, v, name) in [
+            (AttrMask::MAX_QP_RD_ATOMIC, attr.max_rd_atomic, "max_rd_atomic"),
+            (AttrMask::MAX_DEST_RD_ATOMIC, attr.max_dest_rd_atomic, "max_dest_rd_atomic"),
+        ] {
+            if mask.contains(bit) && v > config.max_qp_rd_atom {
+                return Err(invalid(format!(
+                    "{name} {v} exceeds the device's max_qp_rd_atom {}",
+                    config.max_qp_rd_atom
+                )));
+            }
+        }
+        for (bit, v, name) in [(AttrMask::RQ_PSN, attr.rq_psn, "rq_psn"), (AttrMask::SQ_PSN, attr.sq_psn, "sq_psn")] {
+            if mask.contains(bit) && Psn::new(v).is_none() {
+                return Err(invalid(format!("{name} {v:#x} does not fit in 24 bits")));
+            }
+        }
+        if mask.contains(AttrMask::DEST_QPN) && Qpn::new(attr.dest_qp_num).is_none() {
+            return Err(invalid(format!("dest_qp_num {:#x} does not fit in 24 bits", attr.dest_qp_num)));
+        }
+        if mask.contains(AttrMask::PATH_MTU) && attr.path_mtu > config.port_mtu {
+            return Err(invalid(format!("path_mtu {:?} exceeds the port's {:?}", attr.path_mtu, config.port_mtu)));
+        }
+        if mask.contains(AttrMask::AV) {
+            let Some(av) = attr.ah_attr else {
+                return Err(invalid("IBV_QP_AV is set but no address vector was given"));
+            };
+            if self.shared.envelope_for(&av, 0).is_none() {
+                return Err(invalid(format!(
+                    "no route for the AV: sgid_index {} must name a local address of the same IP version as {}",
+                    av.sgid_index, av.dgid
+                )));
+            }
+        }
+
+        // Apply.
+        let a = &mut qp.attr;
+        macro_rules! take {
+            ($bit:ident, $field:ident) => {
+                if mask.contains(AttrMask::$bit) {
+                    a.$field = attr.$field;
+                }
+            };
+        }
+        take!(ACCESS_FLAGS, qp_access_flags);
+        take!(PKEY_INDEX, pkey_index);
+        take!(PORT, port_num);
+        take!(QKEY, qkey);
+        take!(PATH_MTU, path_mtu);
+        take!(TIMEOUT, timeout);
+        take!(RETRY_CNT, retry_cnt);
+        take!(RNR_RETRY, rnr_retry);
+        take!(RQ_PSN, rq_psn);
+        take!(MAX_QP_RD_ATOMIC, max_rd_atomic);
+        take!(MIN_RNR_TIMER, min_rnr_timer);
+        take!(SQ_PSN, sq_psn);
+        take!(MAX_DEST_RD_ATOMIC, max_dest_rd_atomic);
+        take!(DEST_QPN, dest_qp_num);
+        take!(EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify);
+        if mask.contains(AttrMask::AV) {
+            qp.av = attr.ah_attr;
+        }
+        if let Some(av) = qp.av {
+            let port = udp_source_port(av.flow_label, qp.qpn.value(), qp.attr.dest_qp_num);
+            qp.envelope = self.shared.envelope_for(&av, port);
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            qp.req.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            qp.req.rnr_retry_left = attr.rnr_retry;
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            qp.resp.psn = Psn::from_u24_truncating(attr.rq_psn);
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            qp.req.psn = Psn::from_u24_truncating(attr.sq_psn);
+            qp.comp.psn = qp.req.psn;
+        }
+
+        let previous = qp.state;
+        qp.state = next;
+        match next {
+            QpState::Reset if previous != QpState::Reset => {
+                // Everything outstanding is discarded without completions (IBA 10.3.1).
+                qp.sq.clear();
+                qp.rq.clear();
+                qp.req = Default::default();
+                qp.comp = Default::default();
+                qp.resp = crate::qp::Responder { out: VecDeque::with_capacity(64), ..Default::default() };
+                qp.av = None;
+                qp.envelope = None;
+                self.shared.update_timer(qp);
+            }
+            QpState::Err if previous != QpState::Err => {
+                crate::completer::enter_error(qp, &mut self.shared, None);
+            }
+            QpState::Rts | QpState::Sqd | QpState::Sqe => self.shared.schedule(qp),
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`: posts `wrs` in order; on failure, [`PostError::index`] is the first
+    /// WR not posted (`*bad_wr`) and every WR before it was posted.
+    pub fn post_recv(&mut self, qpn: Qpn, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
+        let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
+        let qp = self.qps.get_mut(&qpn.value()).ok_or_else(|| bad(0, format!("no such QP {qpn}")))?;
+        if let Some(srq) = qp.srq {
+            // ibv_post_recv(3): a QP with an SRQ takes receives only through ibv_post_srq_recv.
+            return Err(bad(0, format!("QP {qpn} uses SRQ {}; post receives with post_srq_recv", srq.0)));
+        }
+        if qp.state == QpState::Reset {
+            return Err(bad(0, format!("QP {qpn} is in RESET; move it to INIT before posting receives")));
+        }
+        for (index, wr) in wrs.iter().enumerate() {
+            if wr.sg_list.len() > qp.cap.max_recv_sge as usize {
+                return Err(bad(
+                    index,
+                    format!(
+                        "{} SGEs; the QP was created with max_recv_sge = {}",
+                        wr.sg_list.len(),
+                        qp.cap.max_recv_sge
+                    ),
+                ));
+            }
+            if qp.state == QpState::Err {
+                // Posted to a QP in error: completes at once, flushed (IBA 10.8.3.3).
+                let wc = crate::completer::flush_wc(qp.qpn, wr.wr_id, WcOpcode::Recv);
+                self.shared.push_cqe(qp.recv_cq, wc);
+                continue;
+            }
+            if qp.rq.is_full() {
+                return Err(PostError { index, kind: PostErrorKind::QueueFull { depth: qp.rq.capacity() } });
+            }
+            fill_recv(qp.rq.next_free(), wr);
+            qp.rq.commit();
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_send`: posts `wrs` in order; on failure, [`PostError::index`] is the first
+    /// WR not posted (`*bad_wr`) and every WR before it was posted. Inline data is copied
+    /// from `mem` now, so the buffers may be reused as soon as this returns.
+    pub fn post_send<M: Memory + ?Sized>(&mut self, qpn: Qpn, wrs: &[SendWr<'_>], mem: &M) -> Result<(), PostError> {
+        let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
+        let qp = self.qps.get_mut(&qpn.value()).ok_or_else(|| bad(0, format!("no such QP {qpn}")))?;
+        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+            return Err(bad(0, format!("QP {qpn} is in {:?}; post_send needs RTS", qp.state)));
+        }
+        for (index, wr) in wrs.iter().enumerate() {
+            validate_send(qp, wr, &self.shared).map_err(|m| bad(index, m))?;
+            if qp.state == QpState::Err {
+                let wc = crate::completer::flush_wc(qp.qpn, wr.wr_id, wr.op.wc_opcode());
+                self.shared.push_cqe(qp.send_cq, wc);
+                continue;
+            }
+            if qp.sq.is_full() {
+                return Err(PostError { index, kind: PostErrorKind::QueueFull { depth: qp.sq.capacity() } });
+            }
+            let sig_all = qp.sq_sig_all;
+            let slot = qp.sq.next_free();
+            slot.wr_id = wr.wr_id;
+            slot.op = Some(wr.op);
+            slot.sges.clear();
+            slot.inline.clear();
+            slot.is_inline = wr.flags.contains(SendFlags::INLINE);
+            slot.length = wr.sg_list.iter().map(|s| s.length).sum();
+            slot.signaled = sig_all || wr.flags.contains(SendFlags::SIGNALED);
+            slot.solicited = wr.flags.contains(SendFlags::SOLICITED);
+            slot.fence = wr.flags.contains(SendFlags::FENCE);
+            slot.ud = wr.ud;
+            slot.started = false;
+            slot.npkts = 0;
+            slot.read_done = 0;
+            slot.status = None;
+            if slot.is_inline {
+                for (i, sge) in wr.sg_list.iter().enumerate() {
+                    let at = slot.inline.len();
+                    slot.inline.resize(at + sge.length as usize, 0);
+                    if mem.read(sge.addr, &mut slot.inline[at..]).is_err() {
+                        return Err(bad(
+                            index,
+                            format!("inline SGE {i} at {:#x} (+{}) is not readable", sge.addr, sge.length),
+                        ));
+                    }
+                }
+            } else {
+                slot.sges.extend_from_slice(wr.sg_list);
+            }
+            qp.sq.commit();
+        }
+        self.shared.schedule(qp);
+        Ok(())
+    }
+}
+
+fn fill_recv(slot: &mut RecvWqe, wr: &RecvWr<'_>) {
+    slot.wr_id = wr.wr_id;
+    slot.sges.clear();
+    slot.sges.extend_from_slice(wr.sg_list);
+    slot.length = wr.sg_list.iter().map(|s| s.length).sum();
+}
+
+/// The checks `ibv_post_send` makes before queueing a WR (they fail with `EINVAL`).
+fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String> {
+    if wr.sg_list.len() > qp.cap.max_send_sge as usize {
+        return Err(format!(
+            "{} SGEs; the QP was created with max_send_sge = {}",
+            wr.sg_list.len(),
+            qp.cap.max_send_sge
+        ));
+    }
+    let length: u64 = wr.sg_list.iter().map(|s| u64::from(s.length)).sum();
+    if length > u64::from(shared.config.max_msg_sz) {
+        return Err(format!("{length} bytes exceeds the largest message, {}", shared.config.max_msg_sz));
+    }
+    let inline = wr.flags.contains(SendFlags::INLINE);
+    if inline {
+        if wr.op.is_read_or_atomic() {
+            return Err("IBV_SEND_INLINE applies to SEND and RDMA WRITE only".into());
+        }
+        if length > u64::from(qp.cap.max_inline_data) {
+            return Err(format!(
+                "{length} inline bytes; the QP was created with max_inline_data = {}",
+                qp.cap.max_inline_data
+            ));
+        }
+    }
+    if wr.op.is_atomic() && length != 8 {
+        return Err(format!("an atomic's local buffer must be 8 bytes, not {length}"));
+    }
+    match qp.qp_type {
+        QpType::Ud | QpType::Gsi => {
+            if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {
+                return Err("UD QPs support SEND and SEND_WITH_IMM only".into());
+            }
+            let Some(dest) = wr.ud else {
+                return Err("a UD send needs a destination (wr.ud: AH, remote QPN, remote Q_Key)".into());
+            };
+            if !shared.ahs.contains(dest.ah.0 as usize) {
+                return Err(format!("no such AH {}", dest.ah.0));
+            }
+            if length > u64::from(qp.mtu()) {
+                return Err(format!("{length} bytes does not fit one UD packet of the port MTU, {}", qp.mtu()));
+            }
+        }
+        QpType::Uc => {
+            if wr.op.is_read_or_atomic() {
+                return Err("UC QPs support SEND and RDMA WRITE only".into());
+            }
+        }
+        QpType::Rc => {}
+    }
+    Ok(())
+}

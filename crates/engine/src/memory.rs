@@ -1,0 +1,110 @@
+//! How the engine reaches registered memory.
+//!
+//! The engine never touches memory by address itself. Every access goes through a
+//! [`Memory`] the caller passes in, and only *after* the engine has checked the key, the
+//! protection domain, the access rights and the bounds of the memory region. Tests back it
+//! with [`VecMemory`]; the runtime implements it over the process's address space (the one
+//! `unsafe` place, in the `softrdma` crate).
+
+/// The memory access failed although the engine's checks passed (the caller's memory went
+/// away, for instance). The engine turns it into a protection or operational error.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, thiserror::Error)]
+#[error("memory at {addr:#x} (+{len}) is not accessible")]
+pub struct MemoryFault {
+    /// First byte of the failed access.
+    pub addr: u64,
+    /// Length of the failed access.
+    pub len: usize,
+}
+
+/// Registered memory, by virtual address.
+///
+/// Atomics operate on 64-bit values in the host's byte order, as an RNIC's atomics do on its
+/// host's memory; implementations must make each one indivisible with respect to the others.
+pub trait Memory {
+    /// Copies `buf.len()` bytes from `addr` into `buf`.
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault>;
+    /// Copies `data` to `addr`.
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryFault>;
+    /// If the 8 bytes at `addr` equal `compare`, replaces them with `swap`. Returns the value
+    /// found.
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryFault> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        if old == compare {
+            self.write(addr, &swap.to_ne_bytes())?;
+        }
+        Ok(old)
+    }
+    /// Adds `add` (wrapping) to the 8 bytes at `addr`. Returns the value found.
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        let old = u64::from_ne_bytes(b);
+        self.write(addr, &old.wrapping_add(add).to_ne_bytes())?;
+        Ok(old)
+    }
+}
+
+/// A flat address space starting at `base`, for tests and simulations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VecMemory {
+    base: u64,
+    bytes: Vec<u8>,
+}
+
+impl VecMemory {
+    /// `len` zero bytes at addresses `base..base + len`.
+    pub fn new(base: u64, len: usize) -> Self {
+        Self { base, bytes: vec![0; len] }
+    }
+
+    /// The first address.
+    pub fn base(&self) -> u64 {
+        self.base
+    }
+
+    /// All bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// All bytes, writable (a test's local CPU access).
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.bytes
+    }
+
+    /// The bytes at `addr .. addr + len`. Panics outside the space (test helper).
+    pub fn slice(&self, addr: u64, len: usize) -> &[u8] {
+        let start = (addr - self.base) as usize;
+        &self.bytes[start..start + len]
+    }
+
+    /// The bytes at `addr .. addr + len`, writable. Panics outside the space (test helper).
+    pub fn slice_mut(&mut self, addr: u64, len: usize) -> &mut [u8] {
+        let start = (addr - self.base) as usize;
+        &mut self.bytes[start..start + len]
+    }
+
+    fn range(&self, addr: u64, len: usize) -> Result<core::ops::Range<usize>, MemoryFault> {
+        let fault = MemoryFault { addr, len };
+        let start = usize::try_from(addr.checked_sub(self.base).ok_or(fault)?).map_err(|_| fault)?;
+        let end = start.checked_add(len).ok_or(fault)?;
+        if end > self.bytes.len() { Err(fault) } else { Ok(start..end) }
+    }
+}
+
+impl Memory for VecMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault> {
+        let r = self.range(addr, buf.len())?;
+        buf.copy_from_slice(&self.bytes[r]);
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryFault> {
+        let r = self.range(addr, data.len())?;
+        self.bytes[r].copy_from_slice(data);
+        Ok(())
+    }
+}

@@ -1,0 +1,282 @@
+//! A queue pair's state: its queues, and what its requester, completer and responder are
+//! in the middle of.
+//!
+//! The three parts hand each other values (a PSN to retry from, a WQE index to complete),
+//! never flags in each other's state: that is where kernel rxe keeps finding races.
+
+use std::collections::VecDeque;
+
+use softrdma_wire::{Envelope, Psn, Qpn};
+
+use crate::Instant;
+use crate::verbs::{AddressVector, CqId, PdId, QpAttr, QpCap, QpState, QpType, SendOp, Sge, SrqId, UdDest};
+
+/// A fixed-capacity ring whose slots are reused, so that posting a WR never allocates.
+/// Positions are ever-increasing `u64` counters; the slot is `position % capacity`.
+#[derive(Debug)]
+pub(crate) struct Ring<T> {
+    slots: Vec<T>,
+    head: u64,
+    tail: u64,
+}
+
+impl<T: Default> Ring<T> {
+    pub(crate) fn new(capacity: u32, mut make: impl FnMut() -> T) -> Self {
+        let slots = (0..capacity.max(1)).map(|_| make()).collect();
+        Self { slots, head: 0, tail: 0 }
+    }
+}
+
+impl<T> Ring<T> {
+    pub(crate) fn capacity(&self) -> u32 {
+        self.slots.len() as u32
+    }
+    pub(crate) fn len(&self) -> u32 {
+        (self.tail - self.head) as u32
+    }
+    pub(crate) fn is_full(&self) -> bool {
+        self.len() >= self.capacity()
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+    pub(crate) fn head(&self) -> u64 {
+        self.head
+    }
+    pub(crate) fn tail(&self) -> u64 {
+        self.tail
+    }
+    fn slot(&self, position: u64) -> usize {
+        (position % self.slots.len() as u64) as usize
+    }
+    /// The slot at `position` (head ≤ position < tail).
+    pub(crate) fn get(&self, position: u64) -> &T {
+        debug_assert!(position >= self.head && position < self.tail, "ring position out of range");
+        &self.slots[self.slot(position)]
+    }
+    pub(crate) fn get_mut(&mut self, position: u64) -> &mut T {
+        debug_assert!(position >= self.head && position < self.tail, "ring position out of range");
+        let i = self.slot(position);
+        &mut self.slots[i]
+    }
+    /// The next free slot, to fill before [`commit`](Self::commit). The caller checked
+    /// `!is_full()`.
+    pub(crate) fn next_free(&mut self) -> &mut T {
+        debug_assert!(!self.is_full());
+        let i = self.slot(self.tail);
+        &mut self.slots[i]
+    }
+    pub(crate) fn commit(&mut self) {
+        self.tail += 1;
+    }
+    pub(crate) fn pop(&mut self) {
+        debug_assert!(!self.is_empty());
+        self.head += 1;
+    }
+    pub(crate) fn clear(&mut self) {
+        self.head = self.tail;
+    }
+}
+
+/// A posted send WR, with the requester's progress on it.
+#[derive(Debug, Default)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: Option<SendOp>,
+    /// The gather list (capacity `max_send_sge`, reused).
+    pub(crate) sges: Vec<Sge>,
+    /// Inline data copied at post time (capacity `max_inline_data`, reused).
+    pub(crate) inline: Vec<u8>,
+    pub(crate) is_inline: bool,
+    /// Total bytes: of the gather list, or 8 for an atomic's result.
+    pub(crate) length: u32,
+    pub(crate) signaled: bool,
+    pub(crate) solicited: bool,
+    pub(crate) fence: bool,
+    pub(crate) ud: Option<UdDest>,
+    /// Set when its first packet is built: the PSNs it occupies.
+    pub(crate) started: bool,
+    pub(crate) first_psn: Psn,
+    pub(crate) npkts: u32,
+    /// Bytes of READ response data placed so far.
+    pub(crate) read_done: u32,
+    /// Its outcome, once known (completions are reported in order).
+    pub(crate) status: Option<crate::verbs::WcStatus>,
+}
+
+impl SendWqe {
+    pub(crate) fn op(&self) -> SendOp {
+        self.op.unwrap_or(SendOp::Send)
+    }
+    pub(crate) fn last_psn(&self) -> Psn {
+        self.first_psn.wrapping_add(self.npkts.saturating_sub(1))
+    }
+}
+
+/// A posted receive WR.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct RecvWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) sges: Vec<Sge>,
+    pub(crate) length: u32,
+}
+
+/// The requester: turns send WQEs into packets.
+#[derive(Debug, Default)]
+pub(crate) struct Requester {
+    /// Next PSN to send.
+    pub(crate) psn: Psn,
+    /// Ring position of the WQE being sent.
+    pub(crate) next: u64,
+    /// Bytes of that WQE already sent.
+    pub(crate) offset: u32,
+    /// Packets since the last AckReq (rxe asks at least every 64).
+    pub(crate) since_ack_req: u32,
+    /// READs and atomics sent but not completed.
+    pub(crate) rd_atomic_outstanding: u32,
+    /// Retries left after timeouts and sequence errors.
+    pub(crate) retry_left: u8,
+    /// RNR retries left (7 = forever).
+    pub(crate) rnr_retry_left: u8,
+    /// Don't send before this instant (RNR back-off).
+    pub(crate) rnr_wait_until: Option<Instant>,
+    /// The local ACK timer.
+    pub(crate) retransmit_at: Option<Instant>,
+}
+
+/// The completer: the oldest PSN not yet acknowledged.
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    pub(crate) psn: Psn,
+}
+
+/// A response the responder owes, in the order it must go out.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum RespJob {
+    /// ACK or NAK for `psn`.
+    Ack { psn: Psn, syndrome: softrdma_wire::Syndrome },
+    /// READ response packets from `psn` on: `remaining` bytes from `va`.
+    Read { psn: Psn, va: u64, remaining: u32, first: bool },
+    /// The answer to an atomic.
+    AtomicAck { psn: Psn, original: u64 },
+}
+
+/// A READ or atomic the responder remembers, to answer duplicates (IBA 9.7.5.1.2).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RdAtomicResource {
+    pub(crate) first_psn: Psn,
+    pub(crate) npkts: u32,
+    pub(crate) va: u64,
+    pub(crate) rkey: u32,
+    pub(crate) length: u32,
+    /// For an atomic: the value it returned.
+    pub(crate) atomic_original: Option<u64>,
+}
+
+/// The message the responder is in the middle of.
+#[derive(Debug, Default)]
+pub(crate) enum InMessage {
+    /// Waiting for a FIRST or ONLY.
+    #[default]
+    None,
+    /// A SEND into `wqe`, `offset` bytes placed so far.
+    Send { wqe: RecvWqe, offset: u32 },
+    /// An RDMA WRITE to `va`, `remaining` bytes to come.
+    Write { va: u64, remaining: u32 },
+    /// UC: a packet was lost; drop until the next FIRST or ONLY.
+    Dropping,
+}
+
+/// The responder: executes incoming requests.
+#[derive(Debug, Default)]
+pub(crate) struct Responder {
+    /// Expected PSN.
+    pub(crate) psn: Psn,
+    /// Message sequence number: requests completed.
+    pub(crate) msn: u32,
+    /// A sequence-error NAK was sent for `psn`; don't repeat it.
+    pub(crate) nak_sent: bool,
+    pub(crate) current: InMessage,
+    pub(crate) out: VecDeque<RespJob>,
+    pub(crate) resources: VecDeque<RdAtomicResource>,
+    /// A packet arrived since RTR (for `IBV_EVENT_COMM_EST`).
+    pub(crate) established: bool,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub(crate) struct Qp {
+    pub(crate) qpn: Qpn,
+    pub(crate) qp_type: QpType,
+    pub(crate) state: QpState,
+    pub(crate) pd: PdId,
+    pub(crate) send_cq: CqId,
+    pub(crate) recv_cq: CqId,
+    pub(crate) srq: Option<SrqId>,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) cap: QpCap,
+    pub(crate) attr: QpAttr,
+    /// The peer's address (RC/UC), once the AV is set.
+    pub(crate) av: Option<AddressVector>,
+    /// The envelope of outgoing packets, computed from the AV.
+    pub(crate) envelope: Option<Envelope>,
+    pub(crate) sq: Ring<SendWqe>,
+    pub(crate) rq: Ring<RecvWqe>,
+    pub(crate) req: Requester,
+    pub(crate) comp: Completer,
+    pub(crate) resp: Responder,
+    /// Queued in the engine's transmit round-robin.
+    pub(crate) in_ready: bool,
+    /// The deadline registered in the engine's timer set.
+    pub(crate) timer: Option<Instant>,
+}
+
+impl Qp {
+    pub(crate) fn new(qpn: Qpn, pd: PdId, init: &crate::verbs::QpInitAttr) -> Self {
+        let cap = init.cap;
+        let sq = Ring::new(cap.max_send_wr, || SendWqe {
+            sges: Vec::with_capacity(cap.max_send_sge as usize),
+            inline: Vec::with_capacity(cap.max_inline_data as usize),
+            ..SendWqe::default()
+        });
+        let rq_depth = if init.srq.is_some() { 1 } else { cap.max_recv_wr };
+        let rq = Ring::new(rq_depth, || RecvWqe {
+            sges: Vec::with_capacity(cap.max_recv_sge as usize),
+            ..RecvWqe::default()
+        });
+        Self {
+            qpn,
+            qp_type: init.qp_type,
+            state: QpState::Reset,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            sq_sig_all: init.sq_sig_all,
+            cap,
+            attr: QpAttr::default(),
+            av: None,
+            envelope: None,
+            sq,
+            rq,
+            req: Requester::default(),
+            comp: Completer::default(),
+            resp: Responder { out: VecDeque::with_capacity(64), ..Responder::default() },
+            in_ready: false,
+            timer: None,
+        }
+    }
+
+    /// Path MTU in bytes (UD: the device's port MTU, set at creation in `attr.path_mtu`).
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes()
+    }
+
+    /// The earliest instant this QP wants to be woken.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match (self.req.retransmit_at, self.req.rnr_wait_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}

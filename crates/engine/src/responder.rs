@@ -1,0 +1,652 @@
+//! Receiving: the filters every packet passes (rxe `rxe_recv.c`), then the responder, one
+//! check after another as rxe's `rxe_resp.c` orders them: PSN, opcode sequence, resources,
+//! length, R_Key; then execution and the response.
+
+use etherparse::{IpNumber, Ipv4Header, Ipv6Header};
+use softrdma_wire::grh::{GRH_LEN, GrhRepr};
+use softrdma_wire::opcode::{Operation, Position, Transport};
+use softrdma_wire::{Envelope, NakCode, Psn, Qpn, RnrTimer, RocePacket, RoceRepr, Syndrome};
+
+use crate::completer;
+use crate::engine::Shared;
+use crate::memory::Memory;
+use crate::qp::{InMessage, Qp, RdAtomicResource, RecvWqe, RespJob};
+use crate::transmit::packets;
+use crate::verbs::{Access, AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus};
+use crate::{Engine, Instant};
+
+/// What the IP header said that the envelope does not: needed for the GRH of UD receives.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct IpInfo {
+    /// IPv4 TTL / IPv6 hop limit as received.
+    pub hop_limit: u8,
+    /// IPv4 TOS / IPv6 traffic class as received.
+    pub traffic_class: u8,
+    /// IPv6 flow label as received.
+    pub flow_label: u32,
+}
+
+impl Default for IpInfo {
+    fn default() -> Self {
+        Self { hop_limit: 64, traffic_class: 0, flow_label: 0 }
+    }
+}
+
+impl Engine {
+    /// One received UDP payload and the envelope it came in. Malformed packets, packets with
+    /// a bad ICRC and packets for no QP are dropped and counted.
+    pub fn handle_datagram<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        envelope: &Envelope,
+        payload: &[u8],
+        mem: &mut M,
+    ) {
+        self.handle_datagram_with(now, envelope, IpInfo::default(), payload, mem);
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) with the IP header fields a UD receiver
+    /// puts in the GRH.
+    pub fn handle_datagram_with<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        envelope: &Envelope,
+        ip: IpInfo,
+        payload: &[u8],
+        mem: &mut M,
+    ) {
+        let sh = &mut self.shared;
+        let repr = match RoceRepr::parse(&RocePacket::new_unchecked(payload), envelope) {
+            Ok(r) => r,
+            Err(e) => {
+                sh.counters.rcvd_malformed += 1;
+                if e == softrdma_wire::Error::BadIcrc {
+                    sh.counters.rcvd_icrc_errors += 1;
+                }
+                return;
+            }
+        };
+        let Some(info) = repr.bth.opcode.info() else {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        };
+        // rxe_recv.c: the destination must be ours, the QP must exist and be of the
+        // opcode's transport, and the P_Key must match the default partition.
+        let qp = match self.qps.get_mut(&repr.bth.dest_qp.value()) {
+            Some(qp) if sh.is_local(envelope.dst_ip()) && transport_matches(info.transport, qp.qp_type) => qp,
+            _ => {
+                sh.counters.rcvd_dropped += 1;
+                return;
+            }
+        };
+        if repr.bth.pkey.0 & 0x7fff != 0x7fff {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        }
+        // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`).
+        if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+            let from_peer = qp.av.is_some_and(|av| av.dgid.to_ip() == envelope.src_ip())
+                && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
+            if !from_peer {
+                sh.counters.rcvd_dropped += 1;
+                return;
+            }
+        }
+        if info.is_response() {
+            if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+                sh.counters.rcvd_dropped += 1;
+                return;
+            }
+            sh.counters.rcvd_packets += 1;
+            complete_response(qp, sh, mem, now, &repr, info.operation, info.position);
+        } else {
+            // The responder works from RTR on (IBA 10.3.1.3).
+            if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+                sh.counters.rcvd_dropped += 1;
+                return;
+            }
+            sh.counters.rcvd_packets += 1;
+            if qp.state == QpState::Rtr && !qp.resp.established {
+                qp.resp.established = true;
+                sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
+            }
+            match qp.qp_type {
+                QpType::Rc => rc_request(qp, sh, mem, &repr, info.operation, info.position),
+                QpType::Uc => uc_request(qp, sh, mem, &repr, info.operation, info.position),
+                QpType::Ud | QpType::Gsi => ud_request(qp, sh, mem, envelope, ip, &repr),
+            }
+        }
+        if !qp.resp.out.is_empty() {
+            sh.schedule(qp);
+        }
+        sh.update_timer(qp);
+    }
+
+    /// Fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(at, qpn)) = self.shared.timers.first() {
+            if at > now {
+                break;
+            }
+            self.shared.timers.pop_first();
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            qp.timer = None;
+            if qp.req.rnr_wait_until.is_some_and(|t| t <= now) {
+                qp.req.rnr_wait_until = None;
+                self.shared.schedule(qp);
+            }
+            if qp.req.retransmit_at.is_some_and(|t| t <= now) {
+                completer::handle_retransmit_timeout(qp, &mut self.shared, now);
+            }
+            self.shared.update_timer(qp);
+        }
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.shared.timers.first().map(|&(at, _)| at)
+    }
+}
+
+fn transport_matches(t: Transport, qp_type: QpType) -> bool {
+    matches!(
+        (t, qp_type),
+        (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud | QpType::Gsi)
+    )
+}
+
+fn complete_response<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    repr: &RoceRepr<'_>,
+    operation: Operation,
+    position: Position,
+) {
+    let psn = repr.bth.psn;
+    match operation {
+        Operation::Acknowledge => {
+            if let Some(aeth) = repr.ext.aeth {
+                completer::handle_ack(qp, sh, now, psn, aeth.syndrome);
+            }
+        }
+        Operation::RdmaReadResponse => {
+            completer::handle_read_response(qp, sh, mem, now, psn, position, repr.payload);
+        }
+        Operation::AtomicAcknowledge => {
+            if let Some(a) = repr.ext.atomic_ack_eth {
+                completer::handle_atomic_ack(qp, sh, mem, now, psn, a.original_data);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Queues an ACK or NAK; consecutive ACKs coalesce into the newest (they are cumulative).
+fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
+    if let Some(RespJob::Ack { syndrome: Syndrome::Ack { .. }, .. }) = qp.resp.out.back() {
+        if matches!(syndrome, Syndrome::Ack { .. }) {
+            qp.resp.out.pop_back();
+        }
+    }
+    qp.resp.out.push_back(RespJob::Ack { psn, syndrome });
+}
+
+/// A fatal responder error: NAK it, and the QP goes to the error state (IBA 9.9.2).
+fn nak_fatal(qp: &mut Qp, sh: &mut Shared, psn: Psn, code: NakCode) {
+    sh.counters.naks_sent += 1;
+    let event = match code {
+        NakCode::RemoteAccessError => AsyncEvent::QpAccessError(qp.qpn),
+        NakCode::InvalidRequest => AsyncEvent::QpRequestError(qp.qpn),
+        _ => AsyncEvent::QpFatal(qp.qpn),
+    };
+    sh.events.push_back(Event::Async(event));
+    completer::enter_error(qp, sh, None);
+    // The NAK still goes out: the error state sends what the responder owes, and
+    // enter_error left it nothing else.
+    qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(code) });
+}
+
+/// Writes `data` at byte `offset` of a receive WQE's buffers, checking each SGE's key.
+fn scatter_recv<M: Memory + ?Sized>(
+    sh: &Shared,
+    pd: crate::verbs::PdId,
+    mem: &mut M,
+    wqe: &RecvWqe,
+    mut offset: u32,
+    mut data: &[u8],
+) -> Result<(), WcStatus> {
+    if u64::from(offset) + data.len() as u64 > u64::from(wqe.length) {
+        return Err(WcStatus::LocLenErr);
+    }
+    for sge in &wqe.sges {
+        if data.is_empty() {
+            break;
+        }
+        if offset >= sge.length {
+            offset -= sge.length;
+            continue;
+        }
+        let n = ((sge.length - offset) as usize).min(data.len());
+        let addr = sge.addr + u64::from(offset);
+        sh.check_lkey(pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(completer::local_key_status)?;
+        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
+        data = &data[n..];
+        offset = 0;
+    }
+    Ok(())
+}
+
+fn recv_wc(qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32, repr: &RoceRepr<'_>) -> Wc {
+    Wc {
+        wr_id,
+        status: WcStatus::Success,
+        opcode,
+        byte_len,
+        imm_data: repr.ext.imm_dt.map(|i| i.0),
+        qp_num: qp.qpn,
+        src_qp: Qpn::from_u24_truncating(qp.attr.dest_qp_num),
+        grh: false,
+        solicited: repr.bth.solicited_event,
+    }
+}
+
+/// Whether `operation` may follow what the responder is in the middle of (IBA 9.7.5.1.4
+/// "opcode sequence"): a FIRST or ONLY when idle, a MIDDLE or LAST of the same kind
+/// otherwise.
+fn sequence_ok(current: &InMessage, operation: Operation, position: Position) -> bool {
+    match current {
+        InMessage::None | InMessage::Dropping => position.starts_message(),
+        InMessage::Send { .. } => {
+            !position.starts_message()
+                && matches!(operation, Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate)
+        }
+        InMessage::Write { .. } => {
+            !position.starts_message() && matches!(operation, Operation::RdmaWrite | Operation::RdmaWriteWithImm)
+        }
+    }
+}
+
+/// What went wrong with a request, and what the requester is told.
+enum Refusal {
+    /// No receive WQE: RNR NAK, nothing consumed, the PSN does not advance.
+    NotReady,
+    /// A NAK that moves the QP to the error state.
+    Fatal(NakCode),
+}
+
+/// Executes one in-sequence request packet of an RC or UC QP. On success the caller
+/// advances the PSN.
+fn execute<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    repr: &RoceRepr<'_>,
+    operation: Operation,
+    position: Position,
+) -> Result<(), Refusal> {
+    let psn = repr.bth.psn;
+    let mtu = qp.mtu();
+    let len = repr.payload.len() as u32;
+    if !sequence_ok(&qp.resp.current, operation, position) {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest));
+    }
+    if matches!(position, Position::First | Position::Middle) && len != mtu {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest)); // FIRST and MIDDLE carry one MTU
+    }
+    if len > mtu {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest));
+    }
+    let access = qp.attr.qp_access_flags;
+    match operation {
+        Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate => {
+            if position.starts_message() {
+                let (wqe, _) = sh.take_recv(qp).ok_or(Refusal::NotReady)?;
+                qp.resp.current = InMessage::Send { wqe, offset: 0 };
+            }
+            let pd = qp.pd;
+            let InMessage::Send { wqe, offset, .. } = &mut qp.resp.current else { unreachable!("checked above") };
+            if let Err(status) = scatter_recv(sh, pd, mem, wqe, *offset, repr.payload) {
+                let wr_id = wqe.wr_id;
+                let wc = Wc { status, byte_len: 0, ..recv_wc(qp, wr_id, WcOpcode::Recv, 0, repr) };
+                sh.push_cqe(qp.recv_cq, wc);
+                qp.resp.current = InMessage::None;
+                let code = if status == WcStatus::LocLenErr {
+                    NakCode::InvalidRequest
+                } else {
+                    NakCode::RemoteOperationalError
+                };
+                return Err(Refusal::Fatal(code));
+            }
+            *offset += len;
+            if position.ends_message() {
+                let InMessage::Send { wqe, offset, .. } = core::mem::take(&mut qp.resp.current) else { unreachable!() };
+                let wc = recv_wc(qp, wqe.wr_id, WcOpcode::Recv, offset, repr);
+                sh.push_cqe(qp.recv_cq, wc);
+                qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+            }
+        }
+        Operation::RdmaWrite | Operation::RdmaWriteWithImm => {
+            if position.starts_message() {
+                let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
+                // C9-88: a zero-length WRITE needs no valid R_Key.
+                if reth.dma_length > 0
+                    && (!access.contains(Access::REMOTE_WRITE)
+                        || sh
+                            .check_rkey(
+                                qp.pd,
+                                reth.rkey.0,
+                                reth.virtual_address,
+                                u64::from(reth.dma_length),
+                                Access::REMOTE_WRITE,
+                            )
+                            .is_err())
+                {
+                    return Err(Refusal::Fatal(NakCode::RemoteAccessError));
+                }
+                qp.resp.current = InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length };
+            }
+            let InMessage::Write { va, remaining } = qp.resp.current else { unreachable!("checked above") };
+            let total_ok = if position.ends_message() { len == remaining } else { len < remaining };
+            if !total_ok {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest)); // the RETH length is the message's
+            }
+            // A WRITE with immediate consumes a receive at its last packet: check first, so
+            // that an RNR NAK leaves this packet unexecuted.
+            let recv = if operation == Operation::RdmaWriteWithImm && position.ends_message() {
+                Some(sh.take_recv(qp).ok_or(Refusal::NotReady)?)
+            } else {
+                None
+            };
+            if len > 0 && mem.write(va, repr.payload).is_err() {
+                return Err(Refusal::Fatal(NakCode::RemoteOperationalError));
+            }
+            qp.resp.current = InMessage::Write { va: va + u64::from(len), remaining: remaining - len };
+            if position.ends_message() {
+                qp.resp.current = InMessage::None;
+                qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+                if let Some((wqe, _)) = recv {
+                    let total = repr.ext.reth.map_or(0, |r| r.dma_length);
+                    let wc = recv_wc(qp, wqe.wr_id, WcOpcode::RecvRdmaWithImm, total, repr);
+                    sh.push_cqe(qp.recv_cq, wc);
+                }
+            }
+        }
+        Operation::RdmaReadRequest => {
+            let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
+            if qp.attr.max_dest_rd_atomic == 0 {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest)); // no responder resources
+            }
+            if reth.dma_length > 0
+                && (!access.contains(Access::REMOTE_READ)
+                    || sh
+                        .check_rkey(
+                            qp.pd,
+                            reth.rkey.0,
+                            reth.virtual_address,
+                            u64::from(reth.dma_length),
+                            Access::REMOTE_READ,
+                        )
+                        .is_err())
+            {
+                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
+            }
+            let npkts = packets(SendOp::RdmaRead { remote_addr: 0, rkey: reth.rkey }, reth.dma_length, mtu);
+            remember(
+                qp,
+                RdAtomicResource {
+                    first_psn: psn,
+                    npkts,
+                    va: reth.virtual_address,
+                    rkey: reth.rkey.0,
+                    length: reth.dma_length,
+                    atomic_original: None,
+                },
+            );
+            qp.resp.out.push_back(RespJob::Read {
+                psn,
+                va: reth.virtual_address,
+                remaining: reth.dma_length,
+                first: true,
+            });
+            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+        }
+        Operation::CompareSwap | Operation::FetchAdd => {
+            let a = repr.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
+            if qp.attr.max_dest_rd_atomic == 0 || a.virtual_address % 8 != 0 {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest)); // IBA 9.4.5: 8-byte aligned
+            }
+            if !access.contains(Access::REMOTE_ATOMIC)
+                || sh.check_rkey(qp.pd, a.rkey.0, a.virtual_address, 8, Access::REMOTE_ATOMIC).is_err()
+            {
+                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
+            }
+            let result = if operation == Operation::CompareSwap {
+                mem.compare_swap(a.virtual_address, a.compare, a.swap_add)
+            } else {
+                mem.fetch_add(a.virtual_address, a.swap_add)
+            };
+            let original = result.map_err(|_| Refusal::Fatal(NakCode::RemoteOperationalError))?;
+            remember(
+                qp,
+                RdAtomicResource {
+                    first_psn: psn,
+                    npkts: 1,
+                    va: a.virtual_address,
+                    rkey: a.rkey.0,
+                    length: 8,
+                    atomic_original: Some(original),
+                },
+            );
+            qp.resp.out.push_back(RespJob::AtomicAck { psn, original });
+            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+        }
+        _ => return Err(Refusal::Fatal(NakCode::InvalidRequest)),
+    }
+    Ok(())
+}
+
+/// Remembers a READ or atomic for duplicates, keeping the last `max_dest_rd_atomic`.
+fn remember(qp: &mut Qp, r: RdAtomicResource) {
+    let keep = usize::from(qp.attr.max_dest_rd_atomic.max(1));
+    while qp.resp.resources.len() >= keep {
+        qp.resp.resources.pop_front();
+    }
+    qp.resp.resources.push_back(r);
+}
+
+fn rc_request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    repr: &RoceRepr<'_>,
+    operation: Operation,
+    position: Position,
+) {
+    let psn = repr.bth.psn;
+    let expected = qp.resp.psn;
+    if psn != expected {
+        if psn.is_after(expected) {
+            // Ahead: something was lost. One NAK until the expected packet arrives.
+            sh.counters.out_of_sequence += 1;
+            if !qp.resp.nak_sent {
+                qp.resp.nak_sent = true;
+                sh.counters.naks_sent += 1;
+                queue_ack(qp, expected, Syndrome::Nak(NakCode::PsnSequenceError));
+            }
+        } else {
+            duplicate(qp, sh, psn, operation, repr);
+        }
+        return;
+    }
+    qp.resp.nak_sent = false;
+    match execute(qp, sh, mem, repr, operation, position) {
+        Ok(()) => {
+            let npkts = match operation {
+                Operation::RdmaReadRequest => repr
+                    .ext
+                    .reth
+                    .map_or(1, |r| packets(SendOp::RdmaRead { remote_addr: 0, rkey: r.rkey }, r.dma_length, qp.mtu())),
+                _ => 1,
+            };
+            qp.resp.psn = psn.wrapping_add(npkts);
+            let answered =
+                matches!(operation, Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd);
+            if repr.bth.ack_req && !answered {
+                queue_ack(qp, psn, Syndrome::ACK_NO_CREDITS);
+            }
+        }
+        Err(Refusal::NotReady) => {
+            sh.counters.rnr_naks_sent += 1;
+            let timer = RnrTimer::new(qp.attr.min_rnr_timer).unwrap_or(RnrTimer::new(0).expect("0 is a code"));
+            queue_ack(qp, psn, Syndrome::RnrNak(timer));
+        }
+        Err(Refusal::Fatal(code)) => nak_fatal(qp, sh, psn, code),
+    }
+}
+
+/// A request whose PSN is before the expected one (IBA 9.7.5.1.2 / C9-105).
+fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr: &RoceRepr<'_>) {
+    sh.counters.duplicate_requests += 1;
+    let mtu = qp.mtu();
+    match operation {
+        Operation::RdmaReadRequest => {
+            // Re-read from the remembered request, restarting mid-stream at this PSN.
+            let found = qp.resp.resources.iter().rev().find(|r| {
+                r.atomic_original.is_none()
+                    && softrdma_wire::PsnWindow::new(r.first_psn, r.npkts).is_some_and(|w| w.contains(psn))
+                    && repr.ext.reth.is_some_and(|reth| reth.rkey.0 == r.rkey)
+            });
+            if let Some(r) = found.copied() {
+                let skip = r.first_psn.distance_to(psn) as u32 * mtu;
+                qp.resp.out.push_back(RespJob::Read {
+                    psn,
+                    va: r.va + u64::from(skip),
+                    remaining: r.length - skip.min(r.length),
+                    first: skip == 0,
+                });
+            }
+        }
+        Operation::CompareSwap | Operation::FetchAdd => {
+            // Answered from the resource, never executed twice.
+            let found = qp.resp.resources.iter().rev().find(|r| r.first_psn == psn && r.atomic_original.is_some());
+            if let Some(r) = found.copied() {
+                qp.resp.out.push_back(RespJob::AtomicAck { psn, original: r.atomic_original.unwrap_or(0) });
+            }
+        }
+        _ => queue_ack(qp, qp.resp.psn.wrapping_sub(1), Syndrome::ACK_NO_CREDITS),
+    }
+}
+
+fn uc_request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    repr: &RoceRepr<'_>,
+    operation: Operation,
+    position: Position,
+) {
+    let psn = repr.bth.psn;
+    if psn != qp.resp.psn {
+        // A gap: the message in progress is lost; resynchronise on the next FIRST or ONLY
+        // (IBA 9.8.4).
+        sh.counters.out_of_sequence += 1;
+        drop_message(qp, sh);
+    }
+    qp.resp.psn = psn.next();
+    if matches!(qp.resp.current, InMessage::Dropping) {
+        if !position.starts_message() {
+            return;
+        }
+        qp.resp.current = InMessage::None;
+    }
+    if execute(qp, sh, mem, repr, operation, position).is_err() {
+        // UC has no NAKs: the message is silently dropped.
+        drop_message(qp, sh);
+        if position.ends_message() {
+            qp.resp.current = InMessage::None;
+        }
+    }
+}
+
+/// Abandons the UC message in progress; a receive it had taken goes back to the queue
+/// head... which UC cannot do, so it completes in error, as rdmavt does.
+fn drop_message(qp: &mut Qp, sh: &mut Shared) {
+    if let InMessage::Send { wqe, .. } = core::mem::take(&mut qp.resp.current) {
+        let wc = Wc {
+            wr_id: wqe.wr_id,
+            status: WcStatus::LocLenErr,
+            opcode: WcOpcode::Recv,
+            byte_len: 0,
+            imm_data: None,
+            qp_num: qp.qpn,
+            src_qp: Qpn::default(),
+            grh: false,
+            solicited: false,
+        };
+        sh.push_cqe(qp.recv_cq, wc);
+    }
+    qp.resp.current = InMessage::Dropping;
+}
+
+fn ud_request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    envelope: &Envelope,
+    ip: IpInfo,
+    repr: &RoceRepr<'_>,
+) {
+    let Some(deth) = repr.ext.deth else { return };
+    if deth.qkey != qp.attr.qkey {
+        sh.counters.rcvd_dropped += 1; // IBA 10.2.4: Q_Key mismatch, silently dropped
+        return;
+    }
+    let Some((wqe, _)) = sh.take_recv(qp) else {
+        sh.counters.rcvd_dropped += 1; // UD has no RNR: no receive, no delivery
+        return;
+    };
+    let mut grh = [0u8; GRH_LEN];
+    let _ = grh_for(envelope, ip, repr).emit(&mut grh);
+    let byte_len = (GRH_LEN + repr.payload.len()) as u32;
+    let status = scatter_recv(sh, qp.pd, mem, &wqe, 0, &grh)
+        .and_then(|()| scatter_recv(sh, qp.pd, mem, &wqe, GRH_LEN as u32, repr.payload));
+    let wc = Wc {
+        wr_id: wqe.wr_id,
+        status: status.err().unwrap_or(WcStatus::Success),
+        opcode: WcOpcode::Recv,
+        byte_len: if status.is_ok() { byte_len } else { 0 },
+        imm_data: repr.ext.imm_dt.map(|i| i.0),
+        qp_num: qp.qpn,
+        src_qp: deth.src_qp,
+        grh: true,
+        solicited: repr.bth.solicited_event,
+    };
+    sh.push_cqe(qp.recv_cq, wc);
+}
+
+/// The GRH of a received UD packet: its IP header as it arrived (ibv_post_recv(3) NOTES).
+pub fn grh_for(envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) -> GrhRepr {
+    let udp_len = 8 + repr.buffer_len();
+    match envelope {
+        Envelope::V4(e) => {
+            let mut h = Ipv4Header::new(udp_len as u16, ip.hop_limit, IpNumber::UDP, e.src.octets(), e.dst.octets())
+                .unwrap_or_default();
+            h.identification = e.identification;
+            h.dont_fragment = e.dont_fragment;
+            h.dscp = etherparse::IpDscp::try_new(ip.traffic_class >> 2).unwrap_or_default();
+            h.ecn = etherparse::IpEcn::try_new(ip.traffic_class & 3).unwrap_or_default();
+            GrhRepr::V4(h)
+        }
+        Envelope::V6(e) => GrhRepr::V6(Ipv6Header {
+            traffic_class: ip.traffic_class,
+            flow_label: etherparse::Ipv6FlowLabel::try_new(ip.flow_label & 0xf_ffff).unwrap_or_default(),
+            payload_length: udp_len as u16,
+            next_header: IpNumber::UDP,
+            hop_limit: ip.hop_limit,
+            source: e.src.octets(),
+            destination: e.dst.octets(),
+        }),
+    }
+}

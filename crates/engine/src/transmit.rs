@@ -1,0 +1,382 @@
+//! The requester and the responder's output: which packet a QP sends next.
+//!
+//! A QP's owed responses (ACKs, NAKs, READ responses, atomic ACKs) go before its own
+//! requests, in the order the requests arrived: an ACK for a later PSN must not overtake a
+//! READ response, or the peer would take the READ for lost.
+
+use softrdma_wire::opcode::Position;
+use softrdma_wire::{
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, ImmDtRepr, Msn, NakCode,
+    Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome,
+};
+
+use crate::completer::{self, local_key_status};
+use crate::engine::{Shared, Transmit, udp_source_port};
+use crate::memory::Memory;
+use crate::qp::{Qp, RespJob};
+use crate::verbs::{Access, QpState, QpType, SendOp, WcStatus};
+use crate::{Engine, Instant};
+
+/// rxe's `RXE_MAX_UNACKED_PSNS`: the requester stops this far ahead of the oldest ACK.
+pub(crate) const MAX_UNACKED_PSNS: i32 = 128;
+/// rxe's `RXE_MAX_PKT_PER_ACK`: AckReq at least this often.
+const MAX_PKTS_PER_ACK: u32 = 64;
+
+impl Engine {
+    /// The next datagram to send, written into `buf` (which must hold 4096 + 80 bytes).
+    /// Call after every input until it returns `None`.
+    pub fn poll_transmit<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, buf: &mut [u8]) -> Option<Transmit> {
+        // Each QP in the round-robin gets one chance per call; one that has nothing to send
+        // leaves it, so the loop ends.
+        let mut budget = self.shared.ready.len();
+        while budget > 0 {
+            budget -= 1;
+            let qpn = self.shared.ready.pop_front()?;
+            let Some(qp) = self.qps.get_mut(&qpn.value()) else { continue };
+            qp.in_ready = false;
+            let sent = next_packet(qp, &mut self.shared, mem, now, buf);
+            if sent.is_some() {
+                self.shared.counters.sent_packets += 1;
+                self.shared.schedule(qp);
+            }
+            self.shared.update_timer(qp);
+            if sent.is_some() {
+                return sent;
+            }
+        }
+        None
+    }
+}
+
+fn next_packet<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    match qp.state {
+        QpState::Reset | QpState::Init => None,
+        // In the error state only the NAK that put the QP there still goes out.
+        QpState::Err => respond(qp, sh, mem, buf),
+        _ => respond(qp, sh, mem, buf).or_else(|| request(qp, sh, mem, now, buf)),
+    }
+}
+
+fn bth(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+    BthRepr {
+        opcode,
+        solicited_event: false,
+        mig_req: false,
+        pkey: PKey::DEFAULT,
+        fecn: false,
+        becn: false,
+        dest_qp: softrdma_wire::Qpn::from_u24_truncating(dest_qp),
+        ack_req: false,
+        psn,
+    }
+}
+
+fn emit(repr: &RoceRepr<'_>, envelope: Envelope, buf: &mut [u8]) -> Option<Transmit> {
+    match repr.emit(&envelope, buf) {
+        Ok(len) => Some(Transmit { envelope, len }),
+        Err(e) => {
+            debug_assert!(false, "the engine built a packet the codec refuses: {e}");
+            None
+        }
+    }
+}
+
+/// The responder's next owed response.
+fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &mut [u8]) -> Option<Transmit> {
+    let job = *qp.resp.out.front()?;
+    let envelope = qp.envelope?;
+    let msn = Msn::from_u24_truncating(qp.resp.msn);
+    let ack = |syndrome| Some(AethRepr { syndrome, msn });
+    let dest = qp.attr.dest_qp_num;
+    match job {
+        RespJob::Ack { psn, syndrome } => {
+            qp.resp.out.pop_front();
+            let repr = RoceRepr {
+                bth: bth(Opcode::RC_ACKNOWLEDGE, dest, psn),
+                ext: ExtHeaders { aeth: ack(syndrome), ..Default::default() },
+                payload: &[],
+            };
+            emit(&repr, envelope, buf)
+        }
+        RespJob::AtomicAck { psn, original } => {
+            qp.resp.out.pop_front();
+            let repr = RoceRepr {
+                bth: bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn),
+                ext: ExtHeaders {
+                    aeth: ack(Syndrome::ACK_NO_CREDITS),
+                    atomic_ack_eth: Some(AtomicAckEthRepr { original_data: original }),
+                    ..Default::default()
+                },
+                payload: &[],
+            };
+            emit(&repr, envelope, buf)
+        }
+        RespJob::Read { psn, va, remaining, first } => {
+            let mtu = qp.mtu();
+            let chunk = remaining.min(mtu);
+            let last = chunk == remaining;
+            let (opcode, position) = match (first, last) {
+                (true, true) => (Opcode::RC_RDMA_READ_RESPONSE_ONLY, Position::Only),
+                (true, false) => (Opcode::RC_RDMA_READ_RESPONSE_FIRST, Position::First),
+                (false, false) => (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, Position::Middle),
+                (false, true) => (Opcode::RC_RDMA_READ_RESPONSE_LAST, Position::Last),
+            };
+            let payload = &mut sh.scratch[..chunk as usize];
+            if mem.read(va, payload).is_err() {
+                // The memory went away under a checked R_Key: a remote operational error.
+                qp.resp.out.clear();
+                qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteOperationalError) });
+                return respond(qp, sh, mem, buf);
+            }
+            let job = qp.resp.out.front_mut().expect("the job is still queued");
+            if last {
+                qp.resp.out.pop_front();
+            } else {
+                *job = RespJob::Read {
+                    psn: psn.next(),
+                    va: va + u64::from(chunk),
+                    remaining: remaining - chunk,
+                    first: false,
+                };
+            }
+            let aeth = (position != Position::Middle).then_some(AethRepr { syndrome: Syndrome::ACK_NO_CREDITS, msn });
+            let repr = RoceRepr {
+                bth: bth(opcode, dest, psn),
+                ext: ExtHeaders { aeth, ..Default::default() },
+                payload: &sh.scratch[..chunk as usize],
+            };
+            emit(&repr, envelope, buf)
+        }
+    }
+}
+
+/// The opcode of a request packet.
+fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
+    let base = match qp_type {
+        QpType::Rc => 0x00,
+        QpType::Uc => 0x20,
+        QpType::Ud | QpType::Gsi => 0x60,
+    };
+    let low = match (op, position) {
+        (SendOp::Send | SendOp::SendWithImm { .. }, Position::First) => 0x00,
+        (SendOp::Send | SendOp::SendWithImm { .. }, Position::Middle) => 0x01,
+        (SendOp::Send, Position::Last) => 0x02,
+        (SendOp::SendWithImm { .. }, Position::Last) => 0x03,
+        (SendOp::Send, Position::Only) => 0x04,
+        (SendOp::SendWithImm { .. }, Position::Only) => 0x05,
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, Position::First) => 0x06,
+        (SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. }, Position::Middle) => 0x07,
+        (SendOp::RdmaWrite { .. }, Position::Last) => 0x08,
+        (SendOp::RdmaWriteWithImm { .. }, Position::Last) => 0x09,
+        (SendOp::RdmaWrite { .. }, Position::Only) => 0x0a,
+        (SendOp::RdmaWriteWithImm { .. }, Position::Only) => 0x0b,
+        (SendOp::RdmaRead { .. }, _) => 0x0c,
+        (SendOp::CompareSwap { .. }, _) => 0x13,
+        (SendOp::FetchAdd { .. }, _) => 0x14,
+    };
+    Opcode(base | low)
+}
+
+/// PSNs a message occupies.
+pub(crate) fn packets(op: SendOp, length: u32, mtu: u32) -> u32 {
+    if op.is_atomic() { 1 } else { length.div_ceil(mtu).max(1) }
+}
+
+/// The requester's next packet.
+fn request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    buf: &mut [u8],
+) -> Option<Transmit> {
+    // SQD lets the message in progress finish, and starts nothing new (IBA 10.3.1.6).
+    let sending = qp.state == QpState::Rts || (qp.state == QpState::Sqd && qp.req.offset > 0);
+    if !sending {
+        return None;
+    }
+    if let Some(until) = qp.req.rnr_wait_until {
+        if now < until {
+            return None;
+        }
+        qp.req.rnr_wait_until = None;
+    }
+    let pos = qp.req.next;
+    if pos >= qp.sq.tail() {
+        return None;
+    }
+    let rc = qp.qp_type == QpType::Rc;
+    if rc && qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS {
+        return None; // wait for ACKs
+    }
+    let mtu = qp.mtu();
+    let w = qp.sq.get(pos);
+    let op = w.op();
+    if !w.started {
+        if w.fence && qp.req.rd_atomic_outstanding > 0 {
+            return None; // IBV_SEND_FENCE: earlier READs and atomics first
+        }
+        if op.is_read_or_atomic() && qp.req.rd_atomic_outstanding >= u32::from(qp.attr.max_rd_atomic.max(1)) {
+            return None; // max_rd_atomic (the initiator depth) reached
+        }
+        if op.is_read_or_atomic() && qp.attr.max_rd_atomic == 0 {
+            completer::fail(qp, sh, WcStatus::LocQpOpErr);
+            return None;
+        }
+        if !w.is_inline {
+            let need = if op.is_read_or_atomic() { Access::LOCAL_WRITE } else { Access(0) };
+            for sge in &w.sges {
+                if let Err(e) = sh.check_lkey(qp.pd, sge.lkey, sge.addr, u64::from(sge.length), need) {
+                    let status = local_key_status(e);
+                    completer::fail(qp, sh, status);
+                    return None;
+                }
+            }
+        }
+        let psn = qp.req.psn;
+        let w = qp.sq.get_mut(pos);
+        w.started = true;
+        w.first_psn = psn;
+        w.npkts = packets(op, w.length, mtu);
+        w.read_done = 0;
+        qp.req.offset = 0;
+        if op.is_read_or_atomic() {
+            qp.req.rd_atomic_outstanding += 1;
+        }
+    }
+
+    let w = qp.sq.get(pos);
+    let (envelope, dest_qp) = match qp.qp_type {
+        QpType::Ud | QpType::Gsi => {
+            let dest = w.ud?;
+            let ah = sh.ahs.get(dest.ah.0 as usize)?;
+            let port = udp_source_port(ah.av.flow_label, qp.qpn.value(), dest.remote_qpn.value());
+            (sh.envelope_for(&ah.av, port)?, dest.remote_qpn.value())
+        }
+        _ => (qp.envelope?, qp.attr.dest_qp_num),
+    };
+    let psn = qp.req.psn;
+    let mut ext = ExtHeaders::default();
+    let mut header = bth(Opcode(0), dest_qp, psn);
+    let mut payload_len = 0u32;
+    let message_done;
+    match op {
+        SendOp::RdmaRead { remote_addr, rkey } => {
+            let remaining = w.length - w.read_done;
+            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            header.ack_req = true;
+            ext.reth = Some(RethRepr {
+                virtual_address: remote_addr.wrapping_add(u64::from(w.read_done)),
+                rkey,
+                dma_length: remaining,
+            });
+            qp.req.psn = psn.wrapping_add(remaining.div_ceil(mtu).max(1));
+            message_done = true;
+        }
+        SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
+            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            header.ack_req = true;
+            ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: swap, compare });
+            qp.req.psn = psn.next();
+            message_done = true;
+        }
+        SendOp::FetchAdd { remote_addr, rkey, add } => {
+            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            header.ack_req = true;
+            ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: add, compare: 0 });
+            qp.req.psn = psn.next();
+            message_done = true;
+        }
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => {
+            let offset = qp.req.offset;
+            let chunk = (w.length - offset).min(mtu);
+            let first = offset == 0;
+            let last = offset + chunk == w.length;
+            let position = match (first, last) {
+                (true, true) => Position::Only,
+                (true, false) => Position::First,
+                (false, false) => Position::Middle,
+                (false, true) => Position::Last,
+            };
+            header.opcode = request_opcode(qp.qp_type, op, position);
+            header.solicited_event = last && w.solicited;
+            if first {
+                if let SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } = op
+                {
+                    ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: w.length });
+                }
+            }
+            if last {
+                if let SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } = op {
+                    ext.imm_dt = Some(ImmDtRepr(imm));
+                }
+            }
+            if let Some(dest) = w.ud {
+                ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
+            }
+            header.ack_req = rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK);
+            if let Err(status) = gather(qp, sh, mem, pos, offset, chunk) {
+                completer::fail(qp, sh, status);
+                return None;
+            }
+            payload_len = chunk;
+            qp.req.offset += chunk;
+            qp.req.psn = psn.next();
+            message_done = last;
+        }
+    }
+    qp.req.since_ack_req = if header.ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    if message_done {
+        qp.req.next = pos + 1;
+        qp.req.offset = 0;
+    }
+    let repr = RoceRepr { bth: header, ext, payload: &sh.scratch[..payload_len as usize] };
+    let sent = emit(&repr, envelope, buf);
+    if rc {
+        if qp.req.retransmit_at.is_none() {
+            completer::rearm(qp, now);
+        }
+    } else if message_done {
+        // UC and UD have no ACKs: the WR is done once its last packet is out.
+        completer::complete_head(qp, sh, WcStatus::Success);
+    }
+    sent
+}
+
+/// Copies `len` bytes from byte `offset` of send WQE `pos` into the scratch buffer.
+fn gather<M: Memory + ?Sized>(
+    qp: &Qp,
+    sh: &mut Shared,
+    mem: &M,
+    pos: u64,
+    mut offset: u32,
+    len: u32,
+) -> Result<(), WcStatus> {
+    let w = qp.sq.get(pos);
+    let out = &mut sh.scratch[..len as usize];
+    if w.is_inline {
+        out.copy_from_slice(&w.inline[offset as usize..(offset + len) as usize]);
+        return Ok(());
+    }
+    let mut filled = 0usize;
+    for sge in &w.sges {
+        if filled == out.len() {
+            break;
+        }
+        if offset >= sge.length {
+            offset -= sge.length;
+            continue;
+        }
+        let n = ((sge.length - offset) as usize).min(out.len() - filled);
+        mem.read(sge.addr + u64::from(offset), &mut out[filled..filled + n]).map_err(|_| WcStatus::LocProtErr)?;
+        filled += n;
+        offset = 0;
+    }
+    if filled == out.len() { Ok(()) } else { Err(WcStatus::LocLenErr) }
+}

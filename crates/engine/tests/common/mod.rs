@@ -1,0 +1,246 @@
+//! A `Pair` of engines on a virtual clock, wired back to back through a filter, for
+//! scenario tests that read like the protocol.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use softrdma_engine::*;
+use softrdma_wire::{Envelope, Gid, Opcode, Psn, QKey, Qpn, RocePacket, Syndrome};
+
+pub const BASE: u64 = 0x1000_0000;
+pub const MEM_LEN: usize = 1 << 20;
+
+/// One side: a device with one PD, CQ, whole-memory MR and QP.
+pub struct Node {
+    pub engine: Engine,
+    pub mem: VecMemory,
+    pub pd: PdId,
+    pub cq: CqId,
+    pub mr: MrKeys,
+    pub qp: Qpn,
+    pub addr: std::net::IpAddr,
+}
+
+/// A packet that crossed the wire.
+#[derive(Clone, Debug)]
+pub struct Pkt {
+    pub from_a: bool,
+    pub at: Instant,
+    pub envelope: Envelope,
+    pub bytes: Vec<u8>,
+    pub delivered: bool,
+}
+
+impl Pkt {
+    pub fn opcode(&self) -> Opcode {
+        RocePacket::new_checked(&self.bytes[..]).unwrap().bth().opcode()
+    }
+    pub fn psn(&self) -> Psn {
+        RocePacket::new_checked(&self.bytes[..]).unwrap().bth().psn()
+    }
+    pub fn syndrome(&self) -> Option<Syndrome> {
+        RocePacket::new_checked(&self.bytes[..]).unwrap().aeth().map(|a| a.syndrome())
+    }
+}
+
+/// Decides a packet's fate: `true` delivers it.
+pub type Filter = Box<dyn FnMut(&Pkt) -> bool>;
+
+pub struct Pair {
+    pub a: Node,
+    pub b: Node,
+    pub now: Instant,
+    pub latency: Duration,
+    wire: VecDeque<Pkt>,
+    pub log: Vec<Pkt>,
+    pub filter: Option<Filter>,
+}
+
+pub fn node(ip: [u8; 4], seed: u64, qp_type: QpType, cap: QpCap) -> Node {
+    let addr = std::net::IpAddr::from(ip);
+    let mut engine = Engine::new(DeviceConfig { addresses: vec![addr], seed, ..DeviceConfig::default() });
+    let pd = engine.alloc_pd();
+    let cq = engine.create_cq(1024).unwrap();
+    let mr = engine.reg_mr(pd, BASE, MEM_LEN as u64, Access::ALL).unwrap();
+    let qp = engine
+        .create_qp(&QpInitAttr { pd, send_cq: cq, recv_cq: cq, srq: None, qp_type, cap, sq_sig_all: false })
+        .unwrap();
+    Node { engine, mem: VecMemory::new(BASE, MEM_LEN), pd, cq, mr, qp, addr }
+}
+
+pub fn connect(
+    n: &mut Node,
+    peer_qp: Qpn,
+    peer_addr: std::net::IpAddr,
+    qp_type: QpType,
+    mtu: Mtu,
+    tweak: &dyn Fn(&mut QpAttr),
+) {
+    let init =
+        QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, qkey: QKey(0x1111_1111), ..QpAttr::default() };
+    let init_mask = match qp_type {
+        QpType::Ud => AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+        _ => AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    };
+    n.engine.modify_qp(n.qp, &init, init_mask).unwrap();
+    if qp_type == QpType::Ud {
+        n.engine.modify_qp(n.qp, &QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+        let rts = QpAttr { qp_state: QpState::Rts, sq_psn: 1, ..QpAttr::default() };
+        n.engine.modify_qp(n.qp, &rts, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+        return;
+    }
+    let av =
+        AddressVector { dgid: Gid::from_ip(peer_addr), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+    let mut rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: Some(av),
+        path_mtu: mtu,
+        dest_qp_num: peer_qp.value(),
+        rq_psn: 0xfffffe, // start near the wrap, to exercise 24-bit PSN arithmetic
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 1, // 10 µs
+        ..QpAttr::default()
+    };
+    let mut rtr_mask = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+    let mut rts = QpAttr { qp_state: QpState::Rts, sq_psn: 0xfffffe, ..QpAttr::default() };
+    let mut rts_mask = AttrMask::STATE | AttrMask::SQ_PSN;
+    if qp_type == QpType::Rc {
+        rtr_mask = rtr_mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        rts = QpAttr { timeout: 10, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 4, ..rts }; // ~4 ms ACK timeout
+        rts_mask =
+            rts_mask | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+        tweak(&mut rts);
+    } else {
+        rtr.max_dest_rd_atomic = 0;
+    }
+    n.engine.modify_qp(n.qp, &rtr, rtr_mask).unwrap();
+    n.engine.modify_qp(n.qp, &rts, rts_mask).unwrap();
+}
+
+impl Pair {
+    /// Two connected QPs of `qp_type` with path MTU `mtu`.
+    pub fn connected(qp_type: QpType, mtu: Mtu) -> Pair {
+        Self::connected_with(qp_type, mtu, QpCap::default())
+    }
+
+    pub fn connected_with(qp_type: QpType, mtu: Mtu, cap: QpCap) -> Pair {
+        Self::connected_tweaked(qp_type, mtu, cap, &|_| {})
+    }
+
+    /// Connected, with `tweak` applied to the RTR→RTS attributes of both sides (RC).
+    pub fn connected_tweaked(qp_type: QpType, mtu: Mtu, cap: QpCap, tweak: &dyn Fn(&mut QpAttr)) -> Pair {
+        let mut a = node([10, 0, 0, 1], 1, qp_type, cap);
+        let mut b = node([10, 0, 0, 2], 2, qp_type, cap);
+        let (aq, bq, aa, ba) = (a.qp, b.qp, a.addr, b.addr);
+        connect(&mut a, bq, ba, qp_type, mtu, tweak);
+        connect(&mut b, aq, aa, qp_type, mtu, tweak);
+        Pair {
+            a,
+            b,
+            now: Instant::ZERO,
+            latency: Duration::from_micros(2),
+            wire: VecDeque::new(),
+            log: Vec::new(),
+            filter: None,
+        }
+    }
+
+    /// Drops the packets for which `keep` returns false.
+    pub fn set_filter(&mut self, keep: impl FnMut(&Pkt) -> bool + 'static) {
+        self.filter = Some(Box::new(keep));
+    }
+
+    fn transmit(&mut self) {
+        let mut buf = vec![0u8; 4200];
+        for from_a in [true, false] {
+            loop {
+                let n = if from_a { &mut self.a } else { &mut self.b };
+                let Some(t) = n.engine.poll_transmit(self.now, &mut n.mem, &mut buf) else { break };
+                let mut pkt =
+                    Pkt { from_a, at: self.now, envelope: t.envelope, bytes: buf[..t.len].to_vec(), delivered: true };
+                if let Some(f) = &mut self.filter {
+                    pkt.delivered = f(&pkt);
+                }
+                self.log.push(pkt.clone());
+                if pkt.delivered {
+                    pkt.at = self.now + self.latency;
+                    self.wire.push_back(pkt);
+                }
+                assert!(self.log.len() < 1_000_000, "runaway transmit loop");
+            }
+        }
+    }
+
+    /// Runs the clock until nothing is in flight and no timer is due before `limit` from now.
+    pub fn drive_for(&mut self, limit: Duration) {
+        let deadline = self.now + limit;
+        for _ in 0..1_000_000 {
+            self.transmit();
+            let timers = [self.a.engine.poll_timeout(), self.b.engine.poll_timeout()];
+            let next = self.wire.front().map(|p| p.at).into_iter().chain(timers.into_iter().flatten()).min();
+            let Some(next) = next.filter(|&t| t <= deadline) else {
+                self.now = deadline;
+                return;
+            };
+            self.now = self.now.max(next);
+            while self.wire.front().is_some_and(|p| p.at <= self.now) {
+                let p = self.wire.pop_front().unwrap();
+                let n = if p.from_a { &mut self.b } else { &mut self.a };
+                n.engine.handle_datagram(self.now, &p.envelope, &p.bytes, &mut n.mem);
+            }
+            for n in [&mut self.a, &mut self.b] {
+                if n.engine.poll_timeout().is_some_and(|t| t <= self.now) {
+                    n.engine.handle_timeout(self.now);
+                }
+            }
+        }
+        panic!("drive_for did not settle");
+    }
+
+    /// Drives for up to ten virtual seconds.
+    pub fn drive(&mut self) {
+        self.drive_for(Duration::from_secs(10));
+    }
+
+    pub fn opcodes(&self, from_a: bool) -> Vec<Opcode> {
+        self.log.iter().filter(|p| p.from_a == from_a).map(Pkt::opcode).collect()
+    }
+}
+
+impl Node {
+    pub fn addr_of(&self, offset: u64) -> u64 {
+        BASE + offset
+    }
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge { addr: BASE + offset, length: len, lkey: self.mr.lkey }
+    }
+    pub fn fill(&mut self, offset: u64, data: &[u8]) {
+        self.mem.slice_mut(BASE + offset, data.len()).copy_from_slice(data);
+    }
+    pub fn read(&self, offset: u64, len: usize) -> &[u8] {
+        self.mem.slice(BASE + offset, len)
+    }
+    pub fn post_send(&mut self, wr: SendWr<'_>) {
+        self.engine.post_send(self.qp, &[wr], &self.mem).unwrap();
+    }
+    pub fn post_recv(&mut self, wr_id: u64, offset: u64, len: u32) {
+        let sge = self.sge(offset, len);
+        self.engine.post_recv(self.qp, &[RecvWr { wr_id, sg_list: &[sge] }]).unwrap();
+    }
+    pub fn poll(&mut self) -> Option<Wc> {
+        self.engine.poll_cq(self.cq)
+    }
+    pub fn poll_all(&mut self) -> Vec<Wc> {
+        std::iter::from_fn(|| self.engine.poll_cq(self.cq)).collect()
+    }
+}
+
+/// A signaled WR.
+pub fn wr(wr_id: u64, op: SendOp, sg_list: &[Sge]) -> SendWr<'_> {
+    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None }
+}
+
+pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}

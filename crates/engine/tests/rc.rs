@@ -1,0 +1,305 @@
+//! RC scenarios on a `Pair`, each reading like the protocol.
+
+mod common;
+
+use common::*;
+use softrdma_engine::*;
+use softrdma_wire::{NakCode, Opcode, Syndrome};
+
+#[test]
+fn send_of_three_packets_lands_and_both_sides_complete() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let data = pattern(3000, 7);
+    pair.a.fill(0, &data);
+    pair.b.post_recv(11, 0x8000, 4096);
+    let sge = pair.a.sge(0, 3000);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+
+    assert_eq!(pair.opcodes(true), [Opcode::RC_SEND_FIRST, Opcode::RC_SEND_MIDDLE, Opcode::RC_SEND_LAST]);
+    assert_eq!(pair.opcodes(false), [Opcode::RC_ACKNOWLEDGE], "one ACK, for the AckReq on the last packet");
+    assert_eq!(pair.b.read(0x8000, 3000), &data[..]);
+    let recv = pair.b.poll().unwrap();
+    assert_eq!((recv.wr_id, recv.status, recv.opcode, recv.byte_len), (11, WcStatus::Success, WcOpcode::Recv, 3000));
+    let send = pair.a.poll().unwrap();
+    assert_eq!((send.wr_id, send.status, send.opcode), (1, WcStatus::Success, WcOpcode::Send));
+    assert_eq!(pair.a.poll(), None);
+}
+
+#[test]
+fn write_then_read_back() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let data = pattern(1000, 3);
+    pair.a.fill(0, &data);
+    let rkey = pair.b.mr.rkey;
+    let remote = pair.b.addr_of(0x4000);
+    let src = pair.a.sge(0, 1000);
+    let dst = pair.a.sge(0x2000, 1000);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[src]));
+    pair.a.post_send(wr(2, SendOp::RdmaRead { remote_addr: remote, rkey }, &[dst]));
+    pair.drive();
+
+    assert_eq!(pair.b.read(0x4000, 1000), &data[..]);
+    assert_eq!(pair.a.read(0x2000, 1000), &data[..]);
+    let wcs = pair.a.poll_all();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status, w.opcode)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success, WcOpcode::RdmaWrite), (2, WcStatus::Success, WcOpcode::RdmaRead)]
+    );
+    // 1000 bytes at MTU 256: WRITE FIRST, 2 MIDDLE, LAST; READ responses FIRST, 2 MIDDLE, LAST.
+    let b_sent = pair.opcodes(false);
+    assert_eq!(b_sent.iter().filter(|o| o.0 >= 0x0d && o.0 <= 0x10).count(), 4);
+    assert!(pair.b.poll().is_none(), "a WRITE completes nothing at the target");
+}
+
+#[test]
+fn atomics_execute_once_at_the_responder() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.fill(0x100, &5u64.to_ne_bytes());
+    let rkey = pair.b.mr.rkey;
+    let target = pair.b.addr_of(0x100);
+    let r1 = pair.a.sge(0x10, 8);
+    let r2 = pair.a.sge(0x18, 8);
+    let r3 = pair.a.sge(0x20, 8);
+    pair.a.post_send(wr(1, SendOp::FetchAdd { remote_addr: target, rkey, add: 10 }, &[r1]));
+    pair.a.post_send(wr(2, SendOp::CompareSwap { remote_addr: target, rkey, compare: 15, swap: 99 }, &[r2]));
+    pair.a.post_send(wr(3, SendOp::CompareSwap { remote_addr: target, rkey, compare: 15, swap: 7 }, &[r3]));
+    pair.drive();
+
+    assert_eq!(pair.a.read(0x10, 8), 5u64.to_ne_bytes(), "fetch-add returns the old value");
+    assert_eq!(pair.a.read(0x18, 8), 15u64.to_ne_bytes(), "the swap saw 15 and stored 99");
+    assert_eq!(pair.a.read(0x20, 8), 99u64.to_ne_bytes(), "the second swap saw 99 and did not store");
+    assert_eq!(pair.b.read(0x100, 8), 99u64.to_ne_bytes());
+    assert_eq!(pair.a.poll_all().len(), 3);
+}
+
+#[test]
+fn write_with_immediate_consumes_a_receive() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.a.fill(0, b"hello, target");
+    pair.b.post_recv(7, 0x9000, 64);
+    let rkey = pair.b.mr.rkey;
+    let sge = pair.a.sge(0, 13);
+    let op = SendOp::RdmaWriteWithImm { remote_addr: pair.b.addr_of(0x100), rkey, imm: [1, 2, 3, 4] };
+    pair.a.post_send(wr(1, op, &[sge]));
+    pair.drive();
+    assert_eq!(pair.b.read(0x100, 13), b"hello, target");
+    let wc = pair.b.poll().unwrap();
+    assert_eq!((wc.wr_id, wc.opcode, wc.imm_data, wc.byte_len), (7, WcOpcode::RecvRdmaWithImm, Some([1, 2, 3, 4]), 13));
+    assert_eq!(pair.b.read(0x9000, 13), &[0; 13], "no data goes to the receive buffer");
+}
+
+#[test]
+fn receiver_not_ready_then_the_retry_lands() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.a.fill(0, b"hi");
+    let sge = pair.a.sge(0, 2);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge])); // b has posted no receive yet
+    pair.drive_for(std::time::Duration::from_micros(5));
+    assert!(matches!(pair.log.last().and_then(|p| p.syndrome()), Some(Syndrome::RnrNak(_))));
+    assert_eq!(pair.b.engine.counters().rnr_naks_sent, 1);
+
+    pair.b.post_recv(9, 0x100, 64);
+    pair.drive(); // the RNR timer (10 µs) fires, the retry lands
+    assert_eq!(pair.b.read(0x100, 2), b"hi");
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::Success);
+    assert_eq!(pair.b.poll().unwrap().wr_id, 9);
+}
+
+#[test]
+fn rnr_retries_exhausted() {
+    let mut pair = Pair::connected_tweaked(QpType::Rc, Mtu::Mtu1024, QpCap::default(), &|rts| rts.rnr_retry = 2);
+    // RNR_RETRY is settable only on RTR→RTS (IBA o10-...; Linux qp_state_table).
+    let again = QpAttr { rnr_retry: 3, ..QpAttr::default() };
+    let err = pair.a.engine.modify_qp(pair.a.qp, &again, AttrMask::RNR_RETRY).unwrap_err();
+    assert!(err.to_string().contains("IBV_QP_RNR_RETRY"), "{err}");
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(wcs.iter().map(|w| w.status).collect::<Vec<_>>(), [WcStatus::RnrRetryExcErr, WcStatus::WrFlushErr]);
+    assert_eq!(pair.a.engine.counters().rnr_naks_rcvd, 3, "the first try and two retries");
+    assert_eq!(pair.a.engine.qp_state(pair.a.qp), Some(QpState::Err));
+}
+
+#[test]
+fn lost_middle_packet_is_naked_and_resent_from_there() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let data = pattern(1024, 9);
+    pair.a.fill(0, &data);
+    pair.b.post_recv(1, 0x1000, 1024);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.from_a && p.opcode() == Opcode::RC_SEND_MIDDLE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let sge = pair.a.sge(0, 1024);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+
+    assert!(
+        pair.log.iter().any(|p| !p.from_a && p.syndrome() == Some(Syndrome::Nak(NakCode::PsnSequenceError))),
+        "the responder NAKs the gap"
+    );
+    assert_eq!(pair.b.read(0x1000, 1024), &data[..]);
+    assert_eq!(pair.b.poll().unwrap().byte_len, 1024);
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::Success);
+    assert_eq!(pair.b.engine.counters().naks_sent, 1, "one NAK per gap");
+}
+
+#[test]
+fn read_response_lost_requester_retries_after_timeout_data_lands_once() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let data = pattern(100, 1);
+    pair.b.fill(0x300, &data);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if !p.from_a && p.opcode() == Opcode::RC_RDMA_READ_RESPONSE_ONLY && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let dst = pair.a.sge(0x40, 100);
+    pair.a.post_send(wr(5, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x300), rkey: pair.b.mr.rkey }, &[dst]));
+    pair.drive();
+    assert_eq!(pair.a.engine.counters().ack_timeouts, 1);
+    assert_eq!(pair.b.engine.counters().duplicate_requests, 1, "the retry is a duplicate READ, answered again");
+    assert_eq!(pair.a.read(0x40, 100), &data[..]);
+    assert_eq!(pair.a.poll_all().len(), 1);
+}
+
+#[test]
+fn atomic_ack_lost_the_retry_is_answered_not_re_executed() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if !p.from_a && p.opcode() == Opcode::RC_ATOMIC_ACKNOWLEDGE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let r = pair.a.sge(0, 8);
+    pair.a.post_send(wr(
+        1,
+        SendOp::FetchAdd { remote_addr: pair.b.addr_of(0x800), rkey: pair.b.mr.rkey, add: 1 },
+        &[r],
+    ));
+    pair.drive();
+    assert_eq!(pair.b.read(0x800, 8), 1u64.to_ne_bytes(), "added once, not twice");
+    assert_eq!(pair.a.read(0, 8), 0u64.to_ne_bytes(), "the answer is the original value");
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn wrong_rkey_is_a_remote_access_error_and_memory_is_untouched() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.a.fill(0, &[0xee; 64]);
+    let before = pair.b.mem.clone();
+    let bad = softrdma_wire::RKey(pair.b.mr.rkey.0 ^ 1);
+    let sge = pair.a.sge(0, 64);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: bad }, &[sge]));
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.drive();
+    assert!(pair.log.iter().any(|p| p.syndrome() == Some(Syndrome::Nak(NakCode::RemoteAccessError))));
+    let wcs = pair.a.poll_all();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(pair.b.mem, before, "not one byte of target memory changed");
+    assert_eq!(pair.b.engine.qp_state(pair.b.qp), Some(QpState::Err));
+    assert_eq!(pair.b.engine.poll_event(), Some(Event::Async(AsyncEvent::QpAccessError(pair.b.qp))));
+}
+
+#[test]
+fn write_outside_the_region_or_without_rights_is_refused() {
+    for case in 0..3 {
+        let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+        let before = pair.b.mem.clone();
+        let (remote, rkey) = match case {
+            // One byte past the end of the MR.
+            0 => (pair.b.addr_of(MEM_LEN as u64 - 8), pair.b.mr.rkey),
+            // A region registered without REMOTE_WRITE.
+            1 => {
+                let keys =
+                    pair.b.engine.reg_mr(pair.b.pd, BASE, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+                (BASE, keys.rkey)
+            }
+            // A region of another PD.
+            _ => {
+                let pd = pair.b.engine.alloc_pd();
+                (BASE, pair.b.engine.reg_mr(pd, BASE, 4096, Access::ALL).unwrap().rkey)
+            }
+        };
+        let sge = pair.a.sge(0, 9);
+        pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[sge]));
+        pair.drive();
+        assert_eq!(pair.a.poll().unwrap().status, WcStatus::RemAccessErr, "case {case}");
+        assert_eq!(pair.b.mem, before, "case {case}: memory changed");
+    }
+}
+
+#[test]
+fn bad_lkey_is_a_local_protection_error() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let sge = Sge { addr: BASE, length: 8, lkey: LKey(pair.a.mr.lkey.0 ^ 0x100) };
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::LocProtErr);
+    assert!(pair.log.is_empty(), "nothing was sent");
+}
+
+#[test]
+fn peer_gone_retries_exhausted() {
+    let mut pair = Pair::connected_tweaked(QpType::Rc, Mtu::Mtu1024, QpCap::default(), &|rts| rts.retry_cnt = 3);
+    pair.set_filter(|p| !p.from_a); // everything a sends is lost
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::RetryExcErr);
+    assert_eq!(pair.a.engine.counters().ack_timeouts, 4, "the first try and three retries");
+    assert_eq!(pair.log.len(), 4);
+}
+
+#[test]
+fn inline_data_is_copied_at_post_time() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.a.fill(0, b"inline!");
+    // An lkey of 0: inline data needs no registration (rdma_post_write(3)).
+    let sge = Sge { addr: BASE, length: 7, lkey: LKey(0) };
+    let w = SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &[sge],
+        flags: SendFlags::SIGNALED | SendFlags::INLINE,
+        ud: None,
+    };
+    pair.a.engine.post_send(pair.a.qp, &[w], &pair.a.mem).unwrap();
+    pair.a.fill(0, b"changed"); // the buffer is reusable at once
+    pair.drive();
+    assert_eq!(pair.b.read(0x100, 7), b"inline!");
+}
+
+#[test]
+fn psns_wrap_past_2_pow_24() {
+    // The harness starts every QP at PSN 0xfffffe: ten messages cross the wrap.
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    for i in 0..10 {
+        pair.b.post_recv(i, 0x1000 * i, 600);
+    }
+    let sge = pair.a.sge(0, 600);
+    for i in 0..10 {
+        pair.a.post_send(wr(i, SendOp::Send, &[sge]));
+    }
+    pair.drive();
+    assert_eq!(pair.a.poll_all().len(), 10);
+    assert_eq!(pair.b.poll_all().len(), 10);
+    assert!(pair.log.iter().any(|p| p.psn().value() == 0xffffff) && pair.log.iter().any(|p| p.psn().value() == 2));
+}
