@@ -151,6 +151,7 @@ fn retire_acked(qp: &mut Qp, sh: &mut Shared, limit: Psn, inclusive: bool) -> Op
 fn progress(qp: &mut Qp, now: Instant, acked_through: Psn) {
     if qp.comp.psn.distance_to(acked_through.next()) > 0 {
         qp.comp.psn = acked_through.next();
+        qp.req.retry_started = false;
     }
     qp.req.retry_left = qp.attr.retry_cnt;
     qp.req.rnr_retry_left = qp.attr.rnr_retry;
@@ -217,13 +218,25 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             if !outstanding(qp, psn) {
                 return; // stale or duplicate ACK (IBA 9.7.5.1.3)
             }
-            if let Some(pos) = retire_acked(qp, sh, psn, true) {
-                let _ = pos;
-                sh.counters.naks_rcvd += 0; // implied NAK: the response was lost
+            if retire_acked(qp, sh, psn, true).is_some() {
+                // An implied NAK: the READ or atomic at the head was answered, or its
+                // answer would have come before this ACK, so the answer was lost.
                 let w = qp.sq.get(qp.sq.head());
                 let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
-                progress(qp, now, resume.wrapping_sub(1));
-                retry_from(qp, sh, resume);
+                if qp.comp.psn.distance_to(resume) > 0 {
+                    qp.comp.psn = resume;
+                    qp.req.retry_started = false;
+                }
+                if !qp.req.retry_started {
+                    if qp.req.retry_left == 0 {
+                        fail(qp, sh, WcStatus::RetryExcErr);
+                        return;
+                    }
+                    qp.req.retry_left -= 1;
+                    qp.req.retry_started = true;
+                    retry_from(qp, sh, resume);
+                }
+                rearm(qp, now);
                 return;
             }
             progress(qp, now, psn);
@@ -255,16 +268,20 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             let _ = retire_acked(qp, sh, psn, false);
             match code {
                 NakCode::PsnSequenceError => {
-                    if qp.req.retry_left == 0 {
-                        fail(qp, sh, WcStatus::RetryExcErr);
-                        return;
+                    if qp.comp.psn.distance_to(psn) > 0 {
+                        qp.comp.psn = psn; // everything before the NAKed PSN arrived
+                        qp.req.retry_started = false;
                     }
-                    qp.req.retry_left -= 1;
-                    if psn.distance_to(qp.comp.psn) < 0 {
-                        qp.comp.psn = psn;
+                    if !qp.req.retry_started {
+                        if qp.req.retry_left == 0 {
+                            fail(qp, sh, WcStatus::RetryExcErr);
+                            return;
+                        }
+                        qp.req.retry_left -= 1;
+                        qp.req.retry_started = true;
+                        retry_from(qp, sh, psn);
                     }
                     rearm(qp, now);
-                    retry_from(qp, sh, psn);
                 }
                 NakCode::InvalidRequest => fail(qp, sh, WcStatus::RemInvReqErr),
                 NakCode::RemoteAccessError => fail(qp, sh, WcStatus::RemAccessErr),
@@ -303,13 +320,14 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
     }
     let expected = w.first_psn.wrapping_add(w.read_done / mtu);
     if psn != expected {
-        if psn.is_after(expected) {
+        if psn.is_after(expected) && !qp.req.retry_started {
             // Responses were lost: ask again for the rest (IBA 9.7.5.1.5).
             if qp.req.retry_left == 0 {
                 fail(qp, sh, WcStatus::RetryExcErr);
                 return;
             }
             qp.req.retry_left -= 1;
+            qp.req.retry_started = true;
             retry_from(qp, sh, expected);
         }
         return;
@@ -413,6 +431,7 @@ pub(crate) fn handle_retransmit_timeout(qp: &mut Qp, sh: &mut Shared, now: Insta
         return;
     }
     qp.req.retry_left -= 1;
+    qp.req.retry_started = true;
     let from = if qp.sq.is_empty() {
         qp.comp.psn
     } else {

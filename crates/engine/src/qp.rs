@@ -142,6 +142,10 @@ pub(crate) struct Requester {
     pub(crate) rnr_wait_until: Option<Instant>,
     /// The local ACK timer.
     pub(crate) retransmit_at: Option<Instant>,
+    /// A retry sequence (go-back-N after a NAK or an implied NAK) is under way: further
+    /// NAKs and implied NAKs start no other until progress is made or the timer fires
+    /// (rxe's `comp.started_retry`). Without it every duplicate's ACK would rewind again.
+    pub(crate) retry_started: bool,
 }
 
 /// The completer: the oldest PSN not yet acknowledged.
