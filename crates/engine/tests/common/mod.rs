@@ -244,3 +244,113 @@ pub fn wr(wr_id: u64, op: SendOp, sg_list: &[Sge]) -> SendWr<'_> {
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
+
+// ---- Helpers for uc_ud.rs, verbs.rs and found_bugs.rs (appended; the items above are shared) ----
+
+/// The attributes [`node`] creates its QP with, on `n`'s PD and CQ.
+pub fn init_attr(n: &Node, qp_type: QpType) -> QpInitAttr {
+    QpInitAttr { pd: n.pd, send_cq: n.cq, recv_cq: n.cq, srq: None, qp_type, cap: QpCap::default(), sq_sig_all: false }
+}
+
+/// Two sides before they are connected: `setup` runs on each (a first) and may give it another QP or CQ;
+/// whatever QP is left in [`Node::qp`] is the one connected.
+pub fn connected_after_setup(qp_type: QpType, mtu: Mtu, setup: &dyn Fn(&mut Node)) -> Pair {
+    let mut a = node([10, 0, 0, 1], 1, qp_type, QpCap::default());
+    let mut b = node([10, 0, 0, 2], 2, qp_type, QpCap::default());
+    setup(&mut a);
+    setup(&mut b);
+    pair_of(a, b, qp_type, mtu)
+}
+
+/// A side at any address, IPv6 included, built like [`node`].
+pub fn node_at(addr: std::net::IpAddr, seed: u64, qp_type: QpType) -> Node {
+    let mut engine = Engine::new(DeviceConfig { addresses: vec![addr], seed, ..DeviceConfig::default() });
+    let pd = engine.alloc_pd();
+    let cq = engine.create_cq(1024).unwrap();
+    let mr = engine.reg_mr(pd, BASE, MEM_LEN as u64, Access::ALL).unwrap();
+    let qp = engine
+        .create_qp(&QpInitAttr {
+            pd,
+            send_cq: cq,
+            recv_cq: cq,
+            srq: None,
+            qp_type,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    Node { engine, mem: VecMemory::new(BASE, MEM_LEN), pd, cq, mr, qp, addr }
+}
+
+/// `a` and `b` wired back to back, their QPs connected as [`Pair::connected`] connects them.
+pub fn pair_of(mut a: Node, mut b: Node, qp_type: QpType, mtu: Mtu) -> Pair {
+    let (aq, bq, aa, ba) = (a.qp, b.qp, a.addr, b.addr);
+    connect(&mut a, bq, ba, qp_type, mtu, &|_| {});
+    connect(&mut b, aq, aa, qp_type, mtu, &|_| {});
+    Pair {
+        a,
+        b,
+        now: Instant::ZERO,
+        latency: Duration::from_micros(2),
+        wire: VecDeque::new(),
+        log: Vec::new(),
+        filter: None,
+    }
+}
+
+impl Pair {
+    /// One more QP on each side, created from `a_init` / `b_init` and connected to each other the way the
+    /// pair's own QPs are. The pair's own QPs stay what they were.
+    pub fn add_connected(&mut self, a_init: &QpInitAttr, b_init: &QpInitAttr, mtu: Mtu) -> (Qpn, Qpn) {
+        let aq = self.a.engine.create_qp(a_init).unwrap();
+        let bq = self.b.engine.create_qp(b_init).unwrap();
+        let (aa, ba) = (self.a.addr, self.b.addr);
+        for (n, own, peer, peer_addr, qp_type) in
+            [(&mut self.a, aq, bq, ba, a_init.qp_type), (&mut self.b, bq, aq, aa, b_init.qp_type)]
+        {
+            let saved = std::mem::replace(&mut n.qp, own);
+            connect(n, peer, peer_addr, qp_type, mtu, &|_| {});
+            n.qp = saved;
+        }
+        (aq, bq)
+    }
+
+    /// The packets one side sent, in order.
+    pub fn sent(&self, from_a: bool) -> Vec<&Pkt> {
+        self.log.iter().filter(|p| p.from_a == from_a).collect()
+    }
+}
+
+impl Node {
+    /// Every event the device has raised since the last call.
+    pub fn events(&mut self) -> Vec<Event> {
+        std::iter::from_fn(|| self.engine.poll_event()).collect()
+    }
+
+    /// An address handle to `peer` (UD).
+    pub fn ah_to(&mut self, peer: std::net::IpAddr) -> AhId {
+        let av =
+            AddressVector { dgid: Gid::from_ip(peer), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+        self.engine.create_ah(self.pd, av).unwrap()
+    }
+
+    /// `ibv_post_send` of a list, returning the error instead of unwrapping it.
+    pub fn try_post_send(&mut self, wrs: &[SendWr<'_>]) -> Result<(), PostError> {
+        self.engine.post_send(self.qp, wrs, &self.mem)
+    }
+}
+
+/// A WR with `flags` (no UD destination).
+pub fn wr_with(wr_id: u64, op: SendOp, sg_list: &[Sge], flags: SendFlags) -> SendWr<'_> {
+    SendWr { wr_id, op, sg_list, flags, ud: None }
+}
+
+/// A signaled UD SEND of `sg_list` to `dest`.
+pub fn ud_send(wr_id: u64, op: SendOp, sg_list: &[Sge], dest: UdDest) -> SendWr<'_> {
+    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: Some(dest) }
+}
+
+/// The (wr_id, status) of each completion, for compact assertions.
+pub fn outcomes(wcs: &[Wc]) -> Vec<(u64, WcStatus)> {
+    wcs.iter().map(|w| (w.wr_id, w.status)).collect()
+}

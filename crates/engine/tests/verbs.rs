@@ -1,0 +1,646 @@
+//! The verbs' contracts on a `Pair`: posting lists (`*bad_wr`), SRQs, completion events,
+//! signaling, fences, the initiator depth, `modify_qp`, the error state, CQ overflow, SQD, and
+//! the lifetime of MRs, QPs and PDs.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::*;
+use softrdma_engine::qp_state::ModifyQpError;
+use softrdma_engine::*;
+use softrdma_wire::{Gid, NakCode, Opcode, RKey, Syndrome};
+
+/// The RTR attributes `connect` uses for an RC QP talking to `peer_qp` on `peer`.
+fn rc_rtr(peer: std::net::IpAddr, peer_qp: softrdma_wire::Qpn) -> (QpAttr, AttrMask) {
+    let av = AddressVector { dgid: Gid::from_ip(peer), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+    let attr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: Some(av),
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: peer_qp.value(),
+        rq_psn: 0,
+        max_dest_rd_atomic: 1,
+        min_rnr_timer: 1,
+        ..QpAttr::default()
+    };
+    let mask = AttrMask::STATE
+        | AttrMask::AV
+        | AttrMask::PATH_MTU
+        | AttrMask::DEST_QPN
+        | AttrMask::RQ_PSN
+        | AttrMask::MAX_DEST_RD_ATOMIC
+        | AttrMask::MIN_RNR_TIMER;
+    (attr, mask)
+}
+
+fn to_init() -> (QpAttr, AttrMask) {
+    let attr = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, ..QpAttr::default() };
+    (attr, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS)
+}
+
+fn state(s: QpState) -> QpAttr {
+    QpAttr { qp_state: s, ..QpAttr::default() }
+}
+
+// ---- posting lists: ibv_post_recv(3) / ibv_post_send(3) *bad_wr --------------------------------
+
+#[test]
+fn post_recv_stops_at_the_bad_wr_and_keeps_the_ones_before_it() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let one = [pair.b.sge(0x1000, 64)];
+    let five = [0, 1, 2, 3, 4].map(|i| pair.b.sge(0x2000 + 64 * i, 64)); // max_recv_sge is 4
+    let three = [pair.b.sge(0x3000, 64)];
+    let list =
+        [RecvWr { wr_id: 0, sg_list: &one }, RecvWr { wr_id: 1, sg_list: &five }, RecvWr { wr_id: 2, sg_list: &three }];
+    let err = pair.b.engine.post_recv(pair.b.qp, &list).unwrap_err();
+    assert_eq!(err.index, 1, "bad_wr is the middle WR");
+    assert!(matches!(&err.kind, PostErrorKind::Invalid(m) if m.contains("max_recv_sge")), "{err}");
+
+    pair.a.fill(0, b"first");
+    pair.a.fill(0x10, b"second");
+    let s1 = pair.a.sge(0, 5);
+    let s2 = pair.a.sge(0x10, 6);
+    pair.a.post_send(wr(10, SendOp::Send, &[s1]));
+    pair.a.post_send(wr(11, SendOp::Send, &[s2]));
+    pair.drive_for(Duration::from_micros(200));
+
+    assert_eq!(outcomes(&pair.b.poll_all()), [(0, WcStatus::Success)], "WR 0 was posted");
+    assert_eq!(pair.b.read(0x1000, 5), b"first");
+    assert_eq!(pair.b.read(0x3000, 6), [0; 6], "WR 2 was not posted");
+    assert!(pair.b.engine.counters().rnr_naks_sent >= 1, "the second SEND finds no receive");
+}
+
+#[test]
+fn post_send_stops_at_the_bad_wr_and_keeps_the_ones_before_it() {
+    for case in ["too many SGEs", "inline too long", "atomic with a 4-byte buffer"] {
+        let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+        for i in 0..4 {
+            pair.b.post_recv(i, 0x1000 * (i + 1), 256);
+        }
+        pair.a.fill(0, &pattern(256, 1));
+        let good = [pair.a.sge(0, 8)];
+        let five = [pair.a.sge(0, 8); 5]; // max_send_sge is 4
+        let long = [Sge { addr: BASE, length: 65, lkey: LKey(0) }]; // max_inline_data is 64
+        let small = [pair.a.sge(0x800, 4)];
+        let target = pair.b.addr_of(0x100);
+        let rkey = pair.b.mr.rkey;
+        let (bad, why) = match case {
+            "too many SGEs" => (wr(1, SendOp::Send, &five), "max_send_sge"),
+            "inline too long" => {
+                (wr_with(1, SendOp::Send, &long, SendFlags::SIGNALED | SendFlags::INLINE), "max_inline_data")
+            }
+            _ => (wr(1, SendOp::FetchAdd { remote_addr: target, rkey, add: 1 }, &small), "8 bytes"),
+        };
+        let err = pair.a.try_post_send(&[wr(0, SendOp::Send, &good), bad, wr(2, SendOp::Send, &good)]).unwrap_err();
+        assert_eq!(err.index, 1, "{case}");
+        assert!(matches!(&err.kind, PostErrorKind::Invalid(m) if m.contains(why)), "{case}: {err}");
+
+        // found_bugs.rs: WR 0 should go out without this later post.
+        pair.a.post_send(wr(3, SendOp::Send, &good));
+        pair.drive();
+        assert_eq!(
+            outcomes(&pair.a.poll_all()),
+            [(0, WcStatus::Success), (3, WcStatus::Success)],
+            "{case}: WR 0 was posted, WR 2 was not"
+        );
+        assert_eq!(pair.b.poll_all().len(), 2, "{case}");
+        assert_eq!(pair.b.read(0x100, 8), [0; 8], "{case}: no atomic ran");
+    }
+}
+
+#[test]
+fn full_receive_queue_refuses_the_wr_that_does_not_fit() {
+    let cap = QpCap { max_recv_wr: 2, ..QpCap::default() };
+    let mut pair = Pair::connected_with(QpType::Rc, Mtu::Mtu1024, cap);
+    let sges = [0, 1, 2].map(|i| [pair.b.sge(0x1000 * (i + 1), 64)]);
+    let list = [0, 1, 2].map(|i| RecvWr { wr_id: i as u64, sg_list: &sges[i] });
+    let err = pair.b.engine.post_recv(pair.b.qp, &list).unwrap_err();
+    assert_eq!(err, PostError { index: 2, kind: PostErrorKind::QueueFull { depth: 2 } });
+
+    let sge = pair.a.sge(0, 8);
+    for i in 0..3 {
+        pair.a.post_send(wr(10 + i, SendOp::Send, &[sge]));
+    }
+    pair.drive_for(Duration::from_micros(200));
+    assert_eq!(outcomes(&pair.b.poll_all()), [(0, WcStatus::Success), (1, WcStatus::Success)]);
+    assert!(pair.b.engine.counters().rnr_naks_sent >= 1, "the third SEND finds the queue empty");
+}
+
+#[test]
+fn full_send_queue_refuses_the_wr_that_does_not_fit() {
+    let cap = QpCap { max_send_wr: 2, ..QpCap::default() };
+    let mut pair = Pair::connected_with(QpType::Rc, Mtu::Mtu1024, cap);
+    let sge = [pair.a.sge(0, 8)];
+    let list = [0, 1, 2].map(|i| wr(i, SendOp::Send, &sge));
+    let err = pair.a.try_post_send(&list).unwrap_err();
+    assert_eq!(err, PostError { index: 2, kind: PostErrorKind::QueueFull { depth: 2 } });
+    // The two before it were posted: they fill the queue.
+    let again = pair.a.try_post_send(&[wr(3, SendOp::Send, &sge)]).unwrap_err();
+    assert_eq!(again, PostError { index: 0, kind: PostErrorKind::QueueFull { depth: 2 } });
+    assert!(again.to_string().contains("poll completions first"), "{again}");
+}
+
+#[test]
+fn post_recv_to_a_qp_with_an_srq_is_refused_and_names_the_srq_verb() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let srq = pair.b.engine.create_srq(pair.b.pd, 8, 1).unwrap();
+    let mut init = init_attr(&pair.b, QpType::Rc);
+    init.srq = Some(srq);
+    let qp = pair.b.engine.create_qp(&init).unwrap();
+    let (attr, mask) = to_init();
+    pair.b.engine.modify_qp(qp, &attr, mask).unwrap();
+    let sge = [pair.b.sge(0, 64)];
+    let err = pair.b.engine.post_recv(qp, &[RecvWr { wr_id: 1, sg_list: &sge }]).unwrap_err();
+    assert_eq!(err.index, 0);
+    assert!(matches!(&err.kind, PostErrorKind::Invalid(m) if m.contains("post_srq_recv")), "{err}");
+}
+
+#[test]
+fn post_send_before_rts_is_refused() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let qp = pair.a.engine.create_qp(&init_attr(&pair.a, QpType::Rc)).unwrap();
+    let sge = [pair.a.sge(0, 8)];
+    let (init, init_mask) = to_init();
+    let (rtr, rtr_mask) = rc_rtr(pair.b.addr, pair.b.qp);
+    for step in [None, Some((init, init_mask)), Some((rtr, rtr_mask))] {
+        if let Some((attr, mask)) = step {
+            pair.a.engine.modify_qp(qp, &attr, mask).unwrap();
+        }
+        let err = pair.a.engine.post_send(qp, &[wr(1, SendOp::Send, &sge)], &pair.a.mem).unwrap_err();
+        assert_eq!(err.index, 0);
+        assert!(err.to_string().contains("RTS"), "{err}");
+    }
+    pair.drive();
+    assert!(pair.log.is_empty());
+}
+
+// ---- shared receive queues ---------------------------------------------------------------------
+
+#[test]
+fn two_qps_share_an_srq_and_its_limit_fires_once() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let srq = pair.b.engine.create_srq(pair.b.pd, 8, 1).unwrap();
+    let a_init = init_attr(&pair.a, QpType::Rc);
+    let b_init = QpInitAttr { srq: Some(srq), ..init_attr(&pair.b, QpType::Rc) };
+    let (a1, b1) = pair.add_connected(&a_init, &b_init, Mtu::Mtu1024);
+    let (a2, b2) = pair.add_connected(&a_init, &b_init, Mtu::Mtu1024);
+    let sges = [0, 1, 2, 3].map(|i| [pair.b.sge(0x1000 * (i + 1), 64)]);
+    let list = [0, 1, 2, 3].map(|i| RecvWr { wr_id: 100 + i as u64, sg_list: &sges[i] });
+    pair.b.engine.post_srq_recv(srq, &list).unwrap();
+    pair.b.engine.arm_srq_limit(srq, 2).unwrap();
+
+    pair.a.fill(0, b"from one");
+    pair.a.fill(0x10, b"from two");
+    let one = [pair.a.sge(0, 8)];
+    let two = [pair.a.sge(0x10, 8)];
+    pair.a.engine.post_send(a1, &[wr(1, SendOp::Send, &one)], &pair.a.mem).unwrap();
+    pair.drive();
+    pair.a.engine.post_send(a2, &[wr(2, SendOp::Send, &two)], &pair.a.mem).unwrap();
+    pair.drive();
+    let wcs = pair.b.poll_all();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.qp_num, w.status)).collect::<Vec<_>>(),
+        [(100, b1, WcStatus::Success), (101, b2, WcStatus::Success)],
+        "each QP takes the SRQ's next receive"
+    );
+    assert_eq!(pair.b.read(0x1000, 8), b"from one");
+    assert_eq!(pair.b.read(0x2000, 8), b"from two");
+    assert_eq!(pair.b.events(), [], "two receives left: not below the limit of 2 yet");
+
+    pair.a.engine.post_send(a1, &[wr(3, SendOp::Send, &one)], &pair.a.mem).unwrap();
+    pair.drive();
+    assert_eq!(pair.b.events(), [Event::Async(AsyncEvent::SrqLimitReached(srq))], "one left: below the limit");
+    pair.a.engine.post_send(a2, &[wr(4, SendOp::Send, &two)], &pair.a.mem).unwrap();
+    pair.drive();
+    assert_eq!(pair.b.events(), [], "the limit disarmed itself");
+    assert_eq!(outcomes(&pair.b.poll_all()), [(102, WcStatus::Success), (103, WcStatus::Success)]);
+}
+
+#[test]
+fn qp_with_an_srq_that_fails_raises_last_wqe_reached() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let srq = pair.b.engine.create_srq(pair.b.pd, 8, 1).unwrap();
+    let a_init = init_attr(&pair.a, QpType::Rc);
+    let b_init = QpInitAttr { srq: Some(srq), ..init_attr(&pair.b, QpType::Rc) };
+    let (a1, b1) = pair.add_connected(&a_init, &b_init, Mtu::Mtu1024);
+    let sge = [pair.a.sge(0, 8)];
+    let bad = SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: RKey(pair.b.mr.rkey.0 ^ 1) };
+    pair.a.engine.post_send(a1, &[wr(1, bad, &sge)], &pair.a.mem).unwrap();
+    pair.drive();
+    assert_eq!(pair.b.engine.qp_state(b1), Some(QpState::Err));
+    assert_eq!(
+        pair.b.events(),
+        [Event::Async(AsyncEvent::QpAccessError(b1)), Event::Async(AsyncEvent::QpLastWqeReached(b1))]
+    );
+}
+
+// ---- completion events -------------------------------------------------------------------------
+
+#[test]
+fn armed_cq_raises_one_completion_event_then_disarms() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.b.post_recv(2, 0x200, 64);
+    pair.b.post_recv(3, 0x300, 64);
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(pair.b.events(), [], "not armed: no event");
+
+    pair.b.engine.req_notify_cq(pair.b.cq, false).unwrap();
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.a.post_send(wr(3, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(pair.b.events(), [Event::Completion(pair.b.cq)], "one event for two completions");
+    assert_eq!(pair.b.poll_all().len(), 3);
+}
+
+#[test]
+fn solicited_only_cq_wakes_for_a_solicited_send_only() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.b.post_recv(2, 0x200, 64);
+    pair.b.engine.req_notify_cq(pair.b.cq, true).unwrap();
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(pair.b.events(), [], "an unsolicited receive does not wake a solicited-only CQ");
+    let quiet = pair.b.poll().unwrap();
+    assert!(!quiet.solicited);
+
+    pair.a.post_send(wr_with(2, SendOp::Send, &[sge], SendFlags::SIGNALED | SendFlags::SOLICITED));
+    pair.drive();
+    assert!(pair.log.last().is_some_and(|p| !p.from_a), "the ACK came last");
+    let se = pair.log.iter().rev().find(|p| p.from_a).unwrap();
+    assert!(softrdma_wire::RocePacket::new_checked(&se.bytes[..]).unwrap().bth().solicited_event());
+    assert_eq!(pair.b.events(), [Event::Completion(pair.b.cq)]);
+    let loud = pair.b.poll().unwrap();
+    assert_eq!((loud.wr_id, loud.solicited), (2, true));
+}
+
+// ---- signaling ---------------------------------------------------------------------------------
+
+#[test]
+fn unsignaled_success_is_silent_but_an_unsignaled_error_completes() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.b.post_recv(2, 0x200, 64);
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr_with(1, SendOp::Send, &[sge], SendFlags::default()));
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(2, WcStatus::Success)], "only the signaled WR completes");
+    assert_eq!(pair.b.poll_all().len(), 2, "both were delivered");
+
+    let bad = SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: RKey(pair.b.mr.rkey.0 ^ 1) };
+    pair.a.post_send(wr_with(3, bad, &[sge], SendFlags::default()));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(3, WcStatus::RemAccessErr)], "errors always complete");
+}
+
+#[test]
+fn sq_sig_all_signals_every_wr() {
+    let mut pair = connected_after_setup(QpType::Rc, Mtu::Mtu1024, &|n| {
+        n.qp = n.engine.create_qp(&QpInitAttr { sq_sig_all: true, ..init_attr(n, QpType::Rc) }).unwrap();
+    });
+    pair.b.post_recv(1, 0x100, 64);
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr_with(1, SendOp::Send, &[sge], SendFlags::default()));
+    pair.a.post_send(wr_with(
+        2,
+        SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0x800), rkey: pair.b.mr.rkey },
+        &[sge],
+        SendFlags::default(),
+    ));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+}
+
+// ---- ordering: fence and initiator depth -------------------------------------------------------
+
+/// `a` READs from `b` and then SENDs with `flags`; the first READ response is lost, so the READ
+/// completes only after a local ACK timeout. Returns the pair after it settled.
+fn read_then_send(flags: SendFlags) -> Pair {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.fill(0x300, &pattern(64, 4));
+    pair.b.post_recv(1, 0x100, 64);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.opcode() == Opcode::RC_RDMA_READ_RESPONSE_ONLY && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let dst = pair.a.sge(0x1000, 64);
+    let src = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x300), rkey: pair.b.mr.rkey }, &[dst]));
+    pair.a.post_send(wr_with(2, SendOp::Send, &[src], SendFlags::SIGNALED | flags));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(pair.a.read(0x1000, 64), pattern(64, 4));
+    pair
+}
+
+#[test]
+fn unfenced_send_goes_out_behind_the_read_request() {
+    let pair = read_then_send(SendFlags::default());
+    assert_eq!(pair.opcodes(true)[..2], [Opcode::RC_RDMA_READ_REQUEST, Opcode::RC_SEND_ONLY]);
+}
+
+#[test]
+fn fenced_send_waits_for_the_read_to_complete() {
+    let pair = read_then_send(SendFlags::FENCE);
+    let response = pair.log.iter().find(|p| p.delivered && p.opcode() == Opcode::RC_RDMA_READ_RESPONSE_ONLY).unwrap();
+    let send = pair.log.iter().find(|p| p.opcode() == Opcode::RC_SEND_ONLY).unwrap();
+    assert_eq!(
+        pair.opcodes(true),
+        [Opcode::RC_RDMA_READ_REQUEST, Opcode::RC_RDMA_READ_REQUEST, Opcode::RC_SEND_ONLY],
+        "the request, its retry after the timeout, then the fenced SEND"
+    );
+    assert!(send.at >= response.at + pair.latency, "the SEND left {:?}, the READ completed {:?}", send.at, response.at);
+}
+
+#[test]
+fn initiator_depth_of_one_holds_the_second_read_until_the_first_is_answered() {
+    for (depth, overlap) in [(1, false), (4, true)] {
+        let mut pair =
+            Pair::connected_tweaked(QpType::Rc, Mtu::Mtu1024, QpCap::default(), &|rts| rts.max_rd_atomic = depth);
+        let rkey = pair.b.mr.rkey;
+        let d1 = pair.a.sge(0x1000, 64);
+        let d2 = pair.a.sge(0x2000, 64);
+        pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0), rkey }, &[d1]));
+        pair.a.post_send(wr(2, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x40), rkey }, &[d2]));
+        pair.drive();
+        assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+        let requests: Vec<_> = pair.log.iter().filter(|p| p.opcode() == Opcode::RC_RDMA_READ_REQUEST).collect();
+        let first_response = pair.log.iter().find(|p| p.opcode() == Opcode::RC_RDMA_READ_RESPONSE_ONLY).unwrap();
+        assert_eq!(requests.len(), 2);
+        assert_eq!(
+            requests[1].at < first_response.at + pair.latency,
+            overlap,
+            "max_rd_atomic {depth}: second READ sent {:?}, first answer arrived {:?}",
+            requests[1].at,
+            first_response.at + pair.latency
+        );
+    }
+}
+
+// ---- modify_qp ---------------------------------------------------------------------------------
+
+#[test]
+fn reset_to_rtr_is_not_a_transition() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let qp = pair.a.engine.create_qp(&init_attr(&pair.a, QpType::Rc)).unwrap();
+    let (rtr, mask) = rc_rtr(pair.b.addr, pair.b.qp);
+    let err = pair.a.engine.modify_qp(qp, &rtr, mask).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            VerbsError::ModifyQp(ModifyQpError::InvalidTransition { current: QpState::Reset, next: QpState::Rtr, .. })
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("IBV_QPS_INIT"), "the message says where RESET may go: {err}");
+    assert_eq!(pair.a.engine.qp_state(qp), Some(QpState::Reset));
+}
+
+#[test]
+fn init_to_rtr_without_the_address_vector_names_ibv_qp_av() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let qp = pair.a.engine.create_qp(&init_attr(&pair.a, QpType::Rc)).unwrap();
+    let (init, init_mask) = to_init();
+    pair.a.engine.modify_qp(qp, &init, init_mask).unwrap();
+    let (rtr, mask) = rc_rtr(pair.b.addr, pair.b.qp);
+    let err = pair.a.engine.modify_qp(qp, &rtr, mask - AttrMask::AV).unwrap_err();
+    assert!(err.to_string().contains("IBV_QP_AV"), "{err}");
+    assert_eq!(pair.a.engine.qp_state(qp), Some(QpState::Init));
+}
+
+#[test]
+fn unexpected_attribute_is_named() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let qp = pair.a.engine.create_qp(&init_attr(&pair.a, QpType::Rc)).unwrap();
+    let (init, init_mask) = to_init();
+    let err = pair.a.engine.modify_qp(qp, &init, init_mask | AttrMask::QKEY).unwrap_err();
+    assert!(matches!(err, VerbsError::ModifyQp(ModifyQpError::UnexpectedAttributes { .. })), "{err}");
+    assert!(err.to_string().contains("IBV_QP_QKEY"), "an RC QP has no Q_Key: {err}");
+    assert_eq!(pair.a.engine.qp_state(qp), Some(QpState::Reset));
+}
+
+#[test]
+fn out_of_range_values_are_refused_naming_the_attribute() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let qp = pair.a.engine.create_qp(&init_attr(&pair.a, QpType::Rc)).unwrap();
+    let (init, init_mask) = to_init();
+    let err = pair.a.engine.modify_qp(qp, &QpAttr { port_num: 2, ..init }, init_mask).unwrap_err();
+    assert!(matches!(&err, VerbsError::Invalid(m) if m.contains("port_num")), "{err}");
+    assert_eq!(pair.a.engine.qp_state(qp), Some(QpState::Reset), "a refused modify changes nothing");
+
+    pair.a.engine.modify_qp(qp, &init, init_mask).unwrap();
+    let (rtr, rtr_mask) = rc_rtr(pair.b.addr, pair.b.qp);
+    pair.a.engine.modify_qp(qp, &rtr, rtr_mask).unwrap();
+    let rts = QpAttr { qp_state: QpState::Rts, timeout: 32, retry_cnt: 7, rnr_retry: 7, ..QpAttr::default() };
+    let rts_mask = AttrMask::STATE
+        | AttrMask::SQ_PSN
+        | AttrMask::TIMEOUT
+        | AttrMask::RETRY_CNT
+        | AttrMask::RNR_RETRY
+        | AttrMask::MAX_QP_RD_ATOMIC;
+    let err = pair.a.engine.modify_qp(qp, &rts, rts_mask).unwrap_err();
+    assert!(matches!(&err, VerbsError::Invalid(m) if m.contains("timeout")), "{err}");
+    let err = pair.a.engine.modify_qp(qp, &QpAttr { timeout: 14, retry_cnt: 8, ..rts }, rts_mask).unwrap_err();
+    assert!(matches!(&err, VerbsError::Invalid(m) if m.contains("retry_cnt")), "{err}");
+    assert_eq!(pair.a.engine.qp_state(qp), Some(QpState::Rtr));
+    pair.a.engine.modify_qp(qp, &QpAttr { timeout: 14, ..rts }, rts_mask).unwrap();
+    assert_eq!(pair.a.engine.qp_state(qp), Some(QpState::Rts));
+}
+
+#[test]
+fn query_qp_returns_what_was_set() {
+    let pair = Pair::connected(QpType::Rc, Mtu::Mtu512);
+    let (attr, cap) = pair.a.engine.query_qp(pair.a.qp).unwrap();
+    assert_eq!(attr.qp_state, QpState::Rts);
+    assert_eq!(attr.qp_access_flags, Access::ALL);
+    assert_eq!(attr.path_mtu, Mtu::Mtu512);
+    assert_eq!(attr.dest_qp_num, pair.b.qp.value());
+    assert_eq!((attr.rq_psn, attr.sq_psn), (0xfffffe, 0xfffffe));
+    assert_eq!((attr.max_dest_rd_atomic, attr.min_rnr_timer), (4, 1));
+    assert_eq!((attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic), (10, 7, 7, 4));
+    assert_eq!(cap, QpCap::default());
+}
+
+#[test]
+fn reset_discards_outstanding_wrs_without_completions() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.set_filter(|p| !p.from_a); // a's sends stay outstanding
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.a.post_recv(3, 0x100, 64);
+    pair.drive_for(Duration::from_micros(100));
+    let sent = pair.log.len();
+
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Reset), AttrMask::STATE).unwrap();
+    pair.drive();
+    assert_eq!(pair.a.poll_all(), [], "RESET completes nothing");
+    assert_eq!(pair.log.len(), sent, "and sends nothing, retries included");
+    assert_eq!(pair.a.engine.poll_timeout(), None, "no timer survives RESET");
+}
+
+// ---- the error state ---------------------------------------------------------------------------
+
+#[test]
+fn error_state_flushes_everything_outstanding_and_everything_posted_later() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.set_filter(|p| !p.from_a); // a's sends stay outstanding
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_recv(21, 0x100, 64);
+    pair.a.post_recv(22, 0x200, 64);
+    pair.a.post_send(wr(11, SendOp::Send, &[sge]));
+    let write = SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: pair.b.mr.rkey };
+    pair.a.post_send(wr_with(12, write, &[sge], SendFlags::default())); // unsignaled: flushed anyway
+    pair.drive_for(Duration::from_micros(100));
+    let sent = pair.log.len();
+
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Err), AttrMask::STATE).unwrap();
+    let mut wcs: Vec<_> = pair.a.poll_all().iter().map(|w| (w.wr_id, w.status, w.opcode, w.qp_num)).collect();
+    wcs.sort_by_key(|w| w.0);
+    let flushed = |id, op| (id, WcStatus::WrFlushErr, op, pair.a.qp);
+    assert_eq!(
+        wcs,
+        [
+            flushed(11, WcOpcode::Send),
+            flushed(12, WcOpcode::RdmaWrite),
+            flushed(21, WcOpcode::Recv),
+            flushed(22, WcOpcode::Recv)
+        ]
+    );
+
+    pair.a.post_send(wr(13, SendOp::Send, &[sge]));
+    pair.a.post_recv(23, 0x300, 64);
+    assert_eq!(
+        outcomes(&pair.a.poll_all()),
+        [(13, WcStatus::WrFlushErr), (23, WcStatus::WrFlushErr)],
+        "WRs posted in ERR complete at once, flushed"
+    );
+    pair.drive();
+    assert_eq!(pair.log.len(), sent, "nothing is sent in ERR");
+}
+
+// ---- CQ overflow -------------------------------------------------------------------------------
+
+#[test]
+fn cq_overflow_is_an_async_cq_error() {
+    let mut pair = connected_after_setup(QpType::Rc, Mtu::Mtu1024, &|n| {
+        n.cq = n.engine.create_cq(2).unwrap();
+        n.qp = n.engine.create_qp(&init_attr(n, QpType::Rc)).unwrap();
+    });
+    for i in 0..3 {
+        pair.b.post_recv(i, 0x100 * (i + 1), 64);
+    }
+    let sge = pair.a.sge(0, 8);
+    for i in 0..3 {
+        pair.a.post_send(wr(i, SendOp::Send, &[sge]));
+    }
+    pair.drive();
+    assert_eq!(pair.a.events(), [Event::Async(AsyncEvent::CqError(pair.a.cq))]);
+    assert_eq!(pair.b.events(), [Event::Async(AsyncEvent::CqError(pair.b.cq))]);
+    assert_eq!(pair.a.poll_all().len(), 2, "the CQ holds what fit");
+}
+
+// ---- SQD ---------------------------------------------------------------------------------------
+
+#[test]
+fn sqd_starts_nothing_new_and_rts_resumes() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.a.fill(0, b"held");
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Sqd), AttrMask::STATE).unwrap();
+    let sge = pair.a.sge(0, 4);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    assert!(pair.log.is_empty(), "SQD starts no new WQE");
+    assert_eq!(pair.a.poll(), None);
+
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Rts), AttrMask::STATE).unwrap();
+    pair.drive();
+    assert_eq!(pair.opcodes(true), [Opcode::RC_SEND_ONLY]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x100, 4), b"held");
+}
+
+// ---- MRs, QPs and PDs --------------------------------------------------------------------------
+
+#[test]
+fn deregistered_mr_refuses_its_old_rkey() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let region = pair.b.addr_of(0x10000);
+    let keys = pair.b.engine.reg_mr(pair.b.pd, region, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    pair.a.fill(0, b"before!!");
+    pair.a.fill(0x10, b"after!!!");
+    let before = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: region, rkey: keys.rkey }, &[before]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x10000, 8), b"before!!");
+
+    pair.b.engine.dereg_mr(keys.lkey).unwrap();
+    let after = pair.a.sge(0x10, 8);
+    pair.a.post_send(wr(2, SendOp::RdmaWrite { remote_addr: region, rkey: keys.rkey }, &[after]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(2, WcStatus::RemAccessErr)]);
+    assert!(pair.log.iter().any(|p| p.syndrome() == Some(Syndrome::Nak(NakCode::RemoteAccessError))));
+    assert_eq!(pair.b.read(0x10000, 8), b"before!!", "the old R_Key reached nothing");
+    assert!(matches!(pair.b.engine.dereg_mr(keys.lkey), Err(VerbsError::NotFound { .. })));
+}
+
+#[test]
+fn rkeys_are_distinct_and_not_sequential() {
+    let mut engine = Engine::new(DeviceConfig::default());
+    let pd = engine.alloc_pd();
+    let rkeys: Vec<u32> =
+        (0..64).map(|i| engine.reg_mr(pd, BASE + i * 4096, 4096, Access::ALL).unwrap().rkey.0).collect();
+    assert_eq!(rkeys.iter().collect::<BTreeSet<_>>().len(), 64, "every R_Key is distinct");
+    let steps: BTreeSet<u32> = rkeys.windows(2).map(|w| w[1].wrapping_sub(w[0])).collect();
+    assert!(steps.len() > 1, "R_Keys must not be guessable from one another: steps {steps:?}");
+}
+
+#[test]
+fn packets_for_a_destroyed_qp_are_dropped_and_counted() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.engine.destroy_qp(pair.b.qp).unwrap();
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive_for(Duration::from_millis(1)); // before a's first retry
+    assert_eq!(pair.opcodes(true), [Opcode::RC_SEND_ONLY]);
+    assert!(pair.opcodes(false).is_empty(), "nobody answers for a destroyed QP");
+    let c = pair.b.engine.counters();
+    assert_eq!((c.rcvd_dropped, c.rcvd_packets), (1, 0));
+    assert!(matches!(pair.b.engine.destroy_qp(pair.b.qp), Err(VerbsError::NotFound { kind: "QP", .. })));
+}
+
+#[test]
+fn pd_with_live_mrs_cannot_be_deallocated() {
+    let mut engine = Engine::new(DeviceConfig::default());
+    let pd = engine.alloc_pd();
+    let keys = engine.reg_mr(pd, BASE, 4096, Access::LOCAL_WRITE).unwrap();
+    let err = engine.dealloc_pd(pd).unwrap_err();
+    assert!(matches!(&err, VerbsError::Busy(m) if m.contains("MR")), "{err}");
+    engine.dereg_mr(keys.lkey).unwrap();
+    engine.dealloc_pd(pd).unwrap();
+    assert!(matches!(engine.dealloc_pd(pd), Err(VerbsError::NotFound { kind: "PD", .. })));
+}
+
+#[test]
+fn solicited_only_cq_wakes_for_an_error_completion() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.a.post_recv(1, 0x100, 64);
+    pair.a.engine.req_notify_cq(pair.a.cq, true).unwrap();
+    // IBA 11.4.2.2: a solicited-only CQ is also woken by an unsuccessful completion.
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Err), AttrMask::STATE).unwrap();
+    assert_eq!(pair.a.events(), [Event::Completion(pair.a.cq)]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::WrFlushErr)]);
+}
