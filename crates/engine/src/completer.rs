@@ -59,6 +59,22 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
         qp.req.next = qp.sq.head();
         qp.req.offset = 0;
     }
+    check_drained(qp, sh);
+}
+
+/// In SQD, once nothing started is outstanding, raises `IBV_EVENT_SQ_DRAINED` if the
+/// application asked for it (IBA 11.6.3, `IBV_QP_EN_SQD_ASYNC_NOTIFY`).
+pub(crate) fn check_drained(qp: &mut Qp, sh: &mut Shared) {
+    if qp.state != QpState::Sqd || qp.sq_drained_reported {
+        return;
+    }
+    let in_flight = !qp.sq.is_empty() && qp.sq.get(qp.sq.head()).started;
+    if !in_flight && qp.req.offset == 0 {
+        qp.sq_drained_reported = true;
+        if qp.attr.en_sqd_async_notify {
+            sh.events.push_back(Event::Async(AsyncEvent::SqDrained(qp.qpn)));
+        }
+    }
 }
 
 /// Moves `qp` to the error state: `failed` (the head WQE's status) completes first, then

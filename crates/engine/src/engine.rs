@@ -295,6 +295,28 @@ impl Shared {
         Some((wqe, false))
     }
 
+    /// Returns a receive WQE taken for a message that was then dropped: to the head of the
+    /// QP's queue, or, if it came from an SRQ (which cannot take it back), completed in
+    /// error.
+    pub(crate) fn give_back_recv(&mut self, qp: &mut Qp, wqe: RecvWqe, from_srq: bool) {
+        if from_srq {
+            let wc = Wc {
+                wr_id: wqe.wr_id,
+                status: WcStatus::LocLenErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm_data: None,
+                qp_num: qp.qpn,
+                src_qp: Qpn::default(),
+                grh: false,
+                solicited: false,
+            };
+            self.push_cqe(qp.recv_cq, wc);
+        } else {
+            qp.rq.unpop(wqe);
+        }
+    }
+
     /// The envelope from a local GID index to `dgid`, with the RoCEv2 UDP source port.
     pub(crate) fn envelope_for(&self, av: &AddressVector, src_port: u16) -> Option<Envelope> {
         let src = *self.config.addresses.get(usize::from(av.sgid_index))?;
@@ -742,6 +764,7 @@ impl Engine {
         take!(EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify);
         if mask.contains(AttrMask::AV) {
             qp.av = attr.ah_attr;
+            qp.attr.ah_attr = attr.ah_attr;
         }
         if let Some(av) = qp.av {
             let port = udp_source_port(av.flow_label, qp.qpn.value(), qp.attr.dest_qp_num);
@@ -762,23 +785,30 @@ impl Engine {
         }
 
         let previous = qp.state;
+        if next == QpState::Err && previous != QpState::Err {
+            // Before the state changes, so that enter_error sees a QP newly failing.
+            crate::completer::enter_error(qp, &mut self.shared, None);
+        }
         qp.state = next;
+        if next != QpState::Sqd {
+            qp.sq_drained_reported = false;
+        }
         match next {
             QpState::Reset if previous != QpState::Reset => {
                 // Everything outstanding is discarded without completions (IBA 10.3.1).
                 qp.sq.clear();
                 qp.rq.clear();
                 qp.req = Default::default();
+                qp.req.next = qp.sq.tail();
                 qp.comp = Default::default();
                 qp.resp = crate::qp::Responder { out: VecDeque::with_capacity(64), ..Default::default() };
                 qp.av = None;
+                qp.attr = QpAttr { path_mtu: qp.attr.path_mtu, ..QpAttr::default() };
                 qp.envelope = None;
                 self.shared.update_timer(qp);
             }
-            QpState::Err if previous != QpState::Err => {
-                crate::completer::enter_error(qp, &mut self.shared, None);
-            }
-            QpState::Rts | QpState::Sqd | QpState::Sqe => self.shared.schedule(qp),
+            QpState::Sqd => crate::completer::check_drained(qp, &mut self.shared),
+            QpState::Rts | QpState::Sqe => self.shared.schedule(qp),
             _ => {}
         }
         Ok(())
@@ -831,11 +861,27 @@ impl Engine {
         if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
             return Err(bad(0, format!("QP {qpn} is in {:?}; post_send needs RTS", qp.state)));
         }
+        let result = post_sends(qp, wrs, mem, &mut self.shared);
+        // What was posted before a bad WR goes out.
+        self.shared.schedule(qp);
+        result
+    }
+}
+
+/// The loop of [`Engine::post_send`], which schedules the QP whatever it returns.
+fn post_sends<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    wrs: &[SendWr<'_>],
+    mem: &M,
+    shared: &mut Shared,
+) -> Result<(), PostError> {
+    let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
+    {
         for (index, wr) in wrs.iter().enumerate() {
-            validate_send(qp, wr, &self.shared).map_err(|m| bad(index, m))?;
+            validate_send(qp, wr, shared).map_err(|m| bad(index, m))?;
             if qp.state == QpState::Err {
                 let wc = crate::completer::flush_wc(qp.qpn, wr.wr_id, wr.op.wc_opcode());
-                self.shared.push_cqe(qp.send_cq, wc);
+                shared.push_cqe(qp.send_cq, wc);
                 continue;
             }
             if qp.sq.is_full() {
@@ -873,9 +919,8 @@ impl Engine {
             }
             qp.sq.commit();
         }
-        self.shared.schedule(qp);
-        Ok(())
     }
+    Ok(())
 }
 
 fn fill_recv(slot: &mut RecvWqe, wr: &RecvWr<'_>) {

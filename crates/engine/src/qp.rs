@@ -76,6 +76,13 @@ impl<T> Ring<T> {
     pub(crate) fn clear(&mut self) {
         self.head = self.tail;
     }
+    /// Puts `value` back at the head, undoing the last [`pop`](Self::pop).
+    pub(crate) fn unpop(&mut self, value: T) {
+        debug_assert!(!self.is_full());
+        self.head -= 1;
+        let i = self.slot(self.head);
+        self.slots[i] = value;
+    }
 }
 
 /// A posted send WR, with the requester's progress on it.
@@ -159,8 +166,9 @@ pub(crate) struct Completer {
 pub(crate) enum RespJob {
     /// ACK or NAK for `psn`.
     Ack { psn: Psn, syndrome: softrdma_wire::Syndrome },
-    /// READ response packets from `psn` on: `remaining` bytes from `va`.
-    Read { psn: Psn, va: u64, remaining: u32, first: bool },
+    /// READ response packets from `psn` on: `remaining` bytes from `va`, through `rkey`,
+    /// which is checked again for every packet (the MR may be deregistered meanwhile).
+    Read { psn: Psn, va: u64, remaining: u32, first: bool, rkey: u32 },
     /// The answer to an atomic.
     AtomicAck { psn: Psn, original: u64 },
 }
@@ -183,10 +191,10 @@ pub(crate) enum InMessage {
     /// Waiting for a FIRST or ONLY.
     #[default]
     None,
-    /// A SEND into `wqe`, `offset` bytes placed so far.
-    Send { wqe: RecvWqe, offset: u32 },
-    /// An RDMA WRITE to `va`, `remaining` bytes to come.
-    Write { va: u64, remaining: u32 },
+    /// A SEND into `wqe` (taken from the SRQ if `from_srq`), `offset` bytes placed so far.
+    Send { wqe: RecvWqe, from_srq: bool, offset: u32 },
+    /// An RDMA WRITE to `va` through `rkey`, `remaining` bytes to come.
+    Write { va: u64, remaining: u32, rkey: u32 },
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
     Dropping,
 }
@@ -231,6 +239,8 @@ pub(crate) struct Qp {
     pub(crate) resp: Responder,
     /// Queued in the engine's transmit round-robin.
     pub(crate) in_ready: bool,
+    /// `IBV_EVENT_SQ_DRAINED` was raised for the current stay in SQD.
+    pub(crate) sq_drained_reported: bool,
     /// The deadline registered in the engine's timer set.
     pub(crate) timer: Option<Instant>,
 }
@@ -267,6 +277,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder { out: VecDeque::with_capacity(64), ..Responder::default() },
             in_ready: false,
+            sq_drained_reported: false,
             timer: None,
         }
     }

@@ -105,7 +105,9 @@ impl Engine {
                 sh.counters.rcvd_dropped += 1;
                 return;
             }
-            sh.counters.rcvd_packets += 1;
+            if qp.qp_type != QpType::Ud {
+                sh.counters.rcvd_packets += 1; // UD counts after its Q_Key check
+            }
             if qp.state == QpState::Rtr && !qp.resp.established {
                 qp.resp.established = true;
                 sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
@@ -302,21 +304,25 @@ fn execute<M: Memory + ?Sized>(
     match operation {
         Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate => {
             if position.starts_message() {
-                let (wqe, _) = sh.take_recv(qp).ok_or(Refusal::NotReady)?;
-                qp.resp.current = InMessage::Send { wqe, offset: 0 };
+                let (wqe, from_srq) = sh.take_recv(qp).ok_or(Refusal::NotReady)?;
+                qp.resp.current = InMessage::Send { wqe, from_srq, offset: 0 };
             }
             let pd = qp.pd;
             let InMessage::Send { wqe, offset, .. } = &mut qp.resp.current else { unreachable!("checked above") };
             if let Err(status) = scatter_recv(sh, pd, mem, wqe, *offset, repr.payload) {
-                let wr_id = wqe.wr_id;
-                let wc = Wc { status, byte_len: 0, ..recv_wc(qp, wr_id, WcOpcode::Recv, 0, repr) };
-                sh.push_cqe(qp.recv_cq, wc);
-                qp.resp.current = InMessage::None;
                 let code = if status == WcStatus::LocLenErr {
                     NakCode::InvalidRequest
                 } else {
                     NakCode::RemoteOperationalError
                 };
+                if qp.qp_type == QpType::Uc {
+                    // UC drops the message silently; `drop_message` gives the WQE back.
+                    return Err(Refusal::Fatal(code));
+                }
+                let wr_id = wqe.wr_id;
+                let wc = Wc { status, byte_len: 0, ..recv_wc(qp, wr_id, WcOpcode::Recv, 0, repr) };
+                sh.push_cqe(qp.recv_cq, wc);
+                qp.resp.current = InMessage::None;
                 return Err(Refusal::Fatal(code));
             }
             *offset += len;
@@ -345,9 +351,10 @@ fn execute<M: Memory + ?Sized>(
                 {
                     return Err(Refusal::Fatal(NakCode::RemoteAccessError));
                 }
-                qp.resp.current = InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length };
+                qp.resp.current =
+                    InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length, rkey: reth.rkey.0 };
             }
-            let InMessage::Write { va, remaining } = qp.resp.current else { unreachable!("checked above") };
+            let InMessage::Write { va, remaining, rkey } = qp.resp.current else { unreachable!("checked above") };
             let total_ok = if position.ends_message() { len == remaining } else { len < remaining };
             if !total_ok {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // the RETH length is the message's
@@ -359,10 +366,18 @@ fn execute<M: Memory + ?Sized>(
             } else {
                 None
             };
+            // Every packet is checked against the R_Key again: once dereg_mr returns, no
+            // packet still in flight may reach the region.
+            if len > 0 && sh.check_rkey(qp.pd, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_err() {
+                if let Some((wqe, from_srq)) = recv {
+                    sh.give_back_recv(qp, wqe, from_srq);
+                }
+                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
+            }
             if len > 0 && mem.write(va, repr.payload).is_err() {
                 return Err(Refusal::Fatal(NakCode::RemoteOperationalError));
             }
-            qp.resp.current = InMessage::Write { va: va + u64::from(len), remaining: remaining - len };
+            qp.resp.current = InMessage::Write { va: va + u64::from(len), remaining: remaining - len, rkey };
             if position.ends_message() {
                 qp.resp.current = InMessage::None;
                 qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
@@ -409,6 +424,7 @@ fn execute<M: Memory + ?Sized>(
                 va: reth.virtual_address,
                 remaining: reth.dma_length,
                 first: true,
+                rkey: reth.rkey.0,
             });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
@@ -525,6 +541,7 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
                     va: r.va + u64::from(skip),
                     remaining: r.length - skip.min(r.length),
                     first: skip == 0,
+                    rkey: r.rkey,
                 });
             }
         }
@@ -570,22 +587,12 @@ fn uc_request<M: Memory + ?Sized>(
     }
 }
 
-/// Abandons the UC message in progress; a receive it had taken goes back to the queue
-/// head... which UC cannot do, so it completes in error, as rdmavt does.
+/// Abandons the UC message in progress. A receive it had taken from the QP's own queue goes
+/// back to the head for the next message, as rxe (`drop_msg`) and rdmavt (rewind) do; one
+/// taken from an SRQ cannot go back, and completes in error (IBA 10.2.9.5).
 fn drop_message(qp: &mut Qp, sh: &mut Shared) {
-    if let InMessage::Send { wqe, .. } = core::mem::take(&mut qp.resp.current) {
-        let wc = Wc {
-            wr_id: wqe.wr_id,
-            status: WcStatus::LocLenErr,
-            opcode: WcOpcode::Recv,
-            byte_len: 0,
-            imm_data: None,
-            qp_num: qp.qpn,
-            src_qp: Qpn::default(),
-            grh: false,
-            solicited: false,
-        };
-        sh.push_cqe(qp.recv_cq, wc);
+    if let InMessage::Send { wqe, from_srq, .. } = core::mem::take(&mut qp.resp.current) {
+        sh.give_back_recv(qp, wqe, from_srq);
     }
     qp.resp.current = InMessage::Dropping;
 }
@@ -603,6 +610,7 @@ fn ud_request<M: Memory + ?Sized>(
         sh.counters.rcvd_dropped += 1; // IBA 10.2.4: Q_Key mismatch, silently dropped
         return;
     }
+    sh.counters.rcvd_packets += 1;
     let Some((wqe, _)) = sh.take_recv(qp) else {
         sh.counters.rcvd_dropped += 1; // UD has no RNR: no receive, no delivery
         return;

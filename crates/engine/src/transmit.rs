@@ -117,7 +117,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             emit(&repr, envelope, buf)
         }
-        RespJob::Read { psn, va, remaining, first } => {
+        RespJob::Read { psn, va, remaining, first, rkey } => {
             let mtu = qp.mtu();
             let chunk = remaining.min(mtu);
             let last = chunk == remaining;
@@ -127,6 +127,13 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 (false, false) => (Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, Position::Middle),
                 (false, true) => (Opcode::RC_RDMA_READ_RESPONSE_LAST, Position::Last),
             };
+            // The R_Key again, for every packet: after dereg_mr no response reads the region.
+            let live = chunk == 0 || sh.check_rkey(qp.pd, rkey, va, u64::from(chunk), Access::REMOTE_READ).is_ok();
+            if !live {
+                qp.resp.out.clear();
+                qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteAccessError) });
+                return respond(qp, sh, mem, buf);
+            }
             let payload = &mut sh.scratch[..chunk as usize];
             if mem.read(va, payload).is_err() {
                 // The memory went away under a checked R_Key: a remote operational error.
@@ -143,6 +150,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                     va: va + u64::from(chunk),
                     remaining: remaining - chunk,
                     first: false,
+                    rkey,
                 };
             }
             let aeth = (position != Position::Middle).then_some(AethRepr { syndrome: Syndrome::ACK_NO_CREDITS, msn });
@@ -196,8 +204,10 @@ fn request<M: Memory + ?Sized>(
     now: Instant,
     buf: &mut [u8],
 ) -> Option<Transmit> {
-    // SQD lets the message in progress finish, and starts nothing new (IBA 10.3.1.6).
-    let sending = qp.state == QpState::Rts || (qp.state == QpState::Sqd && qp.req.offset > 0);
+    // SQD lets messages already started finish, retransmissions included, and starts
+    // nothing new (IBA 10.3.1.6).
+    let started = qp.req.next < qp.sq.tail() && qp.sq.get(qp.req.next).started;
+    let sending = qp.state == QpState::Rts || (qp.state == QpState::Sqd && started);
     if !sending {
         return None;
     }

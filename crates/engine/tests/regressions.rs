@@ -1,0 +1,279 @@
+//! Regressions: each test pins a bug the scenario suite found in the engine (against IBTA,
+//! rxe, or the verbs man pages) and that is now fixed: UC receives reused after a dropped
+//! message, WRs before a bad WR left unsent, LAST_WQE_REACHED and SQ_DRAINED events,
+//! query_qp's AV, QP reuse after RESET, SQD retransmission, UD counters, and R_Keys checked
+//! on every packet so that nothing in flight reaches a region after dereg_mr.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use softrdma_engine::*;
+use softrdma_wire::{Gid, Opcode, QKey};
+
+fn state(s: QpState) -> QpAttr {
+    QpAttr { qp_state: s, ..QpAttr::default() }
+}
+
+// ---- UC: a dropped message must not consume the receive (roce-wire.md §4.7, §6) ---------------
+
+#[test]
+fn uc_gap_leaves_the_receive_for_the_next_message() {
+    let mut pair = Pair::connected(QpType::Uc, Mtu::Mtu256);
+    let first = pattern(768, 3); // FIRST, MIDDLE, LAST
+    let second = pattern(100, 99);
+    let third = pattern(50, 42);
+    pair.a.fill(0, &first);
+    pair.a.fill(0x1000, &second);
+    pair.a.fill(0x2000, &third);
+    pair.b.post_recv(1, 0x8000, 1024);
+    pair.b.post_recv(2, 0x9000, 1024);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.opcode() == Opcode::UC_SEND_MIDDLE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let s1 = pair.a.sge(0, 768);
+    let s2 = pair.a.sge(0x1000, 100);
+    pair.a.post_send(wr(11, SendOp::Send, &[s1]));
+    pair.a.post_send(wr(12, SendOp::Send, &[s2]));
+    pair.drive();
+
+    // rxe (resp.drop_msg; the WQE stays at the queue head) and rdmavt (RVT_R_REWIND_SGE) both
+    // reuse the receive for the next message; no completion reports the lost one.
+    let wcs = pair.b.poll_all();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status, w.byte_len)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success, 100)],
+        "the lost message completes nothing; the next one lands in the receive it left"
+    );
+    assert_eq!(pair.b.read(0x8000, 100), &second[..]);
+
+    let s3 = pair.a.sge(0x2000, 50);
+    pair.a.post_send(wr(13, SendOp::Send, &[s3]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.b.poll_all()), [(2, WcStatus::Success)], "the second receive is still posted");
+    assert_eq!(pair.b.read(0x9000, 50), &third[..]);
+}
+
+#[test]
+fn uc_send_too_long_for_the_receive_is_dropped_without_consuming_it() {
+    let mut pair = Pair::connected(QpType::Uc, Mtu::Mtu1024);
+    pair.a.fill(0, &pattern(64, 1));
+    pair.a.fill(0x100, b"fits");
+    pair.b.post_recv(1, 0x8000, 16);
+    let long = pair.a.sge(0, 64);
+    pair.a.post_send(wr(1, SendOp::Send, &[long]));
+    pair.drive();
+    // rxe_resp.c RESPST_ERR_LENGTH, UC without SRQ: "class D", drop_msg, no completion.
+    assert_eq!(pair.b.poll_all(), [], "dropped silently");
+
+    let short = pair.a.sge(0x100, 4);
+    pair.a.post_send(wr(2, SendOp::Send, &[short]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.b.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x8000, 4), b"fits");
+}
+
+// ---- post_send: WRs before *bad_wr are posted, and must be sent ------------------------------
+
+#[test]
+fn wrs_before_a_bad_wr_are_sent_without_another_post() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.drive(); // an idle QP: nothing left in the transmit round-robin
+    pair.b.post_recv(1, 0x1000, 64);
+    let good = [pair.a.sge(0, 8)];
+    let five = [pair.a.sge(0, 8); 5]; // max_send_sge is 4
+    let err = pair
+        .a
+        .try_post_send(&[wr(0, SendOp::Send, &good), wr(1, SendOp::Send, &five), wr(2, SendOp::Send, &good)])
+        .unwrap_err();
+    assert_eq!(err.index, 1);
+    pair.drive();
+    assert_eq!(pair.opcodes(true), [Opcode::RC_SEND_ONLY], "WR 0 was posted: it must go out");
+    assert_eq!(outcomes(&pair.a.poll_all()), [(0, WcStatus::Success)]);
+}
+
+#[test]
+fn wrs_before_a_full_send_queue_are_sent() {
+    let cap = QpCap { max_send_wr: 2, ..QpCap::default() };
+    let mut pair = Pair::connected_with(QpType::Rc, Mtu::Mtu1024, cap);
+    pair.drive(); // an idle QP: nothing left in the transmit round-robin
+    pair.b.post_recv(1, 0x1000, 64);
+    pair.b.post_recv(2, 0x2000, 64);
+    let sge = [pair.a.sge(0, 8)];
+    let list = [0, 1, 2].map(|i| wr(i, SendOp::Send, &sge));
+    assert_eq!(pair.a.try_post_send(&list).unwrap_err().index, 2);
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(0, WcStatus::Success), (1, WcStatus::Success)]);
+}
+
+// ---- SRQ: IBV_EVENT_QP_LAST_WQE_REACHED on every way into ERR --------------------------------
+
+#[test]
+fn modify_to_err_raises_last_wqe_reached_for_a_qp_with_an_srq() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let srq = pair.b.engine.create_srq(pair.b.pd, 8, 1).unwrap();
+    let a_init = init_attr(&pair.a, QpType::Rc);
+    let b_init = QpInitAttr { srq: Some(srq), ..init_attr(&pair.b, QpType::Rc) };
+    let (_, b1) = pair.add_connected(&a_init, &b_init, Mtu::Mtu1024);
+    pair.b.engine.modify_qp(b1, &state(QpState::Err), AttrMask::STATE).unwrap();
+    assert_eq!(pair.b.events(), [Event::Async(AsyncEvent::QpLastWqeReached(b1))]);
+}
+
+// ---- query_qp ----------------------------------------------------------------------------------
+
+#[test]
+fn query_qp_returns_the_address_vector() {
+    let pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let (attr, _) = pair.a.engine.query_qp(pair.a.qp).unwrap();
+    let av = attr.ah_attr.expect("IBV_QP_AV was set on INIT→RTR");
+    assert_eq!(av.dgid, Gid::from_ip(pair.b.addr));
+    assert_eq!(av.hop_limit, 64);
+}
+
+// ---- RESET: a QP may be connected again --------------------------------------------------------
+
+#[test]
+fn qp_reset_and_connected_again_sends() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x1000, 64);
+    pair.b.post_recv(2, 0x2000, 64);
+    pair.a.fill(0, b"one");
+    pair.a.fill(0x10, b"two");
+    let one = pair.a.sge(0, 3);
+    pair.a.post_send(wr(1, SendOp::Send, &[one]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+
+    // Both sides go through RESET and are connected afresh, as rdma_cm does on reconnect.
+    for n in [&mut pair.a, &mut pair.b] {
+        n.engine.modify_qp(n.qp, &state(QpState::Reset), AttrMask::STATE).unwrap();
+    }
+    let (aq, bq, aa, ba) = (pair.a.qp, pair.b.qp, pair.a.addr, pair.b.addr);
+    connect(&mut pair.a, bq, ba, QpType::Rc, Mtu::Mtu1024, &|_| {});
+    connect(&mut pair.b, aq, aa, QpType::Rc, Mtu::Mtu1024, &|_| {});
+    pair.b.post_recv(3, 0x3000, 64);
+    let two = pair.a.sge(0x10, 3);
+    pair.a.post_send(wr(2, SendOp::Send, &[two]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(2, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x3000, 3), b"two");
+}
+
+// ---- SQD -----------------------------------------------------------------------------------------
+
+#[test]
+fn sqd_with_notify_raises_sq_drained() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x1000, 64);
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive_for(Duration::from_nanos(1)); // sent, not yet acknowledged
+    let sqd = QpAttr { qp_state: QpState::Sqd, en_sqd_async_notify: true, ..QpAttr::default() };
+    pair.a.engine.modify_qp(pair.a.qp, &sqd, AttrMask::STATE | AttrMask::EN_SQD_ASYNC_NOTIFY).unwrap();
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.a.events(), [Event::Async(AsyncEvent::SqDrained(pair.a.qp))], "IBA 11.6.3: SQ drained");
+}
+
+#[test]
+fn sqd_still_retransmits_a_message_it_had_started() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x1000, 64);
+    pair.a.fill(0, b"lost once");
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.from_a && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let sge = pair.a.sge(0, 9);
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive_for(Duration::from_nanos(1)); // sent and lost
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Sqd), AttrMask::STATE).unwrap();
+    pair.drive();
+    // SQD stops new WQEs; one already on the wire must still finish, retransmissions included.
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x1000, 9), b"lost once");
+}
+
+// ---- counters ------------------------------------------------------------------------------------
+
+#[test]
+fn ud_packet_with_a_wrong_qkey_is_not_counted_as_accepted() {
+    let mut pair = Pair::connected(QpType::Ud, Mtu::Mtu4096);
+    let ah = pair.a.ah_to(pair.b.addr);
+    let dest = UdDest { ah, remote_qpn: pair.b.qp, remote_qkey: QKey(0x2222_2222) };
+    pair.b.post_recv(1, 0x1000, 128);
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(ud_send(1, SendOp::Send, &[sge], dest));
+    pair.drive();
+    let c = pair.b.engine.counters();
+    // rxe counts RCVD_PKTS only after check_keys; Counters::rcvd_packets says "received and accepted".
+    assert_eq!((c.rcvd_packets, c.rcvd_dropped), (0, 1));
+}
+
+// ---- dereg_mr: "nothing in flight can reach the memory once this returns" (engine.rs) ----------
+
+#[test]
+fn write_packets_after_dereg_mr_do_not_reach_the_region() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let region = pair.b.addr_of(0x10000);
+    let keys = pair.b.engine.reg_mr(pair.b.pd, region, 4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    let data = pattern(768, 7); // FIRST, MIDDLE, LAST
+    pair.a.fill(0, &data);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.opcode() == Opcode::RC_RDMA_WRITE_MIDDLE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let sge = pair.a.sge(0, 768);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: region, rkey: keys.rkey }, &[sge]));
+    pair.drive_for(Duration::from_micros(3)); // FIRST landed; LAST came early and was NAKed
+    assert_eq!(pair.b.read(0x10000, 256), &data[..256]);
+
+    pair.b.engine.dereg_mr(keys.lkey).unwrap();
+    pair.drive(); // MIDDLE and LAST are resent after the NAK
+    assert!(pair.b.read(0x10100, 512).iter().all(|&x| x == 0), "the deregistered region was written");
+    assert_ne!(pair.a.poll().unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn read_responses_stop_at_dereg_mr() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let region = pair.b.addr_of(0x10000);
+    let keys = pair.b.engine.reg_mr(pair.b.pd, region, 4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    pair.b.fill(0x10000, &pattern(1024, 5));
+    let dst = pair.a.sge(0x2000, 1024);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: region, rkey: keys.rkey }, &[dst]));
+
+    // Step by hand: the READ request reaches b, b sends its first response, then b deregisters.
+    let mut buf = vec![0u8; 4200];
+    let (a, b) = (&mut pair.a, &mut pair.b);
+    let t = a.engine.poll_transmit(Instant::ZERO, &mut a.mem, &mut buf).unwrap();
+    b.engine.handle_datagram(Instant::ZERO, &t.envelope, &buf[..t.len], &mut b.mem);
+    let t = b.engine.poll_transmit(Instant::ZERO, &mut b.mem, &mut buf).unwrap();
+    assert_eq!(
+        softrdma_wire::RocePacket::new_checked(&buf[..t.len]).unwrap().bth().opcode(),
+        Opcode::RC_RDMA_READ_RESPONSE_FIRST
+    );
+    b.engine.dereg_mr(keys.lkey).unwrap();
+    let mut after = Vec::new();
+    while let Some(t) = b.engine.poll_transmit(Instant::ZERO, &mut b.mem, &mut buf) {
+        after.push(softrdma_wire::RocePacket::new_checked(&buf[..t.len]).unwrap().bth().opcode());
+    }
+    assert!(
+        !after.iter().any(|o| *o == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE || *o == Opcode::RC_RDMA_READ_RESPONSE_LAST),
+        "response data read from a deregistered MR: {after:?}"
+    );
+}
