@@ -176,6 +176,9 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
     /// Scratch space for one packet's payload.
     pub(crate) scratch: Vec<u8>,
+    /// Gather lists of finished receive WQEs, swapped back into ring slots as receives are
+    /// taken, so that posting a receive never allocates in steady state.
+    pub(crate) sge_pool: Vec<Vec<Sge>>,
 }
 
 /// A software RDMA device. See the [module documentation](self) for the calling contract.
@@ -278,7 +281,8 @@ impl Shared {
             if srq.ring.is_empty() {
                 return None;
             }
-            let wqe = std::mem::take(srq.ring.get_mut(srq.ring.head()));
+            let spare = RecvWqe { sges: self.sge_pool.pop().unwrap_or_default(), ..RecvWqe::default() };
+            let wqe = std::mem::replace(srq.ring.get_mut(srq.ring.head()), spare);
             srq.ring.pop();
             if srq.limit > 0 && srq.ring.len() < srq.limit {
                 // IBA 10.2.9.2: the limit event fires once, then the limit disarms.
@@ -290,9 +294,18 @@ impl Shared {
         if qp.rq.is_empty() {
             return None;
         }
-        let wqe = std::mem::take(qp.rq.get_mut(qp.rq.head()));
+        let spare = RecvWqe { sges: self.sge_pool.pop().unwrap_or_default(), ..RecvWqe::default() };
+        let wqe = std::mem::replace(qp.rq.get_mut(qp.rq.head()), spare);
         qp.rq.pop();
         Some((wqe, false))
+    }
+
+    /// Keeps the gather list of a finished receive WQE for reuse (bounded).
+    pub(crate) fn recycle(&mut self, mut wqe: RecvWqe) {
+        if self.sge_pool.len() < 4096 {
+            wqe.sges.clear();
+            self.sge_pool.push(wqe.sges);
+        }
     }
 
     /// Returns a receive WQE taken for a message that was then dropped: to the head of the
@@ -381,6 +394,7 @@ impl Engine {
                 events: VecDeque::new(),
                 counters: Counters::default(),
                 scratch: vec![0; 4096],
+                sge_pool: Vec::new(),
             },
             qps: BTreeMap::new(),
             next_qpn,

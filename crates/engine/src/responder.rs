@@ -330,6 +330,7 @@ fn execute<M: Memory + ?Sized>(
                 let InMessage::Send { wqe, offset, .. } = core::mem::take(&mut qp.resp.current) else { unreachable!() };
                 let wc = recv_wc(qp, wqe.wr_id, WcOpcode::Recv, offset, repr);
                 sh.push_cqe(qp.recv_cq, wc);
+                sh.recycle(wqe);
                 qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
             }
         }
@@ -385,6 +386,7 @@ fn execute<M: Memory + ?Sized>(
                     let total = repr.ext.reth.map_or(0, |r| r.dma_length);
                     let wc = recv_wc(qp, wqe.wr_id, WcOpcode::RecvRdmaWithImm, total, repr);
                     sh.push_cqe(qp.recv_cq, wc);
+                    sh.recycle(wqe);
                 }
             }
         }
@@ -632,6 +634,7 @@ fn ud_request<M: Memory + ?Sized>(
         solicited: repr.bth.solicited_event,
     };
     sh.push_cqe(qp.recv_cq, wc);
+    sh.recycle(wqe);
 }
 
 /// The GRH of a received UD packet: its IP header as it arrived (ibv_post_recv(3) NOTES).

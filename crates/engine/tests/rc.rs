@@ -303,3 +303,29 @@ fn psns_wrap_past_2_pow_24() {
     assert_eq!(pair.b.poll_all().len(), 10);
     assert!(pair.log.iter().any(|p| p.psn().value() == 0xffffff) && pair.log.iter().any(|p| p.psn().value() == 2));
 }
+
+#[test]
+fn thousands_of_qps_each_deliver_their_message() {
+    const QPS: usize = 3000;
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let (ai, bi) = (init_attr(&pair.a, QpType::Rc), init_attr(&pair.b, QpType::Rc));
+    let big_cq = |n: &mut Node| n.engine.create_cq(2 * QPS as u32).unwrap();
+    let (acq, bcq) = (big_cq(&mut pair.a), big_cq(&mut pair.b));
+    let ai = QpInitAttr { send_cq: acq, recv_cq: acq, ..ai };
+    let bi = QpInitAttr { send_cq: bcq, recv_cq: bcq, ..bi };
+    let qps: Vec<_> = (0..QPS).map(|_| pair.add_connected(&ai, &bi, Mtu::Mtu1024)).collect();
+    for (i, &(aq, bq)) in qps.iter().enumerate() {
+        let r = pair.b.sge(0x1000 + 8 * i as u64, 8);
+        pair.b.engine.post_recv(bq, &[RecvWr { wr_id: i as u64, sg_list: &[r] }]).unwrap();
+        pair.a.fill(0x8_0000 + 8 * i as u64, &(i as u64).to_le_bytes());
+        let s = pair.a.sge(0x8_0000 + 8 * i as u64, 8);
+        pair.a.engine.post_send(aq, &[wr(i as u64, SendOp::Send, &[s])], &pair.a.mem).unwrap();
+    }
+    pair.drive();
+    let sent = std::iter::from_fn(|| pair.a.engine.poll_cq(acq)).filter(|w| w.status == WcStatus::Success).count();
+    let got = std::iter::from_fn(|| pair.b.engine.poll_cq(bcq)).filter(|w| w.status == WcStatus::Success).count();
+    assert_eq!((sent, got), (QPS, QPS));
+    for i in 0..QPS {
+        assert_eq!(pair.b.read(0x1000 + 8 * i as u64, 8), (i as u64).to_le_bytes(), "QP {i}");
+    }
+}
