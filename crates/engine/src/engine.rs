@@ -174,8 +174,6 @@ pub(crate) struct Shared {
     pub(crate) timers: BTreeSet<(Instant, u32)>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) counters: Counters,
-    /// Scratch space for one packet's payload.
-    pub(crate) scratch: Vec<u8>,
     /// Gather lists of finished receive WQEs, swapped back into ring slots as receives are
     /// taken, so that posting a receive never allocates in steady state.
     pub(crate) sge_pool: Vec<Vec<Sge>>,
@@ -393,7 +391,6 @@ impl Engine {
                 timers: BTreeSet::new(),
                 events: VecDeque::new(),
                 counters: Counters::default(),
-                scratch: vec![0; 4096],
                 sge_pool: Vec::new(),
             },
             qps: BTreeMap::new(),

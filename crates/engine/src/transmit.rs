@@ -134,7 +134,17 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteAccessError) });
                 return respond(qp, sh, mem, buf);
             }
-            let payload = &mut sh.scratch[..chunk as usize];
+            let header = RoceRepr {
+                bth: bth(opcode, dest, psn),
+                ext: ExtHeaders {
+                    aeth: (position != Position::Middle)
+                        .then_some(AethRepr { syndrome: Syndrome::ACK_NO_CREDITS, msn }),
+                    ..Default::default()
+                },
+                payload: &[],
+            };
+            let at = header.header_len();
+            let payload = buf.get_mut(at..at + chunk as usize)?;
             if mem.read(va, payload).is_err() {
                 // The memory went away under a checked R_Key: a remote operational error.
                 qp.resp.out.clear();
@@ -153,13 +163,13 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                     rkey,
                 };
             }
-            let aeth = (position != Position::Middle).then_some(AethRepr { syndrome: Syndrome::ACK_NO_CREDITS, msn });
-            let repr = RoceRepr {
-                bth: bth(opcode, dest, psn),
-                ext: ExtHeaders { aeth, ..Default::default() },
-                payload: &sh.scratch[..chunk as usize],
-            };
-            emit(&repr, envelope, buf)
+            match header.emit_around_payload(&envelope, chunk as usize, buf) {
+                Ok(len) => Some(Transmit { envelope, len }),
+                Err(e) => {
+                    debug_assert!(false, "the engine built a packet the codec refuses: {e}");
+                    None
+                }
+            }
         }
     }
 }
@@ -331,7 +341,10 @@ fn request<M: Memory + ?Sized>(
                 ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
             }
             header.ack_req = rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK);
-            if let Err(status) = gather(qp, sh, mem, pos, offset, chunk) {
+            // Copy the payload straight from the application's memory into the datagram.
+            let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
+            let out = buf.get_mut(at..at + chunk as usize)?;
+            if let Err(status) = gather(qp, mem, pos, offset, out) {
                 completer::fail(qp, sh, status);
                 return None;
             }
@@ -346,8 +359,14 @@ fn request<M: Memory + ?Sized>(
         qp.req.next = pos + 1;
         qp.req.offset = 0;
     }
-    let repr = RoceRepr { bth: header, ext, payload: &sh.scratch[..payload_len as usize] };
-    let sent = emit(&repr, envelope, buf);
+    let repr = RoceRepr { bth: header, ext, payload: &[] };
+    let sent = match repr.emit_around_payload(&envelope, payload_len as usize, buf) {
+        Ok(len) => Some(Transmit { envelope, len }),
+        Err(e) => {
+            debug_assert!(false, "the engine built a packet the codec refuses: {e}");
+            None
+        }
+    };
     if rc {
         if qp.req.retransmit_at.is_none() {
             completer::rearm(qp, now);
@@ -359,19 +378,11 @@ fn request<M: Memory + ?Sized>(
     sent
 }
 
-/// Copies `len` bytes from byte `offset` of send WQE `pos` into the scratch buffer.
-fn gather<M: Memory + ?Sized>(
-    qp: &Qp,
-    sh: &mut Shared,
-    mem: &M,
-    pos: u64,
-    mut offset: u32,
-    len: u32,
-) -> Result<(), WcStatus> {
+/// Copies `out.len()` bytes from byte `offset` of send WQE `pos` into `out`.
+fn gather<M: Memory + ?Sized>(qp: &Qp, mem: &M, pos: u64, mut offset: u32, out: &mut [u8]) -> Result<(), WcStatus> {
     let w = qp.sq.get(pos);
-    let out = &mut sh.scratch[..len as usize];
     if w.is_inline {
-        out.copy_from_slice(&w.inline[offset as usize..(offset + len) as usize]);
+        out.copy_from_slice(&w.inline[offset as usize..offset as usize + out.len()]);
         return Ok(());
     }
     let mut filled = 0usize;

@@ -327,18 +327,46 @@ impl<'a> RoceRepr<'a> {
     /// payload, zeroed pad and the ICRC. Returns the number of bytes written.
     pub fn emit(&self, envelope: &Envelope, buf: &mut [u8]) -> Result<usize> {
         self.validate()?;
+        let header_len = self.header_len();
         let len = self.buffer_len();
         let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        buf[header_len..header_len + self.payload.len()].copy_from_slice(self.payload);
+        self.finish(envelope, self.payload.len(), buf)
+    }
+
+    /// Writes the packet around a payload of `payload_len` bytes that the caller already
+    /// placed at `buf[self.header_len()..]`: the headers before it, the zeroed pad after it
+    /// and the ICRC over all. `self.payload` is ignored. This lets a sender copy user memory
+    /// straight into the datagram, once.
+    pub fn emit_around_payload(&self, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
+        let sized = RoceRepr { payload: &[], ..*self };
+        let rule_ok = match self.bth.opcode.info() {
+            Some(info) => info.payload.allows(payload_len),
+            None => true,
+        };
+        if !rule_ok {
+            return Err(Error::BadPayloadLength);
+        }
+        if sized.ext.headers() != self.bth.opcode.info().map_or(Headers::NONE, |i| i.headers) {
+            return Err(Error::HeaderMismatch);
+        }
+        let len = sized.header_len() + payload_len + (payload_len.wrapping_neg() & 3) + ICRC_LEN;
+        let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        self.finish(envelope, payload_len, buf)
+    }
+
+    /// Headers, pad and ICRC around a payload of `payload_len` bytes already in `buf`, which
+    /// is exactly the packet's length.
+    fn finish(&self, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
         let header_len = self.header_len();
-        let pad = self.pad_len();
+        let pad = payload_len.wrapping_neg() & 3;
 
         let mut bth = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
         self.bth.emit(&mut bth);
         bth.set_pad_count(pad as u8);
 
         let headers = self.ext.headers();
-        let (head, rest) = buf.split_at_mut(header_len);
-        let ext = &mut head[bth::HEADER_LEN..];
+        let ext = &mut buf[bth::HEADER_LEN..header_len];
         let at = |h: Headers| headers.offset_of(h).unwrap_or(0);
         if let Some(r) = &self.ext.feth {
             r.emit(&mut FethPacket::new_unchecked(&mut ext[at(Headers::FETH)..]));
@@ -364,12 +392,10 @@ impl<'a> RoceRepr<'a> {
         if let Some(r) = &self.ext.ieth {
             r.emit(&mut IethPacket::new_unchecked(&mut ext[at(Headers::IETH)..]));
         }
-
-        let (payload, tail) = rest.split_at_mut(self.payload.len());
-        payload.copy_from_slice(self.payload);
-        tail[..pad].fill(0);
+        let pad_at = header_len + payload_len;
+        buf[pad_at..pad_at + pad].fill(0);
         RocePacket::new_unchecked(&mut *buf).fill_icrc(envelope);
-        Ok(len)
+        Ok(buf.len())
     }
 }
 
@@ -621,5 +647,25 @@ mod tests {
         assert_eq!(parse(&with_icrc(tver)), Err(Error::BadTransportVersion));
 
         assert_eq!(parse(&hello[..15]), Err(Error::Truncated));
+    }
+
+    #[test]
+    fn emit_around_a_placed_payload_equals_emit() {
+        let payload: std::vec::Vec<u8> = (0..1021u32).map(|i| i as u8).collect();
+        let repr = RoceRepr {
+            bth: bth(Opcode::RC_RDMA_WRITE_ONLY),
+            ext: ExtHeaders {
+                reth: Some(RethRepr { virtual_address: 0x10, rkey: RKey(1), dma_length: 1021 }),
+                ..Default::default()
+            },
+            payload: &payload,
+        };
+        let whole = emit(&repr);
+        let mut placed = std::vec![0xa5u8; whole.len() + 4];
+        placed[repr.header_len()..repr.header_len() + payload.len()].copy_from_slice(&payload);
+        let headers_only = RoceRepr { payload: &[], ..repr };
+        assert_eq!(headers_only.emit_around_payload(&env(), payload.len(), &mut placed), Ok(whole.len()));
+        assert_eq!(&placed[..whole.len()], &whole[..]);
+        assert_eq!(headers_only.emit_around_payload(&env(), 5000, &mut placed), Err(Error::BadPayloadLength));
     }
 }
