@@ -329,3 +329,95 @@ fn thousands_of_qps_each_deliver_their_message() {
         assert_eq!(pair.b.read(0x1000 + 8 * i as u64, 8), (i as u64).to_le_bytes(), "QP {i}");
     }
 }
+
+#[test]
+fn acks_coalesce_when_the_responder_is_behind() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    for i in 0..5 {
+        pair.b.post_recv(i, 0x100 * i, 64);
+    }
+    let sge = pair.a.sge(0, 8);
+    for i in 0..5 {
+        pair.a.post_send(wr(i, SendOp::Send, &[sge]));
+    }
+    pair.drive();
+    // Five AckReq'd SENDs arrive together; the responder answers the newest PSN only.
+    assert_eq!(pair.opcodes(false), [Opcode::RC_ACKNOWLEDGE]);
+    assert_eq!(pair.a.poll_all().len(), 5, "one cumulative ACK completes all five");
+}
+
+#[test]
+fn lost_ack_is_implied_by_the_next_read_response() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.set_filter(|p| p.opcode() != Opcode::RC_ACKNOWLEDGE); // every ACK is lost
+    let s = pair.a.sge(0, 8);
+    let d = pair.a.sge(0x40, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[s]));
+    pair.a.post_send(wr(2, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x200), rkey: pair.b.mr.rkey }, &[d]));
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::Success), (2, WcStatus::Success)]
+    );
+    assert_eq!(pair.a.engine.counters().ack_timeouts, 0, "the READ response acknowledged the SEND");
+}
+
+#[test]
+fn duplicate_send_is_re_acked_and_delivered_once() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    pair.b.post_recv(2, 0x200, 64);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.opcode() == Opcode::RC_ACKNOWLEDGE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    pair.a.fill(0, b"once");
+    let s = pair.a.sge(0, 4);
+    pair.a.post_send(wr(1, SendOp::Send, &[s]));
+    pair.drive();
+    assert_eq!(pair.a.engine.counters().ack_timeouts, 1, "the ACK was lost, the SEND went again");
+    assert_eq!(pair.b.engine.counters().duplicate_requests, 1);
+    assert_eq!(pair.b.poll_all().len(), 1, "delivered once; the second receive is still posted");
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn local_ack_timeout_is_4_096_us_times_2_pow_timeout() {
+    // timeout 10: 4.096 µs × 1024 = 4.194304 ms between tries.
+    let mut pair = Pair::connected_tweaked(QpType::Rc, Mtu::Mtu1024, QpCap::default(), &|rts| {
+        rts.timeout = 10;
+        rts.retry_cnt = 2;
+    });
+    pair.set_filter(|p| !p.from_a);
+    let s = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[s]));
+    pair.drive();
+    let sent: Vec<u64> = pair.log.iter().map(|p| p.at.as_nanos()).collect();
+    assert_eq!(sent, [0, 4_194_304, 2 * 4_194_304]);
+    assert_eq!(pair.a.poll().unwrap().status, WcStatus::RetryExcErr);
+    assert!(pair.now.as_nanos() >= 3 * 4_194_304, "the error came after the third timeout");
+}
+
+#[test]
+fn rnr_nak_carries_the_min_rnr_timer_and_the_retry_waits_that_long() {
+    // The harness sets min_rnr_timer 1 (10 µs); code 14 is 1.28 ms (IBA Table 45).
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let attr = QpAttr { min_rnr_timer: 14, ..QpAttr::default() };
+    let mask = AttrMask::MIN_RNR_TIMER;
+    pair.b.engine.modify_qp(pair.b.qp, &attr, mask).unwrap();
+    let s = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[s]));
+    pair.drive_for(std::time::Duration::from_millis(2));
+    let naks: Vec<&Pkt> =
+        pair.log.iter().filter(|p| matches!(p.syndrome(), Some(softrdma_wire::Syndrome::RnrNak(_)))).collect();
+    assert!(matches!(naks[0].syndrome(), Some(softrdma_wire::Syndrome::RnrNak(t)) if t.code() == 14));
+    let sends: Vec<u64> = pair.log.iter().filter(|p| p.from_a).map(|p| p.at.as_nanos()).collect();
+    // First try at 0; the NAK arrives after two 2 µs hops; the retry waits 1.28 ms from then.
+    assert_eq!(sends[..2], [0, 4_000 + 1_280_000]);
+}
