@@ -14,7 +14,7 @@ use crate::Instant;
 use crate::engine::{KeyError, Shared};
 use crate::memory::Memory;
 use crate::qp::{InMessage, Qp};
-use crate::verbs::{Access, AsyncEvent, Event, QpState, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
+use crate::verbs::{Access, AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
 
 /// The completion of a WR flushed by the error state.
 pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> Wc {
@@ -113,12 +113,27 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
     sh.update_timer(qp);
 }
 
-/// Fails the QP because of its own error (a local protection or length error, retries
-/// exhausted, a NAK): the head WQE completes with `status`, the rest flush, and the QP
-/// reports `IBV_EVENT_QP_FATAL`... unless the error is one the application caused, which
-/// only the completion reports.
+/// Fails the QP because of an error its requester found (a local protection or length
+/// error, retries exhausted, a NAK): the head WQE completes with `status` and the rest of
+/// the send queue flushes. An RC QP goes to ERR, receives flushed too; a UC or UD QP goes to
+/// SQE (IBA 10.3.1.5), where its receive side carries on and SQE→RTS resumes sending.
 pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
-    enter_error(qp, sh, Some(status));
+    if qp.qp_type == QpType::Rc {
+        enter_error(qp, sh, Some(status));
+        return;
+    }
+    if !qp.sq.is_empty() {
+        complete_head(qp, sh, status);
+    }
+    while !qp.sq.is_empty() {
+        let wqe = qp.sq.get(qp.sq.head());
+        let wc = flush_wc(qp.qpn, wqe.wr_id, wqe.op().wc_opcode());
+        sh.push_cqe(qp.send_cq, wc);
+        qp.sq.pop();
+    }
+    qp.req.next = qp.sq.tail();
+    qp.req.offset = 0;
+    qp.state = QpState::Sqe;
 }
 
 /// The status a failed local key check gives.

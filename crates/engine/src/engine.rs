@@ -890,7 +890,8 @@ fn post_sends<M: Memory + ?Sized>(
     {
         for (index, wr) in wrs.iter().enumerate() {
             validate_send(qp, wr, shared).map_err(|m| bad(index, m))?;
-            if qp.state == QpState::Err {
+            if matches!(qp.state, QpState::Err | QpState::Sqe) {
+                // IBA 10.8.3.3: sends posted in ERR or SQE complete at once, flushed.
                 let wc = crate::completer::flush_wc(qp.qpn, wr.wr_id, wr.op.wc_opcode());
                 shared.push_cqe(qp.send_cq, wc);
                 continue;

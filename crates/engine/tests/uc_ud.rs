@@ -390,3 +390,42 @@ fn ud_over_ipv6_grh_is_the_40_byte_ipv6_header() {
     assert_eq!((h.next_header, h.hop_limit), (etherparse::IpNumber::UDP, 64));
     assert_eq!(pair.b.read(0x2000 + 40, 3), b"six");
 }
+
+#[test]
+fn uc_send_side_error_moves_the_qp_to_sqe_and_rts_resumes() {
+    // IBA 10.3.1.5: on UC and UD a send-side error stops the send queue only (SQE).
+    let mut pair = Pair::connected(QpType::Uc, Mtu::Mtu1024);
+    let bad = Sge { addr: BASE, length: 8, lkey: LKey(pair.a.mr.lkey.0 ^ 0x10) };
+    let good = pair.a.sge(0, 8);
+    pair.a.post_send(wr(1, SendOp::Send, &[bad]));
+    pair.a.post_send(wr(2, SendOp::Send, &[good]));
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(
+        wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(),
+        [(1, WcStatus::LocProtErr), (2, WcStatus::WrFlushErr)]
+    );
+    assert_eq!(pair.a.engine.qp_state(pair.a.qp), Some(QpState::Sqe));
+
+    // The receive side still works in SQE.
+    pair.a.post_recv(7, 0x100, 64);
+    pair.b.fill(0, b"still here");
+    let s = pair.b.sge(0, 10);
+    pair.b.post_send(wr(3, SendOp::Send, &[s]));
+    pair.drive();
+    assert_eq!(pair.a.poll().map(|w| (w.wr_id, w.status)), Some((7, WcStatus::Success)));
+    assert_eq!(pair.a.read(0x100, 10), b"still here");
+
+    // Sends posted in SQE are flushed at once.
+    pair.a.post_send(wr(9, SendOp::Send, &[good]));
+    assert_eq!(pair.a.poll().map(|w| (w.wr_id, w.status)), Some((9, WcStatus::WrFlushErr)));
+
+    // SQE→RTS, and sending resumes.
+    let rts = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+    pair.a.engine.modify_qp(pair.a.qp, &rts, AttrMask::STATE).unwrap();
+    pair.b.post_recv(8, 0x300, 64);
+    pair.a.post_send(wr(4, SendOp::Send, &[good]));
+    pair.drive();
+    assert_eq!(pair.a.poll().map(|w| (w.wr_id, w.status)), Some((4, WcStatus::Success)));
+    assert_eq!(pair.b.poll_all().iter().filter(|w| w.wr_id == 8).count(), 1);
+}
