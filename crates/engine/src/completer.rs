@@ -18,9 +18,14 @@ use crate::verbs::{Access, AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpc
 
 /// The completion of a WR flushed by the error state.
 pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> Wc {
+    error_wc(qpn, wr_id, opcode, WcStatus::WrFlushErr)
+}
+
+/// An error completion: only `wr_id`, `status`, `opcode` and `qp_num` mean anything.
+pub(crate) fn error_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Wc {
     Wc {
         wr_id,
-        status: WcStatus::WrFlushErr,
+        status,
         opcode,
         byte_len: 0,
         imm_data: None,
@@ -242,6 +247,22 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
     sh.schedule(qp);
 }
 
+/// Starts a retry sequence from `psn` unless one is under way, spending one of `retry_cnt`;
+/// with none left the QP fails with RETRY_EXC_ERR. Returns whether the QP is still alive.
+fn start_retry(qp: &mut Qp, sh: &mut Shared, psn: Psn) -> bool {
+    if qp.req.retry_started {
+        return true;
+    }
+    if qp.req.retry_left == 0 {
+        fail(qp, sh, WcStatus::RetryExcErr);
+        return false;
+    }
+    qp.req.retry_left -= 1;
+    qp.req.retry_started = true;
+    retry_from(qp, sh, psn);
+    true
+}
+
 /// An ACKNOWLEDGE (ACK, RNR NAK or NAK) for `psn`.
 pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, syndrome: Syndrome) {
     match syndrome {
@@ -258,16 +279,9 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                     qp.comp.psn = resume;
                     qp.req.retry_started = false;
                 }
-                if !qp.req.retry_started {
-                    if qp.req.retry_left == 0 {
-                        fail(qp, sh, WcStatus::RetryExcErr);
-                        return;
-                    }
-                    qp.req.retry_left -= 1;
-                    qp.req.retry_started = true;
-                    retry_from(qp, sh, resume);
+                if start_retry(qp, sh, resume) {
+                    rearm(qp, now);
                 }
-                rearm(qp, now);
                 return;
             }
             progress(qp, now, psn);
@@ -303,16 +317,9 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                         qp.comp.psn = psn; // everything before the NAKed PSN arrived
                         qp.req.retry_started = false;
                     }
-                    if !qp.req.retry_started {
-                        if qp.req.retry_left == 0 {
-                            fail(qp, sh, WcStatus::RetryExcErr);
-                            return;
-                        }
-                        qp.req.retry_left -= 1;
-                        qp.req.retry_started = true;
-                        retry_from(qp, sh, psn);
+                    if start_retry(qp, sh, psn) {
+                        rearm(qp, now);
                     }
-                    rearm(qp, now);
                 }
                 NakCode::InvalidRequest => fail(qp, sh, WcStatus::RemInvReqErr),
                 NakCode::RemoteAccessError => fail(qp, sh, WcStatus::RemAccessErr),
@@ -351,15 +358,9 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
     }
     let expected = w.first_psn.wrapping_add(w.read_done / mtu);
     if psn != expected {
-        if psn.is_after(expected) && !qp.req.retry_started {
+        if psn.is_after(expected) {
             // Responses were lost: ask again for the rest (IBA 9.7.5.1.5).
-            if qp.req.retry_left == 0 {
-                fail(qp, sh, WcStatus::RetryExcErr);
-                return;
-            }
-            qp.req.retry_left -= 1;
-            qp.req.retry_started = true;
-            retry_from(qp, sh, expected);
+            start_retry(qp, sh, expected);
         }
         return;
     }

@@ -23,7 +23,7 @@ use std::net::IpAddr;
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 use slab::Slab;
-use softrdma_wire::{Envelope, Gid, Ipv4Envelope, Ipv6Envelope, Psn, Qpn, RKey, ROCEV2_UDP_PORT};
+use softrdma_wire::{Envelope, Gid, Psn, Qpn, RKey};
 
 use crate::Instant;
 use crate::memory::Memory;
@@ -311,17 +311,7 @@ impl Shared {
     /// error.
     pub(crate) fn give_back_recv(&mut self, qp: &mut Qp, wqe: RecvWqe, from_srq: bool) {
         if from_srq {
-            let wc = Wc {
-                wr_id: wqe.wr_id,
-                status: WcStatus::LocLenErr,
-                opcode: WcOpcode::Recv,
-                byte_len: 0,
-                imm_data: None,
-                qp_num: qp.qpn,
-                src_qp: Qpn::default(),
-                grh: false,
-                solicited: false,
-            };
+            let wc = crate::completer::error_wc(qp.qpn, wqe.wr_id, WcOpcode::Recv, WcStatus::LocLenErr);
             self.push_cqe(qp.recv_cq, wc);
         } else {
             qp.rq.unpop(wqe);
@@ -331,20 +321,7 @@ impl Shared {
     /// The envelope from a local GID index to `dgid`, with the RoCEv2 UDP source port.
     pub(crate) fn envelope_for(&self, av: &AddressVector, src_port: u16) -> Option<Envelope> {
         let src = *self.config.addresses.get(usize::from(av.sgid_index))?;
-        match (src, av.dgid.to_ip()) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => Some(Envelope::V4(Ipv4Envelope {
-                src,
-                dst,
-                identification: 0,
-                dont_fragment: true,
-                src_port,
-                dst_port: ROCEV2_UDP_PORT,
-            })),
-            (IpAddr::V6(src), IpAddr::V6(dst)) => {
-                Some(Envelope::V6(Ipv6Envelope { src, dst, src_port, dst_port: ROCEV2_UDP_PORT }))
-            }
-            _ => None,
-        }
+        Envelope::rocev2(src, src_port, av.dgid.to_ip())
     }
 
     pub(crate) fn is_local(&self, ip: IpAddr) -> bool {

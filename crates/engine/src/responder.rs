@@ -337,21 +337,7 @@ fn execute<M: Memory + ?Sized>(
         Operation::RdmaWrite | Operation::RdmaWriteWithImm => {
             if position.starts_message() {
                 let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
-                // C9-88: a zero-length WRITE needs no valid R_Key.
-                if reth.dma_length > 0
-                    && (!access.contains(Access::REMOTE_WRITE)
-                        || sh
-                            .check_rkey(
-                                qp.pd,
-                                reth.rkey.0,
-                                reth.virtual_address,
-                                u64::from(reth.dma_length),
-                                Access::REMOTE_WRITE,
-                            )
-                            .is_err())
-                {
-                    return Err(Refusal::Fatal(NakCode::RemoteAccessError));
-                }
+                remote_access(qp, sh, &reth, Access::REMOTE_WRITE)?;
                 qp.resp.current =
                     InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length, rkey: reth.rkey.0 };
             }
@@ -395,20 +381,7 @@ fn execute<M: Memory + ?Sized>(
             if qp.attr.max_dest_rd_atomic == 0 {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // no responder resources
             }
-            if reth.dma_length > 0
-                && (!access.contains(Access::REMOTE_READ)
-                    || sh
-                        .check_rkey(
-                            qp.pd,
-                            reth.rkey.0,
-                            reth.virtual_address,
-                            u64::from(reth.dma_length),
-                            Access::REMOTE_READ,
-                        )
-                        .is_err())
-            {
-                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
-            }
+            remote_access(qp, sh, &reth, Access::REMOTE_READ)?;
             let npkts = packets(SendOp::RdmaRead { remote_addr: 0, rkey: reth.rkey }, reth.dma_length, mtu);
             remember(
                 qp,
@@ -463,6 +436,18 @@ fn execute<M: Memory + ?Sized>(
         _ => return Err(Refusal::Fatal(NakCode::InvalidRequest)),
     }
     Ok(())
+}
+
+/// The responder's access check for a RETH (IBA 9.7.5.1.3, rxe `check_rkey`): the QP must
+/// allow the access, and the R_Key must name an MR of the QP's PD that allows it and holds
+/// the whole range. C9-88: a zero-length operation needs no valid R_Key.
+fn remote_access(qp: &Qp, sh: &Shared, reth: &softrdma_wire::RethRepr, need: Access) -> Result<(), Refusal> {
+    if reth.dma_length == 0 {
+        return Ok(());
+    }
+    let ok = qp.attr.qp_access_flags.contains(need)
+        && sh.check_rkey(qp.pd, reth.rkey.0, reth.virtual_address, u64::from(reth.dma_length), need).is_ok();
+    if ok { Ok(()) } else { Err(Refusal::Fatal(NakCode::RemoteAccessError)) }
 }
 
 /// Remembers a READ or atomic for duplicates, keeping the last `max_dest_rd_atomic`.

@@ -77,8 +77,9 @@ fn bth(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
     }
 }
 
-fn emit(repr: &RoceRepr<'_>, envelope: Envelope, buf: &mut [u8]) -> Option<Transmit> {
-    match repr.emit(&envelope, buf) {
+/// Writes `repr` with a payload of `payload_len` bytes already placed after its headers.
+fn emit(repr: &RoceRepr<'_>, envelope: Envelope, payload_len: usize, buf: &mut [u8]) -> Option<Transmit> {
+    match repr.emit_around_payload(&envelope, payload_len, buf) {
         Ok(len) => Some(Transmit { envelope, len }),
         Err(e) => {
             debug_assert!(false, "the engine built a packet the codec refuses: {e}");
@@ -102,7 +103,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 ext: ExtHeaders { aeth: ack(syndrome), ..Default::default() },
                 payload: &[],
             };
-            emit(&repr, envelope, buf)
+            emit(&repr, envelope, 0, buf)
         }
         RespJob::AtomicAck { psn, original } => {
             qp.resp.out.pop_front();
@@ -115,7 +116,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 },
                 payload: &[],
             };
-            emit(&repr, envelope, buf)
+            emit(&repr, envelope, 0, buf)
         }
         RespJob::Read { psn, va, remaining, first, rkey } => {
             let mtu = qp.mtu();
@@ -163,13 +164,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                     rkey,
                 };
             }
-            match header.emit_around_payload(&envelope, chunk as usize, buf) {
-                Ok(len) => Some(Transmit { envelope, len }),
-                Err(e) => {
-                    debug_assert!(false, "the engine built a packet the codec refuses: {e}");
-                    None
-                }
-            }
+            emit(&header, envelope, chunk as usize, buf)
         }
     }
 }
@@ -359,14 +354,7 @@ fn request<M: Memory + ?Sized>(
         qp.req.next = pos + 1;
         qp.req.offset = 0;
     }
-    let repr = RoceRepr { bth: header, ext, payload: &[] };
-    let sent = match repr.emit_around_payload(&envelope, payload_len as usize, buf) {
-        Ok(len) => Some(Transmit { envelope, len }),
-        Err(e) => {
-            debug_assert!(false, "the engine built a packet the codec refuses: {e}");
-            None
-        }
-    };
+    let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf);
     if rc {
         if qp.req.retransmit_at.is_none() {
             completer::rearm(qp, now);
