@@ -1,0 +1,457 @@
+//! Every `unsafe` line of the crate: the libc calls that neither `socket2` nor the standard
+//! library makes for us.
+//!
+//! - `setsockopt` of `int` options socket2 has no setter for (`IP_MTU_DISCOVER`,
+//!   `IP_PKTINFO`, `IP_RECVTTL`, `UDP_NO_CHECK6_RX`, `UDP_GRO`, ...);
+//! - `poll` on one descriptor;
+//! - `sendmmsg` with per-message control messages (source address, traffic class, GSO
+//!   segment size);
+//! - `recvmmsg` and the decoding of the control messages it returns.
+//!
+//! All buffers the kernel reads or writes live on the caller's stack or in slices the
+//! caller lends for the duration of one call; nothing here keeps a raw pointer past the
+//! function that made it.
+
+use std::io;
+use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, BorrowedFd};
+use std::ptr;
+use std::time::Duration;
+
+use libc::{c_int, c_void};
+
+/// Datagrams per `sendmmsg`/`recvmmsg` call. The headers of one call live on the stack.
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Bytes of control-message space per datagram. A received IPv6 datagram carries at most
+/// `IPV6_PKTINFO` (40 with its header), `IPV6_HOPLIMIT`, `IPV6_TCLASS`, `IPV6_FLOWINFO`
+/// and `UDP_GRO` (24 each): 136. A sent one at most a pktinfo, a traffic class and a
+/// segment size: 88. 256 leaves room; a shortfall would show as `MSG_CTRUNC`.
+const CMSG_BUF_LEN: usize = 256;
+
+/// A control-message buffer, aligned for `cmsghdr`.
+#[derive(Clone, Copy)]
+#[repr(C, align(8))]
+struct CmsgBuf([u8; CMSG_BUF_LEN]);
+
+const _: () = assert!(mem::align_of::<libc::cmsghdr>() <= mem::align_of::<CmsgBuf>());
+
+impl CmsgBuf {
+    const ZERO: Self = Self([0; CMSG_BUF_LEN]);
+}
+
+fn cmsg_space(data_len: usize) -> usize {
+    // SAFETY: CMSG_SPACE is arithmetic on its argument; it touches no memory.
+    unsafe { libc::CMSG_SPACE(data_len as libc::c_uint) as usize }
+}
+
+fn cmsg_len(data_len: usize) -> usize {
+    // SAFETY: CMSG_LEN is arithmetic on its argument; it touches no memory.
+    unsafe { libc::CMSG_LEN(data_len as libc::c_uint) as usize }
+}
+
+/// Sets an `int`-valued socket option.
+pub(crate) fn set_int(fd: BorrowedFd<'_>, level: c_int, name: c_int, value: c_int) -> io::Result<()> {
+    // SAFETY: `fd` is an open descriptor for the duration of the borrow; the option value
+    // is a live `c_int` on our stack and its exact size is passed as the length.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            ptr::from_ref(&value).cast::<c_void>(),
+            mem::size_of::<c_int>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Waits until `fd` has one of `events` (`POLLIN`, `POLLOUT`), or the timeout passes.
+/// Returns whether it became ready. `None` waits forever.
+pub(crate) fn poll(fd: BorrowedFd<'_>, events: libc::c_short, timeout: Option<Duration>) -> io::Result<bool> {
+    let timeout_ms: c_int = match timeout {
+        None => -1,
+        // Round up, so that a short positive timeout does not become a busy non-wait.
+        Some(t) => c_int::try_from(t.as_nanos().div_ceil(1_000_000)).unwrap_or(c_int::MAX),
+    };
+    let mut pfd = libc::pollfd { fd: fd.as_raw_fd(), events, revents: 0 };
+    loop {
+        // SAFETY: one valid `pollfd` on our stack, and the count says one.
+        let rc = unsafe { libc::poll(&raw mut pfd, 1, timeout_ms) };
+        if rc >= 0 {
+            return Ok(rc > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// A `sockaddr_in` or `sockaddr_in6`, built without `unsafe` and passed by pointer.
+#[derive(Clone, Copy)]
+#[repr(C)]
+union RawAddr {
+    v4: libc::sockaddr_in,
+    v6: libc::sockaddr_in6,
+}
+
+impl RawAddr {
+    fn new(addr: SocketAddr) -> (Self, libc::socklen_t) {
+        match addr {
+            SocketAddr::V4(a) => (
+                Self {
+                    v4: libc::sockaddr_in {
+                        sin_family: libc::AF_INET as libc::sa_family_t,
+                        sin_port: a.port().to_be(),
+                        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) },
+                        sin_zero: [0; 8],
+                    },
+                },
+                mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            ),
+            SocketAddr::V6(a) => (
+                Self {
+                    v6: libc::sockaddr_in6 {
+                        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                        sin6_port: a.port().to_be(),
+                        sin6_flowinfo: a.flowinfo().to_be(),
+                        sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
+                        sin6_scope_id: a.scope_id(),
+                    },
+                },
+                mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            ),
+        }
+    }
+}
+
+/// Plain data that any bit pattern of its size is a valid value of, so it may be read
+/// from the kernel's control-message bytes.
+trait Pod: Copy {}
+impl Pod for u8 {}
+impl Pod for u16 {}
+impl Pod for c_int {}
+impl Pod for u32 {}
+impl Pod for libc::in_pktinfo {}
+impl Pod for libc::in6_pktinfo {}
+
+/// Writes control messages into a [`CmsgBuf`], never past its end.
+struct CmsgWriter<'a> {
+    buf: &'a mut CmsgBuf,
+    len: usize,
+}
+
+impl CmsgWriter<'_> {
+    fn push<T: Pod>(&mut self, level: c_int, kind: c_int, value: T) {
+        let size = mem::size_of::<T>();
+        let space = cmsg_space(size);
+        // A fixed set of small messages: overflowing is a bug here, not bad input.
+        assert!(self.len + space <= CMSG_BUF_LEN, "control-message buffer too small");
+        // SAFETY: an all-zero `cmsghdr` is valid (integers and, on some targets, padding).
+        let mut header: libc::cmsghdr = unsafe { mem::zeroed() };
+        header.cmsg_len = cmsg_len(size) as _;
+        header.cmsg_level = level;
+        header.cmsg_type = kind;
+        let base = self.buf.0.as_mut_ptr();
+        // SAFETY: `self.len + space <= CMSG_BUF_LEN` (asserted above), and the header and
+        // the data at CMSG_LEN(0) past it both end within `space` bytes of `self.len`;
+        // `write_unaligned` needs no alignment.
+        unsafe {
+            ptr::write_unaligned(base.add(self.len).cast::<libc::cmsghdr>(), header);
+            ptr::write_unaligned(base.add(self.len + cmsg_len(0)).cast::<T>(), value);
+        }
+        self.len += space;
+    }
+}
+
+/// One datagram to send.
+#[derive(Clone, Copy)]
+pub(crate) struct SendMsg<'a> {
+    pub(crate) dst: SocketAddr,
+    pub(crate) payload: &'a [u8],
+    /// Source address to put in `IP_PKTINFO`/`IPV6_PKTINFO` (for a wildcard-bound socket).
+    pub(crate) src_ip: Option<IpAddr>,
+    /// IPv4 TOS / IPv6 traffic class for this datagram only.
+    pub(crate) traffic_class: Option<u8>,
+    /// GSO: split `payload` into datagrams of this many bytes (`UDP_SEGMENT`).
+    pub(crate) segment_size: Option<u16>,
+}
+
+impl SendMsg<'_> {
+    pub(crate) const EMPTY: SendMsg<'static> = SendMsg {
+        dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
+        payload: &[],
+        src_ip: None,
+        traffic_class: None,
+        segment_size: None,
+    };
+}
+
+/// Sends up to [`MAX_BATCH`] datagrams with one `sendmmsg`. Returns how many the kernel
+/// took; an error only when it took none.
+pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<usize> {
+    let count = msgs.len().min(MAX_BATCH);
+    if count == 0 {
+        return Ok(0);
+    }
+    let zero_addr = RawAddr::new(SocketAddr::from(([0, 0, 0, 0], 0))).0;
+    let mut names = [(zero_addr, 0 as libc::socklen_t); MAX_BATCH];
+    let mut iovs = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; MAX_BATCH];
+    let mut ctrls = [CmsgBuf::ZERO; MAX_BATCH];
+    let mut ctrl_lens = [0usize; MAX_BATCH];
+    for (i, m) in msgs[..count].iter().enumerate() {
+        names[i] = RawAddr::new(m.dst);
+        // The kernel only reads through this pointer (sendmmsg never writes the payload).
+        iovs[i] = libc::iovec { iov_base: m.payload.as_ptr().cast_mut().cast::<c_void>(), iov_len: m.payload.len() };
+        let mut w = CmsgWriter { buf: &mut ctrls[i], len: 0 };
+        let v4 = m.dst.is_ipv4();
+        if let Some(src) = m.src_ip {
+            match src {
+                IpAddr::V4(ip) => w.push(
+                    libc::IPPROTO_IP,
+                    libc::IP_PKTINFO,
+                    libc::in_pktinfo {
+                        ipi_ifindex: 0,
+                        ipi_spec_dst: libc::in_addr { s_addr: u32::from_ne_bytes(ip.octets()) },
+                        ipi_addr: libc::in_addr { s_addr: 0 },
+                    },
+                ),
+                IpAddr::V6(ip) => w.push(
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_PKTINFO,
+                    libc::in6_pktinfo { ipi6_addr: libc::in6_addr { s6_addr: ip.octets() }, ipi6_ifindex: 0 },
+                ),
+            }
+        }
+        if let Some(tc) = m.traffic_class {
+            if v4 {
+                w.push(libc::IPPROTO_IP, libc::IP_TOS, c_int::from(tc));
+            } else {
+                w.push(libc::IPPROTO_IPV6, libc::IPV6_TCLASS, c_int::from(tc));
+            }
+        }
+        if let Some(seg) = m.segment_size {
+            // The kernel reads a u16 here.
+            w.push(libc::SOL_UDP, libc::UDP_SEGMENT, seg);
+        }
+        ctrl_lens[i] = w.len;
+    }
+    // SAFETY: `mmsghdr` is plain C data; all-zero is a valid value (null pointers, zero
+    // lengths), and every field the kernel reads is set below.
+    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+    for i in 0..count {
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_name = (&raw mut names[i].0).cast::<c_void>();
+        h.msg_namelen = names[i].1;
+        h.msg_iov = &raw mut iovs[i];
+        h.msg_iovlen = 1;
+        if ctrl_lens[i] > 0 {
+            h.msg_control = (&raw mut ctrls[i]).cast::<c_void>();
+            h.msg_controllen = ctrl_lens[i] as _;
+        }
+    }
+    loop {
+        // SAFETY: `hdrs[..count]` point at `names`, `iovs` and `ctrls` on this stack frame
+        // and at the payloads borrowed through `msgs`, all alive until we return; each
+        // length matches its buffer. The kernel writes only `msg_len` of each header.
+        let rc = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), count as _, 0) };
+        if rc >= 0 {
+            return Ok(rc as usize);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// What the kernel told us about one received message (a datagram, or a GRO train of
+/// datagrams of `gro_segment` bytes each).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RawMeta {
+    pub(crate) len: usize,
+    pub(crate) source: Option<SocketAddr>,
+    pub(crate) dst_ip: Option<IpAddr>,
+    pub(crate) ifindex: u32,
+    pub(crate) hop_limit: Option<u8>,
+    pub(crate) traffic_class: Option<u8>,
+    pub(crate) flow_label: Option<u32>,
+    pub(crate) gro_segment: Option<usize>,
+    /// The datagram was longer than its buffer (`MSG_TRUNC`).
+    pub(crate) truncated: bool,
+    /// Some control messages did not fit (`MSG_CTRUNC`).
+    pub(crate) ctrl_truncated: bool,
+}
+
+impl RawMeta {
+    pub(crate) const EMPTY: Self = Self {
+        len: 0,
+        source: None,
+        dst_ip: None,
+        ifindex: 0,
+        hop_limit: None,
+        traffic_class: None,
+        flow_label: None,
+        gro_segment: None,
+        truncated: false,
+        ctrl_truncated: false,
+    };
+}
+
+/// Receives up to `min(bufs.len() / slot_len, out.len(), MAX_BATCH)` messages with one
+/// non-blocking `recvmmsg`, message `i` into `bufs[i * slot_len..][..slot_len]`, its
+/// metadata into `out[i]`. Returns the number received; `WouldBlock` when there is none.
+pub(crate) fn recvmmsg(fd: BorrowedFd<'_>, bufs: &mut [u8], slot_len: usize, out: &mut [RawMeta]) -> io::Result<usize> {
+    if slot_len == 0 {
+        return Ok(0);
+    }
+    let count = (bufs.len() / slot_len).min(out.len()).min(MAX_BATCH);
+    if count == 0 {
+        return Ok(0);
+    }
+    let mut iovs = [libc::iovec { iov_base: ptr::null_mut(), iov_len: 0 }; MAX_BATCH];
+    for (iov, chunk) in iovs.iter_mut().zip(bufs.chunks_exact_mut(slot_len)).take(count) {
+        *iov = libc::iovec { iov_base: chunk.as_mut_ptr().cast::<c_void>(), iov_len: chunk.len() };
+    }
+    // SAFETY: `sockaddr_storage` and `mmsghdr` are plain C data for which all-zero is
+    // valid.
+    let mut names: [libc::sockaddr_storage; MAX_BATCH] = unsafe { mem::zeroed() };
+    // SAFETY: as above.
+    let mut hdrs: [libc::mmsghdr; MAX_BATCH] = unsafe { mem::zeroed() };
+    let mut ctrls = [CmsgBuf::ZERO; MAX_BATCH];
+    for i in 0..count {
+        let h = &mut hdrs[i].msg_hdr;
+        h.msg_name = (&raw mut names[i]).cast::<c_void>();
+        h.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+        h.msg_iov = &raw mut iovs[i];
+        h.msg_iovlen = 1;
+        h.msg_control = (&raw mut ctrls[i]).cast::<c_void>();
+        h.msg_controllen = CMSG_BUF_LEN as _;
+    }
+    let received = loop {
+        // SAFETY: `hdrs[..count]` point at `names`, `iovs`, `ctrls` (this stack frame) and
+        // at disjoint `slot_len`-byte chunks of `bufs` (mutably borrowed for this call);
+        // every length is its buffer's capacity, so the kernel writes within them.
+        let rc = unsafe {
+            libc::recvmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr(), count as _, libc::MSG_DONTWAIT as _, ptr::null_mut())
+        };
+        if rc >= 0 {
+            break rc as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    for i in 0..received {
+        let h = &hdrs[i].msg_hdr;
+        let mut meta = RawMeta::EMPTY;
+        meta.len = hdrs[i].msg_len as usize;
+        meta.truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+        meta.ctrl_truncated = h.msg_flags & libc::MSG_CTRUNC != 0;
+        meta.source = decode_addr(&names[i]);
+        decode_cmsgs(h, &mut meta);
+        out[i] = meta;
+    }
+    Ok(received)
+}
+
+fn decode_addr(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
+    match c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the kernel wrote a `sockaddr_in`, which is smaller
+            // than `sockaddr_storage`; `read_unaligned` needs no alignment.
+            let sin = unsafe { ptr::read_unaligned(ptr::from_ref(ss).cast::<libc::sockaddr_in>()) };
+            Some(
+                SocketAddrV4::new(Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()), u16::from_be(sin.sin_port)).into(),
+            )
+        }
+        libc::AF_INET6 => {
+            // SAFETY: as above, for `sockaddr_in6`.
+            let sin6 = unsafe { ptr::read_unaligned(ptr::from_ref(ss).cast::<libc::sockaddr_in6>()) };
+            Some(
+                SocketAddrV6::new(
+                    Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                    u16::from_be(sin6.sin6_port),
+                    u32::from_be(sin6.sin6_flowinfo),
+                    sin6.sin6_scope_id,
+                )
+                .into(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Walks the control messages of a received message.
+fn decode_cmsgs(h: &libc::msghdr, meta: &mut RawMeta) {
+    if h.msg_control.is_null() {
+        return;
+    }
+    // SAFETY: `h.msg_control` points at our `CmsgBuf`, and the kernel set
+    // `h.msg_controllen` to the bytes it wrote there (at most the buffer's length).
+    // CMSG_FIRSTHDR returns null or a header that fits within `msg_controllen`.
+    let mut c = unsafe { libc::CMSG_FIRSTHDR(h) };
+    #[allow(clippy::unnecessary_cast)] // `size_t` on glibc, `socklen_t` on musl
+    let end = (h.msg_control as usize).saturating_add(h.msg_controllen as usize);
+    while !c.is_null() {
+        // SAFETY: `c` is non-null, so CMSG_FIRSTHDR/CMSG_NXTHDR checked that a whole
+        // `cmsghdr` lies within the control buffer.
+        let header = unsafe { ptr::read_unaligned(c) };
+        // SAFETY: CMSG_DATA is pointer arithmetic within the same message.
+        let data = unsafe { libc::CMSG_DATA(c) }.cast_const();
+        // The kernel never claims more than it wrote, but trust only what lies in the
+        // buffer.
+        let data_len = (header.cmsg_len as usize).saturating_sub(cmsg_len(0)).min(end.saturating_sub(data as usize));
+        match (header.cmsg_level, header.cmsg_type) {
+            (libc::IPPROTO_IP, libc::IP_PKTINFO) => {
+                if let Some(p) = read_data::<libc::in_pktinfo>(data, data_len) {
+                    meta.dst_ip = Some(IpAddr::V4(Ipv4Addr::from(p.ipi_addr.s_addr.to_ne_bytes())));
+                    meta.ifindex = p.ipi_ifindex as u32;
+                }
+            }
+            (libc::IPPROTO_IP, libc::IP_TTL) => {
+                meta.hop_limit = read_data::<c_int>(data, data_len).map(|v| v as u8);
+            }
+            (libc::IPPROTO_IP, libc::IP_TOS) => {
+                meta.traffic_class = read_data::<u8>(data, data_len);
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_PKTINFO) => {
+                if let Some(p) = read_data::<libc::in6_pktinfo>(data, data_len) {
+                    meta.dst_ip = Some(IpAddr::V6(Ipv6Addr::from(p.ipi6_addr.s6_addr)));
+                    meta.ifindex = p.ipi6_ifindex;
+                }
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_HOPLIMIT) => {
+                meta.hop_limit = read_data::<c_int>(data, data_len).map(|v| v as u8);
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
+                meta.traffic_class = read_data::<c_int>(data, data_len).map(|v| v as u8);
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO) => {
+                // Network order: traffic class and flow label; keep the 20-bit label.
+                meta.flow_label = read_data::<u32>(data, data_len).map(|v| u32::from_be(v) & 0x000f_ffff);
+            }
+            (libc::SOL_UDP, libc::UDP_GRO) => {
+                meta.gro_segment = read_data::<c_int>(data, data_len).and_then(|v| usize::try_from(v).ok());
+            }
+            _ => {}
+        }
+        // SAFETY: `h` and `c` are as above; CMSG_NXTHDR returns null at the end of the
+        // `msg_controllen` bytes instead of walking past them.
+        c = unsafe { libc::CMSG_NXTHDR(h, c) };
+    }
+}
+
+/// Reads a `T` from control-message data of `data_len` bytes, if it holds one.
+fn read_data<T: Pod>(data: *const u8, data_len: usize) -> Option<T> {
+    if data_len < mem::size_of::<T>() {
+        return None;
+    }
+    // SAFETY: `data` points at `data_len >= size_of::<T>()` bytes inside the control
+    // buffer (the caller took both from a header CMSG_FIRSTHDR/NXTHDR vouched for), and
+    // `T: Pod` accepts any bit pattern; `read_unaligned` needs no alignment.
+    Some(unsafe { ptr::read_unaligned(data.cast::<T>()) })
+}
