@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod decode;
+mod loopback;
 
 /// RDMA in software: RoCEv2 verbs and rdma_cm in user space.
 #[derive(Parser, Debug)]
@@ -34,11 +35,37 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// A real RDMA run over the kernel's UDP loopback: two softrdma devices in this process
+    /// (127.0.0.1 and 127.0.0.2, UDP port 4791) move data over an RC QP pair with RDMA WRITE,
+    /// READ or SEND, and report bandwidth and latency.
+    Loopback(loopback::Args),
+}
+
+fn args_json(args: &loopback::Args) -> bool {
+    args.json()
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Loopback(args) => match loopback::run(&args) {
+            Ok(report) => {
+                let out = if args_json(&args) {
+                    serde_json::to_string(&report).unwrap_or_default() + "\n"
+                } else {
+                    loopback::text(&report)
+                };
+                let _ = io::stdout().write_all(out.as_bytes());
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                #[allow(clippy::print_stderr)]
+                {
+                    eprintln!("softrdma loopback: {e}");
+                }
+                ExitCode::FAILURE
+            }
+        },
         Command::Decode { file, json } => {
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());

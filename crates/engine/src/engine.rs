@@ -58,6 +58,11 @@ pub struct DeviceConfig {
     pub port_mtu: Mtu,
     /// Largest message.
     pub max_msg_sz: u32,
+    /// The UDP source port of every packet. `None` derives one per flow from the QPNs and
+    /// flow label as Linux does (`rdma_get_udp_sport`, 0xC000..=0xFFFF, for ECMP entropy);
+    /// `Some(port)` is for a device that sends from one socket, whose port the ICRC must
+    /// then cover. Receivers never check it.
+    pub udp_source_port: Option<u16>,
 }
 
 impl Default for DeviceConfig {
@@ -75,6 +80,7 @@ impl Default for DeviceConfig {
             max_qp_rd_atom: 128,
             port_mtu: Mtu::Mtu4096,
             max_msg_sz: 1 << 31,
+            udp_source_port: None,
         }
     }
 }
@@ -321,7 +327,7 @@ impl Shared {
     /// The envelope from a local GID index to `dgid`, with the RoCEv2 UDP source port.
     pub(crate) fn envelope_for(&self, av: &AddressVector, src_port: u16) -> Option<Envelope> {
         let src = *self.config.addresses.get(usize::from(av.sgid_index))?;
-        Envelope::rocev2(src, src_port, av.dgid.to_ip())
+        Envelope::rocev2(src, self.config.udp_source_port.unwrap_or(src_port), av.dgid.to_ip())
     }
 
     pub(crate) fn is_local(&self, ip: IpAddr) -> bool {
