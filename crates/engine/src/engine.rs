@@ -257,16 +257,26 @@ impl Shared {
     }
 
     /// Registers `qp`'s current deadline in the timer set.
+    ///
+    /// The local ACK timer moves later with almost every ACK. Like rxe, which "kicks it down
+    /// the road", an earlier registration is kept rather than replaced: when it fires,
+    /// [`Engine::handle_timeout`] finds nothing due and registers the QP's true deadline.
+    /// One spurious wake-up per timeout period costs far less than two tree operations per
+    /// ACK. Each QP has at most one entry in the set.
     pub(crate) fn update_timer(&mut self, qp: &mut Qp) {
         let deadline = qp.deadline();
-        if deadline != qp.timer {
-            if let Some(old) = qp.timer {
-                self.timers.remove(&(old, qp.qpn.value()));
+        match (qp.timer, deadline) {
+            (Some(registered), Some(new)) if new >= registered => {}
+            (Some(_), None) => {}
+            (old, new) => {
+                if let Some(old) = old {
+                    self.timers.remove(&(old, qp.qpn.value()));
+                }
+                if let Some(new) = new {
+                    self.timers.insert((new, qp.qpn.value()));
+                }
+                qp.timer = new;
             }
-            if let Some(new) = deadline {
-                self.timers.insert((new, qp.qpn.value()));
-            }
-            qp.timer = deadline;
         }
     }
 

@@ -274,16 +274,29 @@ impl<'a> RoceRepr<'a> {
             if info.payload == PayloadRule::PathMtu && !view.pad().is_empty() {
                 return Err(Error::BadPadding);
             }
-            ext = ExtHeaders {
-                feth: view.feth().map(|p| FethRepr::parse(&p)).transpose()?,
-                reth: view.reth().map(|p| RethRepr::parse(&p)).transpose()?,
-                aeth: view.aeth().map(|p| AethRepr::parse(&p)).transpose()?,
-                deth: view.deth().map(|p| DethRepr::parse(&p)).transpose()?,
-                atomic_eth: view.atomic_eth().map(|p| AtomicEthRepr::parse(&p)).transpose()?,
-                atomic_ack_eth: view.atomic_ack_eth().map(|p| AtomicAckEthRepr::parse(&p)).transpose()?,
-                imm_dt: view.imm_dt().map(|p| ImmDtRepr::parse(&p)).transpose()?,
-                ieth: view.ieth().map(|p| IethRepr::parse(&p)).transpose()?,
-            };
+            // One pass over the opcode's headers, in wire order.
+            let mut at = bth::HEADER_LEN;
+            for (header, len) in Headers::ORDER {
+                if !info.headers.contains(header) {
+                    continue;
+                }
+                let b = &bytes[at..];
+                match header {
+                    Headers::FETH => ext.feth = Some(FethRepr::parse(&FethPacket::new_unchecked(b))?),
+                    Headers::RETH => ext.reth = Some(RethRepr::parse(&RethPacket::new_unchecked(b))?),
+                    Headers::AETH => ext.aeth = Some(AethRepr::parse(&AethPacket::new_unchecked(b))?),
+                    Headers::DETH => ext.deth = Some(DethRepr::parse(&DethPacket::new_unchecked(b))?),
+                    Headers::ATOMIC_ETH => {
+                        ext.atomic_eth = Some(AtomicEthRepr::parse(&AtomicEthPacket::new_unchecked(b))?)
+                    }
+                    Headers::ATOMIC_ACK_ETH => {
+                        ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_unchecked(b))?)
+                    }
+                    Headers::IMM_DT => ext.imm_dt = Some(ImmDtRepr::parse(&ImmDtPacket::new_unchecked(b))?),
+                    _ => ext.ieth = Some(IethRepr::parse(&IethPacket::new_unchecked(b))?),
+                }
+                at += len;
+            }
         }
         Ok(Self { bth, ext, payload })
     }
