@@ -85,19 +85,9 @@ pub(crate) fn check_drained(qp: &mut Qp, sh: &mut Shared) {
 /// Moves `qp` to the error state: `failed` (the head WQE's status) completes first, then
 /// every other outstanding WR is flushed, receives included.
 pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>) {
-    if let Some(status) = failed {
-        if !qp.sq.is_empty() {
-            complete_head(qp, sh, status);
-        }
-    }
     let was_error = qp.state == QpState::Err;
+    fail_send_queue(qp, sh, failed);
     qp.state = QpState::Err;
-    while !qp.sq.is_empty() {
-        let wqe = qp.sq.get(qp.sq.head());
-        let wc = flush_wc(qp.qpn, wqe.wr_id, wqe.op().wc_opcode());
-        sh.push_cqe(qp.send_cq, wc);
-        qp.sq.pop();
-    }
     if let InMessage::Send { wqe, .. } = core::mem::take(&mut qp.resp.current) {
         sh.push_cqe(qp.recv_cq, flush_wc(qp.qpn, wqe.wr_id, WcOpcode::Recv));
     }
@@ -109,8 +99,6 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
     if qp.srq.is_some() && !was_error {
         sh.events.push_back(Event::Async(AsyncEvent::QpLastWqeReached(qp.qpn)));
     }
-    qp.req.next = qp.sq.tail();
-    qp.req.offset = 0;
     qp.req.rd_atomic_outstanding = 0;
     qp.req.retransmit_at = None;
     qp.req.rnr_wait_until = None;
@@ -125,10 +113,19 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
 pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
     if qp.qp_type == QpType::Rc {
         enter_error(qp, sh, Some(status));
-        return;
+    } else {
+        fail_send_queue(qp, sh, Some(status));
+        qp.state = QpState::Sqe;
     }
-    if !qp.sq.is_empty() {
-        complete_head(qp, sh, status);
+}
+
+/// Completes the head send WQE with `failed` (if given), flushes every other one, and
+/// leaves the requester with nothing to send: what ERR and SQE have in common.
+fn fail_send_queue(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>) {
+    if let Some(status) = failed {
+        if !qp.sq.is_empty() {
+            complete_head(qp, sh, status);
+        }
     }
     while !qp.sq.is_empty() {
         let wqe = qp.sq.get(qp.sq.head());
@@ -138,7 +135,6 @@ pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
     }
     qp.req.next = qp.sq.tail();
     qp.req.offset = 0;
-    qp.state = QpState::Sqe;
 }
 
 /// The status a failed local key check gives.

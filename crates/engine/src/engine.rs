@@ -295,9 +295,7 @@ impl Shared {
             if srq.ring.is_empty() {
                 return None;
             }
-            let spare = RecvWqe { sges: self.sge_pool.pop().unwrap_or_default(), ..RecvWqe::default() };
-            let wqe = std::mem::replace(srq.ring.get_mut(srq.ring.head()), spare);
-            srq.ring.pop();
+            let wqe = take_head(&mut srq.ring, &mut self.sge_pool);
             if srq.limit > 0 && srq.ring.len() < srq.limit {
                 // IBA 10.2.9.2: the limit event fires once, then the limit disarms.
                 srq.limit = 0;
@@ -308,10 +306,7 @@ impl Shared {
         if qp.rq.is_empty() {
             return None;
         }
-        let spare = RecvWqe { sges: self.sge_pool.pop().unwrap_or_default(), ..RecvWqe::default() };
-        let wqe = std::mem::replace(qp.rq.get_mut(qp.rq.head()), spare);
-        qp.rq.pop();
-        Some((wqe, false))
+        Some((take_head(&mut qp.rq, &mut self.sge_pool), false))
     }
 
     /// Keeps the gather list of a finished receive WQE for reuse (bounded).
@@ -343,6 +338,15 @@ impl Shared {
     pub(crate) fn is_local(&self, ip: IpAddr) -> bool {
         self.config.addresses.contains(&ip)
     }
+}
+
+/// Takes the receive WQE at the head of `ring`, leaving a pooled gather list in its slot so
+/// that the next post into it does not allocate.
+fn take_head(ring: &mut Ring<RecvWqe>, pool: &mut Vec<Vec<Sge>>) -> RecvWqe {
+    let spare = RecvWqe { sges: pool.pop().unwrap_or_default(), ..RecvWqe::default() };
+    let wqe = std::mem::replace(ring.get_mut(ring.head()), spare);
+    ring.pop();
+    wqe
 }
 
 /// The UDP source port Linux derives for a flow (`include/rdma/ib_verbs.h:
@@ -880,50 +884,48 @@ fn post_sends<M: Memory + ?Sized>(
     shared: &mut Shared,
 ) -> Result<(), PostError> {
     let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
-    {
-        for (index, wr) in wrs.iter().enumerate() {
-            validate_send(qp, wr, shared).map_err(|m| bad(index, m))?;
-            if matches!(qp.state, QpState::Err | QpState::Sqe) {
-                // IBA 10.8.3.3: sends posted in ERR or SQE complete at once, flushed.
-                let wc = crate::completer::flush_wc(qp.qpn, wr.wr_id, wr.op.wc_opcode());
-                shared.push_cqe(qp.send_cq, wc);
-                continue;
-            }
-            if qp.sq.is_full() {
-                return Err(PostError { index, kind: PostErrorKind::QueueFull { depth: qp.sq.capacity() } });
-            }
-            let sig_all = qp.sq_sig_all;
-            let slot = qp.sq.next_free();
-            slot.wr_id = wr.wr_id;
-            slot.op = Some(wr.op);
-            slot.sges.clear();
-            slot.inline.clear();
-            slot.is_inline = wr.flags.contains(SendFlags::INLINE);
-            slot.length = wr.sg_list.iter().map(|s| s.length).sum();
-            slot.signaled = sig_all || wr.flags.contains(SendFlags::SIGNALED);
-            slot.solicited = wr.flags.contains(SendFlags::SOLICITED);
-            slot.fence = wr.flags.contains(SendFlags::FENCE);
-            slot.ud = wr.ud;
-            slot.started = false;
-            slot.npkts = 0;
-            slot.read_done = 0;
-            slot.status = None;
-            if slot.is_inline {
-                for (i, sge) in wr.sg_list.iter().enumerate() {
-                    let at = slot.inline.len();
-                    slot.inline.resize(at + sge.length as usize, 0);
-                    if mem.read(sge.addr, &mut slot.inline[at..]).is_err() {
-                        return Err(bad(
-                            index,
-                            format!("inline SGE {i} at {:#x} (+{}) is not readable", sge.addr, sge.length),
-                        ));
-                    }
-                }
-            } else {
-                slot.sges.extend_from_slice(wr.sg_list);
-            }
-            qp.sq.commit();
+    for (index, wr) in wrs.iter().enumerate() {
+        validate_send(qp, wr, shared).map_err(|m| bad(index, m))?;
+        if matches!(qp.state, QpState::Err | QpState::Sqe) {
+            // IBA 10.8.3.3: sends posted in ERR or SQE complete at once, flushed.
+            let wc = crate::completer::flush_wc(qp.qpn, wr.wr_id, wr.op.wc_opcode());
+            shared.push_cqe(qp.send_cq, wc);
+            continue;
         }
+        if qp.sq.is_full() {
+            return Err(PostError { index, kind: PostErrorKind::QueueFull { depth: qp.sq.capacity() } });
+        }
+        let sig_all = qp.sq_sig_all;
+        let slot = qp.sq.next_free();
+        slot.wr_id = wr.wr_id;
+        slot.op = Some(wr.op);
+        slot.sges.clear();
+        slot.inline.clear();
+        slot.is_inline = wr.flags.contains(SendFlags::INLINE);
+        slot.length = wr.sg_list.iter().map(|s| s.length).sum();
+        slot.signaled = sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        slot.solicited = wr.flags.contains(SendFlags::SOLICITED);
+        slot.fence = wr.flags.contains(SendFlags::FENCE);
+        slot.ud = wr.ud;
+        slot.started = false;
+        slot.npkts = 0;
+        slot.read_done = 0;
+        slot.status = None;
+        if slot.is_inline {
+            for (i, sge) in wr.sg_list.iter().enumerate() {
+                let at = slot.inline.len();
+                slot.inline.resize(at + sge.length as usize, 0);
+                if mem.read(sge.addr, &mut slot.inline[at..]).is_err() {
+                    return Err(bad(
+                        index,
+                        format!("inline SGE {i} at {:#x} (+{}) is not readable", sge.addr, sge.length),
+                    ));
+                }
+            }
+        } else {
+            slot.sges.extend_from_slice(wr.sg_list);
+        }
+        qp.sq.commit();
     }
     Ok(())
 }

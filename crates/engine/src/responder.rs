@@ -5,7 +5,7 @@
 use etherparse::{IpNumber, Ipv4Header, Ipv6Header};
 use softrdma_wire::grh::{GRH_LEN, GrhRepr};
 use softrdma_wire::opcode::{Operation, Position, Transport};
-use softrdma_wire::{Envelope, NakCode, Psn, Qpn, RnrTimer, RocePacket, RoceRepr, Syndrome};
+use softrdma_wire::{Envelope, NakCode, Psn, Qpn, RKey, RnrTimer, RocePacket, RoceRepr, Syndrome};
 
 use crate::completer;
 use crate::engine::Shared;
@@ -278,8 +278,9 @@ enum Refusal {
     Fatal(NakCode),
 }
 
-/// Executes one in-sequence request packet of an RC or UC QP. On success the caller
-/// advances the PSN.
+/// Executes one in-sequence request packet of an RC or UC QP. On success returns how many
+/// PSNs the request occupies (a READ: one per response packet), by which the caller
+/// advances the expected PSN.
 fn execute<M: Memory + ?Sized>(
     qp: &mut Qp,
     sh: &mut Shared,
@@ -287,10 +288,11 @@ fn execute<M: Memory + ?Sized>(
     repr: &RoceRepr<'_>,
     operation: Operation,
     position: Position,
-) -> Result<(), Refusal> {
+) -> Result<u32, Refusal> {
     let psn = repr.bth.psn;
     let mtu = qp.mtu();
     let len = repr.payload.len() as u32;
+    let mut psns = 1;
     if !sequence_ok(&qp.resp.current, operation, position) {
         return Err(Refusal::Fatal(NakCode::InvalidRequest));
     }
@@ -300,7 +302,6 @@ fn execute<M: Memory + ?Sized>(
     if len > mtu {
         return Err(Refusal::Fatal(NakCode::InvalidRequest));
     }
-    let access = qp.attr.qp_access_flags;
     match operation {
         Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate => {
             if position.starts_message() {
@@ -337,7 +338,14 @@ fn execute<M: Memory + ?Sized>(
         Operation::RdmaWrite | Operation::RdmaWriteWithImm => {
             if position.starts_message() {
                 let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
-                remote_access(qp, sh, &reth, Access::REMOTE_WRITE)?;
+                remote_access(
+                    qp,
+                    sh,
+                    reth.rkey,
+                    reth.virtual_address,
+                    u64::from(reth.dma_length),
+                    Access::REMOTE_WRITE,
+                )?;
                 qp.resp.current =
                     InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length, rkey: reth.rkey.0 };
             }
@@ -381,8 +389,9 @@ fn execute<M: Memory + ?Sized>(
             if qp.attr.max_dest_rd_atomic == 0 {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // no responder resources
             }
-            remote_access(qp, sh, &reth, Access::REMOTE_READ)?;
+            remote_access(qp, sh, reth.rkey, reth.virtual_address, u64::from(reth.dma_length), Access::REMOTE_READ)?;
             let npkts = packets(SendOp::RdmaRead { remote_addr: 0, rkey: reth.rkey }, reth.dma_length, mtu);
+            psns = npkts;
             remember(
                 qp,
                 RdAtomicResource {
@@ -408,11 +417,7 @@ fn execute<M: Memory + ?Sized>(
             if qp.attr.max_dest_rd_atomic == 0 || a.virtual_address % 8 != 0 {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // IBA 9.4.5: 8-byte aligned
             }
-            if !access.contains(Access::REMOTE_ATOMIC)
-                || sh.check_rkey(qp.pd, a.rkey.0, a.virtual_address, 8, Access::REMOTE_ATOMIC).is_err()
-            {
-                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
-            }
+            remote_access(qp, sh, a.rkey, a.virtual_address, 8, Access::REMOTE_ATOMIC)?;
             let result = if operation == Operation::CompareSwap {
                 mem.compare_swap(a.virtual_address, a.compare, a.swap_add)
             } else {
@@ -435,18 +440,17 @@ fn execute<M: Memory + ?Sized>(
         }
         _ => return Err(Refusal::Fatal(NakCode::InvalidRequest)),
     }
-    Ok(())
+    Ok(psns)
 }
 
-/// The responder's access check for a RETH (IBA 9.7.5.1.3, rxe `check_rkey`): the QP must
+/// The responder's access check for a RETH or AtomicETH (IBA 9.7.5.1.3, rxe `check_rkey`): the QP must
 /// allow the access, and the R_Key must name an MR of the QP's PD that allows it and holds
 /// the whole range. C9-88: a zero-length operation needs no valid R_Key.
-fn remote_access(qp: &Qp, sh: &Shared, reth: &softrdma_wire::RethRepr, need: Access) -> Result<(), Refusal> {
-    if reth.dma_length == 0 {
+fn remote_access(qp: &Qp, sh: &Shared, rkey: RKey, va: u64, len: u64, need: Access) -> Result<(), Refusal> {
+    if len == 0 {
         return Ok(());
     }
-    let ok = qp.attr.qp_access_flags.contains(need)
-        && sh.check_rkey(qp.pd, reth.rkey.0, reth.virtual_address, u64::from(reth.dma_length), need).is_ok();
+    let ok = qp.attr.qp_access_flags.contains(need) && sh.check_rkey(qp.pd, rkey.0, va, len, need).is_ok();
     if ok { Ok(()) } else { Err(Refusal::Fatal(NakCode::RemoteAccessError)) }
 }
 
@@ -485,14 +489,7 @@ fn rc_request<M: Memory + ?Sized>(
     }
     qp.resp.nak_sent = false;
     match execute(qp, sh, mem, repr, operation, position) {
-        Ok(()) => {
-            let npkts = match operation {
-                Operation::RdmaReadRequest => repr
-                    .ext
-                    .reth
-                    .map_or(1, |r| packets(SendOp::RdmaRead { remote_addr: 0, rkey: r.rkey }, r.dma_length, qp.mtu())),
-                _ => 1,
-            };
+        Ok(npkts) => {
             qp.resp.psn = psn.wrapping_add(npkts);
             let answered =
                 matches!(operation, Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd);
