@@ -2,7 +2,7 @@
 //! check after another as rxe's `rxe_resp.c` orders them: PSN, opcode sequence, resources,
 //! length, R_Key; then execution and the response.
 
-use etherparse::{IpNumber, Ipv4Header, Ipv6Header};
+use softrdma_wire::datagram::ip_udp_headers_with;
 use softrdma_wire::grh::{GRH_LEN, GrhRepr};
 use softrdma_wire::opcode::{Operation, Position, Transport};
 use softrdma_wire::{Envelope, NakCode, Psn, Qpn, RKey, RnrTimer, RocePacket, RoceRepr, Syndrome};
@@ -600,7 +600,9 @@ fn ud_request<M: Memory + ?Sized>(
         return;
     };
     let mut grh = [0u8; GRH_LEN];
-    let _ = grh_for(envelope, ip, repr).emit(&mut grh);
+    if let Ok(header) = grh_for(envelope, ip, repr) {
+        let _ = header.emit(&mut grh);
+    }
     let byte_len = (GRH_LEN + repr.payload.len()) as u32;
     let status = scatter_recv(sh, qp.pd, mem, &wqe, 0, &grh)
         .and_then(|()| scatter_recv(sh, qp.pd, mem, &wqe, GRH_LEN as u32, repr.payload));
@@ -620,26 +622,8 @@ fn ud_request<M: Memory + ?Sized>(
 }
 
 /// The GRH of a received UD packet: its IP header as it arrived (ibv_post_recv(3) NOTES).
-pub fn grh_for(envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) -> GrhRepr {
-    let udp_len = 8 + repr.buffer_len();
-    match envelope {
-        Envelope::V4(e) => {
-            let mut h = Ipv4Header::new(udp_len as u16, ip.hop_limit, IpNumber::UDP, e.src.octets(), e.dst.octets())
-                .unwrap_or_default();
-            h.identification = e.identification;
-            h.dont_fragment = e.dont_fragment;
-            h.dscp = etherparse::IpDscp::try_new(ip.traffic_class >> 2).unwrap_or_default();
-            h.ecn = etherparse::IpEcn::try_new(ip.traffic_class & 3).unwrap_or_default();
-            GrhRepr::V4(h)
-        }
-        Envelope::V6(e) => GrhRepr::V6(Ipv6Header {
-            traffic_class: ip.traffic_class,
-            flow_label: etherparse::Ipv6FlowLabel::try_new(ip.flow_label & 0xf_ffff).unwrap_or_default(),
-            payload_length: udp_len as u16,
-            next_header: IpNumber::UDP,
-            hop_limit: ip.hop_limit,
-            source: e.src.octets(),
-            destination: e.dst.octets(),
-        }),
-    }
+/// Fails only for a packet too long for any datagram, which no receiver is handed.
+pub fn grh_for(envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) -> softrdma_wire::Result<GrhRepr> {
+    let (header, _) = ip_udp_headers_with(envelope, repr.buffer_len(), ip.hop_limit, ip.traffic_class, ip.flow_label)?;
+    Ok(GrhRepr::from_ip(&header))
 }

@@ -283,7 +283,7 @@ fn grh_of(ip: &[u8], udp_payload_at: usize) -> ([u8; GRH_LEN], IpInfo) {
     let repr = RoceRepr::parse(&RocePacket::new_checked(&ip[udp_payload_at..]).unwrap(), &envelope).unwrap();
     let info = IpInfo { hop_limit: ip[8], traffic_class: ip[1], flow_label: 0 };
     let mut area = [0xa5; GRH_LEN]; // catches bytes emit forgets to write
-    grh_for(&envelope, info, &repr).emit(&mut area).unwrap();
+    grh_for(&envelope, info, &repr).unwrap().emit(&mut area).unwrap();
     (area, info)
 }
 

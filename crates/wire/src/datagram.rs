@@ -131,6 +131,19 @@ pub const DEFAULT_HOP_LIMIT: u8 = 64;
 ///
 /// Used to frame packets for capture files without parsing them (they may be malformed).
 pub fn ip_udp_headers(envelope: &Envelope, udp_payload_len: usize) -> Result<(IpRepr, UdpHeader)> {
+    ip_udp_headers_with(envelope, udp_payload_len, DEFAULT_HOP_LIMIT, 0, 0)
+}
+
+/// [`ip_udp_headers`] with the variant fields the envelope does not carry: hop limit (TTL),
+/// traffic class (TOS: DSCP and ECN) and, for IPv6, the flow label (20 bits; higher bits
+/// are dropped). A UD receiver rebuilds the header it received this way for the GRH.
+pub fn ip_udp_headers_with(
+    envelope: &Envelope,
+    udp_payload_len: usize,
+    hop_limit: u8,
+    traffic_class: u8,
+    flow_label: u32,
+) -> Result<(IpRepr, UdpHeader)> {
     let udp_len = u16::try_from(UdpHeader::LEN + udp_payload_len).map_err(|_| Error::BadLength)?;
     let udp = UdpHeader {
         source_port: envelope.src_port(),
@@ -140,19 +153,21 @@ pub fn ip_udp_headers(envelope: &Envelope, udp_payload_len: usize) -> Result<(Ip
     };
     let ip = match envelope {
         Envelope::V4(e) => {
-            let mut h = Ipv4Header::new(udp_len, DEFAULT_HOP_LIMIT, IpNumber::UDP, e.src.octets(), e.dst.octets())
+            let mut h = Ipv4Header::new(udp_len, hop_limit, IpNumber::UDP, e.src.octets(), e.dst.octets())
                 .map_err(|_| Error::BadLength)?;
             h.identification = e.identification;
             h.dont_fragment = e.dont_fragment;
+            h.dscp = etherparse::IpDscp::try_new(traffic_class >> 2).unwrap_or_default();
+            h.ecn = etherparse::IpEcn::try_new(traffic_class & 3).unwrap_or_default();
             h.header_checksum = h.calc_header_checksum();
             IpRepr::V4(h)
         }
         Envelope::V6(e) => IpRepr::V6(Ipv6Header {
-            traffic_class: 0,
-            flow_label: Default::default(),
+            traffic_class,
+            flow_label: etherparse::Ipv6FlowLabel::try_new(flow_label & 0xf_ffff).unwrap_or_default(),
             payload_length: udp_len,
             next_header: IpNumber::UDP,
-            hop_limit: DEFAULT_HOP_LIMIT,
+            hop_limit,
             source: e.src.octets(),
             destination: e.dst.octets(),
         }),

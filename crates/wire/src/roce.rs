@@ -313,17 +313,27 @@ impl<'a> RoceRepr<'a> {
 
     /// Bytes [`emit`](Self::emit) writes: the whole UDP payload, ICRC included.
     pub fn buffer_len(&self) -> usize {
-        self.header_len() + self.payload.len() + self.pad_len() + ICRC_LEN
+        self.packet_len(self.payload.len())
+    }
+
+    /// The packet's length with a payload of `payload_len` bytes: headers, payload, pad, ICRC.
+    fn packet_len(&self, payload_len: usize) -> usize {
+        self.header_len() + payload_len + (payload_len.wrapping_neg() & 3) + ICRC_LEN
     }
 
     /// Checks that the headers are the opcode's and the payload fits its rule.
     pub fn validate(&self) -> Result<()> {
+        self.validate_for(self.payload.len())
+    }
+
+    /// [`validate`](Self::validate) for a payload of `payload_len` bytes.
+    fn validate_for(&self, payload_len: usize) -> Result<()> {
         match self.bth.opcode.info() {
             Some(info) => {
                 if self.ext.headers() != info.headers {
                     return Err(Error::HeaderMismatch);
                 }
-                if !info.payload.allows(self.payload.len()) {
+                if !info.payload.allows(payload_len) {
                     return Err(Error::BadPayloadLength);
                 }
             }
@@ -352,19 +362,8 @@ impl<'a> RoceRepr<'a> {
     /// and the ICRC over all. `self.payload` is ignored. This lets a sender copy user memory
     /// straight into the datagram, once.
     pub fn emit_around_payload(&self, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
-        let sized = RoceRepr { payload: &[], ..*self };
-        let rule_ok = match self.bth.opcode.info() {
-            Some(info) => info.payload.allows(payload_len),
-            None => true,
-        };
-        if !rule_ok {
-            return Err(Error::BadPayloadLength);
-        }
-        if sized.ext.headers() != self.bth.opcode.info().map_or(Headers::NONE, |i| i.headers) {
-            return Err(Error::HeaderMismatch);
-        }
-        let len = sized.header_len() + payload_len + (payload_len.wrapping_neg() & 3) + ICRC_LEN;
-        let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        self.validate_for(payload_len)?;
+        let buf = buf.get_mut(..self.packet_len(payload_len)).ok_or(Error::BufferTooSmall)?;
         self.finish(envelope, payload_len, buf)
     }
 
