@@ -55,14 +55,7 @@ pub(crate) struct Args {
     pcap: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
-    json: bool,
-}
-
-impl Args {
-    /// Whether JSON output was asked for.
-    pub(crate) fn json(&self) -> bool {
-        self.json
-    }
+    pub(crate) json: bool,
 }
 
 /// What a run measured.
@@ -248,15 +241,11 @@ pub(crate) fn run(args: &Args) -> Result<Report, LoopbackError> {
         None => None,
     };
 
-    // The data: a pattern at the source side of every slot.
-    let (src_dev_is_a, area) = match args.op {
-        Op::Read => (false, 0u64),
-        _ => (true, 0u64),
-    };
+    // The data: a pattern in every source slot (b's memory for a READ, a's otherwise).
     let pattern: Vec<u8> = (0..args.size).map(|i| (i as u8).wrapping_mul(97).wrapping_add(13)).collect();
     for slot in 0..slots {
-        let at = BASE + area + (slot as u64) * u64::from(args.size);
-        let dev = if src_dev_is_a { &mut a } else { &mut b };
+        let at = BASE + (slot as u64) * u64::from(args.size);
+        let dev = if args.op == Op::Read { &mut b } else { &mut a };
         dev.mem.slice_mut(at, args.size as usize).copy_from_slice(&pattern);
     }
     let dst_off = |slot: usize| (slots as u64 + slot as u64) * u64::from(args.size);

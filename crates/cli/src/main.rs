@@ -41,16 +41,12 @@ enum Command {
     Loopback(loopback::Args),
 }
 
-fn args_json(args: &loopback::Args) -> bool {
-    args.json()
-}
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Loopback(args) => match loopback::run(&args) {
             Ok(report) => {
-                let out = if args_json(&args) {
+                let out = if args.json {
                     serde_json::to_string(&report).unwrap_or_default() + "\n"
                 } else {
                     loopback::text(&report)
