@@ -38,9 +38,11 @@ pub struct DeviceConfig {
     pub addresses: Vec<IpAddr>,
     /// Seeds the R_Key generator.
     pub seed: u64,
-    /// First QPN handed out (QPs 0 and 1 are the SMI and GSI).
+    /// First QPN handed out (QPs 0 and 1 are the SMI and GSI). QPNs come from
+    /// `qpn_base .. qpn_base + max_qp` (capped at 2^24), wrapping, so a runtime that shares
+    /// a host port among several engines gives each one its own range.
     pub qpn_base: u32,
-    /// Most QPs.
+    /// Most QPs; also the size of the QPN range.
     pub max_qp: u32,
     /// Deepest work queue.
     pub max_qp_wr: u32,
@@ -657,7 +659,9 @@ impl Engine {
     fn allocate_qpn(&mut self) -> Qpn {
         loop {
             let n = self.next_qpn;
-            self.next_qpn = if n >= Qpn::MAX.value() { self.shared.config.qpn_base } else { n + 1 };
+            let c = &self.shared.config;
+            let end = c.qpn_base.saturating_add(c.max_qp).min(Qpn::MAX.value() + 1);
+            self.next_qpn = if n + 1 >= end { c.qpn_base } else { n + 1 };
             if !self.qps.contains_key(&n) {
                 return Qpn::from_u24_truncating(n);
             }

@@ -644,3 +644,26 @@ fn solicited_only_cq_wakes_for_an_error_completion() {
     assert_eq!(pair.a.events(), [Event::Completion(pair.a.cq)]);
     assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::WrFlushErr)]);
 }
+
+#[test]
+fn qpns_stay_in_the_configured_range_and_wrap_inside_it() {
+    // A runtime that shares one host port among engines gives each a QPN range (a slot).
+    let mut e = Engine::new(DeviceConfig { qpn_base: 3 << 13, max_qp: 4, ..DeviceConfig::default() });
+    let pd = e.alloc_pd();
+    let cq = e.create_cq(16).unwrap();
+    let init = QpInitAttr {
+        pd,
+        send_cq: cq,
+        recv_cq: cq,
+        srq: None,
+        qp_type: QpType::Rc,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    };
+    let qpns: Vec<u32> = (0..4).map(|_| e.create_qp(&init).unwrap().value()).collect();
+    assert_eq!(qpns, [3 << 13, (3 << 13) + 1, (3 << 13) + 2, (3 << 13) + 3]);
+    assert!(matches!(e.create_qp(&init), Err(VerbsError::NoResources(_))), "a fifth QP exceeds max_qp");
+    e.destroy_qp(softrdma_wire::Qpn::from_u24_truncating((3 << 13) + 1)).unwrap();
+    // The allocator wraps to the start of the range, skipping live QPNs.
+    assert_eq!(e.create_qp(&init).unwrap().value(), (3 << 13) + 1);
+}
