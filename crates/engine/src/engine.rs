@@ -65,6 +65,9 @@ pub struct DeviceConfig {
     /// `Some(port)` is for a device that sends from one socket, whose port the ICRC must
     /// then cover. Receivers never check it.
     pub udp_source_port: Option<u16>,
+    /// The UDP destination port of every packet: 4791, the RoCEv2 port. Only tests that
+    /// isolate groups of devices on one host change it, for all of them at once.
+    pub udp_port: u16,
 }
 
 impl Default for DeviceConfig {
@@ -83,6 +86,7 @@ impl Default for DeviceConfig {
             port_mtu: Mtu::Mtu4096,
             max_msg_sz: 1 << 31,
             udp_source_port: None,
+            udp_port: softrdma_wire::ROCEV2_UDP_PORT,
         }
     }
 }
@@ -334,7 +338,12 @@ impl Shared {
     /// The envelope from a local GID index to `dgid`, with the RoCEv2 UDP source port.
     pub(crate) fn envelope_for(&self, av: &AddressVector, src_port: u16) -> Option<Envelope> {
         let src = *self.config.addresses.get(usize::from(av.sgid_index))?;
-        Envelope::rocev2(src, self.config.udp_source_port.unwrap_or(src_port), av.dgid.to_ip())
+        let mut envelope = Envelope::rocev2(src, self.config.udp_source_port.unwrap_or(src_port), av.dgid.to_ip())?;
+        match &mut envelope {
+            Envelope::V4(e) => e.dst_port = self.config.udp_port,
+            Envelope::V6(e) => e.dst_port = self.config.udp_port,
+        }
+        Some(envelope)
     }
 
     pub(crate) fn is_local(&self, ip: IpAddr) -> bool {

@@ -1,0 +1,433 @@
+//! The driver: what turns the sans-IO engine into a device that runs by itself.
+//!
+//! One [`Driver`] per open device context owns the engine (behind one mutex, the *device
+//! lock*), the UDP sockets of the device's addresses, a clock, and a progress thread.
+//!
+//! # Who makes progress
+//!
+//! - **The progress thread** receives, fires timers and transmits whenever the application
+//!   does not: RDMA WRITE, READ and atomics aimed at this process complete while the
+//!   application sleeps or computes. After work it spins for [`ContextOptions::spin`]
+//!   (low latency when busy), then blocks in `poll(2)` on the sockets and a doorbell
+//!   eventfd until a datagram arrives or the engine's next timer is due: ~0 CPU when idle.
+//! - **The application's own calls** do the work on their path, without a thread hop:
+//!   posting a send transmits its packets at once from the posting thread, and polling an
+//!   empty CQ receives and processes what the sockets hold. While the application polls,
+//!   the progress thread stops watching the sockets (it would only be woken to find the
+//!   work done) and keeps only the timers, until the application has not polled for
+//!   [`APP_POLL_WINDOW`].
+//! - **The doorbell**: a verb that arms a timer earlier than the one the sleeping progress
+//!   thread waits for rings it (the thread publishes its deadline under the device lock, so
+//!   no wake-up is lost).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io;
+use std::net::IpAddr;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
+use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
+
+use crate::capture::Capture;
+use crate::device::Device;
+use crate::memory::ProcessMemory;
+use crate::{ContextOptions, Error};
+
+/// How long after the application's last poll the progress thread leaves the sockets to it.
+pub const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
+
+/// Receive batches taken from one socket per progress pass, so one busy socket cannot
+/// starve the timers and the other sockets.
+const RX_ROUNDS: usize = 4;
+/// Datagrams per receive batch.
+const RX_BATCH: usize = 32;
+/// Bytes per datagram buffer: a 4096-byte payload with the largest headers and the ICRC.
+const DATAGRAM_MAX: usize = 4352;
+/// Datagrams per transmit batch (one `sendmmsg`).
+const TX_BATCH: usize = 32;
+
+/// The device's sockets and the QPN range it owns on this host.
+pub(crate) struct Port {
+    /// One socket per GID, in GID order.
+    pub(crate) sockets: Vec<RoceSocket>,
+    pub(crate) addresses: Vec<IpAddr>,
+}
+
+impl Port {
+    fn open(device: &Device, options: &ContextOptions) -> Result<Port, Error> {
+        let config = softrdma_udp::Config { port: options.port, ..softrdma_udp::Config::default() };
+        let mut sockets = Vec::new();
+        for &ip in device.addresses() {
+            let socket = RoceSocket::bind_with(ip, &config).map_err(|e| {
+                let hint = if e.kind() == io::ErrorKind::AddrInUse {
+                    " (another program holds the port; several softrdma processes per address need the host port-sharing layer)"
+                } else {
+                    ""
+                };
+                Error::io(format!("binding UDP {}{hint}", std::net::SocketAddr::new(ip, options.port)), e)
+            })?;
+            sockets.push(socket);
+        }
+        Ok(Port { sockets, addresses: device.addresses().to_vec() })
+    }
+
+    fn socket_for(&self, ip: IpAddr) -> Option<&RoceSocket> {
+        self.addresses.iter().position(|a| *a == ip).map(|i| &self.sockets[i])
+    }
+}
+
+/// Where the engine's packets wait for one `sendmmsg`.
+struct TxQueue {
+    bufs: Vec<Box<[u8]>>,
+    meta: Vec<Transmit>,
+}
+
+impl TxQueue {
+    fn new() -> Self {
+        Self { bufs: (0..TX_BATCH).map(|_| vec![0u8; DATAGRAM_MAX].into_boxed_slice()).collect(), meta: Vec::new() }
+    }
+}
+
+/// What the device lock protects.
+pub(crate) struct State {
+    pub(crate) engine: Engine,
+    rx: RecvBatch,
+    tx: TxQueue,
+    /// Completion channels by CQ.
+    pub(crate) channels: BTreeMap<u32, Arc<crate::verbs::ChannelInner>>,
+    /// CQ objects by id, for completion events.
+    pub(crate) cqs: BTreeMap<u32, Weak<crate::verbs::CqInner>>,
+    /// Asynchronous events not yet taken.
+    pub(crate) async_events: VecDeque<AsyncEvent>,
+    capture: Option<Capture>,
+    /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
+    pub(crate) send_errors: u64,
+}
+
+/// The part of a driver that the progress thread shares.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    pub(crate) port: Port,
+    doorbell: OwnedFd,
+    pub(crate) async_fd: OwnedFd,
+    stop: AtomicBool,
+    epoch: std::time::Instant,
+    /// When the application last polled a CQ (ns since `epoch`).
+    app_polled: AtomicU64,
+    /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
+    sleeping_until: AtomicU64,
+    spin: Duration,
+}
+
+/// An open device: the engine, its sockets and its progress thread.
+pub(crate) struct Driver {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) device: Device,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn eventfd() -> Result<OwnedFd, Error> {
+    rustix::event::eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)
+        .map_err(|e| Error::io("creating an eventfd", e.into()))
+}
+
+/// Adds one to an eventfd (wakes whoever polls it).
+pub(crate) fn ring(fd: &OwnedFd) {
+    // An eventfd write fails only when the counter would overflow, and then it is readable.
+    let _ = rustix::io::write(fd, &1u64.to_ne_bytes());
+}
+
+/// Empties an eventfd; returns whether it was set.
+pub(crate) fn drain(fd: &OwnedFd) -> bool {
+    let mut b = [0u8; 8];
+    rustix::io::read(fd, &mut b).is_ok()
+}
+
+/// Waits until `fd` is readable or `timeout` passes (`None`: forever).
+pub(crate) fn wait_readable(fd: &OwnedFd, timeout: Option<Duration>) -> bool {
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    poll(&mut fds, timeout) > 0
+}
+
+fn poll(fds: &mut [PollFd<'_>], timeout: Option<Duration>) -> usize {
+    let ts = timeout.map(|t| rustix::event::Timespec {
+        tv_sec: t.as_secs().min(i64::MAX as u64) as i64,
+        tv_nsec: i64::from(t.subsec_nanos()),
+    });
+    rustix::event::poll(fds, ts.as_ref()).unwrap_or(0)
+}
+
+impl Driver {
+    /// Opens `device`: binds its sockets, builds the engine, starts the progress thread.
+    pub(crate) fn start(device: Device, options: &ContextOptions) -> Result<Driver, Error> {
+        if device.addresses().is_empty() {
+            return Err(Error::NoDevice { name: device.name().to_string(), available: "(it has no address)".into() });
+        }
+        let port = Port::open(&device, options)?;
+        let mut seed = [0u8; 8];
+        getrandom::fill(&mut seed).map_err(|e| Error::io("seeding the R_Key generator", io::Error::other(e)))?;
+        let config = DeviceConfig {
+            addresses: device.addresses().to_vec(),
+            seed: u64::from_ne_bytes(seed),
+            port_mtu: device.active_mtu(),
+            udp_source_port: Some(options.port),
+            udp_port: options.port,
+            ..DeviceConfig::default()
+        };
+        let capture = match &options.capture {
+            Some(path) => Some(Capture::create(path)?),
+            None => Capture::from_env()?,
+        };
+        let state = State {
+            engine: Engine::new(config),
+            rx: RecvBatch::new(RX_BATCH, DATAGRAM_MAX),
+            tx: TxQueue::new(),
+            channels: BTreeMap::new(),
+            cqs: BTreeMap::new(),
+            async_events: VecDeque::new(),
+            capture,
+            send_errors: 0,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            port,
+            doorbell: eventfd()?,
+            async_fd: eventfd()?,
+            stop: AtomicBool::new(false),
+            epoch: std::time::Instant::now(),
+            app_polled: AtomicU64::new(0),
+            sleeping_until: AtomicU64::new(0),
+            spin: options.spin,
+        });
+        let for_thread = Arc::clone(&shared);
+        let thread = std::thread::Builder::new()
+            .name(format!("softrdma-{}", device.interface()))
+            .spawn(move || for_thread.run())
+            .map_err(|e| Error::io("starting the progress thread", e))?;
+        Ok(Driver { shared, device, thread: Some(thread) })
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        ring(&self.shared.doorbell);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Shared {
+    /// The device lock. A panic while it was held leaves the engine as it was at the
+    /// panic; the device carries on rather than poison every later call.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The engine's clock.
+    pub(crate) fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Sends what the engine has queued and wakes the progress thread if the engine now
+    /// wants to be called back before the thread would wake. Call after every verb that
+    /// can queue packets or arm timers, with the lock held.
+    pub(crate) fn after_verb(&self, st: &mut State) {
+        let now = self.now();
+        st.flush(&self.port, now);
+        st.dispatch_events(self);
+        let sleeping = self.sleeping_until.load(Ordering::Acquire);
+        if sleeping != 0 && st.engine.poll_timeout().is_some_and(|t| t.as_nanos() < sleeping) {
+            ring(&self.doorbell);
+        }
+    }
+
+    /// The application polls: do the device's work in its thread if nothing is ready.
+    pub(crate) fn app_progress(&self, st: &mut State) {
+        let now = self.now();
+        self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
+        st.progress(self, now);
+    }
+
+    fn run(self: Arc<Self>) {
+        let mut last_work = self.now();
+        while !self.stop.load(Ordering::Acquire) {
+            let now = self.now();
+            let (worked, deadline) = {
+                let mut st = self.lock();
+                let worked = st.progress(&self, now);
+                let deadline = st.engine.poll_timeout();
+                if !worked {
+                    // Published under the lock: a verb that arms an earlier timer after this
+                    // sees it and rings the doorbell (`after_verb`).
+                    let until = deadline.map_or(u64::MAX, |d| d.as_nanos().max(1));
+                    self.sleeping_until.store(until, Ordering::Release);
+                }
+                (worked, deadline)
+            };
+            if worked {
+                last_work = now;
+                continue;
+            }
+            let app_polling = now.as_nanos().saturating_sub(self.app_polled.load(Ordering::Relaxed))
+                < APP_POLL_WINDOW.as_nanos() as u64;
+            if !app_polling && now - last_work < self.spin {
+                self.sleeping_until.store(0, Ordering::Release);
+                std::hint::spin_loop();
+                continue;
+            }
+            let mut timeout = deadline.map(|d| d - now);
+            if app_polling {
+                timeout = Some(timeout.map_or(APP_POLL_WINDOW, |t| t.min(APP_POLL_WINDOW)));
+            }
+            let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
+            if !app_polling {
+                fds.extend(self.port.sockets.iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+            }
+            poll(&mut fds, timeout);
+            drop(fds);
+            self.sleeping_until.store(0, Ordering::Release);
+            drain(&self.doorbell);
+        }
+    }
+}
+
+impl State {
+    /// One pass: receive what the sockets hold, fire due timers, transmit, deliver
+    /// events. Returns whether there was anything to do.
+    fn progress(&mut self, shared: &Shared, now: Instant) -> bool {
+        let mut worked = false;
+        for socket in &shared.port.sockets {
+            for _ in 0..RX_ROUNDS {
+                match socket.recv(&mut self.rx) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        worked = true;
+                        self.ingress(now);
+                        if n < RX_BATCH {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
+            self.engine.handle_timeout(now);
+            worked = true;
+        }
+        worked |= self.flush(&shared.port, now);
+        worked |= self.dispatch_events(shared);
+        worked
+    }
+
+    /// Hands the received batch to the engine.
+    fn ingress(&mut self, now: Instant) {
+        let State { engine, rx, capture, .. } = self;
+        for d in rx.iter() {
+            let envelope = d.envelope();
+            if let Some(c) = capture {
+                c.write(&envelope, d.payload);
+            }
+            let ip = d.ip();
+            let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
+            engine.handle_datagram_with(now, &envelope, info, d.payload, &mut ProcessMemory);
+        }
+    }
+
+    /// Sends everything the engine has to send. Returns whether it sent anything.
+    pub(crate) fn flush(&mut self, port: &Port, now: Instant) -> bool {
+        let mut any = false;
+        loop {
+            let State { engine, tx, capture, send_errors, .. } = self;
+            tx.meta.clear();
+            while tx.meta.len() < TX_BATCH {
+                match engine.poll_transmit(now, &mut ProcessMemory, &mut tx.bufs[tx.meta.len()]) {
+                    Some(t) => tx.meta.push(t),
+                    None => break,
+                }
+            }
+            if tx.meta.is_empty() {
+                return any;
+            }
+            any = true;
+            let full = tx.meta.len() == TX_BATCH;
+            // Consecutive datagrams from one source address go out in one sendmmsg.
+            let mut start = 0;
+            while start < tx.meta.len() {
+                let src = tx.meta[start].envelope.src_ip();
+                let end = start + tx.meta[start..].iter().take_while(|t| t.envelope.src_ip() == src).count();
+                let out: Vec<Outgoing<'_>> = tx.meta[start..end]
+                    .iter()
+                    .zip(&tx.bufs[start..end])
+                    .map(|(t, b)| Outgoing::new(t.envelope, &b[..t.len]))
+                    .collect();
+                if let Some(c) = capture {
+                    for o in &out {
+                        c.write(&o.envelope, o.payload);
+                    }
+                }
+                let sent = match port.socket_for(src) {
+                    Some(socket) => send_all(socket, &out),
+                    None => 0,
+                };
+                *send_errors += (out.len() - sent) as u64;
+                start = end;
+            }
+            if !full {
+                return any;
+            }
+        }
+    }
+
+    /// Delivers completion events to their channels and asynchronous events to the queue.
+    fn dispatch_events(&mut self, shared: &Shared) -> bool {
+        let mut any = false;
+        while let Some(event) = self.engine.poll_event() {
+            any = true;
+            match event {
+                Event::Completion(CqId(cq)) => {
+                    if let (Some(ch), Some(weak)) = (self.channels.get(&cq), self.cqs.get(&cq)) {
+                        ch.fire(weak.clone());
+                    }
+                }
+                Event::Async(e) => {
+                    if self.async_events.len() < 4096 {
+                        self.async_events.push_back(e);
+                    }
+                    ring(&shared.async_fd);
+                }
+            }
+        }
+        any
+    }
+}
+
+/// Sends a batch, retrying once after the socket drains if its buffer was full. Returns how
+/// many went out; the rest are lost as on a congested link (RC retransmits them).
+fn send_all(socket: &RoceSocket, out: &[Outgoing<'_>]) -> usize {
+    let (mut next, mut sent) = (0, 0);
+    let mut retried = false;
+    while next < out.len() {
+        match socket.send_batch(&out[next..]) {
+            Ok(n) if n > 0 => {
+                next += n;
+                sent += n;
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && !retried => {
+                retried = true;
+                let _ = socket.wait_writable(Some(Duration::from_millis(1)));
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return sent,
+            // A datagram the kernel refuses (no route, too big) is skipped.
+            Ok(_) | Err(_) => next += 1,
+        }
+    }
+    sent
+}

@@ -1,0 +1,93 @@
+//! # softrdma
+//!
+//! RDMA in software: the verbs (`ibv_*`) as a safe Rust API over softrdma's RoCEv2 engine,
+//! with the runtime that owns its threads, clock and sockets. No RDMA NIC, no kernel module
+//! and no root: the "NIC" is [`softrdma_engine`], and its packets are real RoCEv2 (IB
+//! transport headers and ICRC in UDP, port 4791) that Wireshark decodes and a Linux
+//! Soft-RoCE peer understands.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use softrdma::{Access, QpInit, QpType, SendFlags, SendOp, SendWr, WcStatus};
+//!
+//! let ctx = softrdma::device("lo")?.open()?;
+//! let pd = ctx.alloc_pd()?;
+//! let cq = ctx.create_cq(64, None)?;
+//! let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq))?;
+//! let mr = pd.reg_mr(4096, Access::ALL)?;
+//! mr.write(0, b"hello")?;
+//! # let (peer, peer_buf) = (qp.endpoint(0, 0)?, mr.remote(0..4096)?);
+//! // `peer` and `peer_buf` came from the other side, out of band or by rdma_cm.
+//! qp.connect(0, &peer, &Default::default())?;
+//! let sge = [mr.sge(0..5)?];
+//! qp.post_send(&[SendWr {
+//!     wr_id: 1,
+//!     op: SendOp::RdmaWrite { remote_addr: peer_buf.addr, rkey: peer_buf.rkey },
+//!     sg_list: &sge,
+//!     flags: SendFlags::SIGNALED,
+//!     ud: None,
+//! }])?;
+//! assert_eq!(cq.wait(Duration::from_secs(5))?.status, WcStatus::Success);
+//! # Ok::<(), softrdma::Error>(())
+//! ```
+//!
+//! ## Memory safety
+//!
+//! The device writes into registered memory from its own thread whenever a peer sends. A
+//! [`Mr`] therefore owns its memory, hands out no reference that outlives a call, and
+//! deregisters before freeing it; work requests name memory by key and address, which the
+//! device checks against live registrations on every access. A peer on the network can
+//! reach only what a registration with the right rkey and access allows.
+//!
+//! ## Progress
+//!
+//! Each open [`Context`] has a progress thread (see the `driver` module documentation):
+//! one-sided operations complete while the application sleeps, idle costs no CPU, and a
+//! polling application does the work itself without a thread hop.
+#![deny(unsafe_code)]
+
+mod capture;
+mod device;
+mod driver;
+mod error;
+#[allow(unsafe_code)]
+mod memory;
+mod verbs;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use capture::CAPTURE_ENV;
+pub use device::{Device, device, devices};
+pub use driver::APP_POLL_WINDOW;
+pub use error::{Error, Result};
+pub use memory::MR_ALIGN;
+pub use softrdma_engine::{
+    Access, AddressVector, AsyncEvent, AttrMask, Mtu, PostErrorKind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode, WcStatus,
+};
+pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
+pub use verbs::{
+    Ah, CompChannel, ConnectOptions, Context, Counters, Cq, EMPTY_WC, Endpoint, Mr, Pd, Qp, QpInit, RawMr, RemoteMr,
+    Srq,
+};
+
+/// How to open a device ([`Device::open_with`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextOptions {
+    /// The UDP port: 4791, RoCEv2's. Tests that must not meet other devices on the host
+    /// pick another one for all their devices.
+    pub port: u16,
+    /// How long the progress thread keeps polling after work before it blocks: lower
+    /// latency when traffic is steady, at the cost of that much CPU after each burst.
+    pub spin: Duration,
+    /// Write every packet sent and received to this pcap file (see also
+    /// [`CAPTURE_ENV`]).
+    pub capture: Option<PathBuf>,
+}
+
+impl Default for ContextOptions {
+    fn default() -> Self {
+        Self { port: softrdma_udp::ROCEV2_PORT, spin: Duration::from_micros(50), capture: None }
+    }
+}

@@ -1,0 +1,149 @@
+//! The device's view of the process's memory: the one place that touches memory by address.
+//!
+//! The engine reaches registered memory only through [`ProcessMemory`], and only after its
+//! own key, protection-domain, access and bounds checks against a live memory region. What
+//! makes the raw accesses below sound is the rule the rest of the crate keeps:
+//!
+//! 1. **Every registered range stays allocated while it is registered.** A [`crate::Mr`]
+//!    owns its [`MrBuf`] and deregisters (under the device lock) before the buffer is freed;
+//!    [`crate::Pd::reg_mr_raw`] is `unsafe` and makes its caller promise the same.
+//! 2. **The device lock serialises every access.** The engine runs under the driver's
+//!    mutex, and so do [`crate::Mr`]'s methods that let the owner read or write its buffer.
+//!    No Rust reference to registered memory exists outside that lock, so a remote WRITE can
+//!    never race a Rust reference.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use softrdma_engine::{Memory, MemoryFault};
+
+/// Registered memory by virtual address, in this process.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ProcessMemory;
+
+impl Memory for ProcessMemory {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the engine calls this only for a range inside a live memory region, after
+        // its key, bounds and access checks; the region is allocated while registered and
+        // every access to it happens under the device lock (module documentation).
+        unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryFault> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: as for `read`; the region allows the write (the engine checked the access
+        // flags), and `data` is engine-owned memory, never inside the target range.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) };
+        Ok(())
+    }
+
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryFault> {
+        let word = atomic_at(addr)?;
+        Ok(match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+            Ok(old) | Err(old) => old,
+        })
+    }
+
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
+        Ok(atomic_at(addr)?.fetch_add(add, Ordering::SeqCst))
+    }
+}
+
+/// The 8 bytes at `addr` as an atomic, if aligned (IBA 9.4.5: atomics need 8-byte alignment).
+fn atomic_at(addr: u64) -> Result<&'static AtomicU64, MemoryFault> {
+    if addr % 8 != 0 || addr == 0 {
+        return Err(MemoryFault { addr, len: 8 });
+    }
+    // SAFETY: aligned and non-null (checked above); the engine checked the 8 bytes lie in a
+    // live region that allows atomics, which stays allocated while registered. The
+    // 'static lifetime never escapes this module's two callers, which use it at once.
+    Ok(unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) })
+}
+
+/// Page-aligned, zeroed memory that a [`crate::Mr`] owns: its address never changes while it
+/// lives, which is what a registration needs.
+#[derive(Debug)]
+pub(crate) struct MrBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: MrBuf owns its allocation like a Box<[u8]>; it is only read or written through
+// the device lock (module documentation).
+unsafe impl Send for MrBuf {}
+// SAFETY: as above: shared references give no unsynchronised access to the bytes.
+unsafe impl Sync for MrBuf {}
+
+/// Alignment of [`MrBuf`]s: a page, as registered memory usually is.
+pub const MR_ALIGN: usize = 4096;
+
+impl MrBuf {
+    /// `len` zero bytes (at least one), page aligned. `None` if the allocation fails.
+    pub(crate) fn zeroed(len: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len.max(1), MR_ALIGN).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
+        Some(Self { ptr, len })
+    }
+
+    /// The first byte's address.
+    pub(crate) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as usize as u64
+    }
+
+    /// Bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes. Callers hold the device lock (module documentation).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the allocation holds `len` initialised bytes; callers hold the device lock,
+        // so the device does not write them while this reference lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The bytes, writable. Callers hold the device lock (module documentation).
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) fn bytes_mut(&self) -> &mut [u8] {
+        // SAFETY: as for `bytes`; callers hold the device lock for the reference's whole
+        // life and never make two of them at once.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for MrBuf {
+    fn drop(&mut self) {
+        if let Ok(layout) = Layout::from_size_align(self.len.max(1), MR_ALIGN) {
+            // SAFETY: allocated in `zeroed` with this same layout.
+            unsafe { dealloc(self.ptr.as_ptr(), layout) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_memory_reads_writes_and_does_atomics_on_a_buffer() {
+        let buf = MrBuf::zeroed(64).unwrap();
+        assert_eq!(buf.addr() % MR_ALIGN as u64, 0);
+        let mut mem = ProcessMemory;
+        mem.write(buf.addr() + 8, &7u64.to_ne_bytes()).unwrap();
+        assert_eq!(mem.fetch_add(buf.addr() + 8, 5).unwrap(), 7);
+        assert_eq!(mem.compare_swap(buf.addr() + 8, 12, 99).unwrap(), 12);
+        assert_eq!(mem.compare_swap(buf.addr() + 8, 12, 1).unwrap(), 99, "no swap when unequal");
+        let mut out = [0u8; 8];
+        mem.read(buf.addr() + 8, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 99);
+        assert_eq!(mem.fetch_add(buf.addr() + 4, 1), Err(MemoryFault { addr: buf.addr() + 4, len: 8 }));
+    }
+}

@@ -1,0 +1,860 @@
+//! The verbs objects: [`Context`], [`Pd`], [`Mr`], [`Cq`], [`CompChannel`], [`Qp`], [`Srq`],
+//! [`Ah`].
+//!
+//! Ownership mirrors the verbs' rules: every object keeps its parents alive (a QP its PD,
+//! CQs and SRQ; an MR its PD; everything its context), so a parent can never be destroyed
+//! under a child, and dropping an object destroys it on the device.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant as StdInstant};
+
+use softrdma_engine::{
+    Access, AddressVector, AhId, AsyncEvent, AttrMask, CqId, MrKeys, PdId, QpAttr, QpCap, QpInitAttr, QpState, QpType,
+    RecvWr, SendWr, Sge, SrqId, Wc,
+};
+use softrdma_wire::{Gid, Qpn, RKey};
+
+use crate::device::Device;
+use crate::driver::{self, Driver};
+use crate::memory::MrBuf;
+use crate::{ContextOptions, Error, Result};
+
+/// An open device (`ibv_context`): the engine, its sockets and its progress thread.
+/// Cloning shares it; the device closes when the last clone and the last object made from
+/// it are dropped.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) drv: Arc<Driver>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("device", &self.drv.device.name()).finish_non_exhaustive()
+    }
+}
+
+impl Device {
+    /// Opens the device with default options: port 4791, a progress thread.
+    pub fn open(&self) -> Result<Context> {
+        self.open_with(&ContextOptions::default())
+    }
+
+    /// Opens the device with `options`.
+    pub fn open_with(&self, options: &ContextOptions) -> Result<Context> {
+        Ok(Context { drv: Arc::new(Driver::start(self.clone(), options)?) })
+    }
+}
+
+impl Context {
+    /// The device this context opened.
+    pub fn device(&self) -> &Device {
+        &self.drv.device
+    }
+
+    /// The GID at `index` (`ibv_query_gid`).
+    pub fn gid(&self, index: u8) -> Option<Gid> {
+        self.drv.device.gid(index)
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let id = self.drv.shared.lock().engine.alloc_pd();
+        Ok(Pd { inner: Arc::new(PdInner { ctx: self.clone(), id }) })
+    }
+
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        let fd =
+            rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC)
+                .map_err(|e| Error::io("creating a completion channel", e.into()))?;
+        Ok(CompChannel { inner: Arc::new(ChannelInner { fd, fired: Mutex::new(VecDeque::new()) }) })
+    }
+
+    /// `ibv_create_cq`: a CQ of at least `cqe` entries, whose completion events (once
+    /// armed with [`Cq::req_notify`]) go to `channel`.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let sh = &self.drv.shared;
+        let mut st = sh.lock();
+        let id = st.engine.create_cq(cqe)?;
+        let inner = Arc::new(CqInner { ctx: self.clone(), id, cqe, channel: channel.cloned() });
+        st.cqs.insert(id.0, Arc::downgrade(&inner));
+        if let Some(ch) = channel {
+            st.channels.insert(id.0, Arc::clone(&ch.inner));
+        }
+        Ok(Cq { inner })
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`), waiting up to `timeout`
+    /// (`None`: forever). `Ok(None)` when the time passed.
+    pub fn get_async_event(&self, timeout: Option<Duration>) -> Result<Option<AsyncEvent>> {
+        let sh = &self.drv.shared;
+        let deadline = timeout.map(|t| StdInstant::now() + t);
+        loop {
+            if let Some(e) = sh.lock().async_events.pop_front() {
+                return Ok(Some(e));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(None);
+            }
+            driver::wait_readable(&sh.async_fd, left);
+            driver::drain(&sh.async_fd);
+        }
+    }
+
+    /// A descriptor that polls readable when an asynchronous event may be waiting
+    /// (`ibv_context::async_fd`).
+    pub fn async_fd(&self) -> BorrowedFd<'_> {
+        self.drv.shared.async_fd.as_fd()
+    }
+
+    /// The device's packet and error counters (like rxe's `hw_counters`).
+    pub fn counters(&self) -> Counters {
+        let st = self.drv.shared.lock();
+        Counters { engine: st.engine.counters(), send_errors: st.send_errors }
+    }
+
+    fn same(&self, other: &Context) -> bool {
+        Arc::ptr_eq(&self.drv, &other.drv)
+    }
+}
+
+/// Counters of a device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Counters {
+    /// The engine's protocol counters.
+    pub engine: softrdma_engine::Counters,
+    /// Datagrams the kernel would not take (full socket buffer, no route).
+    pub send_errors: u64,
+}
+
+/// A protection domain (`ibv_pd`).
+#[derive(Clone, Debug)]
+pub struct Pd {
+    inner: Arc<PdInner>,
+}
+
+#[derive(Debug)]
+struct PdInner {
+    ctx: Context,
+    id: PdId,
+}
+
+impl Drop for PdInner {
+    fn drop(&mut self) {
+        // Children hold the PD alive, so nothing uses it any more.
+        let _ = self.ctx.drv.shared.lock().engine.dealloc_pd(self.id);
+    }
+}
+
+impl Pd {
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
+    /// `ibv_reg_mr` of `len` fresh zeroed bytes (page aligned), which the region owns: the
+    /// device can reach them while the region lives and never after.
+    pub fn reg_mr(&self, len: usize, access: Access) -> Result<Mr> {
+        let buf = MrBuf::zeroed(len).ok_or(Error::NoMemory(len))?;
+        let keys = self.register(buf.addr(), len as u64, access)?;
+        Ok(Mr { pd: Arc::clone(&self.inner), keys, access, buf: Some(buf) })
+    }
+
+    /// `ibv_reg_mr` of memory the caller owns.
+    ///
+    /// # Safety
+    /// `addr .. addr + len` must stay allocated and must not be moved or freed until the
+    /// returned [`RawMr`] is dropped, and while it lives the caller must not hold Rust
+    /// references to those bytes across points where the device may access them (the
+    /// device writes with remote or local write access at any time; use
+    /// [`Pd::reg_mr`] for memory that is safe by construction).
+    #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
+    pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<RawMr> {
+        let keys = self.register(addr as usize as u64, len as u64, access)?;
+        Ok(RawMr { pd: Arc::clone(&self.inner), keys, addr: addr as usize as u64, len })
+    }
+
+    fn register(&self, addr: u64, len: u64, access: Access) -> Result<MrKeys> {
+        Ok(self.inner.ctx.drv.shared.lock().engine.reg_mr(self.inner.id, addr, len, access)?)
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let id = self.inner.ctx.drv.shared.lock().engine.create_srq(self.inner.id, max_wr, max_sge)?;
+        Ok(Srq { inner: Arc::new(SrqInner { pd: Arc::clone(&self.inner), id }) })
+    }
+
+    /// `ibv_create_ah`: where UD sends go.
+    pub fn create_ah(&self, av: AddressVector) -> Result<Ah> {
+        let id = self.inner.ctx.drv.shared.lock().engine.create_ah(self.inner.id, av)?;
+        Ok(Ah { inner: Arc::new(AhInner { pd: Arc::clone(&self.inner), id, av }) })
+    }
+
+    /// `ibv_create_qp` with this PD.
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp> {
+        let ctx = &self.inner.ctx;
+        for (cq, what) in [(init.send_cq, "the send CQ"), (init.recv_cq, "the receive CQ")] {
+            if !cq.inner.ctx.same(ctx) {
+                return Err(Error::WrongContext(what));
+            }
+        }
+        if let Some(srq) = init.srq {
+            if !srq.inner.pd.ctx.same(ctx) {
+                return Err(Error::WrongContext("the SRQ"));
+            }
+        }
+        let attr = QpInitAttr {
+            pd: self.inner.id,
+            send_cq: init.send_cq.inner.id,
+            recv_cq: init.recv_cq.inner.id,
+            srq: init.srq.map(|s| s.inner.id),
+            qp_type: init.qp_type,
+            cap: init.cap,
+            sq_sig_all: init.sq_sig_all,
+        };
+        let qpn = ctx.drv.shared.lock().engine.create_qp(&attr)?;
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                pd: Arc::clone(&self.inner),
+                qpn,
+                qp_type: init.qp_type,
+                _send_cq: init.send_cq.clone(),
+                _recv_cq: init.recv_cq.clone(),
+                _srq: init.srq.cloned(),
+            }),
+        })
+    }
+}
+
+/// A memory region whose memory it owns (`ibv_mr`).
+///
+/// The device reaches the bytes by address, from its own thread, whenever a peer or a work
+/// request accesses them. So the application never gets a plain reference into them that
+/// outlives one call: it reads and writes through [`read`](Mr::read),
+/// [`write`](Mr::write) and [`with`](Mr::with), which hold the device lock meanwhile.
+/// Dropping the region deregisters it first, so nothing in flight reaches freed memory:
+/// a later packet gets a remote access error, a later work request a protection error.
+#[derive(Debug)]
+pub struct Mr {
+    pd: Arc<PdInner>,
+    keys: MrKeys,
+    access: Access,
+    // Dropped after `Drop::drop` deregistered the region.
+    buf: Option<MrBuf>,
+}
+
+impl Mr {
+    fn buf(&self) -> &MrBuf {
+        self.buf.as_ref().expect("an Mr owns its buffer until dropped")
+    }
+
+    /// The local key (`lkey`).
+    pub fn lkey(&self) -> u32 {
+        self.keys.lkey.0
+    }
+
+    /// The remote key (`rkey`) peers use to reach the region.
+    pub fn rkey(&self) -> u32 {
+        self.keys.rkey.0
+    }
+
+    /// The address of the first byte, as peers name it in RDMA operations.
+    pub fn addr(&self) -> u64 {
+        self.buf().addr()
+    }
+
+    /// Bytes in the region.
+    pub fn len(&self) -> usize {
+        self.buf().len()
+    }
+
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// What the region allows.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+
+    fn check(&self, what: &'static str, range: &Range<usize>) -> Result<()> {
+        if range.start > range.end || range.end > self.len() {
+            return Err(Error::OutOfRange { what, start: range.start, end: range.end, len: self.len() });
+        }
+        Ok(())
+    }
+
+    /// A gather/scatter element for bytes `range` of the region.
+    pub fn sge(&self, range: Range<usize>) -> Result<Sge> {
+        self.check("Mr::sge", &range)?;
+        let length = u32::try_from(range.len()).map_err(|_| Error::OutOfRange {
+            what: "Mr::sge (over 4 GiB)",
+            start: range.start,
+            end: range.end,
+            len: self.len(),
+        })?;
+        Ok(Sge { addr: self.addr() + range.start as u64, length, lkey: self.keys.lkey })
+    }
+
+    /// What a peer needs to reach bytes `range` with RDMA: address, length and rkey.
+    pub fn remote(&self, range: Range<usize>) -> Result<RemoteMr> {
+        self.check("Mr::remote", &range)?;
+        Ok(RemoteMr { addr: self.addr() + range.start as u64, len: range.len() as u64, rkey: self.keys.rkey })
+    }
+
+    /// Copies bytes from `offset` into `out`.
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        self.check("Mr::read", &(offset..offset.saturating_add(out.len())))?;
+        let _st = self.pd.ctx.drv.shared.lock();
+        out.copy_from_slice(&self.buf().bytes()[offset..offset + out.len()]);
+        Ok(())
+    }
+
+    /// Copies `data` to `offset`.
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        self.check("Mr::write", &(offset..offset.saturating_add(data.len())))?;
+        let _st = self.pd.ctx.drv.shared.lock();
+        self.buf().bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Runs `f` on the region's bytes with the device paused (the device lock held): no
+    /// peer and no work request touches them meanwhile. Keep `f` short, and call no other
+    /// softrdma function inside it (the lock is not reentrant).
+    pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let _st = self.pd.ctx.drv.shared.lock();
+        f(self.buf().bytes_mut())
+    }
+
+    /// The 8 bytes at `offset` in host order, read under the device lock (what an atomic
+    /// left there).
+    pub fn read_u64(&self, offset: usize) -> Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(offset, &mut b)?;
+        Ok(u64::from_ne_bytes(b))
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // Deregister under the device lock before the buffer is freed (field drop, after).
+        let _ = self.pd.ctx.drv.shared.lock().engine.dereg_mr(self.keys.lkey);
+    }
+}
+
+/// A memory region over memory the caller owns ([`Pd::reg_mr_raw`]).
+#[derive(Debug)]
+pub struct RawMr {
+    pd: Arc<PdInner>,
+    keys: MrKeys,
+    addr: u64,
+    len: usize,
+}
+
+impl RawMr {
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.keys.lkey.0
+    }
+    /// The remote key.
+    pub fn rkey(&self) -> u32 {
+        self.keys.rkey.0
+    }
+    /// First address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for RawMr {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.drv.shared.lock().engine.dereg_mr(self.keys.lkey);
+    }
+}
+
+/// Where a peer's memory is: what one side sends the other so it can READ or WRITE there.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct RemoteMr {
+    /// The address of the first byte, in the peer's address space.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// The peer region's rkey.
+    pub rkey: RKey,
+}
+
+/// A completion queue (`ibv_cq`). Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct Cq {
+    inner: Arc<CqInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CqInner {
+    ctx: Context,
+    id: CqId,
+    cqe: u32,
+    channel: Option<CompChannel>,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        let mut st = self.ctx.drv.shared.lock();
+        st.cqs.remove(&self.id.0);
+        st.channels.remove(&self.id.0);
+        let _ = st.engine.destroy_cq(self.id);
+    }
+}
+
+impl Cq {
+    /// Entries asked for at creation.
+    pub fn cqe(&self) -> u32 {
+        self.inner.cqe
+    }
+
+    /// The completion channel, if any.
+    pub fn channel(&self) -> Option<&CompChannel> {
+        self.inner.channel.as_ref()
+    }
+
+    /// `ibv_poll_cq`: moves up to `out.len()` completions into `out`, returns how many.
+    /// When none is ready it first does the device's pending work in this thread (receive,
+    /// timers), so a busy-polling application needs no other thread to make progress.
+    pub fn poll(&self, out: &mut [Wc]) -> usize {
+        let sh = &self.inner.ctx.drv.shared;
+        let mut st = sh.lock();
+        let mut n = 0;
+        while n < out.len() {
+            match st.engine.poll_cq(self.inner.id) {
+                Some(wc) => {
+                    out[n] = wc;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if n == 0 && !out.is_empty() {
+            sh.app_progress(&mut st);
+            if let Some(wc) = st.engine.poll_cq(self.inner.id) {
+                out[0] = wc;
+                n = 1;
+            }
+        }
+        n
+    }
+
+    /// One completion, if ready.
+    pub fn poll_one(&self) -> Option<Wc> {
+        let mut wc = [EMPTY_WC];
+        (self.poll(&mut wc) == 1).then_some(wc[0])
+    }
+
+    /// Waits up to `timeout` for one completion: polls (spinning briefly), then sleeps in
+    /// growing steps up to 100 µs. For event-driven waiting use a [`CompChannel`].
+    pub fn wait(&self, timeout: Duration) -> Result<Wc> {
+        let start = StdInstant::now();
+        let mut pause = Duration::ZERO;
+        loop {
+            if let Some(wc) = self.poll_one() {
+                return Ok(wc);
+            }
+            let spent = start.elapsed();
+            if spent >= timeout {
+                return Err(Error::Timeout(timeout, "a completion"));
+            }
+            if spent > Duration::from_micros(50) {
+                pause = (pause * 2).clamp(Duration::from_micros(1), Duration::from_micros(100));
+                std::thread::sleep(pause);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for `n` completions, in order.
+    pub fn wait_n(&self, n: usize, timeout: Duration) -> Result<Vec<Wc>> {
+        let deadline = StdInstant::now() + timeout;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            out.push(self.wait(deadline.saturating_duration_since(StdInstant::now()))?);
+        }
+        Ok(out)
+    }
+
+    /// `ibv_req_notify_cq`: the next completion (or, with `solicited_only`, the next
+    /// solicited or failed one) raises an event on the CQ's channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let sh = &self.inner.ctx.drv.shared;
+        let mut st = sh.lock();
+        st.engine.req_notify_cq(self.inner.id, solicited_only)?;
+        Ok(())
+    }
+
+    /// Whether `self` and `other` are the same CQ.
+    pub fn same(&self, other: &Cq) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// A placeholder work completion, to size arrays for [`Cq::poll`].
+pub const EMPTY_WC: Wc = Wc {
+    wr_id: 0,
+    status: softrdma_engine::WcStatus::Success,
+    opcode: softrdma_engine::WcOpcode::Send,
+    byte_len: 0,
+    imm_data: None,
+    qp_num: Qpn::from_u24_truncating(0),
+    src_qp: Qpn::from_u24_truncating(0),
+    grh: false,
+    solicited: false,
+};
+
+/// A completion channel (`ibv_comp_channel`): a file descriptor that polls readable when
+/// an armed CQ got a completion. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct CompChannel {
+    inner: Arc<ChannelInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ChannelInner {
+    fd: OwnedFd,
+    fired: Mutex<VecDeque<Weak<CqInner>>>,
+}
+
+impl ChannelInner {
+    /// An armed CQ of this channel got its completion.
+    pub(crate) fn fire(&self, cq: Weak<CqInner>) {
+        self.fired.lock().unwrap_or_else(PoisonError::into_inner).push_back(cq);
+        driver::ring(&self.fd);
+    }
+}
+
+impl CompChannel {
+    /// `ibv_get_cq_event`: the CQ whose completion event is next, waiting up to `timeout`
+    /// (`None`: forever). `Ok(None)` when the time passed. Re-arm the CQ with
+    /// [`Cq::req_notify`] before polling it, as with libibverbs.
+    pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<Cq>> {
+        let deadline = timeout.map(|t| StdInstant::now() + t);
+        loop {
+            let next = self.inner.fired.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+            if let Some(weak) = next {
+                if let Some(inner) = weak.upgrade() {
+                    return Ok(Some(Cq { inner }));
+                }
+                continue;
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(None);
+            }
+            driver::wait_readable(&self.inner.fd, left);
+            driver::drain(&self.inner.fd);
+        }
+    }
+}
+
+impl AsFd for CompChannel {
+    /// Polls readable when an event may be waiting; then call
+    /// [`get_cq_event`](CompChannel::get_cq_event) (with a zero timeout, say).
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+/// A shared receive queue (`ibv_srq`). Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct Srq {
+    inner: Arc<SrqInner>,
+}
+
+#[derive(Debug)]
+struct SrqInner {
+    pd: Arc<PdInner>,
+    id: SrqId,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.drv.shared.lock().engine.destroy_srq(self.id);
+    }
+}
+
+impl Srq {
+    /// `ibv_post_srq_recv`: posts `wrs` in order, stopping at the first bad one.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let sh = &self.inner.pd.ctx.drv.shared;
+        let mut st = sh.lock();
+        st.engine.post_srq_recv(self.inner.id, wrs)?;
+        Ok(())
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: raise `SrqLimitReached` once when fewer than
+    /// `limit` receives remain.
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        Ok(self.inner.pd.ctx.drv.shared.lock().engine.arm_srq_limit(self.inner.id, limit)?)
+    }
+}
+
+/// An address handle (`ibv_ah`): where UD sends go.
+#[derive(Clone, Debug)]
+pub struct Ah {
+    inner: Arc<AhInner>,
+}
+
+#[derive(Debug)]
+struct AhInner {
+    pd: Arc<PdInner>,
+    id: AhId,
+    av: AddressVector,
+}
+
+impl Drop for AhInner {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.drv.shared.lock().engine.destroy_ah(self.id);
+    }
+}
+
+impl Ah {
+    /// The handle to put in a UD [`SendWr`]'s destination.
+    pub fn id(&self) -> AhId {
+        self.inner.id
+    }
+
+    /// The address vector.
+    pub fn av(&self) -> AddressVector {
+        self.inner.av
+    }
+}
+
+/// What a new QP is (`ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInit<'a> {
+    /// RC, UC or UD.
+    pub qp_type: QpType,
+    /// Where send completions go.
+    pub send_cq: &'a Cq,
+    /// Where receive completions go.
+    pub recv_cq: &'a Cq,
+    /// A shared receive queue instead of the QP's own.
+    pub srq: Option<&'a Srq>,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Every send completes, whatever its flags.
+    pub sq_sig_all: bool,
+}
+
+impl<'a> QpInit<'a> {
+    /// A QP of `qp_type` with one CQ for both queues and default sizes.
+    pub fn new(qp_type: QpType, cq: &'a Cq) -> Self {
+        Self { qp_type, send_cq: cq, recv_cq: cq, srq: None, cap: QpCap::default(), sq_sig_all: false }
+    }
+}
+
+/// A queue pair (`ibv_qp`).
+#[derive(Clone, Debug)]
+pub struct Qp {
+    inner: Arc<QpInner>,
+}
+
+#[derive(Debug)]
+struct QpInner {
+    pd: Arc<PdInner>,
+    qpn: Qpn,
+    qp_type: QpType,
+    _send_cq: Cq,
+    _recv_cq: Cq,
+    _srq: Option<Srq>,
+}
+
+impl Drop for QpInner {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.drv.shared.lock().engine.destroy_qp(self.qpn);
+    }
+}
+
+/// What a peer needs to know about a QP to connect to it (exchanged out of band, or by
+/// rdma_cm).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Endpoint {
+    /// The QP number.
+    pub qpn: u32,
+    /// The GID (IP address) it sends from.
+    pub gid: Gid,
+    /// The first PSN it sends.
+    pub psn: u32,
+}
+
+/// How to connect an RC or UC QP ([`Qp::connect`]); the defaults are rdma_cm's.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ConnectOptions {
+    /// Local GID index (source address).
+    pub sgid_index: u8,
+    /// Path MTU; `None` takes the device's active MTU.
+    pub mtu: Option<softrdma_engine::Mtu>,
+    /// What the peer may do here.
+    pub access: Access,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Retries after a timeout.
+    pub retry_cnt: u8,
+    /// Retries after RNR NAKs (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR timer code sent to the peer.
+    pub min_rnr_timer: u8,
+    /// READs/atomics outstanding each way.
+    pub rd_atomic: u8,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        Self {
+            sgid_index: 0,
+            mtu: None,
+            access: Access::ALL,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+            rd_atomic: 16,
+        }
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qpn(&self) -> u32 {
+        self.inner.qpn.value()
+    }
+
+    /// Its transport.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
+    fn shared(&self) -> &driver::Shared {
+        &self.inner.pd.ctx.drv.shared
+    }
+
+    /// `ibv_modify_qp`.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        st.engine.modify_qp(self.inner.qpn, attr, mask)?;
+        sh.after_verb(&mut st);
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> Result<(QpAttr, QpCap)> {
+        self.shared()
+            .lock()
+            .engine
+            .query_qp(self.inner.qpn)
+            .ok_or(Error::Verbs(softrdma_engine::VerbsError::NotFound { kind: "QP", id: self.qpn() }))
+    }
+
+    /// The QP's state.
+    pub fn state(&self) -> Option<QpState> {
+        self.shared().lock().engine.qp_state(self.inner.qpn)
+    }
+
+    /// This QP as a peer must see it, sending from GID `sgid_index` and starting at `psn`.
+    pub fn endpoint(&self, sgid_index: u8, psn: u32) -> Result<Endpoint> {
+        let gid = self.inner.pd.ctx.gid(sgid_index).ok_or_else(|| {
+            Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "GID index {sgid_index}: the device has {} GIDs",
+                self.inner.pd.ctx.device().addresses().len()
+            )))
+        })?;
+        Ok(Endpoint { qpn: self.qpn(), gid, psn })
+    }
+
+    /// Connects an RC or UC QP to `remote`: RESET → INIT → RTR → RTS with `options`, the
+    /// local side starting at `local_psn` (what [`endpoint`](Qp::endpoint) told the peer).
+    /// A UD QP has no peer: use [`Qp::ready_ud`] for it.
+    pub fn connect(&self, local_psn: u32, remote: &Endpoint, options: &ConnectOptions) -> Result<()> {
+        let mtu = options.mtu.unwrap_or_else(|| self.inner.pd.ctx.device().active_mtu());
+        let init = QpAttr { qp_state: QpState::Init, qp_access_flags: options.access, ..QpAttr::default() };
+        let mut mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        self.modify(&init, mask)?;
+        let av = AddressVector {
+            dgid: remote.gid,
+            sgid_index: options.sgid_index,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        };
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            ah_attr: Some(av),
+            path_mtu: mtu,
+            dest_qp_num: remote.qpn,
+            rq_psn: remote.psn,
+            max_dest_rd_atomic: options.rd_atomic,
+            min_rnr_timer: options.min_rnr_timer,
+            ..QpAttr::default()
+        };
+        mask = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+        if self.inner.qp_type == QpType::Rc {
+            mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+        }
+        self.modify(&rtr, mask)?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            sq_psn: local_psn,
+            timeout: options.timeout,
+            retry_cnt: options.retry_cnt,
+            rnr_retry: options.rnr_retry,
+            max_rd_atomic: options.rd_atomic,
+            ..QpAttr::default()
+        };
+        mask = AttrMask::STATE | AttrMask::SQ_PSN;
+        if self.inner.qp_type == QpType::Rc {
+            mask = mask | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&rts, mask)
+    }
+
+    /// Brings a UD QP to RTS with Q_Key `qkey`, sending from PSN `psn`.
+    pub fn ready_ud(&self, qkey: u32, psn: u32) -> Result<()> {
+        let init = QpAttr { qp_state: QpState::Init, qkey: softrdma_wire::QKey(qkey), ..QpAttr::default() };
+        self.modify(&init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY)?;
+        self.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE)?;
+        self.modify(
+            &QpAttr { qp_state: QpState::Rts, sq_psn: psn, ..QpAttr::default() },
+            AttrMask::STATE | AttrMask::SQ_PSN,
+        )
+    }
+
+    /// `ibv_post_send`: posts `wrs` in order and sends what it can at once from this thread.
+    /// On error, every WR before [`Error::Post::index`](Error::Post) was posted and none from
+    /// it on (`*bad_wr`).
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        let posted = st.engine.post_send(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
+        // WRs before a bad one were posted: send them either way.
+        sh.after_verb(&mut st);
+        Ok(posted?)
+    }
+
+    /// `ibv_post_recv`: posts `wrs` in order, stopping at the first bad one.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        st.engine.post_recv(self.inner.qpn, wrs)?;
+        Ok(())
+    }
+}

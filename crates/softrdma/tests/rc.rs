@@ -1,0 +1,155 @@
+//! RC over real loopback sockets through the safe API: every operation moves real RoCEv2
+//! packets through the kernel, and every byte is checked.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use softrdma::*;
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+}
+
+#[test]
+fn rdma_write_lands_in_the_peers_memory() {
+    let (a, b) = rc_pair(64 * 1024);
+    let data = pattern(40_000, 7); // ten packets at MTU 4096
+    a.mr.write(0, &data).unwrap();
+    let target = b.mr.remote(1000..41_000).unwrap();
+    let sge = [a.mr.sge(0..data.len()).unwrap()];
+    a.qp.post_send(&[wr(1, SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey }, &sge)]).unwrap();
+    let wc = a.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.opcode), (1, WcStatus::Success, WcOpcode::RdmaWrite));
+    let mut got = vec![0u8; data.len()];
+    b.mr.read(1000, &mut got).unwrap();
+    assert_eq!(got, data);
+    let mut before = [1u8; 1000];
+    b.mr.read(0, &mut before).unwrap();
+    assert!(before.iter().all(|&x| x == 0), "nothing written before the target range");
+}
+
+#[test]
+fn rdma_read_fetches_the_peers_memory() {
+    let (a, b) = rc_pair(16 * 1024);
+    let data = pattern(10_000, 3);
+    b.mr.write(0, &data).unwrap();
+    let source = b.mr.remote(0..data.len()).unwrap();
+    let sge = [a.mr.sge(100..100 + data.len()).unwrap()];
+    a.qp.post_send(&[wr(9, SendOp::RdmaRead { remote_addr: source.addr, rkey: source.rkey }, &sge)]).unwrap();
+    let wc = a.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (9, WcStatus::Success, WcOpcode::RdmaRead, 10_000));
+    let mut got = vec![0u8; data.len()];
+    a.mr.read(100, &mut got).unwrap();
+    assert_eq!(got, data);
+}
+
+#[test]
+fn send_with_immediate_fills_a_posted_receive() {
+    let (a, b) = rc_pair(8192);
+    let rsge = [b.mr.sge(0..8192).unwrap()];
+    b.qp.post_recv(&[RecvWr { wr_id: 77, sg_list: &rsge }]).unwrap();
+    a.mr.write(0, b"ping over RoCEv2").unwrap();
+    let sge = [a.mr.sge(0..16).unwrap()];
+    a.qp.post_send(&[wr(5, SendOp::SendWithImm { imm: [1, 2, 3, 4] }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let wc = b.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (77, WcStatus::Success, WcOpcode::Recv, 16));
+    assert_eq!(wc.imm_data, Some([1, 2, 3, 4]));
+    let mut got = [0u8; 16];
+    b.mr.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"ping over RoCEv2");
+}
+
+#[test]
+fn atomics_fetch_add_and_compare_swap_on_the_peer() {
+    let (a, b) = rc_pair(4096);
+    b.mr.write(64, &40u64.to_ne_bytes()).unwrap();
+    let word = b.mr.remote(64..72).unwrap();
+    let rkey = word.rkey;
+    let sge = [a.mr.sge(0..8).unwrap()];
+    a.qp.post_send(&[wr(1, SendOp::FetchAdd { remote_addr: word.addr, rkey, add: 2 }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().opcode, WcOpcode::FetchAdd);
+    assert_eq!(a.mr.read_u64(0).unwrap(), 40, "the value before the add comes back");
+    assert_eq!(b.mr.read_u64(64).unwrap(), 42);
+    let sge = [a.mr.sge(8..16).unwrap()];
+    a.qp.post_send(&[wr(2, SendOp::CompareSwap { remote_addr: word.addr, rkey, compare: 42, swap: 7 }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    assert_eq!(a.mr.read_u64(8).unwrap(), 42);
+    assert_eq!(b.mr.read_u64(64).unwrap(), 7);
+}
+
+#[test]
+fn passive_target_completes_while_its_application_sleeps() {
+    // The target's thread only sleeps; its progress thread must answer WRITEs and READs.
+    let (a, b) = rc_pair(4096);
+    let b_mem = b.mr.remote(0..4096).unwrap();
+    let sleeper = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(600));
+        b // keep the target alive while it sleeps
+    });
+    std::thread::sleep(Duration::from_millis(50)); // let b's progress thread go idle
+    for round in 0..20u64 {
+        a.mr.write(0, &round.to_ne_bytes()).unwrap();
+        let sge = [a.mr.sge(0..8).unwrap()];
+        let op = SendOp::RdmaWrite { remote_addr: b_mem.addr + round * 8, rkey: b_mem.rkey };
+        a.qp.post_send(&[wr(round, op, &sge)]).unwrap();
+        assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    }
+    let sge = [a.mr.sge(1024..1024 + 160).unwrap()];
+    a.qp.post_send(&[wr(99, SendOp::RdmaRead { remote_addr: b_mem.addr, rkey: b_mem.rkey }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let mut got = [0u8; 160];
+    a.mr.read(1024, &mut got).unwrap();
+    for round in 0..20usize {
+        assert_eq!(u64::from_ne_bytes(got[round * 8..round * 8 + 8].try_into().unwrap()), round as u64);
+    }
+    assert!(!sleeper.is_finished(), "the target was asleep the whole time");
+    drop(sleeper.join().unwrap());
+}
+
+#[test]
+fn write_to_a_deregistered_region_fails_remotely_and_changes_nothing() {
+    let (a, b) = rc_pair(4096);
+    let keep = b.pd.reg_mr(4096, Access::ALL).unwrap();
+    let gone = b.pd.reg_mr(4096, Access::ALL).unwrap();
+    let target = gone.remote(0..8).unwrap();
+    drop(gone);
+    a.mr.write(0, &[0xee; 8]).unwrap();
+    let sge = [a.mr.sge(0..8).unwrap()];
+    a.qp.post_send(&[wr(1, SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::RemAccessErr);
+    let mut other = vec![1u8; 4096];
+    keep.read(0, &mut other).unwrap();
+    assert!(other.iter().all(|&x| x == 0));
+}
+
+#[test]
+fn completion_channel_wakes_a_blocked_waiter() {
+    let port = test_port();
+    let a = open([127, 0, 0, 1], port);
+    let b = open([127, 0, 0, 2], port);
+    let ch = b.create_comp_channel().unwrap();
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let cqa = a.create_cq(16, None).unwrap();
+    let cqb = b.create_cq(16, Some(&ch)).unwrap();
+    let qa = pa.create_qp(&QpInit::new(QpType::Rc, &cqa)).unwrap();
+    let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cqb)).unwrap();
+    qa.connect(1, &qb.endpoint(0, 2).unwrap(), &ConnectOptions::default()).unwrap();
+    qb.connect(2, &qa.endpoint(0, 1).unwrap(), &ConnectOptions::default()).unwrap();
+    let (ma, mb) = (pa.reg_mr(64, Access::ALL).unwrap(), pb.reg_mr(64, Access::ALL).unwrap());
+    let rsge = [mb.sge(0..64).unwrap()];
+    qb.post_recv(&[RecvWr { wr_id: 3, sg_list: &rsge }]).unwrap();
+    cqb.req_notify(false).unwrap();
+    assert!(ch.get_cq_event(Some(Duration::from_millis(50))).unwrap().is_none(), "no event before the send");
+    let waiter = std::thread::spawn(move || {
+        let cq = ch.get_cq_event(Some(WAIT)).unwrap().expect("an event");
+        cq.poll_one().expect("a completion after the event")
+    });
+    std::thread::sleep(Duration::from_millis(20));
+    let sge = [ma.sge(0..10).unwrap()];
+    qa.post_send(&[wr(1, SendOp::Send, &sge)]).unwrap();
+    let wc = waiter.join().unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (3, WcStatus::Success, 10));
+}
