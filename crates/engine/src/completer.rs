@@ -274,6 +274,7 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                 if qp.comp.psn.distance_to(resume) > 0 {
                     qp.comp.psn = resume;
                     qp.req.retry_started = false;
+                    qp.req.retry_left = qp.attr.retry_cnt; // progress, as for a NAK below
                 }
                 if start_retry(qp, sh, resume) {
                     rearm(qp, now);
@@ -312,6 +313,10 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                     if qp.comp.psn.distance_to(psn) > 0 {
                         qp.comp.psn = psn; // everything before the NAKed PSN arrived
                         qp.req.retry_started = false;
+                        // Forward progress renews the retry budget, which is for retries
+                        // that get nowhere (rxe's comp.retry_cnt reset on progress): on a
+                        // lossy link nearly every window ends in a NAK, yet each advances.
+                        qp.req.retry_left = qp.attr.retry_cnt;
                     }
                     if start_retry(qp, sh, psn) {
                         rearm(qp, now);
