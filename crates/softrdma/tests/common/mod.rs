@@ -1,7 +1,10 @@
 //! Shared set-up for the runtime tests: devices on loopback addresses of their own and a
 //! port of their own, so tests running in parallel (and other softrdma users on the host)
 //! never meet.
+
 #![allow(dead_code, unreachable_pub)]
+
+pub mod child;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU16, Ordering};

@@ -1,0 +1,306 @@
+//! softrdma devices in separate processes over the kernel's UDP: a passive target that only
+//! sleeps, a peer killed with SIGKILL mid-transfer, and two hosts in network namespaces
+//! joined by a veth pair that drops 5 % of packets (nftables).
+//!
+//! Children are this test binary run again (`common::child`), in the role named by
+//! `SOFTRDMA_TEST_ROLE`; `child_entry` is their entry point and does nothing otherwise.
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use common::child::*;
+use common::*;
+use softrdma::*;
+
+const ENTRY: &str = "child_entry";
+
+/// Runs the child role named in the environment; a no-op when this is not a child.
+#[test]
+fn child_entry() {
+    let Ok(role) = std::env::var(ROLE_ENV) else { return };
+    match role.as_str() {
+        "target" => target(),
+        "initiator" => initiator(),
+        other => panic!("unknown child role {other}"),
+    }
+}
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("child needs {name}"))
+}
+
+/// The device, QP and buffer a child sets up from its environment.
+fn child_side() -> (Side, Advert) {
+    let ip: IpAddr = env("SOFTRDMA_TEST_IP").parse().unwrap();
+    let port: u16 = env("SOFTRDMA_TEST_PORT").parse().unwrap();
+    let len: usize = env("SOFTRDMA_TEST_LEN").parse().unwrap();
+    let device = Device::with_addresses(&env("SOFTRDMA_TEST_IFACE"), vec![ip]);
+    let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).expect("open the device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None).unwrap();
+    let mut init = QpInit::new(QpType::Rc, &cq);
+    init.cap.max_send_wr = 256;
+    let qp = pd.create_qp(&init).unwrap();
+    let mr = pd.reg_mr(len, Access::ALL).unwrap();
+    let advert = Advert { qpn: qp.qpn(), ip, psn: 1000, addr: mr.addr(), rkey: mr.rkey(), len: len as u64 };
+    (Side { ctx, pd, cq, qp, mr }, advert)
+}
+
+fn connect_to_peer(side: &Side, me: &Advert) -> Advert {
+    say(&me.line());
+    let peer = Advert::parse(&read_stdin_line().expect("the peer's EP line"));
+    let opts = ConnectOptions { timeout: 10, retry_cnt: 7, ..ConnectOptions::default() };
+    side.qp.connect(me.psn, &peer.endpoint(), &opts).expect("connect");
+    peer
+}
+
+/// A target: advertises its buffer, connects, then sleeps in `read(2)` on stdin while the
+/// peer WRITEs and READs; answers `CHECK <offset> <len> <seed>` lines.
+fn target() {
+    let (side, me) = child_side();
+    side.mr.write(0, &pattern(side.mr.len(), 0xaa)).unwrap();
+    connect_to_peer(&side, &me);
+    say("CONNECTED");
+    while let Some(line) = read_stdin_line() {
+        let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+        let (offset, len, seed) = (f[0] as usize, f[1] as usize, f[2]);
+        let mut got = vec![0u8; len];
+        side.mr.read(offset, &mut got).unwrap();
+        let ok = got == pattern(len, seed);
+        say(&format!("CHECK {}", if ok { "ok" } else { "bad" }));
+    }
+}
+
+/// An initiator: WRITEs `SOFTRDMA_TEST_MSGS` messages of `SOFTRDMA_TEST_SIZE` bytes into
+/// the peer's buffer, READs them all back and compares; prints `DONE ok|bad ...`.
+fn initiator() {
+    let (side, me) = child_side();
+    let peer = connect_to_peer(&side, &me);
+    let msgs: usize = env("SOFTRDMA_TEST_MSGS").parse().unwrap();
+    let size: usize = env("SOFTRDMA_TEST_SIZE").parse().unwrap();
+    let half = side.mr.len() / 2;
+    assert!(msgs * size <= half && (msgs * size) as u64 <= peer.len);
+    side.mr.write(0, &pattern(msgs * size, 0x5c)).unwrap();
+    for batch in (0..msgs).collect::<Vec<_>>().chunks(32) {
+        for &i in batch {
+            let sge = [side.mr.sge(i * size..(i + 1) * size).unwrap()];
+            let op = SendOp::RdmaWrite { remote_addr: peer.addr + (i * size) as u64, rkey: peer.rkey() };
+            side.qp.post_send(&[wr(i as u64, op, &sge)]).unwrap();
+        }
+        for wc in side.cq.wait_n(batch.len(), Duration::from_secs(60)).unwrap() {
+            assert_eq!(wc.status, WcStatus::Success, "write {}", wc.wr_id);
+        }
+    }
+    let sge = [side.mr.sge(half..half + msgs * size).unwrap()];
+    let op = SendOp::RdmaRead { remote_addr: peer.addr, rkey: peer.rkey() };
+    side.qp.post_send(&[wr(u64::MAX, op, &sge)]).unwrap();
+    let wc = side.cq.wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(wc.status, WcStatus::Success);
+    let mut back = vec![0u8; msgs * size];
+    side.mr.read(half, &mut back).unwrap();
+    let ok = back == pattern(msgs * size, 0x5c);
+    let c = side.ctx.counters().engine;
+    say(&format!(
+        "DONE {} bytes={} retransmitted={} timeouts={} naks={}",
+        if ok { "ok" } else { "bad" },
+        2 * msgs * size,
+        c.retransmitted_packets,
+        c.ack_timeouts,
+        c.naks_rcvd
+    ));
+}
+
+/// This process's side of a connection to a child target on `child_ip`.
+fn local_initiator(ip: [u8; 4], port: u16, target: &mut ChildProc) -> (Side, Advert) {
+    let ctx = open(ip, port);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(1024, None).unwrap();
+    let mut init = QpInit::new(QpType::Rc, &cq);
+    init.cap.max_send_wr = 256;
+    let qp = pd.create_qp(&init).unwrap();
+    let mr = pd.reg_mr(64 * 1024, Access::ALL).unwrap();
+    let me = Advert { qpn: qp.qpn(), ip: IpAddr::from(ip), psn: 7, addr: mr.addr(), rkey: mr.rkey(), len: 0 };
+    let peer = Advert::parse(&target.expect_line("EP ", WAIT));
+    target.send_line(&me.line());
+    let opts = ConnectOptions { timeout: 10, retry_cnt: 7, ..ConnectOptions::default() };
+    qp.connect(me.psn, &peer.endpoint(), &opts).unwrap();
+    target.expect_line("CONNECTED", WAIT);
+    (Side { ctx, pd, cq, qp, mr }, peer)
+}
+
+fn target_env(ip: &str, port: u16, len: usize) -> Vec<(&'static str, String)> {
+    vec![
+        ("SOFTRDMA_TEST_IFACE", "lo".into()),
+        ("SOFTRDMA_TEST_IP", ip.into()),
+        ("SOFTRDMA_TEST_PORT", port.to_string()),
+        ("SOFTRDMA_TEST_LEN", len.to_string()),
+    ]
+}
+
+#[test]
+fn passive_target_process_sleeps_while_writes_and_reads_complete() {
+    let port = test_port();
+    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.2", port, 1 << 20), None);
+    let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut target);
+    // READ the target's initial pattern, then WRITE a new one over 1 MiB and check it there.
+    let sge = [a.mr.sge(0..65536).unwrap()];
+    a.qp.post_send(&[wr(1, SendOp::RdmaRead { remote_addr: peer.addr, rkey: peer.rkey() }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let mut got = vec![0u8; 65536];
+    a.mr.read(0, &mut got).unwrap();
+    assert_eq!(got, pattern(1 << 20, 0xaa)[..65536]);
+    a.mr.write(0, &pattern(65536, 3)).unwrap();
+    for i in 0..16u64 {
+        let op = SendOp::RdmaWrite { remote_addr: peer.addr + i * 65536, rkey: peer.rkey() };
+        a.qp.post_send(&[wr(i, op, &sge)]).unwrap();
+    }
+    for wc in a.cq.wait_n(16, WAIT).unwrap() {
+        assert_eq!(wc.status, WcStatus::Success);
+    }
+    for i in 0..16 {
+        target.send_line(&format!("CHECK {} 65536 3", i * 65536));
+        assert_eq!(target.expect_line("CHECK", WAIT), "CHECK ok", "block {i}");
+    }
+    target.close_stdin();
+    assert!(target.wait_success(WAIT));
+}
+
+#[test]
+fn peer_killed_mid_transfer_gives_retry_exceeded_not_a_hang() {
+    let port = test_port();
+    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.2", port, 1 << 20), None);
+    let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut target);
+    let sge = [a.mr.sge(0..65536).unwrap()];
+    let write = |i: u64| {
+        let op = SendOp::RdmaWrite { remote_addr: peer.addr + (i % 16) * 65536, rkey: peer.rkey() };
+        a.qp.post_send(&[wr(i, op, &sge)])
+    };
+    let mut posted = 0u64;
+    for _ in 0..8 {
+        write(posted).unwrap();
+        posted += 1;
+    }
+    let mut completed = 0u64;
+    let started = Instant::now();
+    let mut killed_at = None;
+    let error = loop {
+        assert!(started.elapsed() < Duration::from_secs(20), "no error completion: the survivor hangs");
+        let Some(wc) = a.cq.poll_one() else {
+            std::thread::yield_now();
+            continue;
+        };
+        if wc.status != WcStatus::Success {
+            break wc;
+        }
+        completed += 1;
+        if completed == 20 {
+            target.kill(); // SIGKILL mid-transfer
+            killed_at = Some(Instant::now());
+        }
+        if write(posted).is_ok() {
+            posted += 1;
+        }
+    };
+    let killed_at = killed_at.expect("the target was killed after 20 completions");
+    assert_eq!(error.status, WcStatus::RetryExcErr, "{error:?}");
+    // timeout 10 (4.19 ms) × (1 + retry_cnt 7) tries, plus scheduling slack.
+    let took = killed_at.elapsed();
+    assert!(took < Duration::from_secs(2), "error after {took:?}");
+    // Everything still queued is flushed, and the QP is in the error state.
+    assert_eq!(a.qp.state(), Some(QpState::Err));
+    while let Some(wc) = a.cq.poll_one() {
+        assert_eq!(wc.status, WcStatus::WrFlushErr);
+    }
+}
+
+/// Two network namespaces joined by a veth pair, each end dropping 5 % of the UDP 4791
+/// packets it receives (nftables `numgen random mod 100 < 5`); removed on drop.
+struct Netns {
+    names: [String; 2],
+}
+
+impl Netns {
+    fn create(tag: &str) -> Result<Netns, String> {
+        let names = [format!("srdma-{tag}-a"), format!("srdma-{tag}-b")];
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = std::process::Command::new(args[0])
+                .args(&args[1..])
+                .output()
+                .map_err(|e| format!("{}: {e}", args[0]))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+            }
+        };
+        let ns = Netns { names: names.clone() };
+        for n in &names {
+            let _ = run(&["ip", "netns", "del", n]);
+            run(&["ip", "netns", "add", n])?;
+            run(&["ip", "-n", n, "link", "set", "lo", "up"])?;
+        }
+        run(&[
+            "ip", "link", "add", "srdma-va", "netns", &names[0], "type", "veth", "peer", "srdma-vb", "netns", &names[1],
+        ])?;
+        for (n, dev, addr) in [(&names[0], "srdma-va", "10.77.0.1/24"), (&names[1], "srdma-vb", "10.77.0.2/24")] {
+            run(&["ip", "-n", n, "addr", "add", addr, "dev", dev])?;
+            run(&["ip", "-n", n, "link", "set", dev, "up"])?;
+            let rules = "add table inet loss; \
+                add chain inet loss input { type filter hook input priority 0; }; \
+                add rule inet loss input udp dport 4791 numgen random mod 100 < 5 drop";
+            run(&["ip", "netns", "exec", n, "nft", rules])?;
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = std::process::Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
+
+#[test]
+fn two_hosts_over_veth_with_five_percent_loss_move_data_byte_exact() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: creating network namespaces needs root");
+        return;
+    }
+    for tool in ["ip", "nft"] {
+        if std::process::Command::new(tool).arg("-V").output().is_err() {
+            eprintln!("skipped: `{tool}` is not installed (iproute2, nftables)");
+            return;
+        }
+    }
+    let tag = format!("{}", std::process::id() % 100_000);
+    let ns = Netns::create(&tag).expect("build two namespaces joined by veth, with nftables loss");
+    let side_env = |iface: &str, ip: &str| {
+        vec![
+            ("SOFTRDMA_TEST_IFACE", iface.to_string()),
+            ("SOFTRDMA_TEST_IP", ip.to_string()),
+            ("SOFTRDMA_TEST_PORT", "4791".to_string()),
+            ("SOFTRDMA_TEST_LEN", (4 << 20).to_string()),
+            ("SOFTRDMA_TEST_MSGS", "32".to_string()),
+            ("SOFTRDMA_TEST_SIZE", "65536".to_string()),
+        ]
+    };
+    let mut a = ChildProc::spawn(ENTRY, "initiator", &side_env("srdma-va", "10.77.0.1"), Some(&ns.names[0]));
+    let mut b = ChildProc::spawn(ENTRY, "target", &side_env("srdma-vb", "10.77.0.2"), Some(&ns.names[1]));
+    let (ea, eb) = (a.expect_line("EP ", WAIT), b.expect_line("EP ", WAIT));
+    a.send_line(&eb);
+    b.send_line(&ea);
+    let done = a.expect_line("DONE", Duration::from_secs(120));
+    eprintln!("{done}");
+    assert!(done.starts_with("DONE ok"), "{done}");
+    let retransmitted: u64 = done.split("retransmitted=").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(retransmitted > 0, "5 % loss must have cost retransmissions: {done}");
+    // And the target holds the data too.
+    b.send_line("CHECK 0 2097152 92");
+    assert_eq!(b.expect_line("CHECK", WAIT), "CHECK ok");
+    b.close_stdin();
+    assert!(a.wait_success(WAIT) && b.wait_success(WAIT));
+}
