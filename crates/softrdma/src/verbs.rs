@@ -59,6 +59,11 @@ impl Context {
         self.drv.device.gid(index)
     }
 
+    /// The UDP address the device receives on for GID `index`.
+    pub fn local_addr(&self, index: u8) -> Option<std::net::SocketAddr> {
+        self.drv.shared.port.sockets.get(usize::from(index)).map(|s| s.local_addr())
+    }
+
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd> {
         let id = self.drv.shared.lock().engine.alloc_pd();

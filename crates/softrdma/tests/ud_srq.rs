@@ -24,13 +24,8 @@ fn ud_receive_starts_with_the_grh_of_the_sender() {
     let (a, b) = (ud_side([127, 0, 0, 1], port), ud_side([127, 0, 0, 2], port));
     let rsge = [b.mr.sge(0..2048).unwrap()];
     b.qp.post_recv(&[RecvWr { wr_id: 4, sg_list: &rsge }]).unwrap();
-    let av = AddressVector {
-        dgid: b.ctx.gid(0).unwrap(),
-        sgid_index: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-        flow_label: 0,
-    };
+    let av =
+        AddressVector { dgid: b.ctx.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
     let ah = a.pd.create_ah(av).unwrap();
     a.mr.write(0, b"a datagram").unwrap();
     let sge = [a.mr.sge(0..10).unwrap()];
@@ -57,7 +52,8 @@ fn wrong_qkey_is_dropped_and_counted() {
     let (a, b) = (ud_side([127, 0, 0, 1], port), ud_side([127, 0, 0, 2], port));
     let rsge = [b.mr.sge(0..2048).unwrap()];
     b.qp.post_recv(&[RecvWr { wr_id: 4, sg_list: &rsge }]).unwrap();
-    let av = AddressVector { dgid: b.ctx.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+    let av =
+        AddressVector { dgid: b.ctx.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
     let ah = a.pd.create_ah(av).unwrap();
     let sge = [a.mr.sge(0..10).unwrap()];
     let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(b.qp.qpn()), remote_qkey: QKey(0xdead) };
