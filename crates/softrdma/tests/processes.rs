@@ -5,6 +5,9 @@
 //! Children are this test binary run again (`common::child`), in the role named by
 //! `SOFTRDMA_TEST_ROLE`; `child_entry` is their entry point and does nothing otherwise.
 
+// Tests talk to the child processes they start over stdout, and say why they skip.
+#![allow(clippy::print_stdout, clippy::print_stderr)]
+
 mod common;
 
 use std::net::IpAddr;

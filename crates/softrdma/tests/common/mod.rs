@@ -2,7 +2,7 @@
 //! port of their own, so tests running in parallel (and other softrdma users on the host)
 //! never meet.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, clippy::print_stdout)]
 
 pub mod child;
 
