@@ -519,6 +519,14 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
                     && repr.ext.reth.is_some_and(|reth| reth.rkey.0 == r.rkey)
             });
             if let Some(r) = found.copied() {
+                // Like rxe (duplicate_request resets the resource and replays from here),
+                // the replay replaces a response to this READ still being streamed: its
+                // packets would only repeat what the requester has or delay what it lacks,
+                // and on a lossy link every retry would queue one more stream behind it.
+                let window = softrdma_wire::PsnWindow::new(r.first_psn, r.npkts);
+                qp.resp.out.retain(
+                    |job| !matches!(job, RespJob::Read { psn: p, .. } if window.is_some_and(|w| w.contains(*p))),
+                );
                 let skip = r.first_psn.distance_to(psn) as u32 * mtu;
                 qp.resp.out.push_back(RespJob::Read {
                     psn,

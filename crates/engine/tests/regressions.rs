@@ -310,3 +310,48 @@ fn sequence_naks_that_make_progress_never_exhaust_retry_cnt() {
     }
     assert!(pair.a.engine.counters().naks_rcvd >= 3, "the losses were recovered by sequence NAKs");
 }
+
+// ---- RC: a duplicate READ replaces the response still streaming (rxe duplicate_request) --
+
+#[test]
+fn duplicate_read_request_restarts_the_response_instead_of_queueing_another() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let n = 32u32;
+    pair.b.fill(0x4000, &pattern(n as usize * 256, 9));
+    let s = pair.a.sge(0, n * 256);
+    let op = SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x4000), rkey: pair.b.mr.rkey };
+    pair.a.post_send(wr(1, op, &[s]));
+    let mut buf = vec![0u8; 4200];
+    let now = Instant::ZERO;
+    let t = pair.a.engine.poll_transmit(now, &mut pair.a.mem, &mut buf).expect("the READ request");
+    let (envelope, request) = (t.envelope, buf[..t.len].to_vec());
+    let b = &mut pair.b;
+    b.engine.handle_datagram(now, &envelope, &request, &mut b.mem);
+    let mut psns = Vec::new();
+    let mut poll = |b: &mut Node, psns: &mut Vec<u32>, limit: usize| {
+        for _ in 0..limit {
+            let Some(t) = b.engine.poll_transmit(now, &mut b.mem, &mut buf) else { break };
+            psns.push(softrdma_wire::RocePacket::new_checked(&buf[..t.len]).unwrap().bth().psn().value());
+        }
+    };
+    poll(b, &mut psns, 5); // five responses leave; the rest of the stream is still queued
+    // The requester lost response 2 and asks again for the rest (IBA 9.7.5.1.5).
+    let repr =
+        softrdma_wire::RoceRepr::parse(&softrdma_wire::RocePacket::new_checked(&request[..]).unwrap(), &envelope)
+            .unwrap();
+    let first = repr.bth.psn;
+    let mut again = repr;
+    again.bth.psn = first.wrapping_add(2);
+    let reth = repr.ext.reth.unwrap();
+    again.ext.reth = Some(softrdma_wire::RethRepr {
+        virtual_address: reth.virtual_address + 512,
+        dma_length: reth.dma_length - 512,
+        ..reth
+    });
+    let mut dup = vec![0u8; again.buffer_len()];
+    again.emit(&envelope, &mut dup).unwrap();
+    b.engine.handle_datagram(now, &envelope, &dup, &mut b.mem);
+    poll(b, &mut psns, 1000);
+    let expect: Vec<u32> = (0..5).chain(2..n).map(|k| first.wrapping_add(k).value()).collect();
+    assert_eq!(psns, expect, "the old stream stops where the replay starts");
+}
