@@ -54,7 +54,9 @@ fn child_side() -> (Side, Advert) {
 fn connect_to_peer(side: &Side, me: &Advert) -> Advert {
     say(&me.line());
     let peer = Advert::parse(&read_stdin_line().expect("the peer's EP line"));
-    let opts = ConnectOptions { timeout: 10, retry_cnt: 7, ..ConnectOptions::default() };
+    // 16.8 ms local ACK timeout: the retry budget (8 tries) outlasts a process starved of
+    // CPU for 100 ms on a loaded 2-core CI machine, and tail losses still recover quickly.
+    let opts = ConnectOptions { timeout: 12, retry_cnt: 7, ..ConnectOptions::default() };
     side.qp.connect(me.psn, &peer.endpoint(), &opts).expect("connect");
     peer
 }
@@ -100,7 +102,7 @@ fn initiator() {
     let op = SendOp::RdmaRead { remote_addr: peer.addr, rkey: peer.rkey() };
     side.qp.post_send(&[wr(u64::MAX, op, &sge)]).unwrap();
     let wc = side.cq.wait(Duration::from_secs(60)).unwrap();
-    assert_eq!(wc.status, WcStatus::Success);
+    assert_eq!(wc.status, WcStatus::Success, "the READ back: {:?}", side.ctx.counters());
     let mut back = vec![0u8; msgs * size];
     side.mr.read(half, &mut back).unwrap();
     let ok = back == pattern(msgs * size, 0x5c);
@@ -208,9 +210,10 @@ fn peer_killed_mid_transfer_gives_retry_exceeded_not_a_hang() {
     };
     let killed_at = killed_at.expect("the target was killed after 20 completions");
     assert_eq!(error.status, WcStatus::RetryExcErr, "{error:?}");
-    // timeout 10 (4.19 ms) × (1 + retry_cnt 7) tries, plus scheduling slack.
+    // timeout 10 (4.19 ms) × (1 + retry_cnt 7) tries = 34 ms, plus scheduling slack.
     let took = killed_at.elapsed();
-    assert!(took < Duration::from_secs(2), "error after {took:?}");
+    assert!(took < Duration::from_secs(5), "error after {took:?}");
+    eprintln!("RETRY_EXC_ERR {took:?} after the SIGKILL");
     // Everything still queued is flushed, and the QP is in the error state.
     assert_eq!(a.qp.state(), Some(QpState::Err));
     while let Some(wc) = a.cq.poll_one() {
