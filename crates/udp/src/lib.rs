@@ -32,6 +32,10 @@
 //! The layer parses nothing: any datagram arrives as bytes, and the ICRC check is the
 //! caller's, with [`softrdma_wire::RoceRepr::parse`].
 //!
+//! - **Many processes, one host.** [`host::Member`] joins a device's reuseport group with
+//!   a classic-BPF program that steers each datagram to the process owning its QPN or CM
+//!   connection (docs/architecture.md, "Many processes, one host").
+//!
 //! # What the receiver cannot see: the IPv4 identification
 //!
 //! The ICRC covers the IPv4 ID, and a UDP socket does not report it. [`Received::envelope`]
@@ -117,6 +121,8 @@
 
 #[allow(unsafe_code)]
 mod sys;
+
+pub mod host;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

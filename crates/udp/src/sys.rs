@@ -455,3 +455,27 @@ fn read_data<T: Pod>(data: *const u8, data_len: usize) -> Option<T> {
     // `T: Pod` accepts any bit pattern; `read_unaligned` needs no alignment.
     Some(unsafe { ptr::read_unaligned(data.cast::<T>()) })
 }
+
+/// Attaches a classic-BPF program to the reuseport group of `fd`
+/// (`SO_ATTACH_REUSEPORT_CBPF`), replacing the group's previous program. Needs no
+/// capability. `code` holds `(code, jt, jf, k)` instructions.
+#[allow(dead_code)] // used by the coordinator, which comes next
+pub(crate) fn attach_reuseport_cbpf(fd: BorrowedFd<'_>, code: &[(u16, u8, u8, u32)]) -> io::Result<()> {
+    let mut filters: Vec<libc::sock_filter> =
+        code.iter().map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k }).collect();
+    let len = u16::try_from(filters.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let prog = libc::sock_fprog { len, filter: filters.as_mut_ptr() };
+    // SAFETY: `fd` is open for the borrow; `prog` points at `len` live `sock_filter`s in
+    // `filters`, which outlives the call; the kernel copies the program during the call and
+    // keeps no pointer to it. The option length is the size of `prog`.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_ATTACH_REUSEPORT_CBPF,
+            (&raw const prog).cast::<c_void>(),
+            mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
