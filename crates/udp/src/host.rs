@@ -1,11 +1,469 @@
-//! Many processes, one host: the steering program of a device's reuseport group.
+//! Many processes, one host: every process that uses a RoCEv2 device (an interface and its
+//! addresses) binds its own UDP socket on each `address:4791` with `SO_REUSEPORT`, and a
+//! classic-BPF program on the reuseport group makes the kernel deliver each datagram
+//! straight to the process that owns its destination.
+//!
+//! - Each [`Member`] owns a **slot** `s` in `1..`[`MAX_SLOTS`]: the QPNs
+//!   `s << 13 .. (s + 1) << 13` ([`Member::qpn_range`]) and the CM comm IDs and SIDR request
+//!   IDs `s << 21 | counter` ([`Member::comm_id_prefix`]).
+//! - The program steers by destination QPN (slot = QPN >> 13); CM MADs to QP1 by service ID
+//!   (REQ, SIDR_REQ: to the member that [`listen`](Member::listen)s), by request ID
+//!   (SIDR_REP) or by remote comm ID (every other CM message). Anything it cannot place
+//!   goes to the kernel's hash, and the member that gets it drops it.
+//! - The members of a device elect a **coordinator** through an abstract Unix socket name
+//!   (per network namespace). It holds a duplicate of every member's sockets, so the order
+//!   of a group changes only when it closes one; after each change it learns each socket's
+//!   index by sending **probes** (datagrams with a magic no BTH has, routed by the index
+//!   they carry) which members report back, then installs the new program. When it dies,
+//!   the members race for the name and re-register with the winner.
+//!
+//! The data sockets ([`Member::sockets`]) belong to the caller's progress loop, which must
+//! pass datagrams for which [`Member::is_probe`] holds to [`Member::answer_probe`] (cheap,
+//! never blocks); until it does, membership changes are not steered. Everything else runs
+//! in one background thread per member that sleeps in `poll` when nothing changes.
+//!
+//! See docs/architecture.md, "Many processes, one host", for the design and its limits.
 
-#[allow(dead_code)] // used by the coordinator, which comes next
+mod coord;
+mod proto;
 mod steer;
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::BuildHasher;
+use std::io;
+use std::net::IpAddr;
+use std::ops::Range;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixDatagram;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use crate::{Config, ROCEV2_PORT, RecvBatch, RoceSocket};
+use proto::{ToCoord, ToMember};
 
 /// QPN bits below the slot: a slot owns `1 << 13` QPNs.
 pub const QPN_SLOT_BITS: u32 = 13;
 /// Comm ID / SIDR request ID bits below the slot.
 pub const COMM_ID_COUNTER_BITS: u32 = 21;
-/// Slots are `1..MAX_SLOTS`.
+/// Slots are `1..MAX_SLOTS` (2047 members per device at most; the steering program's size
+/// limits it further, see [`Member::listen`]).
 pub const MAX_SLOTS: u32 = 2048;
+
+/// How long [`Member::join`], [`Member::listen`] and [`Member::unlisten`] wait.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which device to join and how to set up its sockets.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostConfig {
+    /// The device (network interface) name: members of the same device, port and user
+    /// share the sockets' groups and elect one coordinator.
+    pub device: String,
+    /// The UDP port, [`ROCEV2_PORT`] by default. Not 0: the group is one port.
+    pub port: u16,
+    /// Socket options; its `port` is ignored and `reuse_port` forced on.
+    pub socket: Config,
+}
+
+impl Default for HostConfig {
+    fn default() -> Self {
+        Self { device: "lo".into(), port: ROCEV2_PORT, socket: Config { reuse_port: true, ..Config::default() } }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    steered: bool,
+    error: Option<(io::ErrorKind, String)>,
+    listeners: BTreeSet<u64>,
+    queue: VecDeque<ToCoord>,
+    in_flight: HashMap<u64, ToCoord>,
+    results: HashMap<u64, i32>,
+    next_id: u64,
+    stop: bool,
+}
+
+struct Shared {
+    sockets: Vec<RoceSocket>,
+    name: Vec<u8>,
+    port: u16,
+    /// The connection to the coordinator, for [`Member::answer_probe`].
+    conn: Mutex<Option<Arc<OwnedFd>>>,
+    state: Mutex<State>,
+    cond: Condvar,
+    wake_tx: UnixDatagram,
+    wake_rx: UnixDatagram,
+    slot: AtomicU32,
+    coordinator: AtomicBool,
+    /// Datagrams the background thread read and dropped while joining.
+    dropped: AtomicU64,
+}
+
+impl Shared {
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn wake(&self) {
+        let _ = self.wake_tx.send(&[0]);
+    }
+}
+
+/// One process's membership of a device. See the [module documentation](self).
+pub struct Member {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("slot", &self.slot()).field("coordinator", &self.is_coordinator()).finish()
+    }
+}
+
+/// A random 64-bit value (nonces): the standard library's per-process random keys,
+/// hashed with a counter.
+pub(crate) fn random_u64() -> u64 {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    std::collections::hash_map::RandomState::new().hash_one(COUNTER.fetch_add(1, Ordering::Relaxed))
+}
+
+impl Member {
+    /// Binds `addresses` (each `address:port` with `SO_REUSEPORT`), registers with the
+    /// device's coordinator (becoming it if there is none) and returns once this member's
+    /// slot is steered to its sockets; `TimedOut` after 5 s.
+    pub fn join(addresses: &[IpAddr], config: &HostConfig) -> io::Result<Member> {
+        if addresses.is_empty() || addresses.len() > proto::MAX_FDS {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "1 to 16 addresses"));
+        }
+        if config.port == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "port 0 makes no group"));
+        }
+        let socket_config = Config { port: config.port, reuse_port: true, ..config.socket.clone() };
+        let sockets =
+            addresses.iter().map(|&a| RoceSocket::bind_with(a, &socket_config)).collect::<io::Result<Vec<_>>>()?;
+        let uid = rustix::process::getuid().as_raw();
+        let name = format!("softrdma.{uid}.{}.{}", config.device, config.port).into_bytes();
+        let (wake_tx, wake_rx) = UnixDatagram::pair()?;
+        wake_rx.set_nonblocking(true)?;
+        wake_tx.set_nonblocking(true)?;
+        let shared = Arc::new(Shared {
+            sockets,
+            name,
+            port: config.port,
+            conn: Mutex::new(None),
+            state: Mutex::new(State::default()),
+            cond: Condvar::new(),
+            wake_tx,
+            wake_rx,
+            slot: AtomicU32::new(0),
+            coordinator: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+        });
+        let thread = {
+            let shared = shared.clone();
+            std::thread::Builder::new().name("softrdma-host".into()).spawn(move || run(&shared))?
+        };
+        let member = Member { shared, thread: Some(thread) };
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let mut state = member.shared.state();
+        loop {
+            if let Some((kind, msg)) = &state.error {
+                return Err(io::Error::new(*kind, msg.clone()));
+            }
+            if state.steered {
+                break;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "not steered within 5 s: no coordinator answered, or the coordinator's probes are not answered",
+                ));
+            }
+            state = member.shared.cond.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        drop(state);
+        Ok(member)
+    }
+
+    /// This member's slot, in `1..MAX_SLOTS`.
+    pub fn slot(&self) -> u32 {
+        self.shared.slot.load(Ordering::Relaxed)
+    }
+
+    /// The QPNs steered to this member: `slot << 13 .. (slot + 1) << 13`.
+    pub fn qpn_range(&self) -> Range<u32> {
+        self.slot() << QPN_SLOT_BITS..(self.slot() + 1) << QPN_SLOT_BITS
+    }
+
+    /// The high bits of this member's CM comm IDs and SIDR request IDs: use
+    /// `comm_id_prefix() | counter` with a counter below `1 << 21`.
+    pub fn comm_id_prefix(&self) -> u32 {
+        self.slot() << COMM_ID_COUNTER_BITS
+    }
+
+    /// The data sockets, in the order of the `addresses` given to [`join`](Self::join).
+    pub fn sockets(&self) -> &[RoceSocket] {
+        &self.shared.sockets
+    }
+
+    fn request(&self, make: impl FnOnce(u64) -> ToCoord) -> io::Result<()> {
+        let mut state = self.shared.state();
+        let id = state.next_id;
+        state.next_id += 1;
+        state.queue.push_back(make(id));
+        self.shared.wake();
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        loop {
+            if let Some(errno) = state.results.remove(&id) {
+                return if errno == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(errno)) };
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the coordinator did not answer within 5 s"));
+            }
+            state = self.shared.cond.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Steers CM REQs and SIDR_REQs for `service_id` to this member; returns once the
+    /// program doing so is installed. `AddrInUse` when another live member listens to it;
+    /// `StorageFull`-like `ENOSPC` when the program would pass the kernel's 4096
+    /// instructions (about 33 + 2 per member + 5 per listened service).
+    pub fn listen(&self, service_id: u64) -> io::Result<()> {
+        self.request(|id| ToCoord::Listen { id, service: service_id })
+    }
+
+    /// Stops steering `service_id` here.
+    pub fn unlisten(&self, service_id: u64) -> io::Result<()> {
+        self.shared.state().listeners.remove(&service_id);
+        self.request(|id| ToCoord::Unlisten { id, service: service_id })
+    }
+
+    /// Whether a datagram is a coordinator's probe (to pass to
+    /// [`answer_probe`](Self::answer_probe), not to the protocol engine).
+    pub fn is_probe(payload: &[u8]) -> bool {
+        steer::parse_probe(payload).is_some()
+    }
+
+    /// Reports a probe to the coordinator. Cheap and non-blocking: one `send` on a Unix
+    /// socket, dropped if the coordinator is away (it probes again).
+    pub fn answer_probe(&self, payload: &[u8]) {
+        let Some((index, nonce)) = steer::parse_probe(payload) else { return };
+        let conn = self.shared.conn.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(conn) = conn {
+            let _ = proto::send(&*conn, &ToCoord::ProbeAnswer { index, nonce }.encode(), &[]);
+        }
+    }
+
+    /// Whether this member's background thread is the device's coordinator.
+    pub fn is_coordinator(&self) -> bool {
+        self.shared.coordinator.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.shared.state().stop = true;
+        self.shared.wake();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn connect(name: &[u8]) -> io::Result<OwnedFd> {
+    let fd = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+        None,
+    )?;
+    rustix::net::connect(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
+    Ok(fd)
+}
+
+fn fail(shared: &Shared, kind: io::ErrorKind, msg: String) {
+    shared.state().error = Some((kind, msg));
+    shared.cond.notify_all();
+}
+
+/// Registers on a fresh connection: the sockets, the slot held (0 at first) and the
+/// listeners; then the requests that were not answered.
+fn hello(shared: &Shared, conn: &OwnedFd) -> io::Result<()> {
+    let listeners: Vec<u64> = shared.state().listeners.iter().copied().collect();
+    let m = ToCoord::Hello { pid: std::process::id(), slot: shared.slot.load(Ordering::Relaxed), listeners };
+    let fds: Vec<BorrowedFd<'_>> = shared.sockets.iter().map(|s| s.as_fd()).collect();
+    proto::send(conn, &m.encode(), &fds)?;
+    let mut state = shared.state();
+    let resend: Vec<ToCoord> = state.in_flight.drain().map(|(_, m)| m).collect();
+    for m in resend.into_iter().rev() {
+        state.queue.push_front(m);
+    }
+    Ok(())
+}
+
+/// The background thread: election, registration, requests, and the coordinator's work
+/// when this member holds the name.
+fn run(shared: &Shared) {
+    let mut server: Option<coord::Server> = None;
+    let mut conn: Option<Arc<OwnedFd>> = None;
+    let mut failover = false;
+    let mut buf = [0u8; 64];
+    let mut batch = RecvBatch::new(8, 2048);
+    loop {
+        if shared.state().stop {
+            break;
+        }
+        if conn.is_none() {
+            if server.is_none() {
+                match coord::Server::bind(&shared.name, shared.port, failover) {
+                    Ok(Some(s)) => {
+                        server = Some(s);
+                        shared.coordinator.store(true, Ordering::Relaxed);
+                    }
+                    Ok(None) => {}
+                    Err(e) => return fail(shared, e.kind(), format!("coordinator socket: {e}")),
+                }
+            }
+            match connect(&shared.name).and_then(|c| hello(shared, &c).map(|()| c)) {
+                Ok(c) => {
+                    let c = Arc::new(c);
+                    *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+                    conn = Some(c);
+                }
+                Err(_) if server.is_none() => {
+                    // The name's holder is not listening yet, or just died: try again.
+                    std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
+                    continue;
+                }
+                Err(e) => return fail(shared, e.kind(), format!("connecting to our own coordinator: {e}")),
+            }
+        }
+        let Some(c) = conn.clone() else { continue };
+        // Requests from the API.
+        {
+            let mut state = shared.state();
+            while let Some(m) = state.queue.pop_front() {
+                let id = match &m {
+                    ToCoord::Listen { id, .. } | ToCoord::Unlisten { id, .. } => *id,
+                    _ => continue,
+                };
+                let _ = proto::send(&*c, &m.encode(), &[]);
+                state.in_flight.insert(id, m);
+            }
+        }
+        let joining = !shared.state().steered;
+        let server_fds = server.as_ref().map(|s| s.fds()).unwrap_or_default();
+        let mut fds: Vec<PollFd<'_>> = Vec::new();
+        fds.push(PollFd::new(&shared.wake_rx, PollFlags::IN));
+        fds.push(PollFd::new(&*c, PollFlags::IN));
+        let data = if joining { shared.sockets.len() } else { 0 };
+        for s in &shared.sockets[..data] {
+            fds.push(PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN));
+        }
+        for fd in &server_fds {
+            fds.push(PollFd::from_borrowed_fd(*fd, PollFlags::IN));
+        }
+        let timeout = server
+            .as_ref()
+            .and_then(|s| s.deadline())
+            .map(|d| d.saturating_duration_since(Instant::now()))
+            .unwrap_or(Duration::from_secs(1));
+        let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: i64::from(timeout.subsec_nanos()) };
+        if let Err(e) = rustix::event::poll(&mut fds, Some(&ts)) {
+            if e != rustix::io::Errno::INTR {
+                return fail(shared, io::ErrorKind::Other, format!("poll: {e}"));
+            }
+            continue;
+        }
+        let revents: Vec<PollFlags> = fds.iter().map(|f| f.revents()).collect();
+        drop(fds);
+        drop(server_fds);
+        if !revents[0].is_empty() {
+            while shared.wake_rx.recv(&mut buf).is_ok() {}
+        }
+        if !revents[1].is_empty() {
+            loop {
+                match proto::recv(&*c, &mut buf) {
+                    Ok(Some((len, _))) => match ToMember::decode(&buf[..len]) {
+                        Some(m) => {
+                            if let Err((kind, msg)) = on_message(shared, m) {
+                                fail(shared, kind, msg);
+                            }
+                        }
+                        None => break,
+                    },
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Ok(None) | Err(_) => {
+                        // The coordinator is gone: elect a new one and re-register.
+                        *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        conn = None;
+                        failover = true;
+                        break;
+                    }
+                }
+            }
+        }
+        for (s, r) in shared.sockets.iter().zip(&revents[2..2 + data]) {
+            if r.is_empty() {
+                continue;
+            }
+            while let Ok(n) = s.recv(&mut batch) {
+                if n == 0 {
+                    break;
+                }
+                for d in batch.iter() {
+                    match (steer::parse_probe(d.payload), &conn) {
+                        (Some((index, nonce)), Some(c)) => {
+                            let _ = proto::send(&**c, &ToCoord::ProbeAnswer { index, nonce }.encode(), &[]);
+                        }
+                        _ => {
+                            shared.dropped.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(s) = server.as_mut() {
+            s.handle(&revents[2 + data..]);
+        }
+    }
+    *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}
+
+fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String)> {
+    match m {
+        ToMember::Welcome { slot: 0, errno } => {
+            let e = io::Error::from_raw_os_error(errno);
+            return Err((e.kind(), format!("the coordinator refused this member: {e}")));
+        }
+        ToMember::Welcome { slot, .. } => {
+            let old = shared.slot.swap(slot, Ordering::Relaxed);
+            if old != 0 && old != slot {
+                return Err((io::ErrorKind::Other, format!("slot {old} lost in a failover (now {slot})")));
+            }
+        }
+        ToMember::Steered => {
+            shared.state().steered = true;
+            shared.cond.notify_all();
+        }
+        ToMember::Reply { id, errno } => {
+            let mut state = shared.state();
+            if let Some(ToCoord::Listen { service, .. }) = state.in_flight.remove(&id) {
+                if errno == 0 {
+                    state.listeners.insert(service);
+                }
+            }
+            state.results.insert(id, errno);
+            drop(state);
+            shared.cond.notify_all();
+        }
+    }
+    Ok(())
+}

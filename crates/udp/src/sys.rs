@@ -459,7 +459,6 @@ fn read_data<T: Pod>(data: *const u8, data_len: usize) -> Option<T> {
 /// Attaches a classic-BPF program to the reuseport group of `fd`
 /// (`SO_ATTACH_REUSEPORT_CBPF`), replacing the group's previous program. Needs no
 /// capability. `code` holds `(code, jt, jf, k)` instructions.
-#[allow(dead_code)] // used by the coordinator, which comes next
 pub(crate) fn attach_reuseport_cbpf(fd: BorrowedFd<'_>, code: &[(u16, u8, u8, u32)]) -> io::Result<()> {
     let mut filters: Vec<libc::sock_filter> =
         code.iter().map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k }).collect();

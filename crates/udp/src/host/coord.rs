@@ -1,0 +1,442 @@
+//! The coordinator: holds every member's sockets, hands out slots, learns each socket's
+//! index by probing, and installs the steering program of each group.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::event::PollFlags;
+use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+
+use super::proto::{self, MAX_RECORD, ToCoord, ToMember};
+use super::steer::{self, Table};
+use super::{MAX_SLOTS, random_u64};
+
+/// How long the coordinator waits for the answers to one round of probes.
+const ROUND_TIMEOUT: Duration = Duration::from_millis(300);
+/// After a failover, how long new members (asking for a fresh slot) wait, so that the
+/// survivors re-claim their slots first.
+const FAILOVER_GRACE: Duration = Duration::from_millis(300);
+/// Incomplete rounds retried before waiting for the next change.
+const MAX_RETRIES: u32 = 3;
+
+struct Conn {
+    id: u64,
+    fd: OwnedFd,
+    /// 0 until registered.
+    slot: u32,
+    sockets: Vec<(SocketAddr, OwnedFd)>,
+    listeners: BTreeSet<u64>,
+    /// Registered, waiting to hear that its slot is steered.
+    awaiting: bool,
+    /// A hello waiting for the failover grace period to end.
+    deferred: Option<(ToCoord, Vec<OwnedFd>)>,
+}
+
+struct Round {
+    nonces: HashMap<u64, (SocketAddr, u32)>,
+    expected: BTreeMap<SocketAddr, usize>,
+    found: BTreeMap<SocketAddr, BTreeMap<u32, u32>>,
+    deadline: Instant,
+}
+
+/// The coordinator's state, driven by the member's background thread.
+pub(crate) struct Server {
+    listener: OwnedFd,
+    port: u16,
+    conns: Vec<Conn>,
+    next_conn: u64,
+    next_fresh: u32,
+    free: VecDeque<u32>,
+    round: Option<Round>,
+    dirty: bool,
+    retries: u32,
+    grace_until: Option<Instant>,
+    /// Per group: slot → index, as last learned.
+    index_of: BTreeMap<SocketAddr, BTreeMap<u32, u32>>,
+    /// Listen requests answered when the current round's program is installed.
+    pending_replies: Vec<(u64, u64)>,
+    probe_v4: Option<UdpSocket>,
+    probe_v6: Option<UdpSocket>,
+    /// Programs the kernel refused (a test asserts none).
+    pub(crate) attach_errors: u64,
+    buf: Vec<u8>,
+}
+
+impl Server {
+    /// Binds the coordinator's name; `Ok(None)` when another process holds it.
+    pub(crate) fn bind(name: &[u8], port: u16, failover: bool) -> io::Result<Option<Self>> {
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::SEQPACKET,
+            SocketFlags::CLOEXEC | SocketFlags::NONBLOCK,
+            None,
+        )?;
+        match rustix::net::bind(&fd, &SocketAddrUnix::new_abstract_name(name)?) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::ADDRINUSE) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        rustix::net::listen(&fd, 1024)?;
+        Ok(Some(Self {
+            listener: fd,
+            port,
+            conns: Vec::new(),
+            next_conn: 1,
+            next_fresh: 1,
+            free: VecDeque::new(),
+            round: None,
+            dirty: false,
+            retries: 0,
+            grace_until: failover.then(|| Instant::now() + FAILOVER_GRACE),
+            index_of: BTreeMap::new(),
+            pending_replies: Vec::new(),
+            probe_v4: None,
+            probe_v6: None,
+            attach_errors: 0,
+            buf: vec![0; MAX_RECORD],
+        }))
+    }
+
+    /// The descriptors to poll for reading: the listener, then each connection.
+    pub(crate) fn fds(&self) -> Vec<BorrowedFd<'_>> {
+        std::iter::once(self.listener.as_fd()).chain(self.conns.iter().map(|c| c.fd.as_fd())).collect()
+    }
+
+    /// When [`tick`](Self::tick) must run next.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        let grace = self.grace_until.filter(|_| self.conns.iter().any(|c| c.deferred.is_some()));
+        match (self.round.as_ref().map(|r| r.deadline), grace) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Handles poll results for [`fds`](Self::fds), then timers.
+    pub(crate) fn handle(&mut self, revents: &[PollFlags]) {
+        if revents.first().is_some_and(|r| !r.is_empty()) {
+            self.accept();
+        }
+        let ids: Vec<(u64, PollFlags)> =
+            self.conns.iter().zip(revents.iter().skip(1)).map(|(c, &r)| (c.id, r)).collect();
+        for (id, r) in ids {
+            if !r.is_empty() {
+                self.read(id);
+            }
+        }
+        self.tick();
+    }
+
+    /// Timers: failover grace, round deadline; then starts a round if something changed.
+    pub(crate) fn tick(&mut self) {
+        let now = Instant::now();
+        if self.grace_until.is_some_and(|g| now >= g) {
+            self.grace_until = None;
+            let deferred: Vec<(u64, ToCoord, Vec<OwnedFd>)> =
+                self.conns.iter_mut().filter_map(|c| c.deferred.take().map(|(m, fds)| (c.id, m, fds))).collect();
+            for (id, m, fds) in deferred {
+                self.message(id, m, fds);
+            }
+        }
+        if self.round.as_ref().is_some_and(|r| now >= r.deadline) {
+            self.finish_round(false);
+        }
+        if self.dirty && self.round.is_none() {
+            self.start_round();
+        }
+    }
+
+    fn accept(&mut self) {
+        loop {
+            match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
+                Ok(fd) => {
+                    let id = self.next_conn;
+                    self.next_conn += 1;
+                    self.conns.push(Conn {
+                        id,
+                        fd,
+                        slot: 0,
+                        sockets: Vec::new(),
+                        listeners: BTreeSet::new(),
+                        awaiting: false,
+                        deferred: None,
+                    });
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn read(&mut self, id: u64) {
+        loop {
+            let Some(conn) = self.conns.iter().find(|c| c.id == id) else { return };
+            match proto::recv(&conn.fd, &mut self.buf) {
+                Ok(Some((len, fds))) => match ToCoord::decode(&self.buf[..len]) {
+                    Some(m) => self.message(id, m, fds),
+                    None => return self.remove(id),
+                },
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Ok(None) | Err(_) => return self.remove(id),
+            }
+        }
+    }
+
+    fn send(&self, id: u64, m: &ToMember) {
+        if let Some(c) = self.conns.iter().find(|c| c.id == id) {
+            // A failure means the member is gone; its hang-up removes it.
+            let _ = proto::send(&c.fd, &m.encode(), &[]);
+        }
+    }
+
+    /// A member's connection hung up (its process is gone, or it left): close our dups
+    /// of its sockets, which takes them out of their groups, and free its slot.
+    fn remove(&mut self, id: u64) {
+        let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        let conn = self.conns.swap_remove(pos);
+        if conn.slot != 0 {
+            self.free.push_back(conn.slot);
+            for map in self.index_of.values_mut() {
+                map.remove(&conn.slot);
+            }
+            self.dirty = true;
+        }
+        self.pending_replies.retain(|&(c, _)| c != id);
+        drop(conn);
+    }
+
+    fn slot_taken(&self, slot: u32) -> bool {
+        self.conns.iter().any(|c| c.slot == slot)
+    }
+
+    fn service_owner(&self, service: u64) -> Option<u64> {
+        self.conns.iter().find(|c| c.listeners.contains(&service)).map(|c| c.id)
+    }
+
+    fn message(&mut self, id: u64, m: ToCoord, fds: Vec<OwnedFd>) {
+        let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        match m {
+            ToCoord::Hello { slot: 0, .. } if self.grace_until.is_some() => {
+                self.conns[pos].deferred = Some((m, fds));
+            }
+            ToCoord::Hello { pid: _, slot: want, listeners } => {
+                if self.conns[pos].slot != 0 {
+                    return;
+                }
+                let mut sockets = Vec::with_capacity(fds.len());
+                for fd in fds {
+                    match socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket()) {
+                        Some(addr) if addr.port() == self.port => sockets.push((addr, fd)),
+                        _ => return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EINVAL }),
+                    }
+                }
+                let slot = if want != 0 {
+                    if want >= MAX_SLOTS || self.slot_taken(want) {
+                        return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EADDRINUSE });
+                    }
+                    self.free.retain(|&s| s != want);
+                    self.next_fresh = self.next_fresh.max(want + 1);
+                    want
+                } else if self.next_fresh < MAX_SLOTS {
+                    self.next_fresh += 1;
+                    self.next_fresh - 1
+                } else if let Some(s) = self.free.pop_front() {
+                    s
+                } else {
+                    return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::ENOSPC });
+                };
+                let listeners: BTreeSet<u64> =
+                    listeners.into_iter().filter(|&s| self.service_owner(s).is_none()).collect();
+                let c = &mut self.conns[pos];
+                c.slot = slot;
+                c.sockets = sockets;
+                c.listeners = listeners;
+                c.awaiting = true;
+                self.dirty = true;
+                self.send(id, &ToMember::Welcome { slot, errno: 0 });
+            }
+            ToCoord::Listen { id: req, service } => {
+                let errno = match self.service_owner(service) {
+                    Some(owner) if owner != id => libc::EADDRINUSE,
+                    _ if self.conns[pos].slot == 0 => libc::ENOTCONN,
+                    _ => {
+                        self.conns[pos].listeners.insert(service);
+                        if self.tables().values().any(|t| t.program_len() > steer::MAX_INSNS) {
+                            self.conns[pos].listeners.remove(&service);
+                            libc::ENOSPC
+                        } else {
+                            0
+                        }
+                    }
+                };
+                if errno != 0 {
+                    return self.send(id, &ToMember::Reply { id: req, errno });
+                }
+                self.pending_replies.push((id, req));
+                if self.round.is_none() {
+                    self.install();
+                    self.reply_pending();
+                }
+            }
+            ToCoord::Unlisten { id: req, service } => {
+                if self.conns[pos].listeners.remove(&service) && self.round.is_none() {
+                    self.install();
+                }
+                self.send(id, &ToMember::Reply { id: req, errno: 0 });
+            }
+            ToCoord::ProbeAnswer { index, nonce } => {
+                let slot = self.conns[pos].slot;
+                let Some(round) = self.round.as_mut() else { return };
+                if slot == 0 || round.nonces.get(&nonce).is_none_or(|&(_, i)| i != index) {
+                    return;
+                }
+                let addr = round.nonces[&nonce].0;
+                round.found.entry(addr).or_default().insert(index, slot);
+                let complete = round.expected.iter().all(|(a, &n)| round.found.get(a).map_or(0, |f| f.len()) >= n);
+                if complete {
+                    self.finish_round(true);
+                    if self.dirty {
+                        self.start_round();
+                    }
+                }
+            }
+        }
+    }
+
+    fn probe_socket(&mut self, v4: bool) -> io::Result<&UdpSocket> {
+        let slot = if v4 { &mut self.probe_v4 } else { &mut self.probe_v6 };
+        if slot.is_none() {
+            let any: IpAddr = if v4 { Ipv4Addr::UNSPECIFIED.into() } else { Ipv6Addr::UNSPECIFIED.into() };
+            *slot = Some(UdpSocket::bind((any, 0))?);
+        }
+        Ok(slot.as_ref().expect("just set"))
+    }
+
+    /// Sends one probe per index of every group; the members report which they received.
+    fn start_round(&mut self) {
+        self.dirty = false;
+        let mut expected: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+        for c in self.conns.iter().filter(|c| c.slot != 0) {
+            for (addr, _) in &c.sockets {
+                *expected.entry(*addr).or_default() += 1;
+            }
+        }
+        let mut round = Round {
+            nonces: HashMap::new(),
+            expected,
+            found: BTreeMap::new(),
+            deadline: Instant::now() + ROUND_TIMEOUT,
+        };
+        let mut probes = Vec::new();
+        for (&addr, &n) in &round.expected {
+            for index in 0..n as u32 {
+                let nonce = random_u64();
+                round.nonces.insert(nonce, (addr, index));
+                let ip = match addr.ip() {
+                    IpAddr::V4(ip) if ip.is_unspecified() => Ipv4Addr::LOCALHOST.into(),
+                    IpAddr::V6(ip) if ip.is_unspecified() => Ipv6Addr::LOCALHOST.into(),
+                    ip => ip,
+                };
+                probes.push((SocketAddr::new(ip, addr.port()), steer::probe(index, nonce)));
+            }
+        }
+        self.round = Some(round);
+        for (dst, p) in probes {
+            if let Ok(s) = self.probe_socket(dst.is_ipv4()) {
+                let _ = s.send_to(&p, dst);
+            }
+        }
+        if self.round.as_ref().is_some_and(|r| r.expected.is_empty()) {
+            self.finish_round(true);
+        }
+    }
+
+    fn finish_round(&mut self, complete: bool) {
+        let Some(round) = self.round.take() else { return };
+        let live: BTreeSet<u32> = self.conns.iter().map(|c| c.slot).filter(|&s| s != 0).collect();
+        let mut index_of = BTreeMap::new();
+        for (&addr, &n) in &round.expected {
+            let found = round.found.get(&addr).cloned().unwrap_or_default();
+            let mut map: BTreeMap<u32, u32> = found.iter().map(|(&i, &s)| (s, i)).collect();
+            if !complete {
+                // Keep the last known index of members that did not answer, where no one
+                // else answered for it: the best guess until the next round.
+                let taken: BTreeSet<u32> = found.keys().copied().collect();
+                if let Some(old) = self.index_of.get(&addr) {
+                    for (&s, &i) in old {
+                        if live.contains(&s) && !map.contains_key(&s) && !taken.contains(&i) && (i as usize) < n {
+                            map.insert(s, i);
+                        }
+                    }
+                }
+            }
+            index_of.insert(addr, map);
+        }
+        self.index_of = index_of;
+        self.install();
+        if complete {
+            self.retries = 0;
+        } else if self.retries < MAX_RETRIES {
+            self.retries += 1;
+            self.dirty = true;
+        }
+        let steered: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|c| {
+                c.awaiting
+                    && c.sockets.iter().all(|(a, _)| self.index_of.get(a).is_some_and(|m| m.contains_key(&c.slot)))
+            })
+            .map(|c| c.id)
+            .collect();
+        for id in steered {
+            if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
+                c.awaiting = false;
+            }
+            self.send(id, &ToMember::Steered);
+        }
+        self.reply_pending();
+    }
+
+    fn reply_pending(&mut self) {
+        for (id, req) in std::mem::take(&mut self.pending_replies) {
+            self.send(id, &ToMember::Reply { id: req, errno: 0 });
+        }
+    }
+
+    /// The table of every group, from the last learned indices and the listeners.
+    fn tables(&self) -> BTreeMap<SocketAddr, Table> {
+        let mut tables = BTreeMap::new();
+        for (&addr, map) in &self.index_of {
+            let mut t = Table { slots: map.clone(), services: BTreeMap::new() };
+            for c in &self.conns {
+                if let Some(&i) = map.get(&c.slot) {
+                    for &s in &c.listeners {
+                        t.services.insert(s, i);
+                    }
+                }
+            }
+            tables.insert(addr, t);
+        }
+        tables
+    }
+
+    /// Generates and attaches the program of every group.
+    fn install(&mut self) {
+        for (addr, table) in self.tables() {
+            let Some(code) = steer::program(&table) else { continue };
+            let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|(a, _)| *a == addr).map(|(_, fd)| fd)
+            else {
+                continue;
+            };
+            let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
+            // Failing leaves the previous program; the next change tries again.
+            if crate::sys::attach_reuseport_cbpf(fd.as_fd(), &code).is_err() {
+                self.attach_errors += 1;
+            }
+        }
+    }
+}

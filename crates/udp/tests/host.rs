@@ -1,0 +1,344 @@
+//! Many processes, one host: real member processes (this test binary, re-executed) join a
+//! device on 127.0.0.1 and the kernel steers datagrams to them by the installed program.
+#![allow(clippy::print_stdout)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::hash::BuildHasher;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{Receiver, channel};
+use std::time::{Duration, Instant};
+
+use softrdma_udp::host::{HostConfig, Member};
+use softrdma_udp::{Config, RecvBatch};
+
+const CHILD_ENV: &str = "SOFTRDMA_HOST_CHILD";
+const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+fn random() -> u64 {
+    std::collections::hash_map::RandomState::new().hash_one(Instant::now())
+}
+
+/// The member process: joins, listens as told, and reports every datagram it gets.
+#[test]
+fn host_child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else { return };
+    let mut parts = spec.split(',');
+    let device = parts.next().unwrap().to_string();
+    let port: u16 = parts.next().unwrap().parse().unwrap();
+    let listens: Vec<u64> = parts.map(|s| s.parse().unwrap()).collect();
+    let config = HostConfig { device, port, socket: Config::default() };
+    let member = match Member::join(&[LOCALHOST], &config) {
+        Ok(m) => m,
+        Err(e) => {
+            println!("@@ join_err {e}");
+            return;
+        }
+    };
+    let out = |s: String| {
+        let mut o = std::io::stdout().lock();
+        let _ = writeln!(o, "@@ {s}");
+        let _ = o.flush();
+    };
+    out(format!("ready {} {}", member.slot(), u8::from(member.is_coordinator())));
+    // Exit when the parent goes away (it holds our stdin).
+    std::thread::spawn(|| {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        std::process::exit(0);
+    });
+    let mut coordinator = member.is_coordinator();
+    let mut batch = RecvBatch::new(32, 2048);
+    let socket = &member.sockets()[0];
+    let mut listened = false;
+    loop {
+        if !listened {
+            // Listen from the loop that answers probes, as a runtime would.
+            listened = true;
+            let m = &member;
+            let results: Vec<String> = std::thread::scope(|s| {
+                let h = s.spawn(|| {
+                    listens
+                        .iter()
+                        .map(|&svc| match m.listen(svc) {
+                            Ok(()) => format!("listening {svc}"),
+                            Err(e) => format!("listen_err {svc} {}", e.raw_os_error().unwrap_or(0)),
+                        })
+                        .collect()
+                });
+                while !h.is_finished() {
+                    if socket.recv_timeout(&mut batch, Duration::from_millis(5)).unwrap_or(0) > 0 {
+                        for d in batch.iter() {
+                            if Member::is_probe(d.payload) {
+                                m.answer_probe(d.payload);
+                            }
+                        }
+                    }
+                }
+                h.join().unwrap()
+            });
+            for r in results {
+                out(r);
+            }
+        }
+        if member.is_coordinator() != coordinator {
+            coordinator = member.is_coordinator();
+            out(format!("coord {}", u8::from(coordinator)));
+        }
+        if socket.recv_timeout(&mut batch, Duration::from_millis(20)).unwrap_or(0) == 0 {
+            continue;
+        }
+        for d in batch.iter() {
+            if Member::is_probe(d.payload) {
+                member.answer_probe(d.payload);
+            } else if d.payload.len() >= 20 {
+                let tag = u64::from_be_bytes(d.payload[d.payload.len() - 8..].try_into().unwrap());
+                out(format!("rx {tag}"));
+            } else {
+                out("short".into());
+            }
+        }
+    }
+}
+
+struct Proc {
+    child: Child,
+    lines: Receiver<String>,
+    slot: u32,
+    coordinator: bool,
+    listen_results: Vec<String>,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn spawn(device: &str, port: u16, listens: &[u64]) -> Proc {
+        let mut spec = format!("{device},{port}");
+        for l in listens {
+            spec.push_str(&format!(",{l}"));
+        }
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "host_child", "--nocapture", "--test-threads=1"])
+            .env(CHILD_ENV, spec)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // The harness may have printed "test host_child ... " on the same line.
+                if let Some(at) = line.find("@@ ") {
+                    if tx.send(line[at + 3..].to_string()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        let mut p = Proc { child, lines: rx, slot: 0, coordinator: false, listen_results: Vec::new() };
+        let line = p.lines.recv_timeout(Duration::from_secs(10)).expect("child joins within 10 s");
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f[0], "ready", "child: {line}");
+        p.slot = f[1].parse().unwrap();
+        p.coordinator = f[2] == "1";
+        for _ in listens {
+            let l = p.lines.recv_timeout(Duration::from_secs(10)).expect("listen answered");
+            assert!(l.starts_with("listen"), "{l}");
+            p.listen_results.push(l);
+        }
+        p
+    }
+
+    /// Lines received so far (waiting `wait` first).
+    fn drain(&self, wait: Duration) -> Vec<String> {
+        std::thread::sleep(wait);
+        self.lines.try_iter().collect()
+    }
+
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+}
+
+fn group() -> (String, u16) {
+    let r = random();
+    (format!("test{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 40_000)
+}
+
+fn data_packet(qpn: u32, tag: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 12];
+    p[0] = 0x04;
+    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    p.extend_from_slice(&tag.to_be_bytes());
+    p
+}
+
+/// A CM MAD to QP1: `field` at `offset` of the datagram, the tag after the ICRC.
+fn cm_packet(attr: u16, offset: usize, field: &[u8], tag: u64) -> Vec<u8> {
+    let mut p = vec![0u8; 12 + 8 + 256 + 4];
+    p[0] = 0x64;
+    p[7] = 1;
+    p[20] = 1; // base version
+    p[21] = 0x07; // CM
+    p[22] = 2;
+    p[23] = 0x03; // SEND
+    p[36..38].copy_from_slice(&attr.to_be_bytes());
+    p[offset..offset + field.len()].copy_from_slice(field);
+    p.extend_from_slice(&tag.to_be_bytes());
+    p
+}
+
+const SERVICE_ID: usize = 20 + 24 + 8;
+const REMOTE_COMM_ID: usize = 20 + 24 + 4;
+const SIDR_REP_REQUEST_ID: usize = 20 + 24;
+
+fn tags_of(lines: &[String]) -> BTreeSet<u64> {
+    lines.iter().filter_map(|l| l.strip_prefix("rx ")).map(|t| t.parse().unwrap()).collect()
+}
+
+/// Sends one datagram per member per round (tags `round << 32 | slot << 8 | i`) and checks
+/// that each member received exactly its own; returns whether it did.
+fn data_round(sender: &UdpSocket, port: u16, procs: &[&Proc], round: u64, per_member: u32) -> bool {
+    for p in procs {
+        for i in 0..per_member {
+            let qpn = (p.slot << 13) | ((i * 997) % 8192);
+            sender
+                .send_to(&data_packet(qpn, round << 32 | u64::from(p.slot) << 8 | u64::from(i)), (LOCALHOST, port))
+                .unwrap();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(150));
+    let mut ok = true;
+    for p in procs {
+        let got: BTreeSet<u64> = tags_of(&p.drain(Duration::ZERO)).into_iter().filter(|t| t >> 32 == round).collect();
+        let want: BTreeSet<u64> =
+            (0..per_member).map(|i| round << 32 | u64::from(p.slot) << 8 | u64::from(i)).collect();
+        ok &= got == want;
+    }
+    ok
+}
+
+fn wait_steered(sender: &UdpSocket, port: u16, procs: &[&Proc], within: Duration, first_round: u64) -> Duration {
+    let start = Instant::now();
+    let mut round = first_round;
+    loop {
+        for p in procs {
+            p.drain(Duration::ZERO);
+        }
+        for p in procs {
+            for i in 0..4u32 {
+                let qpn = p.slot << 13 | i;
+                sender
+                    .send_to(&data_packet(qpn, round << 32 | u64::from(p.slot) << 8 | u64::from(i)), (LOCALHOST, port))
+                    .unwrap();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        let mut ok = true;
+        for p in procs {
+            let got: BTreeSet<u64> =
+                tags_of(&p.lines.try_iter().collect::<Vec<_>>()).into_iter().filter(|t| t >> 32 == round).collect();
+            let want: BTreeSet<u64> = (0..4).map(|i| round << 32 | u64::from(p.slot) << 8 | i).collect();
+            if got != want && start.elapsed() >= within {
+                panic!("slot {}: got {got:x?}, want {want:x?}", p.slot);
+            }
+            ok &= got == want;
+        }
+        if ok {
+            return start.elapsed();
+        }
+        round += 1;
+    }
+}
+
+fn sender() -> UdpSocket {
+    UdpSocket::bind((LOCALHOST, 0)).unwrap()
+}
+
+#[test]
+fn members_receive_their_own_qpns() {
+    let (device, port) = group();
+    let mut procs: Vec<Proc> = (0..5).map(|_| Proc::spawn(&device, port, &[])).collect();
+    let slots: BTreeSet<u32> = procs.iter().map(|p| p.slot).collect();
+    assert_eq!(slots.len(), 5, "distinct slots");
+    assert_eq!(procs.iter().filter(|p| p.coordinator).count(), 1);
+    let s = sender();
+    let refs: Vec<&Proc> = procs.iter().collect();
+    // Let the last join's program settle, then every member must get exactly its own.
+    wait_steered(&s, port, &refs, Duration::from_secs(2), 1);
+    assert!(data_round(&s, port, &refs, 100, 50), "each member receives exactly its QPNs");
+    // QPNs in no slot, garbage and short datagrams: no crash; they land anywhere.
+    for qpn in [0u32, 1, 2, 1000 << 13, 2047 << 13 | 5] {
+        s.send_to(&data_packet(qpn, 7 << 32), (LOCALHOST, port)).unwrap();
+    }
+    for len in 0..40 {
+        let junk: Vec<u8> = (0..len).map(|i| (random() as u8).wrapping_add(i)).collect();
+        s.send_to(&junk, (LOCALHOST, port)).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let refs: Vec<&Proc> = procs.iter().collect();
+    assert!(data_round(&s, port, &refs, 101, 20));
+    for p in &mut procs {
+        assert!(p.alive());
+    }
+}
+
+#[test]
+fn cm_messages_are_steered() {
+    let (device, port) = group();
+    const SVC_A: u64 = 0x0106_0000_0000_1c06;
+    const SVC_B: u64 = 0x0002_0000_0000_4791;
+    let a = Proc::spawn(&device, port, &[SVC_A]);
+    let b = Proc::spawn(&device, port, &[SVC_B]);
+    let c = Proc::spawn(&device, port, &[]);
+    let d = Proc::spawn(&device, port, &[SVC_A]);
+    assert_eq!(d.listen_results, [format!("listen_err {SVC_A} {}", libc_eaddrinuse())]);
+    assert_eq!(a.listen_results, [format!("listening {SVC_A}")]);
+    let s = sender();
+    wait_steered(&s, port, &[&a, &b, &c, &d], Duration::from_secs(2), 1);
+    let comm = |p: &Proc, n: u32| (p.slot << 21 | n).to_be_bytes();
+    let cases: Vec<(Vec<u8>, &Proc)> = vec![
+        (cm_packet(0x10, SERVICE_ID, &SVC_A.to_be_bytes(), 1), &a),
+        (cm_packet(0x17, SERVICE_ID, &SVC_B.to_be_bytes(), 2), &b),
+        (cm_packet(0x10, SERVICE_ID, &SVC_B.to_be_bytes(), 3), &b),
+        (cm_packet(0x13, REMOTE_COMM_ID, &comm(&c, 5), 4), &c),
+        (cm_packet(0x14, REMOTE_COMM_ID, &comm(&d, 1), 5), &d),
+        (cm_packet(0x15, REMOTE_COMM_ID, &comm(&a, 0x1f_ffff), 6), &a),
+        (cm_packet(0x16, REMOTE_COMM_ID, &comm(&b, 0), 7), &b),
+        (cm_packet(0x12, REMOTE_COMM_ID, &comm(&c, 9), 8), &c),
+        (cm_packet(0x11, REMOTE_COMM_ID, &comm(&d, 9), 9), &d),
+        (cm_packet(0x19, REMOTE_COMM_ID, &comm(&a, 9), 10), &a),
+        (cm_packet(0x1a, REMOTE_COMM_ID, &comm(&b, 9), 11), &b),
+        (cm_packet(0x18, SIDR_REP_REQUEST_ID, &comm(&c, 3), 12), &c),
+        (cm_packet(0x18, SIDR_REP_REQUEST_ID, &comm(&b, 3), 13), &b),
+    ];
+    for _ in 0..3 {
+        for (p, _) in &cases {
+            s.send_to(p, (LOCALHOST, port)).unwrap();
+        }
+    }
+    // An unknown service: some member gets it (hash); nobody crashes.
+    s.send_to(&cm_packet(0x10, SERVICE_ID, &7u64.to_be_bytes(), 99), (LOCALHOST, port)).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut got: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
+    for p in [&a, &b, &c, &d] {
+        got.insert(p.slot, tags_of(&p.drain(Duration::ZERO)));
+    }
+    for (tag, (_, want)) in cases.iter().enumerate() {
+        let tag = tag as u64 + 1;
+        for (&slot, tags) in &got {
+            assert_eq!(tags.contains(&tag), slot == want.slot, "tag {tag} at slot {slot}: {got:?}");
+        }
+    }
+}
+
+fn libc_eaddrinuse() -> i32 {
+    std::io::Error::from(std::io::ErrorKind::AddrInUse).raw_os_error().unwrap_or(98)
+}
