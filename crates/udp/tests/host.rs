@@ -342,3 +342,68 @@ fn cm_messages_are_steered() {
 fn libc_eaddrinuse() -> i32 {
     std::io::Error::from(std::io::ErrorKind::AddrInUse).raw_os_error().unwrap_or(98)
 }
+
+#[test]
+fn killed_member_frees_its_slot() {
+    let (device, port) = group();
+    let mut procs: Vec<Proc> = (0..4).map(|_| Proc::spawn(&device, port, &[])).collect();
+    let s = sender();
+    wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 1);
+    // Kill a member that is not the coordinator and not last in the group, so that the
+    // last socket moves into its index.
+    let victim = procs.iter().position(|p| !p.coordinator).unwrap();
+    let mut dead = procs.remove(victim);
+    let dead_slot = dead.slot;
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let took = wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 100);
+    println!("survivors steered again {took:?} after SIGKILL");
+    let newcomer = Proc::spawn(&device, port, &[]);
+    assert_ne!(newcomer.slot, dead_slot, "fresh slots are used before the freed one");
+    procs.push(newcomer);
+    wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 200);
+    // The dead member's QPNs reach no live member as their own.
+    assert!(data_round(&s, port, &procs.iter().collect::<Vec<_>>(), 300, 10));
+}
+
+#[test]
+fn killed_coordinator_is_replaced() {
+    const SVC: u64 = 0x0106_0000_0000_2000;
+    let (device, port) = group();
+    let mut procs = vec![Proc::spawn(&device, port, &[])];
+    assert!(procs[0].coordinator);
+    procs.push(Proc::spawn(&device, port, &[SVC]));
+    procs.push(Proc::spawn(&device, port, &[]));
+    procs.push(Proc::spawn(&device, port, &[]));
+    assert_eq!(procs[1].listen_results, [format!("listening {SVC}")]);
+    let s = sender();
+    wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 1);
+    let mut old = procs.remove(0);
+    let start = Instant::now();
+    old.child.kill().unwrap();
+    old.child.wait().unwrap();
+    // One survivor becomes coordinator.
+    let mut coordinators = 0;
+    while coordinators == 0 {
+        assert!(start.elapsed() < Duration::from_secs(2), "no new coordinator within 2 s");
+        for p in &procs {
+            coordinators += p.drain(Duration::from_millis(10)).iter().filter(|l| *l == "coord 1").count();
+        }
+    }
+    assert_eq!(coordinators, 1);
+    let took = wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 100);
+    println!("survivors steered {:?} after the coordinator's SIGKILL", start.elapsed().max(took));
+    assert!(start.elapsed() < Duration::from_secs(3));
+    // The listener survived the failover.
+    for p in &procs {
+        p.drain(Duration::ZERO);
+    }
+    s.send_to(&cm_packet(0x10, SERVICE_ID, &SVC.to_be_bytes(), 42), (LOCALHOST, port)).unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    for (i, p) in procs.iter().enumerate() {
+        assert_eq!(tags_of(&p.drain(Duration::ZERO)).contains(&42), i == 0, "REQ for the listened service");
+    }
+    // A new member can join the new coordinator.
+    procs.push(Proc::spawn(&device, port, &[]));
+    wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 200);
+}
