@@ -56,7 +56,8 @@ fn main() {
 
     println!();
     println!("{:<52} {:>12} {:>12} {:>8}", "what", "softrdma", "baseline", "ratio");
-    let row = |what: &str, ours: String, base: String, ratio: f64| println!("{what:<52} {ours:>12} {base:>12} {ratio:>8.2}");
+    let row =
+        |what: &str, ours: String, base: String, ratio: f64| println!("{what:<52} {ours:>12} {base:>12} {ratio:>8.2}");
     row(
         "8 B WRITE latency, polled vs busy UDP ping-pong (us)",
         format!("{:.2}", rdma_busy.median),
@@ -69,7 +70,12 @@ fn main() {
         format!("{:.2}", udp_block.median),
         rdma_event.median / udp_block.median,
     );
-    row("64 KiB WRITE bandwidth vs UDP GSO+GRO (GB/s)", format!("{rdma_bw:.2}"), format!("{udp_bw:.2}"), rdma_bw / udp_bw);
+    row(
+        "64 KiB WRITE bandwidth vs UDP GSO+GRO (GB/s)",
+        format!("{rdma_bw:.2}"),
+        format!("{udp_bw:.2}"),
+        rdma_bw / udp_bw,
+    );
     println!("{:<52} {:>11.3}%", "idle CPU, 100 connected RC QPs (of one core)", idle * 100.0);
     println!("{:<52} {:>9.1} KiB", "memory per RC QP (default queue sizes)", per_qp / 1024.0);
     println!(
@@ -154,7 +160,10 @@ fn udp_goodput(time: Duration) -> f64 {
     let f: Vec<f64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
     let (bytes, secs) = (f[0], f[1]);
     let gbs = bytes / secs / 1e9;
-    println!("UDP GSO+GRO goodput: {gbs:.2} GB/s received ({:.2} GB/s offered)", sent as f64 / time.as_secs_f64() / 1e9);
+    println!(
+        "UDP GSO+GRO goodput: {gbs:.2} GB/s received ({:.2} GB/s offered)",
+        sent as f64 / time.as_secs_f64() / 1e9
+    );
     gbs
 }
 
@@ -321,7 +330,8 @@ fn idle_cpu(qps: usize, time: Duration) -> f64 {
     let mut holder = spawn("rdma-idle", &[("SOFTRDMA_BENCH_QPS", qps.to_string())]);
     let mut other = spawn("rdma-idle-peer", &[("SOFTRDMA_BENCH_QPS", qps.to_string())]);
     for _ in 0..qps {
-        let (h, o) = (holder.expect_line("EP ", Duration::from_secs(10)), other.expect_line("EP ", Duration::from_secs(10)));
+        let (h, o) =
+            (holder.expect_line("EP ", Duration::from_secs(10)), other.expect_line("EP ", Duration::from_secs(10)));
         holder.send_line(&o);
         other.send_line(&h);
     }
@@ -352,7 +362,10 @@ fn memory_per_qp(n: usize) -> f64 {
     child.wait_success(Duration::from_secs(10));
     let f: Vec<f64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
     let per = (f[1] - f[0]) / n as f64;
-    println!("memory: {n} RC QPs (send/recv queues 64/64, CQ shared) took {:.1} KiB each of resident memory", per / 1024.0);
+    println!(
+        "memory: {n} RC QPs (send/recv queues 64/64, CQ shared) took {:.1} KiB each of resident memory",
+        per / 1024.0
+    );
     per
 }
 

@@ -31,6 +31,7 @@ use std::time::Duration;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
+use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 
 use crate::capture::Capture;
@@ -48,36 +49,50 @@ const RX_ROUNDS: usize = 4;
 const RX_BATCH: usize = 32;
 /// Bytes per datagram buffer: a 4096-byte payload with the largest headers and the ICRC.
 const DATAGRAM_MAX: usize = 4352;
+/// Socket buffer sizes asked for (each direction).
+const SOCKET_BUFFER: usize = 8 << 20;
 /// Datagrams per transmit batch (one `sendmmsg`).
 const TX_BATCH: usize = 32;
 
-/// The device's sockets and the QPN range it owns on this host.
+/// The device's sockets and the QPN range it owns on this host: its membership in the
+/// host's port-sharing group ([`softrdma_udp::host`]), so that any number of processes (and
+/// contexts) use one address and port at once, each steered its own packets by the kernel.
 pub(crate) struct Port {
-    /// One socket per GID, in GID order.
-    pub(crate) sockets: Vec<RoceSocket>,
+    pub(crate) member: Member,
     pub(crate) addresses: Vec<IpAddr>,
 }
 
 impl Port {
     fn open(device: &Device, options: &ContextOptions) -> Result<Port, Error> {
-        let config = softrdma_udp::Config { port: options.port, ..softrdma_udp::Config::default() };
-        let mut sockets = Vec::new();
-        for &ip in device.addresses() {
-            let socket = RoceSocket::bind_with(ip, &config).map_err(|e| {
-                let hint = if e.kind() == io::ErrorKind::AddrInUse {
-                    " (another program holds the port; several softrdma processes per address need the host port-sharing layer)"
-                } else {
-                    ""
-                };
-                Error::io(format!("binding UDP {}{hint}", std::net::SocketAddr::new(ip, options.port)), e)
-            })?;
-            sockets.push(socket);
-        }
-        Ok(Port { sockets, addresses: device.addresses().to_vec() })
+        let config = HostConfig {
+            device: device.interface().to_string(),
+            port: options.port,
+            socket: softrdma_udp::Config {
+                reuse_port: true,
+                // Room for bursts: many QPs' 64 KiB messages arrive back to back, and a
+                // datagram the buffer cannot take costs an RC retry. The kernel caps these
+                // at net.core.rmem_max / wmem_max unless the process may exceed them.
+                recv_buffer_size: Some(SOCKET_BUFFER),
+                send_buffer_size: Some(SOCKET_BUFFER),
+                ..softrdma_udp::Config::default()
+            },
+        };
+        let member = Member::join(device.addresses(), &config).map_err(|e| {
+            Error::io(
+                format!("joining {} on UDP port {} (addresses {:?})", device.name(), options.port, device.addresses()),
+                e,
+            )
+        })?;
+        Ok(Port { member, addresses: device.addresses().to_vec() })
+    }
+
+    /// One socket per GID, in GID order.
+    pub(crate) fn sockets(&self) -> &[RoceSocket] {
+        self.member.sockets()
     }
 
     fn socket_for(&self, ip: IpAddr) -> Option<&RoceSocket> {
-        self.addresses.iter().position(|a| *a == ip).map(|i| &self.sockets[i])
+        self.addresses.iter().position(|a| *a == ip).map(|i| &self.sockets()[i])
     }
 }
 
@@ -171,8 +186,11 @@ impl Driver {
         let port = Port::open(&device, options)?;
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|e| Error::io("seeding the R_Key generator", io::Error::other(e)))?;
+        let qpns = port.member.qpn_range();
         let config = DeviceConfig {
             addresses: device.addresses().to_vec(),
+            qpn_base: qpns.start,
+            max_qp: qpns.end - qpns.start,
             seed: u64::from_ne_bytes(seed),
             port_mtu: device.active_mtu(),
             udp_source_port: Some(options.port),
@@ -288,7 +306,7 @@ impl Shared {
             }
             let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
             if !app_polling {
-                fds.extend(self.port.sockets.iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+                fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
             }
             poll(&mut fds, timeout);
             drop(fds);
@@ -303,13 +321,13 @@ impl State {
     /// events. Returns whether there was anything to do.
     fn progress(&mut self, shared: &Shared, now: Instant) -> bool {
         let mut worked = false;
-        for socket in &shared.port.sockets {
+        for socket in shared.port.sockets() {
             for _ in 0..RX_ROUNDS {
                 match socket.recv(&mut self.rx) {
                     Ok(0) => break,
                     Ok(n) => {
                         worked = true;
-                        self.ingress(now);
+                        self.ingress(&shared.port.member, now);
                         if n < RX_BATCH {
                             break;
                         }
@@ -328,9 +346,13 @@ impl State {
     }
 
     /// Hands the received batch to the engine.
-    fn ingress(&mut self, now: Instant) {
+    fn ingress(&mut self, member: &Member, now: Instant) {
         let State { engine, rx, capture, .. } = self;
         for d in rx.iter() {
+            if Member::is_probe(d.payload) {
+                member.answer_probe(d.payload);
+                continue;
+            }
             let envelope = d.envelope();
             if let Some(c) = capture {
                 c.write(&envelope, d.payload);

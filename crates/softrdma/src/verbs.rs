@@ -61,7 +61,7 @@ impl Context {
 
     /// The UDP address the device receives on for GID `index`.
     pub fn local_addr(&self, index: u8) -> Option<std::net::SocketAddr> {
-        self.drv.shared.port.sockets.get(usize::from(index)).map(|s| s.local_addr())
+        self.drv.shared.port.sockets().get(usize::from(index)).map(|s| s.local_addr())
     }
 
     /// `ibv_alloc_pd`.
