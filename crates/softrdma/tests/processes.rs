@@ -26,6 +26,7 @@ fn child_entry() {
     match role.as_str() {
         "target" => target(),
         "initiator" => initiator(),
+        "ud" => ud_peer(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -67,8 +68,20 @@ fn target() {
     let (side, me) = child_side();
     side.mr.write(0, &pattern(side.mr.len(), 0xaa)).unwrap();
     connect_to_peer(&side, &me);
+    // A receive for a SEND, in the last KiB (which WRITE and READ tests leave alone). An
+    // early SEND meets an RNR NAK and is retried (rnr_retry 7: forever).
+    let rsge = [side.mr.sge(side.mr.len() - 1024..side.mr.len()).unwrap()];
+    side.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge }]).unwrap();
     say("CONNECTED");
     while let Some(line) = read_stdin_line() {
+        if line == "RECV" {
+            let wc = side.cq.wait(WAIT).expect("a receive completion");
+            let mut got = vec![0u8; wc.byte_len as usize];
+            side.mr.read(side.mr.len() - 1024, &mut got).unwrap();
+            let ok = wc.status == WcStatus::Success && got == pattern(200, 0x77);
+            say(&format!("RECV {}", if ok { "ok" } else { "bad" }));
+            continue;
+        }
         let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
         let (offset, len, seed) = (f[0] as usize, f[1] as usize, f[2]);
         let mut got = vec![0u8; len];
@@ -105,7 +118,8 @@ fn initiator() {
     assert_eq!(wc.status, WcStatus::Success, "the READ back: {:?}", side.ctx.counters());
     let mut back = vec![0u8; msgs * size];
     side.mr.read(half, &mut back).unwrap();
-    let ok = back == pattern(msgs * size, 0x5c);
+    let mut ok = back == pattern(msgs * size, 0x5c);
+    ok &= atomics_and_send(&side, &peer);
     let c = side.ctx.counters().engine;
     say(&format!(
         "DONE {} bytes={} retransmitted={} timeouts={} naks={}",
@@ -115,6 +129,86 @@ fn initiator() {
         c.ack_timeouts,
         c.naks_rcvd
     ));
+}
+
+/// Fetch-add twice and compare-swap once on a word of the peer's buffer (past the data the
+/// WRITEs cover), checking every returned value, then a 200-byte SEND into the receive the
+/// target posted.
+fn atomics_and_send(side: &Side, peer: &Advert) -> bool {
+    let len = side.mr.len();
+    let word = (peer.len as usize - 2048) & !7;
+    let initial = u64::from_ne_bytes(pattern(peer.len as usize, 0xaa)[word..word + 8].try_into().unwrap());
+    let addr = peer.addr + word as u64;
+    let ops = [
+        SendOp::FetchAdd { remote_addr: addr, rkey: peer.rkey(), add: 1 },
+        SendOp::FetchAdd { remote_addr: addr, rkey: peer.rkey(), add: 1 },
+        SendOp::CompareSwap { remote_addr: addr, rkey: peer.rkey(), compare: initial.wrapping_add(2), swap: 42 },
+    ];
+    let mut ok = true;
+    for (i, op) in ops.into_iter().enumerate() {
+        let sge = [side.mr.sge(len - 64..len - 56).unwrap()];
+        side.qp.post_send(&[wr(i as u64, op, &sge)]).unwrap();
+        ok &= side.cq.wait(WAIT).unwrap().status == WcStatus::Success;
+        ok &= side.mr.read_u64(len - 64).unwrap() == initial.wrapping_add(i as u64);
+    }
+    side.mr.write(len - 512, &pattern(200, 0x77)).unwrap();
+    let sge = [side.mr.sge(len - 512..len - 312).unwrap()];
+    side.qp.post_send(&[wr(9, SendOp::Send, &sge)]).unwrap();
+    ok &= side.cq.wait(WAIT).unwrap().status == WcStatus::Success;
+    // READ the word back: the compare-swap stored 42.
+    let sge = [side.mr.sge(len - 64..len - 56).unwrap()];
+    side.qp.post_send(&[wr(10, SendOp::RdmaRead { remote_addr: addr, rkey: peer.rkey() }, &sge)]).unwrap();
+    ok &= side.cq.wait(WAIT).unwrap().status == WcStatus::Success;
+    ok && side.mr.read_u64(len - 64).unwrap() == 42
+}
+
+/// A UD peer: exchanges QPNs, sends eight datagrams to the other, and checks the eight it
+/// receives (GRH first, then the payload).
+fn ud_peer() {
+    let ip: IpAddr = env("SOFTRDMA_TEST_IP").parse().unwrap();
+    let port: u16 = env("SOFTRDMA_TEST_PORT").parse().unwrap();
+    let ctx = Device::with_addresses("lo", vec![ip])
+        .open_with(&ContextOptions { port, ..ContextOptions::default() })
+        .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
+    qp.ready_ud(0x0ddba11, 0).unwrap();
+    let mr = pd.reg_mr(16 * 1024, Access::LOCAL_WRITE).unwrap();
+    let sges: Vec<[Sge; 1]> = (0..8).map(|i| [mr.sge(i * 1024..(i + 1) * 1024).unwrap()]).collect();
+    let wrs: Vec<RecvWr<'_>> = sges.iter().enumerate().map(|(i, s)| RecvWr { wr_id: i as u64, sg_list: s }).collect();
+    qp.post_recv(&wrs).unwrap();
+    say(&format!("UD {}", qp.qpn()));
+    let line = read_stdin_line().expect("the peer's UD line");
+    let peer_qpn: u32 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let av = AddressVector { dgid: Gid::from_ip(ip), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+    let ah = pd.create_ah(av).unwrap();
+    let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(peer_qpn), remote_qkey: QKey(0x0ddba11) };
+    for i in 0..8u64 {
+        mr.write(8192 + i as usize * 128, &pattern(100, i)).unwrap();
+        let sge = [mr.sge(8192 + i as usize * 128..8192 + i as usize * 128 + 100).unwrap()];
+        let w = SendWr { wr_id: 100 + i, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) };
+        qp.post_send(&[w]).unwrap();
+    }
+    let (mut sent, mut got) = (0, std::collections::BTreeSet::new());
+    let deadline = Instant::now() + WAIT;
+    while sent < 8 || got.len() < 8 {
+        assert!(Instant::now() < deadline, "UD: {sent} sent, {} received", got.len());
+        let Some(wc) = cq.poll_one() else { continue };
+        assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+        if wc.opcode == WcOpcode::Send {
+            sent += 1;
+            continue;
+        }
+        assert_eq!((wc.byte_len, wc.grh, wc.src_qp.value()), (140, true, peer_qpn));
+        let mut buf = vec![0u8; 140];
+        mr.read(wc.wr_id as usize * 1024, &mut buf).unwrap();
+        // Which datagram it was: the payload after the GRH names it.
+        let seq = (0..8u64).find(|&s| buf[40..] == pattern(100, s)[..]).expect("a datagram the peer sent");
+        got.insert(seq);
+    }
+    say("UD ok");
+    let _ = read_stdin_line();
 }
 
 /// This process's side of a connection to a child target on `child_ip`.
@@ -147,7 +241,7 @@ fn target_env(ip: &str, port: u16, len: usize) -> Vec<(&'static str, String)> {
 #[test]
 fn passive_target_process_sleeps_while_writes_and_reads_complete() {
     let port = test_port();
-    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.2", port, 1 << 20), None);
+    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);
     let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut target);
     // READ the target's initial pattern, then WRITE a new one over 1 MiB and check it there.
     let sge = [a.mr.sge(0..65536).unwrap()];
@@ -175,7 +269,7 @@ fn passive_target_process_sleeps_while_writes_and_reads_complete() {
 #[test]
 fn peer_killed_mid_transfer_gives_retry_exceeded_not_a_hang() {
     let port = test_port();
-    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.2", port, 1 << 20), None);
+    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);
     let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut target);
     let sge = [a.mr.sge(0..65536).unwrap()];
     let write = |i: u64| {
@@ -289,7 +383,7 @@ fn two_hosts_over_veth_with_five_percent_loss_move_data_byte_exact() {
             ("SOFTRDMA_TEST_IFACE", iface.to_string()),
             ("SOFTRDMA_TEST_IP", ip.to_string()),
             ("SOFTRDMA_TEST_PORT", "4791".to_string()),
-            ("SOFTRDMA_TEST_LEN", (4 << 20).to_string()),
+            ("SOFTRDMA_TEST_LEN", (5 << 20).to_string()),
             ("SOFTRDMA_TEST_MSGS", "32".to_string()),
             ("SOFTRDMA_TEST_SIZE", "65536".to_string()),
         ]
@@ -309,4 +403,51 @@ fn two_hosts_over_veth_with_five_percent_loss_move_data_byte_exact() {
     assert_eq!(b.expect_line("CHECK", WAIT), "CHECK ok");
     b.close_stdin();
     assert!(a.wait_success(WAIT) && b.wait_success(WAIT));
+}
+
+#[test]
+fn six_processes_share_one_address_two_rc_pairs_and_a_ud_pair() {
+    let port = test_port();
+    let env = |extra: &[(&'static str, &str)]| {
+        let mut e = target_env("127.0.0.1", port, 1 << 20);
+        e.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        e
+    };
+    let work = [("SOFTRDMA_TEST_MSGS", "8"), ("SOFTRDMA_TEST_SIZE", "65536")];
+    let mut procs: Vec<ChildProc> = Vec::new();
+    for _ in 0..2 {
+        procs.push(ChildProc::spawn(ENTRY, "target", &env(&[]), None));
+        procs.push(ChildProc::spawn(ENTRY, "initiator", &env(&work), None));
+    }
+    procs.push(ChildProc::spawn(ENTRY, "ud", &env(&[]), None));
+    procs.push(ChildProc::spawn(ENTRY, "ud", &env(&[]), None));
+    // Everyone is up at once; then the pairs exchange their endpoints.
+    let eps: Vec<String> = procs[..4].iter_mut().map(|p| p.expect_line("EP ", WAIT)).collect();
+    let uds: Vec<String> = procs[4..].iter_mut().map(|p| p.expect_line("UD ", WAIT)).collect();
+    let qpns: std::collections::BTreeSet<&str> = eps.iter().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(qpns.len(), 4, "QPNs are unique on the address: {eps:?}");
+    for pair in [0, 2] {
+        procs[pair].send_line(&eps[pair + 1]);
+        procs[pair + 1].send_line(&eps[pair]);
+    }
+    procs[4].send_line(&uds[1]);
+    procs[5].send_line(&uds[0]);
+    for pair in [0, 2] {
+        procs[pair].expect_line("CONNECTED", WAIT);
+        let done = procs[pair + 1].expect_line("DONE", WAIT);
+        assert!(done.starts_with("DONE ok"), "pair {pair}: {done}");
+        procs[pair].send_line("RECV");
+        assert_eq!(procs[pair].expect_line("RECV", WAIT), "RECV ok", "pair {pair}: the SEND arrived");
+        procs[pair].send_line("CHECK 0 524288 92");
+        assert_eq!(procs[pair].expect_line("CHECK", WAIT), "CHECK ok", "pair {pair}: the WRITEs landed");
+    }
+    for p in &mut procs[4..] {
+        assert_eq!(p.expect_line("UD ok", WAIT), "UD ok");
+    }
+    for p in &mut procs {
+        p.close_stdin();
+    }
+    for p in &mut procs {
+        assert!(p.wait_success(WAIT), "{} exited with an error", p.name);
+    }
 }

@@ -35,7 +35,8 @@ pub struct Side {
     pub mr: Mr,
 }
 
-/// Two devices (127.0.0.1 and 127.0.0.2 by default) with an RC QP each, connected.
+/// Two device contexts on 127.0.0.1 (one address and port, shared through the host's
+/// port-sharing group) with an RC QP each, connected.
 pub fn rc_pair(len: usize) -> (Side, Side) {
     pair(QpType::Rc, len)
 }
@@ -54,7 +55,7 @@ pub fn pair(qp_type: QpType, len: usize) -> (Side, Side) {
         Side { ctx, pd, cq, qp, mr }
     };
     let a = mk([127, 0, 0, 1]);
-    let b = mk([127, 0, 0, 2]);
+    let b = mk([127, 0, 0, 1]);
     let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
     let opts = ConnectOptions { timeout: 10, ..ConnectOptions::default() };
     a.qp.connect(100, &eb, &opts).unwrap();
