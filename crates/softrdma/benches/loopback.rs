@@ -31,7 +31,7 @@ use softrdma_udp::{Config, Outgoing, RecvBatch, RoceSocket};
 
 const ROLE: &str = child::ROLE_ENV;
 const A: [u8; 4] = [127, 0, 0, 1];
-const B: [u8; 4] = [127, 0, 0, 2];
+const B: [u8; 4] = [127, 0, 0, 1]; // both processes on one address, as the issue asks
 const PORT: u16 = 4791;
 const UDP_PORT: u16 = 19_791;
 
@@ -45,7 +45,7 @@ fn main() {
     let n_lat = if quick { 2_000 } else { 20_000 };
     let bw_time = if quick { Duration::from_millis(300) } else { Duration::from_secs(2) };
 
-    println!("softrdma loopback benchmark: two processes, {} and {}", IpAddr::from(A), IpAddr::from(B));
+    println!("softrdma loopback benchmark: two processes on {}", IpAddr::from(A));
     let udp_busy = udp_pingpong(true, n_lat);
     let udp_block = udp_pingpong(false, n_lat / 4);
     let udp_bw = udp_goodput(bw_time);
@@ -253,10 +253,10 @@ fn rdma_latency(n: usize) -> (Lat, Lat) {
     for events in [false, true] {
         let mut peer = spawn("rdma-pong", &[("SOFTRDMA_BENCH_EVENTS", u8::from(events).to_string())]);
         let (r, me) = rdma_side(A, 4096);
-        post_recvs(&r, 512);
         let theirs = Advert::parse(&peer.expect_line("EP ", Duration::from_secs(10)));
         peer.send_line(&me.line());
         connect(&r, &me, &theirs);
+        post_recvs(&r, 512);
         peer.expect_line("CONNECTED", Duration::from_secs(10));
         let rounds = if events { n / 4 } else { n };
         let mut rtts = Vec::with_capacity(rounds);
@@ -421,10 +421,10 @@ fn child_main(role: &str) {
         "rdma-pong" | "rdma-target" => {
             let events = std::env::var("SOFTRDMA_BENCH_EVENTS").as_deref() == Ok("1");
             let (r, me) = rdma_side(B, 16 * 65536);
-            post_recvs(&r, 512);
             say(&me.line());
             let peer = Advert::parse(&read_stdin_line().unwrap());
             connect(&r, &me, &peer);
+            post_recvs(&r, 512);
             say("CONNECTED");
             if role == "rdma-target" {
                 // A passive target: the progress thread does everything.
