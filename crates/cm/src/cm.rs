@@ -49,7 +49,8 @@ use crate::types::{
 ///   [`poll_event`](Self::poll_event) (`rdma_cm_event`s), [`poll_timeout`](Self::poll_timeout).
 /// - **Getters**: [`qp_attr`](Self::qp_attr) (`rdma_init_qp_attr`),
 ///   [`local_addr`](Self::local_addr), [`peer_addr`](Self::peer_addr),
-///   [`local_comm_id`](Self::local_comm_id), [`counters`](Self::counters).
+///   [`local_comm_id`](Self::local_comm_id), [`listen_service_id`](Self::listen_service_id),
+///   [`id_count`](Self::id_count), [`counters`](Self::counters).
 ///
 /// # Calling contract
 ///
@@ -885,6 +886,14 @@ impl Cm {
     /// The ID's local comm ID (or SIDR request ID), once it has one.
     pub fn local_comm_id(&self, id: CmId) -> Option<u32> {
         self.ids.get(&id).map(|i| i.local_comm_id).filter(|&c| c != 0)
+    }
+
+    /// The service ID a listening ID answers REQs and SIDR_REQs for: the runtime
+    /// registers it with the host's steering program so that they reach this process.
+    /// `None` unless the ID listens.
+    pub fn listen_service_id(&self, id: CmId) -> Option<u64> {
+        let i = self.ids.get(&id).filter(|i| i.state == State::Listen)?;
+        Some(service_id(i.ps, i.local?.port()))
     }
 
     /// How many IDs are alive.
