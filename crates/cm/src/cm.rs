@@ -949,7 +949,11 @@ impl Cm {
                 i.deadline = None;
                 continue;
             };
-            let Some(route) = i.route else { continue };
+            let Some(route) = i.route else {
+                // Unreachable: nothing is pending without a route. Never spin on it.
+                i.deadline = None;
+                continue;
+            };
             if p.retries_left > 0 {
                 p.retries_left -= 1;
                 let mad = *p.mad;
