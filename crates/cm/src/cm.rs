@@ -1080,6 +1080,20 @@ impl Cm {
                     Some(emit_mad(&CmMessage::Mra(mra), i.tid))
                 }
                 State::RepSent => i.last_reply.as_deref().copied(),
+                // cm.c: cm_dup_req_handler answers a REQ for a connection in timewait
+                // with REJ 10 (stale connection).
+                State::Timewait => {
+                    let rej = RejRepr {
+                        local_comm_id: i.local_comm_id,
+                        remote_comm_id: i.remote_comm_id,
+                        message_rejected: CmMsgResponse::REQ,
+                        reject_info_length: 0,
+                        reason: RejReason::STALE_CONN,
+                        additional_reject_info: &[],
+                        private_data: &[],
+                    };
+                    Some(emit_mad(&CmMessage::Rej(rej), i.tid))
+                }
                 _ => None,
             };
             if let Some(mad) = mad {

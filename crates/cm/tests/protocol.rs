@@ -626,3 +626,66 @@ fn backlog_bounds_waiting_requests() {
     assert_eq!(p.kinds_b(), [ConnectRequest, ConnectRequest]);
     assert_eq!(p.kinds_a(), [Rejected]);
 }
+
+#[test]
+fn repeated_req_in_timewait_is_rejected_as_stale() {
+    let (mut p, a, b) = connected();
+    let req = p.sent(Side::A, "REQ")[0].mad;
+    p.a.disconnect(p.now, a).unwrap();
+    p.drive();
+    p.b.disconnect(p.now, b).unwrap();
+    p.drive();
+    p.b.handle_mad(p.now, IP_A, IP_B, &req);
+    let t = p.b.poll_transmit().expect("a REJ");
+    assert_eq!(name_of(&t.mad), "REJ");
+    assert_eq!(u16::from_be_bytes([t.mad[24 + 10], t.mad[24 + 11]]), RejReason::STALE_CONN.0);
+    assert!(p.b.poll_event().is_none(), "no new CONNECT_REQUEST");
+}
+
+#[test]
+fn rc_over_ipv6_with_a_dual_stack_wildcard_listener() {
+    let (ip_a, ip_b): (IpAddr, IpAddr) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+    let mut p = Pair::with_configs(config(1, ip_a, 1 << 21), config(2, ip_b, 2 << 21));
+    let l = p.b.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    p.b.bind_addr(l, SocketAddr::new("::".parse().unwrap(), PORT)).unwrap();
+    p.b.listen(l, 1).unwrap();
+    assert_eq!(p.b.listen_service_id(l), Some(0x0106_1c06));
+    let a = p.a.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    p.a.resolve_addr(p.now, a, Some(SocketAddr::new(ip_a, 0)), SocketAddr::new(ip_b, PORT)).unwrap();
+    p.a.resolve_route(p.now, a).unwrap();
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    let req = p.events_b.pop().unwrap();
+    assert_eq!(req.kind, ConnectRequest);
+    assert_eq!(p.b.peer_addr(req.id).unwrap().ip(), ip_a);
+    p.b.accept(p.now, req.id, &passive_param()).unwrap();
+    p.drive();
+    p.a.establish(p.now, a).unwrap();
+    p.drive();
+    assert_eq!(p.kinds_b(), [Established]);
+    let (rtr, _) = p.b.qp_attr(req.id, QpState::Rtr).unwrap();
+    assert_eq!(rtr.ah_attr.unwrap().dgid, Gid::from_ip(ip_a));
+}
+
+#[test]
+fn the_same_seed_gives_the_same_mads() {
+    let run = || {
+        let (mut p, a, _) = connected();
+        p.a.disconnect(p.now, a).unwrap();
+        p.settle();
+        p.log.iter().map(|s| s.mad).collect::<Vec<_>>()
+    };
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn ids_are_bounded() {
+    let mut c = config(1, IP_A, 0);
+    c.max_ids = 3;
+    let mut p = Pair::with_configs(c, config(2, IP_B, 0));
+    for _ in 0..3 {
+        p.a.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    }
+    let err = p.a.create_id(PortSpace::TCP, QpType::Rc).unwrap_err();
+    assert!(err.to_string().contains("destroy some first"), "{err}");
+}
