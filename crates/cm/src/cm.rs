@@ -126,6 +126,19 @@ impl Out {
         });
     }
 
+    /// `ESTABLISHED`, with the peer's parameters from its REQ or REP.
+    fn established(&mut self, id: CmId, peer: Option<ConnParam>) {
+        self.events.push_back(CmEvent {
+            id,
+            kind: CmEventKind::Established,
+            status: CmStatus::Ok,
+            private_data: Vec::new(),
+            param: peer,
+            listen_id: None,
+            ud: None,
+        });
+    }
+
     fn event_with(&mut self, event: CmEvent) {
         self.events.push_back(event);
     }
@@ -273,6 +286,8 @@ struct Id {
     disconnected_reported: bool,
     /// Made for an incoming REQ or SIDR_REQ.
     passive: bool,
+    /// The peer's parameters from its REQ or REP, for the `ESTABLISHED` event.
+    peer_param: Option<ConnParam>,
 }
 
 impl Id {
@@ -300,6 +315,7 @@ impl Id {
             mra_received: false,
             disconnected_reported: false,
             passive: false,
+            peer_param: None,
         }
     }
 }
@@ -732,8 +748,9 @@ impl Cm {
         i.state = State::Established;
         i.last_reply = Some(Box::new(mad));
         let route = i.route.ok_or(CmError::NoSuchId { op: OP, id })?;
+        let peer = i.peer_param.clone();
         self.out.send(route.src, route.dst, mad);
-        self.out.event(id, CmEventKind::Established, CmStatus::Ok);
+        self.out.established(id, peer);
         Ok(())
     }
 
@@ -748,7 +765,7 @@ impl Cm {
             i.state = State::Established;
             i.pending = None;
             i.deadline = None;
-            self.out.event(id, CmEventKind::Established, CmStatus::Ok);
+            self.out.established(id, i.peer_param.clone());
         }
         Ok(())
     }
@@ -801,6 +818,9 @@ impl Cm {
     ///   `max_dest_rd_atomic` and `min_rnr_timer` 0. UD: the state only.
     /// - RTS: `sq_psn` = the peer's starting PSN, and for RC the ACK timeout, retry count,
     ///   RNR retry count and `max_rd_atomic`. UD: `sq_psn` 0.
+    ///
+    /// As librdmacm does (`ucma_modify_qp_rtr`), apply INIT again (INIT→INIT) just before
+    /// RTR: the access flags are only known once the exchange has started.
     pub fn qp_attr(&self, id: CmId, target: QpState) -> Result<(QpAttr, AttrMask), CmError> {
         const OP: &str = "qp_attr";
         let i = self.get(OP, id)?;
@@ -1202,6 +1222,7 @@ impl Cm {
             start_psn: Some(req.starting_psn.value()),
             qkey: 0,
         };
+        i.peer_param = Some(param.clone());
         let Ok(id) = self.insert(i, "handle_mad") else {
             return reject(self, RejReason::NO_RESOURCES, &[]);
         };
@@ -1262,6 +1283,7 @@ impl Cm {
             start_psn: Some(rep.starting_psn.value()),
             qkey: 0,
         };
+        i.peer_param = Some(param.clone());
         self.out.event_with(CmEvent {
             id,
             kind: CmEventKind::ConnectResponse,
@@ -1285,7 +1307,7 @@ impl Cm {
         i.state = State::Established;
         i.pending = None;
         i.deadline = None;
-        self.out.event(id, CmEventKind::Established, CmStatus::Ok);
+        self.out.established(id, i.peer_param.clone());
         true
     }
 

@@ -247,8 +247,8 @@ pub struct CmEvent {
     /// fixed-size area (56 bytes for a REQ, 196 for a REP, 148 for a REJ, ...), zero-padded,
     /// since the receiver cannot learn the sender's length.
     pub private_data: Vec<u8>,
-    /// The peer's connection parameters, for `CONNECT_REQUEST` and `CONNECT_RESPONSE` (and
-    /// the passive side's `ESTABLISHED`): from our point of view, i.e. `responder_resources`
+    /// The peer's connection parameters, for `CONNECT_REQUEST`, `CONNECT_RESPONSE` and
+    /// (again) the RC/UC `ESTABLISHED`: from our point of view, i.e. `responder_resources`
     /// is what we must accept, `initiator_depth` what we may issue.
     pub param: Option<ConnParam>,
     /// For `CONNECT_REQUEST`: the listener the request came in on.

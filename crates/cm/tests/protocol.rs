@@ -689,3 +689,21 @@ fn ids_are_bounded() {
     let err = p.a.create_id(PortSpace::TCP, QpType::Rc).unwrap_err();
     assert!(err.to_string().contains("destroy some first"), "{err}");
 }
+
+#[test]
+fn established_carries_the_peers_parameters() {
+    let mut p = Pair::new();
+    p.listen(PortSpace::TCP, QpType::Rc);
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    let b = p.take_request().id;
+    p.b.accept(p.now, b, &passive_param()).unwrap();
+    p.drive();
+    p.a.establish(p.now, a).unwrap();
+    p.drive();
+    let on_a = p.events_a.last().unwrap().param.clone().unwrap();
+    let on_b = p.events_b.last().unwrap().param.clone().unwrap();
+    assert_eq!((on_a.qp_num, on_a.start_psn), (0x22, Some(0x2000)));
+    assert_eq!((on_b.qp_num, on_b.start_psn), (0x11, Some(0x1000)));
+}
