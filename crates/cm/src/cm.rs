@@ -288,10 +288,15 @@ struct Id {
     passive: bool,
     /// The peer's parameters from its REQ or REP, for the `ESTABLISHED` event.
     peer_param: Option<ConnParam>,
+    /// Retransmission interval exponent and retry count of this ID's REQ/REP/DREQ/SIDR_REQ:
+    /// the configured ones, or for a passive ID the REQ's Local CM Response Timeout and Max
+    /// CM Retries (`cm.c: cm_req_handler`).
+    cm_timeout: u8,
+    cm_retries: u8,
 }
 
 impl Id {
-    fn new(ps: PortSpace, qp_type: QpType, seq_num: u32) -> Self {
+    fn new(ps: PortSpace, qp_type: QpType, seq_num: u32, config: &CmConfig) -> Self {
         Self {
             ps,
             qp_type,
@@ -316,6 +321,8 @@ impl Id {
             disconnected_reported: false,
             passive: false,
             peer_param: None,
+            cm_timeout: config.response_timeout,
+            cm_retries: config.max_retries,
         }
     }
 }
@@ -410,7 +417,7 @@ impl Cm {
             return Err(CmError::PortSpaceMismatch { ps, qp_type });
         }
         let seq_num = self.rng.next_u32() & Psn::MAX.value();
-        self.insert(Id::new(ps, qp_type, seq_num), "create_id")
+        self.insert(Id::new(ps, qp_type, seq_num, &self.config), "create_id")
     }
 
     /// `rdma_destroy_id`: forgets the ID, first sending what its state calls for
@@ -631,8 +638,8 @@ impl Cm {
             (emit_mad(&CmMessage::Req(req), tid), Sent::Req, State::ReqSent)
         };
         i.state = state;
-        i.pending = Some(Pending { mad: Box::new(mad), retries_left: self.config.max_retries, what });
-        i.deadline = Some(now + ib_timeout(self.config.response_timeout));
+        i.pending = Some(Pending { mad: Box::new(mad), retries_left: i.cm_retries, what });
+        i.deadline = Some(now + ib_timeout(i.cm_timeout));
         self.out.send(route.src, route.dst, mad);
         Ok(())
     }
@@ -678,9 +685,8 @@ impl Cm {
                 };
                 let mad = emit_mad(&CmMessage::Rep(rep), i.tid);
                 i.state = State::RepSent;
-                i.pending =
-                    Some(Pending { mad: Box::new(mad), retries_left: self.config.max_retries, what: Sent::Rep });
-                i.deadline = Some(now + ib_timeout(self.config.response_timeout));
+                i.pending = Some(Pending { mad: Box::new(mad), retries_left: i.cm_retries, what: Sent::Rep });
+                i.deadline = Some(now + ib_timeout(i.cm_timeout));
                 i.last_reply = Some(Box::new(mad));
                 i.listener = None;
                 let route = i.route.ok_or(CmError::NoSuchId { op: OP, id })?;
@@ -782,9 +788,8 @@ impl Cm {
                 let mad = self.dreq_mad(i);
                 let i = self.ids.get_mut(&id).ok_or(CmError::NoSuchId { op: OP, id })?;
                 i.state = State::DreqSent;
-                i.pending =
-                    Some(Pending { mad: Box::new(mad), retries_left: self.config.max_retries, what: Sent::Dreq });
-                i.deadline = Some(now + ib_timeout(self.config.response_timeout));
+                i.pending = Some(Pending { mad: Box::new(mad), retries_left: i.cm_retries, what: Sent::Dreq });
+                i.deadline = Some(now + ib_timeout(i.cm_timeout));
                 if let Some(r) = route {
                     self.out.send(r.src, r.dst, mad);
                 }
@@ -948,14 +953,14 @@ impl Cm {
 
     /// Resends, gives up on, or ends timewait for, every ID whose deadline is `now` or
     /// earlier. A REQ, REP, DREQ or SIDR_REQ is resent up to [`CmConfig::max_retries`]
-    /// times, 4.096 µs · 2^[`response_timeout`](CmConfig::response_timeout) apart; then
+    /// times, 4.096 µs · 2^[`response_timeout`](CmConfig::response_timeout) apart (for a
+    /// connection made for a peer's REQ: the REQ's response timeout and retries); then
     /// an unanswered REQ or SIDR_REQ raises `UNREACHABLE`, an unanswered REP also
     /// `UNREACHABLE` (`cma.c` maps `IB_CM_REP_ERROR` so), and an unanswered DREQ
     /// `DISCONNECTED` with status `TimedOut`.
     pub fn handle_timeout(&mut self, now: Instant) {
         let due: Vec<CmId> =
             self.ids.iter().filter(|(_, i)| i.deadline.is_some_and(|d| d <= now)).map(|(k, _)| *k).collect();
-        let interval = ib_timeout(self.config.response_timeout);
         let timewait = self.config.timewait;
         for id in due {
             let Some(i) = self.ids.get_mut(&id) else { continue };
@@ -977,7 +982,7 @@ impl Cm {
             if p.retries_left > 0 {
                 p.retries_left -= 1;
                 let mad = *p.mad;
-                i.deadline = Some(now + interval);
+                i.deadline = Some(now + ib_timeout(i.cm_timeout));
                 self.out.counters.mads_retried += 1;
                 self.out.send(route.src, route.dst, mad);
                 continue;
@@ -1174,9 +1179,11 @@ impl Cm {
             return reject(self, RejReason::NO_RESOURCES, &[]);
         };
         let seq_num = self.rng.next_u32() & Psn::MAX.value();
-        let mut i = Id::new(ps, qp_type, seq_num);
+        let mut i = Id::new(ps, qp_type, seq_num, &self.config);
         i.state = State::ReqRcvd;
         i.passive = true;
+        i.cm_timeout = req.local_cm_response_timeout;
+        i.cm_retries = req.max_cm_retries;
         i.local = Some(SocketAddr::new(hdst, port));
         i.peer = Some(SocketAddr::new(hsrc, hdr.port));
         i.route = Some(Route {
@@ -1469,7 +1476,7 @@ impl Cm {
             return answer(self, SidrStatus::NO_QP);
         }
         let seq_num = self.rng.next_u32() & Psn::MAX.value();
-        let mut i = Id::new(ps, QpType::Ud, seq_num);
+        let mut i = Id::new(ps, QpType::Ud, seq_num, &self.config);
         i.state = State::SidrReqRcvd;
         i.passive = true;
         i.local = Some(SocketAddr::new(hdst, port));

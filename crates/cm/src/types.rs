@@ -45,10 +45,12 @@ pub struct CmConfig {
     pub port_mtu: Mtu,
     /// CM response timeout exponent: we answer within 4.096 µs · 2^value, and resend a REQ,
     /// REP, DREQ or SIDR_REQ that long after sending it. Kernel rdma_cm:
-    /// [`CMA_CM_RESPONSE_TIMEOUT`] (20).
+    /// [`CMA_CM_RESPONSE_TIMEOUT`] (20). A connection made for a peer's REQ resends its REP
+    /// and DREQ on the REQ's Local CM Response Timeout instead, as `cm.c` does.
     pub response_timeout: u8,
     /// How often a REQ, REP, DREQ or SIDR_REQ is resent before giving up (4 bits on the wire;
-    /// kernel rdma_cm: [`CMA_MAX_CM_RETRIES`], 15).
+    /// kernel rdma_cm: [`CMA_MAX_CM_RETRIES`], 15). A connection made for a peer's REQ uses
+    /// the REQ's Max CM Retries instead.
     pub max_retries: u8,
     /// How long a connection stays in timewait after its disconnect completes, before the
     /// `TIMEWAIT_EXIT` event. Linux waits 4.096 µs · 2^(ACK timeout) ≈ 2.1 s with rxe.

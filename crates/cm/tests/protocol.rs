@@ -707,3 +707,26 @@ fn established_carries_the_peers_parameters() {
     assert_eq!((on_a.qp_num, on_a.start_psn), (0x22, Some(0x2000)));
     assert_eq!((on_b.qp_num, on_b.start_psn), (0x11, Some(0x1000)));
 }
+
+/// cm.c: the passive side resends its REP on the REQ's Local CM Response Timeout and Max
+/// CM Retries, not on its own.
+#[test]
+fn the_passive_side_retries_on_the_reqs_timeout() {
+    let mut cb = config(2, IP_B, 5 << 21);
+    cb.response_timeout = RESPONSE_TIMEOUT + 4;
+    cb.max_retries = 9;
+    let mut p = Pair::with_configs(config(1, IP_A, 3 << 21), cb);
+    p.listen(PortSpace::TCP, QpType::Rc);
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.drop = Box::new(|s, m| s == Side::A && m == "RTU");
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    let b = p.take_request().id;
+    p.b.accept(p.now, b, &passive_param()).unwrap();
+    p.drive();
+    p.a.establish(p.now, a).unwrap();
+    p.settle();
+    let reps = p.sent(Side::B, "REP");
+    assert_eq!(reps.len(), 4, "A's max_retries (3), not B's (9)");
+    assert_eq!(reps[1].at - reps[0].at, ib_timeout(RESPONSE_TIMEOUT));
+}
