@@ -1050,7 +1050,7 @@ impl Cm {
 
     /// The ID whose local comm ID a message names, if it came from that ID's peer.
     fn by_local(&self, comm_id: u32, src: IpAddr) -> Option<CmId> {
-        if comm_id & !COMM_ID_COUNTER_MASK != self.config.comm_id_prefix {
+        if comm_id & !COMM_ID_COUNTER_MASK != self.config.comm_id_prefix & !COMM_ID_COUNTER_MASK {
             return None;
         }
         let id = *self.by_comm_id.get(&comm_id)?;
@@ -1146,9 +1146,10 @@ impl Cm {
         if self.listener(ps, port, None).is_none() {
             return reject(self, RejReason::INVALID_SERVICE_ID, &[]);
         }
-        // cm.c: cm_init_av_for_response / cm_init_av_by_path fail without a local GID.
+        // cm.c: cm_init_av_by_path fails without a local GID for the REQ's remote GID, and
+        // the REJ carries that GID as ARI.
         let Some(sgid_index) = self.config.addresses.iter().position(|a| *a == dst) else {
-            return reject(self, RejReason::INVALID_GID, &req.primary_path.local_gid);
+            return reject(self, RejReason::INVALID_GID, &req.primary_path.remote_gid);
         };
         // cma.c: cma_ib_req_handler's checks (header, addresses, QP type) fail with an
         // error from the handler, which ib_cm answers with REJ 28 (consumer defined).

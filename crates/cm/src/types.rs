@@ -111,8 +111,8 @@ impl fmt::Display for CmId {
     }
 }
 
-/// `struct rdma_conn_param` plus what rdma_cm keeps beside it: what [`Cm::connect`]
-/// (crate::Cm::connect) and [`Cm::accept`](crate::Cm::accept) send, and what
+/// `struct rdma_conn_param` plus what rdma_cm keeps beside it: what
+/// [`Cm::connect`](crate::Cm::connect) and [`Cm::accept`](crate::Cm::accept) send, and what
 /// `CONNECT_REQUEST`, `CONNECT_RESPONSE` and `ESTABLISHED` events report about the peer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnParam {
