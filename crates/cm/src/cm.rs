@@ -1719,3 +1719,34 @@ fn check_len(op: &'static str, message: &'static str, data: &[u8], max: usize) -
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The counter wraps from 2^21 - 1 to 1, never gives 0, and skips comm IDs still alive.
+    #[test]
+    fn comm_ids_wrap_and_skip_live_ones() {
+        let prefix = 0x2a << crate::COMM_ID_COUNTER_BITS;
+        let mut cm = Cm::new(CmConfig { comm_id_prefix: prefix, ..CmConfig::default() });
+        cm.counter = COMM_ID_COUNTER_MASK - 1;
+        cm.by_comm_id.insert(prefix | 1, CmId(99));
+        assert_eq!(cm.alloc_comm_id("t"), Ok(prefix | COMM_ID_COUNTER_MASK));
+        assert_eq!(cm.alloc_comm_id("t"), Ok(prefix | 2), "0 is never used, 1 is alive");
+        // Every ID taken: exhausted, not an endless loop.
+        for c in 1..=COMM_ID_COUNTER_MASK {
+            cm.by_comm_id.insert(prefix | c, CmId(99));
+        }
+        assert_eq!(cm.alloc_comm_id("t"), Err(CmError::CommIdsExhausted { op: "t" }));
+    }
+
+    #[test]
+    fn ack_timeout_as_the_kernel() {
+        assert_eq!(cm_ack_timeout(15, 18), 19);
+        assert_eq!(cm_ack_timeout(15, 16), 17);
+        assert_eq!(cm_ack_timeout(15, 13), 16);
+        assert_eq!(cm_ack_timeout(20, 10), 20);
+        assert_eq!(cm_ack_timeout(31, 31), 31);
+        assert_eq!(rdma_flow_label(0xa9b0, 7174), 0x4a856, "the rping capture's flow label");
+    }
+}
