@@ -25,14 +25,16 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
+use softrdma_cm::{Cm, CmConfig, CmTransmit};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
+use softrdma_wire::{BthRepr, DethRepr, Envelope, ExtHeaders, Opcode, PKey, Psn, QKey, Qpn, RocePacket, RoceRepr};
 
 use crate::capture::Capture;
 use crate::device::Device;
@@ -91,7 +93,7 @@ impl Port {
         self.member.sockets()
     }
 
-    fn socket_for(&self, ip: IpAddr) -> Option<&RoceSocket> {
+    pub(crate) fn socket_for(&self, ip: IpAddr) -> Option<&RoceSocket> {
         self.addresses.iter().position(|a| *a == ip).map(|i| &self.sockets()[i])
     }
 }
@@ -122,6 +124,18 @@ pub(crate) struct State {
     capture: Option<Capture>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
+    /// The connection manager of this device (QP1).
+    pub(crate) cm: Cm,
+    /// CM IDs by the CM's handle, for delivering their events.
+    pub(crate) cm_ids: BTreeMap<u32, crate::cm::IdLink>,
+    /// QPs attached to CM IDs: QPN to the CM's handle.
+    pub(crate) cm_qps: BTreeMap<u32, u32>,
+    /// Active CM IDs whose ESTABLISHED was reported at the CONNECT_RESPONSE already.
+    pub(crate) cm_established_early: std::collections::BTreeSet<u32>,
+    /// The next PSN of QP1.
+    gsi_psn: Psn,
+    /// QP1 datagrams that were not CM MADs in a valid UD packet, dropped.
+    pub(crate) gsi_dropped: u64,
 }
 
 /// The part of a driver that the progress thread shares.
@@ -137,6 +151,11 @@ pub(crate) struct Shared {
     /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
     sleeping_until: AtomicU64,
     spin: Duration,
+    /// The UDP port (source and destination of every packet).
+    udp_port: u16,
+    /// The driver that owns this, for objects the progress loop creates (CM IDs of
+    /// connection requests).
+    pub(crate) driver: OnceLock<Weak<Driver>>,
 }
 
 /// An open device: the engine, its sockets and its progress thread.
@@ -201,6 +220,18 @@ impl Driver {
             Some(path) => Some(Capture::create(path)?),
             None => Capture::from_env()?,
         };
+        let mut cm_seed = [0u8; 8];
+        getrandom::fill(&mut cm_seed).map_err(|e| Error::io("seeding the CM", io::Error::other(e)))?;
+        let cm = Cm::new(CmConfig {
+            seed: u64::from_ne_bytes(cm_seed),
+            comm_id_prefix: port.member.comm_id_prefix(),
+            addresses: device.addresses().to_vec(),
+            port_mtu: device.active_mtu(),
+            response_timeout: options.cm_response_timeout,
+            max_retries: options.cm_max_retries,
+            node_guid: device.node_guid(),
+            ..CmConfig::default()
+        });
         let state = State {
             engine: Engine::new(config),
             rx: RecvBatch::new(RX_BATCH, DATAGRAM_MAX),
@@ -210,6 +241,12 @@ impl Driver {
             async_events: VecDeque::new(),
             capture,
             send_errors: 0,
+            cm,
+            cm_ids: BTreeMap::new(),
+            cm_qps: BTreeMap::new(),
+            cm_established_early: std::collections::BTreeSet::new(),
+            gsi_psn: Psn::default(),
+            gsi_dropped: 0,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -221,6 +258,8 @@ impl Driver {
             app_polled: AtomicU64::new(0),
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
+            udp_port: options.port,
+            driver: OnceLock::new(),
         });
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
@@ -258,10 +297,10 @@ impl Shared {
     /// can queue packets or arm timers, with the lock held.
     pub(crate) fn after_verb(&self, st: &mut State) {
         let now = self.now();
-        st.flush(&self.port, now);
-        st.dispatch_events(self);
+        st.flush(self, now);
+        st.dispatch_events(self, now);
         let sleeping = self.sleeping_until.load(Ordering::Acquire);
-        if sleeping != 0 && st.engine.poll_timeout().is_some_and(|t| t.as_nanos() < sleeping) {
+        if sleeping != 0 && st.deadline().is_some_and(|t| t.as_nanos() < sleeping) {
             ring(&self.doorbell);
         }
     }
@@ -280,7 +319,7 @@ impl Shared {
             let (worked, deadline) = {
                 let mut st = self.lock();
                 let worked = st.progress(&self, now);
-                let deadline = st.engine.poll_timeout();
+                let deadline = st.deadline();
                 if !worked {
                     // Published under the lock: a verb that arms an earlier timer after this
                     // sees it and rings the doorbell (`after_verb`).
@@ -327,7 +366,7 @@ impl State {
                     Ok(0) => break,
                     Ok(n) => {
                         worked = true;
-                        self.ingress(&shared.port.member, now);
+                        self.ingress(shared, now);
                         if n < RX_BATCH {
                             break;
                         }
@@ -340,22 +379,46 @@ impl State {
             self.engine.handle_timeout(now);
             worked = true;
         }
-        worked |= self.flush(&shared.port, now);
-        worked |= self.dispatch_events(shared);
+        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
+            self.cm.handle_timeout(now);
+            worked = true;
+        }
+        worked |= self.flush(shared, now);
+        worked |= self.dispatch_events(shared, now);
         worked
     }
 
+    /// When the engine or the CM next wants to be called.
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        match (self.engine.poll_timeout(), self.cm.poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Hands the received batch to the engine.
-    fn ingress(&mut self, member: &Member, now: Instant) {
-        let State { engine, rx, capture, .. } = self;
+    fn ingress(&mut self, shared: &Shared, now: Instant) {
+        let State { engine, rx, capture, cm, gsi_dropped, .. } = self;
         for d in rx.iter() {
             if Member::is_probe(d.payload) {
-                member.answer_probe(d.payload);
+                shared.port.member.answer_probe(d.payload);
                 continue;
             }
             let envelope = d.envelope();
             if let Some(c) = capture {
                 c.write(&envelope, d.payload);
+            }
+            if RocePacket::new_checked(d.payload).is_ok_and(|p| p.bth().dest_qp() == Qpn::GSI) {
+                // QP1: a CM MAD in a UD SEND_ONLY with the GSI Q_Key, or nothing.
+                match RoceRepr::parse(&RocePacket::new_unchecked(d.payload), &envelope) {
+                    Ok(r)
+                        if r.bth.opcode == Opcode::UD_SEND_ONLY && r.ext.deth.is_some_and(|x| x.qkey == QKey::GSI) =>
+                    {
+                        cm.handle_mad(now, envelope.src_ip(), envelope.dst_ip(), r.payload);
+                    }
+                    _ => *gsi_dropped += 1,
+                }
+                continue;
             }
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
@@ -364,8 +427,9 @@ impl State {
     }
 
     /// Sends everything the engine has to send. Returns whether it sent anything.
-    pub(crate) fn flush(&mut self, port: &Port, now: Instant) -> bool {
-        let mut any = false;
+    pub(crate) fn flush(&mut self, shared: &Shared, now: Instant) -> bool {
+        let port = &shared.port;
+        let mut any = self.flush_cm(shared);
         loop {
             let State { engine, tx, capture, send_errors, .. } = self;
             tx.meta.clear();
@@ -409,7 +473,7 @@ impl State {
     }
 
     /// Delivers completion events to their channels and asynchronous events to the queue.
-    fn dispatch_events(&mut self, shared: &Shared) -> bool {
+    fn dispatch_events(&mut self, shared: &Shared, now: Instant) -> bool {
         let mut any = false;
         while let Some(event) = self.engine.poll_event() {
             any = true;
@@ -420,6 +484,9 @@ impl State {
                     }
                 }
                 Event::Async(e) => {
+                    if let AsyncEvent::CommEstablished(qpn) = e {
+                        crate::cm::comm_established(self, qpn.value(), now);
+                    }
                     if self.async_events.len() < 4096 {
                         self.async_events.push_back(e);
                     }
@@ -427,8 +494,67 @@ impl State {
                 }
             }
         }
+        let driver = shared.driver.get().cloned().unwrap_or_default();
+        if crate::cm::dispatch(self, &driver, now) {
+            any = true;
+            // Driving attached QPs may have queued packets and MADs.
+            self.flush(shared, now);
+        }
         any
     }
+
+    /// Sends the MADs the CM queued, each in a UD SEND_ONLY from QP1 to QP1.
+    fn flush_cm(&mut self, shared: &Shared) -> bool {
+        let mut any = false;
+        let mut buf = [0u8; 512];
+        while let Some(t) = self.cm.poll_transmit() {
+            any = true;
+            let Some(len) = self.gsi_packet(shared, &t, &mut buf) else {
+                self.send_errors += 1;
+                continue;
+            };
+            let Some(envelope) = gsi_envelope(shared, &t) else { continue };
+            if let Some(c) = &mut self.capture {
+                c.write(&envelope, &buf[..len]);
+            }
+            match shared.port.socket_for(t.src) {
+                Some(socket) if send_all(socket, &[Outgoing::new(envelope, &buf[..len])]) == 1 => {}
+                _ => self.send_errors += 1,
+            }
+        }
+        any
+    }
+
+    fn gsi_packet(&mut self, shared: &Shared, t: &CmTransmit, buf: &mut [u8]) -> Option<usize> {
+        let psn = self.gsi_psn;
+        self.gsi_psn = psn.next();
+        let repr = RoceRepr {
+            bth: BthRepr {
+                opcode: Opcode::UD_SEND_ONLY,
+                solicited_event: false,
+                mig_req: false,
+                pkey: PKey::DEFAULT,
+                fecn: false,
+                becn: false,
+                dest_qp: Qpn::GSI,
+                ack_req: true, // as kernel rxe sends its MADs
+                psn,
+            },
+            ext: ExtHeaders { deth: Some(DethRepr { qkey: QKey::GSI, src_qp: Qpn::GSI }), ..ExtHeaders::default() },
+            payload: &t.mad,
+        };
+        repr.emit(&gsi_envelope(shared, t)?, buf).ok()
+    }
+}
+
+/// The envelope of a MAD: port to port (the device sends from its one socket).
+fn gsi_envelope(shared: &Shared, t: &CmTransmit) -> Option<Envelope> {
+    let mut envelope = Envelope::rocev2(t.src, shared.udp_port, t.dst)?;
+    match &mut envelope {
+        Envelope::V4(e) => e.dst_port = shared.udp_port,
+        Envelope::V6(e) => e.dst_port = shared.udp_port,
+    }
+    Some(envelope)
 }
 
 /// Sends a batch, retrying once after the socket drains if its buffer was full. Returns how

@@ -54,6 +54,28 @@ pub enum Error {
     /// The memory allocation for a memory region failed.
     #[error("cannot allocate {0} bytes for a memory region")]
     NoMemory(usize),
+    /// The connection manager refused the call; the message says why.
+    #[error("connection manager: {0}")]
+    Cm(softrdma_cm::CmError),
+    /// A CM ID is not bound to a device yet.
+    #[error("{0}: the CM ID is not bound to a device")]
+    Unbound(&'static str),
+    /// `bind_addr` on a CM ID that is bound already.
+    #[error("bind_addr: the CM ID is bound already (bind once, before resolve_addr or listen)")]
+    AlreadyBound,
+    /// A CM ID has no QP attached.
+    #[error("{0}: the CM ID has no QP; call create_qp on it first")]
+    NoQp(&'static str),
+    /// A different CM event came than the one waited for.
+    #[error("expected the CM event {expected:?}, got {got:?} ({status:?})")]
+    UnexpectedEvent {
+        /// What was expected.
+        expected: softrdma_cm::CmEventKind,
+        /// What came.
+        got: softrdma_cm::CmEventKind,
+        /// Its status.
+        status: softrdma_cm::CmStatus,
+    },
     /// A wait ended without the event.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(std::time::Duration, &'static str),

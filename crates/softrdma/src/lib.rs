@@ -47,6 +47,7 @@
 #![deny(unsafe_code)]
 
 mod capture;
+mod cm;
 mod device;
 mod driver;
 mod error;
@@ -58,14 +59,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use capture::CAPTURE_ENV;
+pub use cm::{CmEvent, CmId, EventChannel};
 pub use device::{Device, device, devices};
 pub use driver::APP_POLL_WINDOW;
 pub use error::{Error, Result};
 pub use memory::MR_ALIGN;
+pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
 pub use softrdma_engine::{
     Access, AddressVector, AsyncEvent, AttrMask, Mtu, PostErrorKind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags,
     SendOp, SendWr, Sge, UdDest, VerbsError, Wc, WcOpcode, WcStatus,
 };
+pub use softrdma_wire::cma::PortSpace;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
 pub use verbs::{
     Ah, CompChannel, ConnectOptions, Context, Counters, Cq, EMPTY_WC, Endpoint, Mr, Pd, Qp, QpInit, RawMr, RemoteMr,
@@ -84,10 +88,21 @@ pub struct ContextOptions {
     /// Write every packet sent and received to this pcap file (see also
     /// [`CAPTURE_ENV`]).
     pub capture: Option<PathBuf>,
+    /// The CM's response timeout exponent: a REQ, REP or DREQ is resent after
+    /// 4.096 µs × 2^this without an answer (the kernel's rdma_cm uses 20: 4.3 s).
+    pub cm_response_timeout: u8,
+    /// How many times the CM resends before giving up (`UNREACHABLE`); the kernel's 15.
+    pub cm_max_retries: u8,
 }
 
 impl Default for ContextOptions {
     fn default() -> Self {
-        Self { port: softrdma_udp::ROCEV2_PORT, spin: Duration::from_micros(50), capture: None }
+        Self {
+            port: softrdma_udp::ROCEV2_PORT,
+            spin: Duration::from_micros(50),
+            capture: None,
+            cm_response_timeout: softrdma_cm::CMA_CM_RESPONSE_TIMEOUT,
+            cm_max_retries: softrdma_cm::CMA_MAX_CM_RETRIES,
+        }
     }
 }

@@ -44,7 +44,9 @@ impl Device {
 
     /// Opens the device with `options`.
     pub fn open_with(&self, options: &ContextOptions) -> Result<Context> {
-        Ok(Context { drv: Arc::new(Driver::start(self.clone(), options)?) })
+        let drv = Arc::new(Driver::start(self.clone(), options)?);
+        let _ = drv.shared.driver.set(Arc::downgrade(&drv));
+        Ok(Context { drv })
     }
 }
 
@@ -119,7 +121,12 @@ impl Context {
     /// The device's packet and error counters (like rxe's `hw_counters`).
     pub fn counters(&self) -> Counters {
         let st = self.drv.shared.lock();
-        Counters { engine: st.engine.counters(), send_errors: st.send_errors }
+        Counters {
+            engine: st.engine.counters(),
+            send_errors: st.send_errors,
+            gsi_dropped: st.gsi_dropped,
+            cm: st.cm.counters(),
+        }
     }
 
     fn same(&self, other: &Context) -> bool {
@@ -134,6 +141,10 @@ pub struct Counters {
     pub engine: softrdma_engine::Counters,
     /// Datagrams the kernel would not take (full socket buffer, no route).
     pub send_errors: u64,
+    /// Datagrams for QP1 that were not CM MADs in valid UD packets, dropped.
+    pub gsi_dropped: u64,
+    /// The connection manager's counters (MADs sent, received, dropped, retried).
+    pub cm: softrdma_cm::CmCounters,
 }
 
 /// A protection domain (`ibv_pd`).

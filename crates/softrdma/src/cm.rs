@@ -1,0 +1,651 @@
+//! The connection manager (librdmacm's `rdma_*` calls): [`EventChannel`] and [`CmId`].
+//!
+//! A [`CmId`] is created unbound; `bind_addr` or `resolve_addr` attaches it to the device
+//! that owns the address (opening that device once per process and port, as librdmacm
+//! opens every device at start-up). The protocol, IB CM over MADs on QP1 with rdma_cm's
+//! addressing, is [`softrdma_cm::Cm`], one per open device; the device's progress thread
+//! carries its MADs, fires its timers and delivers its events to each ID's channel.
+//!
+//! As with librdmacm, a QP attached to an ID ([`CmId::create_qp`]) is driven through its
+//! states by the connection: INIT at creation, RTR and RTS before `accept` sends the REP or
+//! when the REP arrives (the application sees `ESTABLISHED`, not `CONNECT_RESPONSE`), and
+//! ERR on `disconnect` or when the peer disconnects, so that outstanding work flushes.
+//!
+//! The verbs helpers of `<rdma/rdma_verbs.h>` (`rdma_post_recv`, `rdma_post_recvv`,
+//! `rdma_post_send`, `rdma_post_read`, `rdma_post_write` with inline data and no MR,
+//! `rdma_reg_msgs`/`_read`/`_write`, `rdma_get_send_comp`/`_recv_comp`) are methods of
+//! [`CmId`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::ops::Range;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::{Duration, Instant as StdInstant};
+
+use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
+use softrdma_engine::{Access, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Wc};
+use softrdma_wire::cma::PortSpace;
+use softrdma_wire::{QKey, Qpn, RKey};
+
+use crate::driver::{self, Driver, State};
+use crate::verbs::{Cq, Mr, Pd, Qp, QpInit};
+use crate::{Context, ContextOptions, Device, Error, Result};
+
+/// The devices the connection manager opened, by (device name, port): one context each per
+/// process, shared by every ID on it.
+fn cm_context(device: &Device, options: &ContextOptions) -> Result<Context> {
+    type Open = BTreeMap<(String, u16), Weak<Driver>>;
+    static OPEN: OnceLock<Mutex<Open>> = OnceLock::new();
+    let mut open = OPEN.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
+    let key = (device.name().to_string(), options.port);
+    if let Some(drv) = open.get(&key).and_then(Weak::upgrade) {
+        return Ok(Context { drv });
+    }
+    let ctx = device.open_with(options)?;
+    open.insert(key, Arc::downgrade(&ctx.drv));
+    Ok(ctx)
+}
+
+/// The device that owns `ip` (an address of one of its GIDs).
+fn device_of(ip: IpAddr) -> Result<Device> {
+    let ip = ip.to_canonical();
+    let all = crate::devices()?;
+    let names: Vec<String> = all.iter().map(|d| format!("{} {:?}", d.name(), d.addresses())).collect();
+    all.into_iter()
+        .find(|d| d.addresses().contains(&ip))
+        .ok_or_else(|| Error::NoDevice { name: format!("(the device with address {ip})"), available: names.join(", ") })
+}
+
+impl From<CmError> for Error {
+    fn from(e: CmError) -> Self {
+        Error::Cm(e)
+    }
+}
+
+/// An event channel (`rdma_event_channel`): where the events of its IDs queue, with a file
+/// descriptor that polls readable when one may be waiting. Cloning shares it.
+#[derive(Clone, Debug)]
+pub struct EventChannel {
+    inner: Arc<ChannelInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ChannelInner {
+    fd: OwnedFd,
+    queue: Mutex<VecDeque<CmEvent>>,
+    options: ContextOptions,
+}
+
+impl ChannelInner {
+    fn push(&self, event: CmEvent) {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner).push_back(event);
+        driver::ring(&self.fd);
+    }
+}
+
+impl EventChannel {
+    /// `rdma_create_event_channel`: devices its IDs open use the default options (port 4791).
+    pub fn new() -> Result<EventChannel> {
+        Self::with_options(ContextOptions::default())
+    }
+
+    /// An event channel whose IDs open devices with `options` (a test's own port, say).
+    pub fn with_options(options: ContextOptions) -> Result<EventChannel> {
+        let fd =
+            rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC)
+                .map_err(|e| Error::io("creating an event channel", e.into()))?;
+        Ok(EventChannel { inner: Arc::new(ChannelInner { fd, queue: Mutex::new(VecDeque::new()), options }) })
+    }
+
+    /// `rdma_create_id`: an unbound ID of port space `ps` (TCP for RC, UDP for UD) whose
+    /// events come to this channel.
+    pub fn create_id(&self, ps: PortSpace, qp_type: QpType) -> Result<CmId> {
+        let inner = CmIdInner::new(Arc::downgrade(&self.inner), self.inner.options.clone(), ps, qp_type);
+        Ok(CmId { inner: Arc::new(inner) })
+    }
+
+    /// `rdma_get_cm_event`: the next event, waiting up to `timeout` (`None`: forever);
+    /// `Ok(None)` when the time passed. Events need no acknowledgement: dropping one is
+    /// `rdma_ack_cm_event`.
+    pub fn get_cm_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
+        let deadline = timeout.map(|t| StdInstant::now() + t);
+        loop {
+            if let Some(e) = self.inner.queue.lock().unwrap_or_else(PoisonError::into_inner).pop_front() {
+                return Ok(Some(e));
+            }
+            let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
+            if left.is_some_and(|l| l.is_zero()) {
+                return Ok(None);
+            }
+            driver::wait_readable(&self.inner.fd, left);
+            driver::drain(&self.inner.fd);
+        }
+    }
+
+    /// Waits up to `timeout` for the next event and checks it is `kind`.
+    pub fn expect(&self, kind: CmEventKind, timeout: Duration) -> Result<CmEvent> {
+        match self.get_cm_event(Some(timeout))? {
+            Some(e) if e.kind == kind => Ok(e),
+            Some(e) => Err(Error::UnexpectedEvent { expected: kind, got: e.kind, status: e.status }),
+            None => Err(Error::Timeout(timeout, "a CM event")),
+        }
+    }
+}
+
+impl AsFd for EventChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+}
+
+/// A connection-manager event (`rdma_cm_event`).
+#[derive(Clone, Debug)]
+pub struct CmEvent {
+    /// The ID it happened to; for `CONNECT_REQUEST` a new ID for the connection.
+    pub id: CmId,
+    /// What happened (librdmacm's numbering).
+    pub kind: CmEventKind,
+    /// Why, for failures (rejection reason, timeout, ...).
+    pub status: CmStatus,
+    /// The peer's private data (the whole fixed-size area, zero-padded, as the kernel
+    /// reports it).
+    pub private_data: Vec<u8>,
+    /// The peer's connection parameters (`CONNECT_REQUEST`, `ESTABLISHED`).
+    pub param: Option<ConnParam>,
+    /// The listener, for `CONNECT_REQUEST`.
+    pub listen_id: Option<CmId>,
+    /// For a UD ID's `ESTABLISHED`: the remote QP, its Q_Key and the address to reach it.
+    pub ud: Option<UdParam>,
+}
+
+/// A connection-manager ID (`rdma_cm_id`). Cloning shares it; the ID is destroyed (with a
+/// DREQ or REJ as its state needs) when the last clone is dropped.
+#[derive(Clone, Debug)]
+pub struct CmId {
+    inner: Arc<CmIdInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct CmIdInner {
+    /// Weak: a queued event holds its ID, which must not keep its channel alive in turn.
+    channel: Weak<ChannelInner>,
+    options: ContextOptions,
+    ps: PortSpace,
+    qp_type: QpType,
+    /// The device(s) it is bound to and its ID in each one's CM (several for a wildcard
+    /// listener, one otherwise).
+    bindings: Mutex<Vec<Binding>>,
+    qp: Mutex<Option<IdQp>>,
+}
+
+#[derive(Debug, Clone)]
+struct Binding {
+    ctx: Context,
+    id: softrdma_cm::CmId,
+    service: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct IdQp {
+    qp: Qp,
+    pd: Pd,
+    send_cq: Cq,
+    recv_cq: Cq,
+}
+
+impl CmIdInner {
+    fn new(channel: Weak<ChannelInner>, options: ContextOptions, ps: PortSpace, qp_type: QpType) -> Self {
+        Self { channel, options, ps, qp_type, bindings: Mutex::new(Vec::new()), qp: Mutex::new(None) }
+    }
+
+    fn bindings(&self) -> Vec<Binding> {
+        self.bindings.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+}
+
+impl Drop for CmIdInner {
+    fn drop(&mut self) {
+        for b in self.bindings.get_mut().unwrap_or_else(PoisonError::into_inner).drain(..) {
+            let sh = &b.ctx.drv.shared;
+            if let Some(service) = b.service {
+                let _ = sh.port.member.unlisten(service);
+            }
+            let mut st = sh.lock();
+            st.cm_ids.remove(&b.id.0);
+            let now = sh.now();
+            let _ = st.cm.destroy_id(now, b.id);
+            sh.after_verb(&mut st);
+        }
+    }
+}
+
+/// What an ID's events need from the device lock: where to deliver, what to drive.
+#[derive(Debug)]
+pub(crate) struct IdLink {
+    inner: Weak<CmIdInner>,
+}
+
+impl CmId {
+    fn binding(&self, what: &'static str) -> Result<Binding> {
+        self.inner.bindings().into_iter().next().ok_or(Error::Unbound(what))
+    }
+
+    fn attach(&self, ctx: &Context, id: softrdma_cm::CmId) {
+        ctx.drv.shared.lock().cm_ids.insert(id.0, IdLink { inner: Arc::downgrade(&self.inner) });
+        let b = Binding { ctx: ctx.clone(), id, service: None };
+        self.inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(b);
+    }
+
+    /// `rdma_bind_addr`: binds to a local address and port (port 0: an ephemeral one). A
+    /// wildcard address (`0.0.0.0`, `::`) binds on every device with an address of that
+    /// family, for `listen`.
+    pub fn bind_addr(&self, addr: SocketAddr) -> Result<()> {
+        if !self.inner.bindings().is_empty() {
+            return Err(Error::AlreadyBound);
+        }
+        let devices: Vec<Device> = if addr.ip().is_unspecified() {
+            crate::devices()?
+                .into_iter()
+                .filter(|d| d.addresses().iter().any(|a| a.is_ipv4() == addr.is_ipv4()))
+                .collect()
+        } else {
+            vec![device_of(addr.ip())?]
+        };
+        for device in devices {
+            let ctx = cm_context(&device, &self.inner.options)?;
+            let id = {
+                let mut st = ctx.drv.shared.lock();
+                let id = st.cm.create_id(self.inner.ps, self.inner.qp_type)?;
+                if let Err(e) = st.cm.bind_addr(id, addr) {
+                    let _ = st.cm.destroy_id(ctx.drv.shared.now(), id);
+                    return Err(e.into());
+                }
+                id
+            };
+            self.attach(&ctx, id);
+        }
+        Ok(())
+    }
+
+    /// `rdma_resolve_addr`: finds the local address that reaches `dst` (the kernel's route,
+    /// or `src`), binds to its device; `ADDR_RESOLVED` or `ADDR_ERROR` follows.
+    pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<()> {
+        let src_ip = match src {
+            Some(s) if !s.ip().is_unspecified() => s.ip(),
+            _ => route_source(dst)?,
+        };
+        let binding = match self.inner.bindings().into_iter().next() {
+            Some(b) => b,
+            None => {
+                let ctx = cm_context(&device_of(src_ip)?, &self.inner.options)?;
+                let id = ctx.drv.shared.lock().cm.create_id(self.inner.ps, self.inner.qp_type)?;
+                self.attach(&ctx, id);
+                self.binding("resolve_addr")?
+            }
+        };
+        let port = src.map_or(0, |s| s.port());
+        self.with_cm(&binding, |st, now| {
+            Ok(st.cm.resolve_addr(now, binding.id, Some(SocketAddr::new(src_ip, port)), dst)?)
+        })
+    }
+
+    /// `rdma_resolve_route`: `ROUTE_RESOLVED` follows (RoCE needs no path query).
+    pub fn resolve_route(&self) -> Result<()> {
+        let b = self.binding("resolve_route (call resolve_addr first)")?;
+        self.with_cm(&b, |st, now| Ok(st.cm.resolve_route(now, b.id)?))
+    }
+
+    /// `rdma_listen`: `CONNECT_REQUEST` events follow, each with a new ID. Registers the
+    /// service with the host so that requests reach this process.
+    pub fn listen(&self, backlog: u32) -> Result<()> {
+        let mut bindings = self.inner.bindings.lock().unwrap_or_else(PoisonError::into_inner);
+        if bindings.is_empty() {
+            return Err(Error::Unbound("listen (call bind_addr first)"));
+        }
+        for b in bindings.iter_mut() {
+            let service = {
+                let mut st = b.ctx.drv.shared.lock();
+                st.cm.listen(b.id, backlog)?;
+                st.cm.listen_service_id(b.id)
+            };
+            if let Some(service) = service {
+                // Outside the device lock: the host's coordinator may need this process's
+                // progress thread meanwhile.
+                b.ctx.drv.shared.port.member.listen(service).map_err(|e| {
+                    Error::io(format!("registering service {service:#x} with the host (is the port taken?)"), e)
+                })?;
+                b.service = Some(service);
+            }
+        }
+        Ok(())
+    }
+
+    /// `rdma_create_qp` with new send and receive CQs of `cap`'s depths: the QP moves to
+    /// INIT with the attributes the connection dictates.
+    pub fn create_qp(&self, pd: &Pd, cap: softrdma_engine::QpCap) -> Result<Qp> {
+        let b = self.binding("create_qp (resolve or accept first)")?;
+        if !Arc::ptr_eq(&pd.context().drv, &b.ctx.drv) {
+            return Err(Error::WrongContext("the PD (use the ID's context())"));
+        }
+        let send_cq = b.ctx.create_cq(cap.max_send_wr.max(1), None)?;
+        let recv_cq = b.ctx.create_cq(cap.max_recv_wr.max(1), None)?;
+        let qp = pd.create_qp(&QpInit {
+            qp_type: self.inner.qp_type,
+            send_cq: &send_cq,
+            recv_cq: &recv_cq,
+            srq: None,
+            cap,
+            sq_sig_all: false,
+        })?;
+        {
+            let sh = &b.ctx.drv.shared;
+            let mut st = sh.lock();
+            let (attr, mask) = st.cm.qp_attr(b.id, QpState::Init)?;
+            st.engine.modify_qp(Qpn::from_u24_truncating(qp.qpn()), &attr, mask)?;
+            st.cm_qps.insert(qp.qpn(), b.id.0);
+        }
+        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) =
+            Some(IdQp { qp: qp.clone(), pd: pd.clone(), send_cq, recv_cq });
+        Ok(qp)
+    }
+
+    fn id_qp(&self, what: &'static str) -> Result<IdQp> {
+        self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).clone().ok_or(Error::NoQp(what))
+    }
+
+    fn param_with_qp(&self, param: &ConnParam) -> ConnParam {
+        let mut p = param.clone();
+        if let Some(q) = self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+            p.qp_num = q.qp.qpn();
+        }
+        p
+    }
+
+    /// `rdma_connect`: REQ (RC, UC) or SIDR_REQ (UD); `ESTABLISHED` follows, or
+    /// `REJECTED` / `UNREACHABLE`. The attached QP's number goes into `param`.
+    pub fn connect(&self, param: &ConnParam) -> Result<()> {
+        let b = self.binding("connect (resolve_addr and resolve_route first)")?;
+        let p = self.param_with_qp(param);
+        self.with_cm(&b, |st, now| Ok(st.cm.connect(now, b.id, &p)?))
+    }
+
+    /// `rdma_accept`, for the ID of a `CONNECT_REQUEST`: moves the attached QP to RTR and
+    /// RTS, then sends the REP (or the SIDR_REP for UD); `ESTABLISHED` follows the RTU.
+    pub fn accept(&self, param: &ConnParam) -> Result<()> {
+        let b = self.binding("accept")?;
+        let p = self.param_with_qp(param);
+        let qpn = self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
+        self.with_cm(&b, |st, now| {
+            if let Some(qpn) = qpn {
+                if self.inner.qp_type != QpType::Ud {
+                    move_qp(st, b.id, qpn, &[QpState::Rtr, QpState::Rts])?;
+                }
+            }
+            Ok(st.cm.accept(now, b.id, &p)?)
+        })
+    }
+
+    /// `rdma_reject`, for the ID of a `CONNECT_REQUEST`, with private data for the peer.
+    pub fn reject(&self, private_data: &[u8]) -> Result<()> {
+        let b = self.binding("reject")?;
+        self.with_cm(&b, |st, now| Ok(st.cm.reject(now, b.id, private_data)?))
+    }
+
+    /// `rdma_disconnect`: the attached QP goes to ERR (its work flushes), then a DREQ (or
+    /// the DREP to the peer's DREQ); `DISCONNECTED` follows.
+    pub fn disconnect(&self) -> Result<()> {
+        let b = self.binding("disconnect")?;
+        let qpn = self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
+        self.with_cm(&b, |st, now| {
+            if let Some(qpn) = qpn {
+                qp_to_error(st, qpn);
+            }
+            Ok(st.cm.disconnect(now, b.id)?)
+        })
+    }
+
+    /// Runs one CM command under the device lock, then sends what it queued.
+    fn with_cm<T>(
+        &self,
+        b: &Binding,
+        f: impl FnOnce(&mut State, softrdma_engine::Instant) -> Result<T, Error>,
+    ) -> Result<T> {
+        let sh = &b.ctx.drv.shared;
+        let mut st = sh.lock();
+        let now = sh.now();
+        let out = f(&mut st, now);
+        sh.after_verb(&mut st);
+        out
+    }
+
+    /// The device context the ID is bound to (`id->verbs`).
+    pub fn context(&self) -> Option<Context> {
+        self.inner.bindings().into_iter().next().map(|b| b.ctx)
+    }
+
+    /// The attached QP (`id->qp`).
+    pub fn qp(&self) -> Option<Qp> {
+        self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.clone())
+    }
+
+    /// The local address (`rdma_get_local_addr`).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        let b = self.inner.bindings().into_iter().next()?;
+        b.ctx.drv.shared.lock().cm.local_addr(b.id)
+    }
+
+    /// The peer's address (`rdma_get_peer_addr`).
+    pub fn peer_addr(&self) -> Option<SocketAddr> {
+        let b = self.inner.bindings().into_iter().next()?;
+        b.ctx.drv.shared.lock().cm.peer_addr(b.id)
+    }
+
+    /// Whether `self` and `other` are the same ID.
+    pub fn same(&self, other: &CmId) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    // ---- <rdma/rdma_verbs.h> ------------------------------------------------------------
+
+    /// `rdma_reg_msgs`: a region for SENDs and RECVs, in the attached QP's PD.
+    pub fn reg_msgs(&self, len: usize) -> Result<Mr> {
+        self.id_qp("reg_msgs")?.pd.reg_mr(len, Access::LOCAL_WRITE)
+    }
+
+    /// `rdma_reg_read`: a region peers may READ.
+    pub fn reg_read(&self, len: usize) -> Result<Mr> {
+        self.id_qp("reg_read")?.pd.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
+    }
+
+    /// `rdma_reg_write`: a region peers may WRITE.
+    pub fn reg_write(&self, len: usize) -> Result<Mr> {
+        self.id_qp("reg_write")?.pd.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+    }
+
+    /// `rdma_post_recv`: one receive into bytes `range` of `mr`; `wr_id` is the context the
+    /// completion returns.
+    pub fn post_recv(&self, wr_id: u64, mr: &Mr, range: Range<usize>) -> Result<()> {
+        self.post_recvv(wr_id, &[mr.sge(range)?])
+    }
+
+    /// `rdma_post_recvv`: one receive scattered over `sgl`.
+    pub fn post_recvv(&self, wr_id: u64, sgl: &[Sge]) -> Result<()> {
+        self.id_qp("post_recv")?.qp.post_recv(&[RecvWr { wr_id, sg_list: sgl }])
+    }
+
+    /// `rdma_post_send`: a SEND of bytes `range` of `mr`.
+    pub fn post_send(&self, wr_id: u64, mr: &Mr, range: Range<usize>, flags: SendFlags) -> Result<()> {
+        self.post(wr_id, SendOp::Send, &[mr.sge(range)?], flags)
+    }
+
+    /// `rdma_post_read`: READ `range.len()` bytes at `remote_addr` into bytes `range` of
+    /// `mr`.
+    pub fn post_read(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        range: Range<usize>,
+        flags: SendFlags,
+        remote_addr: u64,
+        rkey: RKey,
+    ) -> Result<()> {
+        self.post(wr_id, SendOp::RdmaRead { remote_addr, rkey }, &[mr.sge(range)?], flags)
+    }
+
+    /// `rdma_post_write`: WRITE bytes `range` of `mr` to `remote_addr`.
+    pub fn post_write(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        range: Range<usize>,
+        flags: SendFlags,
+        remote_addr: u64,
+        rkey: RKey,
+    ) -> Result<()> {
+        self.post(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, &[mr.sge(range)?], flags)
+    }
+
+    /// `rdma_post_write` with `IBV_SEND_INLINE` and no MR (seed: "unless inline data is
+    /// specified, the local data buffer must have been registered"): `data` is copied now,
+    /// up to the QP's `max_inline_data`.
+    pub fn post_write_inline(
+        &self,
+        wr_id: u64,
+        data: &[u8],
+        flags: SendFlags,
+        remote_addr: u64,
+        rkey: RKey,
+    ) -> Result<()> {
+        let sge = [Sge { addr: data.as_ptr() as usize as u64, length: data.len() as u32, lkey: Default::default() }];
+        self.post(wr_id, SendOp::RdmaWrite { remote_addr, rkey }, &sge, flags | SendFlags::INLINE)
+    }
+
+    /// `rdma_post_ud_send`: a UD SEND of bytes `range` of `mr` to the QP `ud` describes
+    /// (from a UD `ESTABLISHED`), through address handle `ah`.
+    pub fn post_ud_send(
+        &self,
+        wr_id: u64,
+        mr: &Mr,
+        range: Range<usize>,
+        flags: SendFlags,
+        ah: &crate::Ah,
+        ud: &UdParam,
+    ) -> Result<()> {
+        let q = self.id_qp("post_ud_send")?;
+        let sge = [mr.sge(range)?];
+        let dest = softrdma_engine::UdDest {
+            ah: ah.id(),
+            remote_qpn: Qpn::from_u24_truncating(ud.remote_qpn),
+            remote_qkey: QKey(ud.qkey),
+        };
+        q.qp.post_send(&[SendWr { wr_id, op: SendOp::Send, sg_list: &sge, flags, ud: Some(dest) }])
+    }
+
+    fn post(&self, wr_id: u64, op: SendOp, sgl: &[Sge], flags: SendFlags) -> Result<()> {
+        self.id_qp("post")?.qp.post_send(&[SendWr { wr_id, op, sg_list: sgl, flags, ud: None }])
+    }
+
+    /// `rdma_get_send_comp`: waits up to `timeout` for a completion on the send CQ.
+    pub fn get_send_comp(&self, timeout: Duration) -> Result<Wc> {
+        self.id_qp("get_send_comp")?.send_cq.wait(timeout)
+    }
+
+    /// `rdma_get_recv_comp`: waits up to `timeout` for a completion on the receive CQ.
+    pub fn get_recv_comp(&self, timeout: Duration) -> Result<Wc> {
+        self.id_qp("get_recv_comp")?.recv_cq.wait(timeout)
+    }
+}
+
+/// The source address the kernel's routing table picks for `dst`.
+fn route_source(dst: SocketAddr) -> Result<IpAddr> {
+    let any: SocketAddr = if dst.is_ipv4() { "0.0.0.0:0".parse() } else { "[::]:0".parse() }.expect("a literal");
+    let probe = UdpSocket::bind(any).map_err(|e| Error::io("route lookup", e))?;
+    probe.connect(dst).map_err(|e| Error::io(format!("no route to {dst}"), e))?;
+    Ok(probe.local_addr().map_err(|e| Error::io("route lookup", e))?.ip())
+}
+
+/// Moves QP `qpn` through `states` with the attributes the CM gives for `id`.
+fn move_qp(st: &mut State, id: softrdma_cm::CmId, qpn: u32, states: &[QpState]) -> Result<()> {
+    for &s in states {
+        let (attr, mask) = st.cm.qp_attr(id, s)?;
+        st.engine.modify_qp(Qpn::from_u24_truncating(qpn), &attr, mask)?;
+    }
+    Ok(())
+}
+
+fn qp_to_error(st: &mut State, qpn: u32) {
+    let attr = softrdma_engine::QpAttr { qp_state: QpState::Err, ..Default::default() };
+    let _ = st.engine.modify_qp(Qpn::from_u24_truncating(qpn), &attr, softrdma_engine::AttrMask::STATE);
+}
+
+/// Delivers the CM's events to their IDs' channels, doing what librdmacm does on the way
+/// (drives attached QPs, creates the ID of a connection request). Called by the progress
+/// loop under the device lock.
+pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_engine::Instant) -> bool {
+    let mut any = false;
+    while let Some(ev) = st.cm.poll_event() {
+        any = true;
+        let link = |st: &State, id: softrdma_cm::CmId| st.cm_ids.get(&id.0).and_then(|l| l.inner.upgrade());
+        let (owner, listen) = match ev.listen_id {
+            Some(l) => (None, link(st, l)),
+            None => (link(st, ev.id), None),
+        };
+        let target = match (&owner, &listen) {
+            (Some(o), _) => CmId { inner: o.clone() },
+            (None, Some(l)) => {
+                // A connection request: a new ID on the listener's channel, bound here.
+                let Some(drv) = ctx_drv.upgrade() else { continue };
+                let inner = Arc::new(CmIdInner::new(l.channel.clone(), l.options.clone(), l.ps, l.qp_type));
+                st.cm_ids.insert(ev.id.0, IdLink { inner: Arc::downgrade(&inner) });
+                let binding = Binding { ctx: Context { drv }, id: ev.id, service: None };
+                inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(binding);
+                CmId { inner }
+            }
+            (None, None) => continue, // its ID is gone: nothing to tell
+        };
+        let qpn = target.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
+        let mut kind = ev.kind;
+        match (ev.kind, qpn) {
+            (CmEventKind::ConnectResponse, Some(qpn)) => {
+                // librdmacm completes the connection itself when a QP is attached and
+                // reports the CONNECT_RESPONSE, with the REP's private data, as
+                // ESTABLISHED (ucma_process_conn_resp); the CM's own ESTABLISHED for this
+                // ID, which follows, is not reported again.
+                match move_qp(st, ev.id, qpn, &[QpState::Rtr, QpState::Rts])
+                    .and_then(|()| Ok(st.cm.establish(now, ev.id)?))
+                {
+                    Ok(()) => {
+                        kind = CmEventKind::Established;
+                        st.cm_established_early.insert(ev.id.0);
+                    }
+                    Err(_) => kind = CmEventKind::ConnectError,
+                }
+            }
+            (CmEventKind::Established, _) if st.cm_established_early.remove(&ev.id.0) => continue,
+            (CmEventKind::Disconnected, Some(qpn)) => qp_to_error(st, qpn),
+            _ => {}
+        }
+        let listen_id = listen.map(|inner| CmId { inner });
+        let event = CmEvent {
+            id: target.clone(),
+            kind,
+            status: ev.status,
+            private_data: ev.private_data,
+            param: ev.param,
+            listen_id,
+            ud: ev.ud,
+        };
+        if let Some(channel) = target.inner.channel.upgrade() {
+            channel.push(event);
+        }
+    }
+    any
+}
+
+/// The first packet reached a passive QP whose RTU is still missing (`COMM_EST`).
+pub(crate) fn comm_established(st: &mut State, qpn: u32, now: softrdma_engine::Instant) {
+    if let Some(&id) = st.cm_qps.get(&qpn) {
+        let _ = st.cm.notify(now, softrdma_cm::CmId(id));
+    }
+}

@@ -1,0 +1,205 @@
+//! rdma_cm over real loopback sockets: IB CM MADs on QP1 between two event channels in one
+//! process (two device contexts on 127.0.0.1, sharing the port through the host's group),
+//! with the `rdma_post_*` helpers of `<rdma/rdma_verbs.h>`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use softrdma::*;
+
+const T: Duration = Duration::from_secs(10);
+
+fn channel(port: u16) -> EventChannel {
+    // Small CM timeouts (4.096 µs × 2^12 = 16.8 ms, 3 retries) keep failure tests short.
+    let options = ContextOptions { port, cm_response_timeout: 12, cm_max_retries: 3, ..ContextOptions::default() };
+    EventChannel::with_options(options).unwrap()
+}
+
+fn cap() -> QpCap {
+    QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 }
+}
+
+/// A listener on 127.0.0.1:`service` of its own channel.
+fn listener(port: u16, service: u16, ps: PortSpace, qp_type: QpType) -> (EventChannel, CmId) {
+    let ch = channel(port);
+    let id = ch.create_id(ps, qp_type).unwrap();
+    id.bind_addr(SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
+    id.listen(8).unwrap();
+    (ch, id)
+}
+
+/// An active ID resolved to 127.0.0.1:`service`, with a QP.
+fn client(port: u16, service: u16, ps: PortSpace, qp_type: QpType) -> (EventChannel, CmId, Pd) {
+    let ch = channel(port);
+    let id = ch.create_id(ps, qp_type).unwrap();
+    id.resolve_addr(None, SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
+    ch.expect(CmEventKind::AddrResolved, T).unwrap();
+    id.resolve_route().unwrap();
+    ch.expect(CmEventKind::RouteResolved, T).unwrap();
+    let pd = id.context().unwrap().alloc_pd().unwrap();
+    id.create_qp(&pd, cap()).unwrap();
+    (ch, id, pd)
+}
+
+#[test]
+fn rc_connect_exchange_data_with_the_rdma_verbs_helpers_and_disconnect() {
+    let port = test_port();
+    let (sch, _listen) = listener(port, 7471, PortSpace::TCP, QpType::Rc);
+    let (cch, cid, _cpd) = client(port, 7471, PortSpace::TCP, QpType::Rc);
+    let hello = ConnParam {
+        private_data: b"hello from the client".to_vec(),
+        responder_resources: 4,
+        initiator_depth: 4,
+        ..ConnParam::default()
+    };
+    cid.connect(&hello).unwrap();
+
+    let req = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
+    assert!(req.private_data.starts_with(b"hello from the client"), "the REQ's private data reaches the listener");
+    assert_eq!(req.id.peer_addr().map(|a| a.ip()), Some([127, 0, 0, 1].into()));
+    let sid = req.id.clone();
+    let spd = sid.context().unwrap().alloc_pd().unwrap();
+    sid.create_qp(&spd, cap()).unwrap();
+    // rdma_reg_msgs / rdma_post_recv before accepting, as rdma_server does.
+    let smsgs = sid.reg_msgs(4096).unwrap();
+    sid.post_recv(1, &smsgs, 0..256).unwrap();
+    let target = sid.reg_write(4096).unwrap();
+    let readable = sid.reg_read(4096).unwrap();
+    readable.write(0, b"read me over rdma_cm").unwrap();
+    sid.accept(&ConnParam {
+        private_data: b"welcome".to_vec(),
+        responder_resources: 4,
+        initiator_depth: 4,
+        ..ConnParam::default()
+    })
+    .unwrap();
+
+    let est = cch.expect(CmEventKind::Established, T).unwrap();
+    assert!(est.private_data.starts_with(b"welcome"), "the REP's private data reaches the client");
+    sch.expect(CmEventKind::Established, T).unwrap();
+    assert_eq!(cid.qp().unwrap().state(), Some(QpState::Rts));
+    assert_eq!(sid.qp().unwrap().state(), Some(QpState::Rts));
+
+    // rdma_post_send + rdma_get_recv_comp.
+    let cmsgs = cid.reg_msgs(4096).unwrap();
+    cmsgs.write(0, b"a message").unwrap();
+    cid.post_send(10, &cmsgs, 0..9, SendFlags::SIGNALED).unwrap();
+    assert_eq!(cid.get_send_comp(T).unwrap().wr_id, 10);
+    let wc = sid.get_recv_comp(T).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, WcStatus::Success, 9));
+    let mut got = [0u8; 9];
+    smsgs.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"a message");
+
+    // rdma_post_write with inline data and no MR (seed 004).
+    let w = target.remote(100..120).unwrap();
+    cid.post_write_inline(11, b"inline, no MR", SendFlags::SIGNALED, w.addr, w.rkey).unwrap();
+    assert_eq!(cid.get_send_comp(T).unwrap().status, WcStatus::Success);
+    let mut got = [0u8; 13];
+    target.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"inline, no MR");
+
+    // rdma_post_read.
+    let r = readable.remote(0..20).unwrap();
+    cid.post_read(12, &cmsgs, 1000..1020, SendFlags::SIGNALED, r.addr, r.rkey).unwrap();
+    assert_eq!(cid.get_send_comp(T).unwrap().status, WcStatus::Success);
+    let mut got = [0u8; 20];
+    cmsgs.read(1000, &mut got).unwrap();
+    assert_eq!(&got, b"read me over rdma_cm");
+
+    // rdma_post_recvv: one receive over two buffers.
+    let sgl = [smsgs.sge(1000..1004).unwrap(), smsgs.sge(2000..2100).unwrap()];
+    sid.post_recvv(2, &sgl).unwrap();
+    cmsgs.write(0, b"scattered message").unwrap();
+    cid.post_send(13, &cmsgs, 0..17, SendFlags::SIGNALED).unwrap();
+    cid.get_send_comp(T).unwrap();
+    assert_eq!(sid.get_recv_comp(T).unwrap().byte_len, 17);
+    let (mut a, mut b) = ([0u8; 4], [0u8; 13]);
+    smsgs.read(1000, &mut a).unwrap();
+    smsgs.read(2000, &mut b).unwrap();
+    assert_eq!((&a, &b), (b"scat", b"tered message"));
+
+    // rdma_disconnect: both sides see DISCONNECTED; QPs go to ERR.
+    cid.disconnect().unwrap();
+    cch.expect(CmEventKind::Disconnected, T).unwrap();
+    sch.expect(CmEventKind::Disconnected, T).unwrap();
+    assert_eq!(cid.qp().unwrap().state(), Some(QpState::Err));
+    assert_eq!(sid.qp().unwrap().state(), Some(QpState::Err));
+}
+
+#[test]
+fn reject_carries_private_data_and_a_missing_listener_is_reason_8() {
+    let port = test_port();
+    let (sch, _listen) = listener(port, 7472, PortSpace::TCP, QpType::Rc);
+    let (cch, cid, _pd) = client(port, 7472, PortSpace::TCP, QpType::Rc);
+    cid.connect(&ConnParam::default()).unwrap();
+    let req = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
+    req.id.reject(b"go away").unwrap();
+    let rej = cch.expect(CmEventKind::Rejected, T).unwrap();
+    assert!(rej.private_data.starts_with(b"go away"), "{:?}", rej.private_data);
+    assert!(matches!(rej.status, CmStatus::Rejected(_)));
+
+    // Nobody listens on 7473: the peer's CM answers REJ 8 (invalid service ID).
+    let (cch, cid, _pd) = client(port, 7473, PortSpace::TCP, QpType::Rc);
+    cid.connect(&ConnParam::default()).unwrap();
+    let rej = cch.expect(CmEventKind::Rejected, T).unwrap();
+    assert_eq!(format!("{:?}", rej.status), "Rejected(RejReason(8))");
+}
+
+#[test]
+fn connect_to_an_address_without_a_device_is_unreachable_after_the_retries() {
+    let port = test_port();
+    let ch = channel(port);
+    let id = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    // 127.0.0.77: routable (lo), but no softrdma device answers there.
+    id.resolve_addr(None, SocketAddr::from(([127, 0, 0, 77], 7474))).unwrap();
+    ch.expect(CmEventKind::AddrResolved, T).unwrap();
+    id.resolve_route().unwrap();
+    ch.expect(CmEventKind::RouteResolved, T).unwrap();
+    let pd = id.context().unwrap().alloc_pd().unwrap();
+    id.create_qp(&pd, cap()).unwrap();
+    let started = std::time::Instant::now();
+    id.connect(&ConnParam::default()).unwrap();
+    let e = ch.expect(CmEventKind::Unreachable, T).unwrap();
+    assert_eq!(e.status, CmStatus::TimedOut);
+    // 4 tries, 16.8 ms apart.
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[test]
+fn ud_service_resolution_then_a_datagram_with_the_grh() {
+    let port = test_port();
+    let (sch, _listen) = listener(port, 7475, PortSpace::UDP, QpType::Ud);
+    let (cch, cid, cpd) = client(port, 7475, PortSpace::UDP, QpType::Ud);
+    cid.connect(&ConnParam::default()).unwrap();
+    let req = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
+    let sid = req.id.clone();
+    let spd = sid.context().unwrap().alloc_pd().unwrap();
+    let sqp = sid.create_qp(&spd, cap()).unwrap();
+    // A UD QP goes to RTS by itself (no connection); the Q_Key is rdma_cm's for UDP.
+    sqp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    sqp.modify(&QpAttr { qp_state: QpState::Rts, ..QpAttr::default() }, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+    let smsgs = sid.reg_msgs(4096).unwrap();
+    sid.post_recv(5, &smsgs, 0..1024).unwrap();
+    sid.accept(&ConnParam::default()).unwrap();
+
+    let est = cch.expect(CmEventKind::Established, T).unwrap();
+    let ud = est.ud.expect("UD parameters in ESTABLISHED");
+    assert_eq!(ud.remote_qpn, sqp.qpn());
+    let cqp = cid.qp().unwrap();
+    cqp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    cqp.modify(&QpAttr { qp_state: QpState::Rts, ..QpAttr::default() }, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+    let ah = cpd.create_ah(ud.ah).unwrap();
+    let cmsgs = cid.reg_msgs(4096).unwrap();
+    cmsgs.write(0, b"udaddy says hi").unwrap();
+    cid.post_ud_send(1, &cmsgs, 0..14, SendFlags::SIGNALED, &ah, &ud).unwrap();
+    assert_eq!(cid.get_send_comp(T).unwrap().status, WcStatus::Success);
+    let wc = sid.get_recv_comp(T).unwrap();
+    assert_eq!((wc.status, wc.byte_len, wc.grh), (WcStatus::Success, 40 + 14, true));
+    let mut got = [0u8; 14];
+    smsgs.read(40, &mut got).unwrap();
+    assert_eq!(&got, b"udaddy says hi");
+}
