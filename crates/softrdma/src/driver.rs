@@ -312,6 +312,15 @@ impl Shared {
         st.progress(self, now);
     }
 
+    /// The application is about to block (on a completion channel, in a sleeping wait):
+    /// give the sockets back to the progress thread at once, or a packet could wait for
+    /// the rest of [`APP_POLL_WINDOW`].
+    pub(crate) fn app_sleeps(&self) {
+        if self.app_polled.swap(0, Ordering::Relaxed) != 0 {
+            ring(&self.doorbell);
+        }
+    }
+
     fn run(self: Arc<Self>) {
         let mut last_work = self.now();
         while !self.stop.load(Ordering::Acquire) {
@@ -332,8 +341,8 @@ impl Shared {
                 last_work = now;
                 continue;
             }
-            let app_polling = now.as_nanos().saturating_sub(self.app_polled.load(Ordering::Relaxed))
-                < APP_POLL_WINDOW.as_nanos() as u64;
+            let polled = self.app_polled.load(Ordering::Relaxed);
+            let app_polling = polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64;
             if !app_polling && now - last_work < self.spin {
                 self.sleeping_until.store(0, Ordering::Release);
                 std::hint::spin_loop();

@@ -77,7 +77,8 @@ impl Context {
         let fd =
             rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC)
                 .map_err(|e| Error::io("creating a completion channel", e.into()))?;
-        Ok(CompChannel { inner: Arc::new(ChannelInner { fd, fired: Mutex::new(VecDeque::new()) }) })
+        let shared = Arc::downgrade(&self.drv.shared);
+        Ok(CompChannel { inner: Arc::new(ChannelInner { fd, fired: Mutex::new(VecDeque::new()), shared }) })
     }
 
     /// `ibv_create_cq`: a CQ of at least `cqe` entries, whose completion events (once
@@ -493,6 +494,7 @@ impl Cq {
             }
             if spent > Duration::from_micros(50) {
                 pause = (pause * 2).clamp(Duration::from_micros(1), Duration::from_micros(100));
+                self.inner.ctx.drv.shared.app_sleeps();
                 std::thread::sleep(pause);
             }
         }
@@ -547,6 +549,8 @@ pub struct CompChannel {
 pub(crate) struct ChannelInner {
     fd: OwnedFd,
     fired: Mutex<VecDeque<Weak<CqInner>>>,
+    /// The device, to tell it the application sleeps.
+    shared: Weak<driver::Shared>,
 }
 
 impl ChannelInner {
@@ -574,6 +578,9 @@ impl CompChannel {
             let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
+            }
+            if let Some(sh) = self.inner.shared.upgrade() {
+                sh.app_sleeps();
             }
             driver::wait_readable(&self.inner.fd, left);
             driver::drain(&self.inner.fd);
