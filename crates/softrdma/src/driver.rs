@@ -305,11 +305,21 @@ impl Shared {
         }
     }
 
-    /// The application polls: do the device's work in its thread if nothing is ready.
-    pub(crate) fn app_progress(&self, st: &mut State) {
+    /// The application polled an empty CQ: receive in its thread. What the engine wants to
+    /// send in answer (ACKs, mostly) waits for [`app_flush`](Self::app_flush), so that when
+    /// the application answers a completion at once, its packet and the ACK leave in one
+    /// `sendmmsg`; the next poll, post or progress pass sends them otherwise.
+    pub(crate) fn app_receive(&self, st: &mut State) {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
-        st.progress(self, now);
+        st.receive(self, now);
+    }
+
+    /// Sends what the engine queued and delivers events: the rest of a progress pass.
+    pub(crate) fn app_flush(&self, st: &mut State) {
+        let now = self.now();
+        st.flush(self, now);
+        st.dispatch_events(self, now);
     }
 
     /// The application is about to block (on a completion channel, in a sleeping wait):
@@ -368,6 +378,14 @@ impl State {
     /// One pass: receive what the sockets hold, fire due timers, transmit, deliver
     /// events. Returns whether there was anything to do.
     fn progress(&mut self, shared: &Shared, now: Instant) -> bool {
+        let mut worked = self.receive(shared, now);
+        worked |= self.flush(shared, now);
+        worked |= self.dispatch_events(shared, now);
+        worked
+    }
+
+    /// Receives what the sockets hold and fires due timers; sends nothing.
+    fn receive(&mut self, shared: &Shared, now: Instant) -> bool {
         let mut worked = false;
         for socket in shared.port.sockets() {
             for _ in 0..RX_ROUNDS {
@@ -392,8 +410,6 @@ impl State {
             self.cm.handle_timeout(now);
             worked = true;
         }
-        worked |= self.flush(shared, now);
-        worked |= self.dispatch_events(shared, now);
         worked
     }
 

@@ -464,10 +464,12 @@ impl Cq {
             }
         }
         if n == 0 && !out.is_empty() {
-            sh.app_progress(&mut st);
+            sh.app_receive(&mut st);
             if let Some(wc) = st.engine.poll_cq(self.inner.id) {
                 out[0] = wc;
                 n = 1;
+            } else {
+                sh.app_flush(&mut st);
             }
         }
         n
