@@ -206,16 +206,15 @@ impl CmIdInner {
 
 impl Drop for CmIdInner {
     fn drop(&mut self) {
+        // No device lock here: the last reference may go in the progress thread, which
+        // holds it. The device destroys the CM's ID on its next pass (with the DREQ or REJ
+        // its state needs).
         for b in self.bindings.get_mut().unwrap_or_else(PoisonError::into_inner).drain(..) {
             let sh = &b.ctx.drv.shared;
             if let Some(service) = b.service {
                 let _ = sh.port.member.unlisten(service);
             }
-            let mut st = sh.lock();
-            st.cm_ids.remove(&b.id.0);
-            let now = sh.now();
-            let _ = st.cm.destroy_id(now, b.id);
-            sh.after_verb(&mut st);
+            sh.bury_cm_id(b.id);
         }
     }
 }
@@ -413,6 +412,8 @@ impl CmId {
     ) -> Result<T> {
         let sh = &b.ctx.drv.shared;
         let mut st = sh.lock();
+        // ACKs a poll deferred leave before the command can move the QP to ERR.
+        sh.app_flush(&mut st);
         let now = sh.now();
         let out = f(&mut st, now);
         sh.after_verb(&mut st);

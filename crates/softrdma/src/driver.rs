@@ -156,6 +156,9 @@ pub(crate) struct Shared {
     /// The driver that owns this, for objects the progress loop creates (CM IDs of
     /// connection requests).
     pub(crate) driver: OnceLock<Weak<Driver>>,
+    /// CM IDs dropped by the application, for the next pass to destroy.
+    cm_graveyard: Mutex<Vec<softrdma_cm::CmId>>,
+    thread_id: OnceLock<std::thread::ThreadId>,
 }
 
 /// An open device: the engine, its sockets and its progress thread.
@@ -260,12 +263,15 @@ impl Driver {
             spin: options.spin,
             udp_port: options.port,
             driver: OnceLock::new(),
+            cm_graveyard: Mutex::new(Vec::new()),
+            thread_id: OnceLock::new(),
         });
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("softrdma-{}", device.interface()))
             .spawn(move || for_thread.run())
             .map_err(|e| Error::io("starting the progress thread", e))?;
+        let _ = shared.thread_id.set(thread.thread().id());
         Ok(Driver { shared, device, thread: Some(thread) })
     }
 }
@@ -275,7 +281,11 @@ impl Drop for Driver {
         self.shared.stop.store(true, Ordering::Release);
         ring(&self.shared.doorbell);
         if let Some(t) = self.thread.take() {
-            let _ = t.join();
+            // The last reference can go in the progress thread itself (an object it was
+            // delivering); it then ends on its own, having seen `stop`.
+            if Some(&std::thread::current().id()) != self.shared.thread_id.get() {
+                let _ = t.join();
+            }
         }
     }
 }
@@ -320,6 +330,12 @@ impl Shared {
         let now = self.now();
         st.flush(self, now);
         st.dispatch_events(self, now);
+    }
+
+    /// Queues a dropped CM ID for destruction by the next pass (which holds the lock).
+    pub(crate) fn bury_cm_id(&self, id: softrdma_cm::CmId) {
+        self.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner).push(id);
+        ring(&self.doorbell);
     }
 
     /// The application is about to block (on a completion channel, in a sleeping wait):
@@ -387,6 +403,14 @@ impl State {
     /// Receives what the sockets hold and fires due timers; sends nothing.
     fn receive(&mut self, shared: &Shared, now: Instant) -> bool {
         let mut worked = false;
+        let dead = std::mem::take(&mut *shared.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner));
+        for id in dead {
+            worked = true;
+            self.cm_ids.remove(&id.0);
+            self.cm_qps.retain(|_, cm| *cm != id.0);
+            self.cm_established_early.remove(&id.0);
+            let _ = self.cm.destroy_id(now, id);
+        }
         for socket in shared.port.sockets() {
             for _ in 0..RX_ROUNDS {
                 match socket.recv(&mut self.rx) {

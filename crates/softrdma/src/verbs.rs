@@ -705,7 +705,10 @@ struct QpInner {
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.drv.shared.lock().engine.destroy_qp(self.qpn);
+        let sh = &self.pd.ctx.drv.shared;
+        let mut st = sh.lock();
+        sh.app_flush(&mut st);
+        let _ = st.engine.destroy_qp(self.qpn);
     }
 }
 
@@ -776,6 +779,8 @@ impl Qp {
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
+        // ACKs a poll deferred leave before a state change could discard them.
+        sh.app_flush(&mut st);
         st.engine.modify_qp(self.inner.qpn, attr, mask)?;
         sh.after_verb(&mut st);
         Ok(())

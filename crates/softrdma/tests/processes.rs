@@ -27,6 +27,7 @@ fn child_entry() {
         "target" => target(),
         "initiator" => initiator(),
         "ud" => ud_peer(),
+        "cm-server" => cm_server(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -450,4 +451,74 @@ fn six_processes_share_one_address_two_rc_pairs_and_a_ud_pair() {
     for p in &mut procs {
         assert!(p.wait_success(WAIT), "{} exited with an error", p.name);
     }
+}
+
+fn cm_channel() -> EventChannel {
+    let port: u16 = env("SOFTRDMA_TEST_PORT").parse().unwrap();
+    EventChannel::with_options(ContextOptions { port, cm_response_timeout: 14, ..ContextOptions::default() }).unwrap()
+}
+
+fn cm_cap() -> QpCap {
+    QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 }
+}
+
+/// rdma_server's shape: listen, accept one connection, echo one message, wait for the
+/// peer's disconnect.
+fn cm_server() {
+    let service: u16 = env("SOFTRDMA_TEST_SERVICE").parse().unwrap();
+    let ch = cm_channel();
+    let listen = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    listen.bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
+    listen.listen(4).unwrap();
+    say("LISTENING");
+    let req = ch.expect(CmEventKind::ConnectRequest, WAIT).unwrap();
+    let id = req.id;
+    let pd = id.context().unwrap().alloc_pd().unwrap();
+    id.create_qp(&pd, cm_cap()).unwrap();
+    let msgs = id.reg_msgs(256).unwrap();
+    id.post_recv(1, &msgs, 0..256).unwrap();
+    id.accept(&ConnParam::default()).unwrap();
+    ch.expect(CmEventKind::Established, WAIT).unwrap();
+    let wc = id.get_recv_comp(WAIT).unwrap();
+    assert_eq!(wc.status, WcStatus::Success);
+    id.post_send(2, &msgs, 0..wc.byte_len as usize, SendFlags::SIGNALED).unwrap();
+    assert_eq!(id.get_send_comp(WAIT).unwrap().status, WcStatus::Success);
+    ch.expect(CmEventKind::Disconnected, WAIT).unwrap();
+    assert_eq!(id.qp().unwrap().state(), Some(QpState::Err));
+    say("SERVER done");
+}
+
+#[test]
+fn rdma_cm_connects_two_processes_echoes_and_disconnects() {
+    let port = test_port();
+    let service = 7000 + (port % 1000);
+    let mut env = target_env("127.0.0.1", port, 4096);
+    env.push(("SOFTRDMA_TEST_SERVICE", service.to_string()));
+    let mut server = ChildProc::spawn(ENTRY, "cm-server", &env, None);
+    server.expect_line("LISTENING", WAIT);
+    let ch = EventChannel::with_options(ContextOptions { port, cm_response_timeout: 14, ..ContextOptions::default() })
+        .unwrap();
+    let id = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    id.resolve_addr(None, std::net::SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
+    ch.expect(CmEventKind::AddrResolved, WAIT).unwrap();
+    id.resolve_route().unwrap();
+    ch.expect(CmEventKind::RouteResolved, WAIT).unwrap();
+    let pd = id.context().unwrap().alloc_pd().unwrap();
+    id.create_qp(&pd, cm_cap()).unwrap();
+    let msgs = id.reg_msgs(256).unwrap();
+    id.post_recv(1, &msgs, 128..256).unwrap();
+    id.connect(&ConnParam::default()).unwrap();
+    ch.expect(CmEventKind::Established, WAIT).unwrap();
+    msgs.write(0, b"echo me across processes").unwrap();
+    id.post_send(2, &msgs, 0..24, SendFlags::SIGNALED).unwrap();
+    assert_eq!(id.get_send_comp(WAIT).unwrap().status, WcStatus::Success);
+    let wc = id.get_recv_comp(WAIT).unwrap();
+    assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 24));
+    let mut got = [0u8; 24];
+    msgs.read(128, &mut got).unwrap();
+    assert_eq!(&got, b"echo me across processes");
+    id.disconnect().unwrap();
+    ch.expect(CmEventKind::Disconnected, WAIT).unwrap();
+    server.expect_line("SERVER done", WAIT);
+    assert!(server.wait_success(WAIT));
 }
