@@ -605,6 +605,9 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
             }
             (None, None) => continue, // its ID is gone: nothing to tell
         };
+        if let Some(o) = &owner {
+            st.drop_later.push(Box::new(o.clone()));
+        }
         let qpn = target.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
         let mut kind = ev.kind;
         match (ev.kind, qpn) {
@@ -623,7 +626,10 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                     Err(_) => kind = CmEventKind::ConnectError,
                 }
             }
-            (CmEventKind::Established, _) if st.cm_established_early.remove(&ev.id.0) => continue,
+            (CmEventKind::Established, _) if st.cm_established_early.remove(&ev.id.0) => {
+                st.drop_later.push(Box::new(target));
+                continue;
+            }
             (CmEventKind::Disconnected, Some(qpn)) => qp_to_error(st, qpn),
             _ => {}
         }
@@ -637,9 +643,13 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
             listen_id,
             ud: ev.ud,
         };
-        if let Some(channel) = target.inner.channel.upgrade() {
-            channel.push(event);
+        match target.inner.channel.upgrade() {
+            Some(channel) => channel.push(event),
+            None => st.drop_later.push(Box::new(event)),
         }
+        // Possibly the last reference (the application let go meanwhile): dropping it
+        // destroys QPs and CQs, which takes the lock we hold.
+        st.drop_later.push(Box::new(target));
     }
     any
 }

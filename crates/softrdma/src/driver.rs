@@ -136,6 +136,39 @@ pub(crate) struct State {
     gsi_psn: Psn,
     /// QP1 datagrams that were not CM MADs in a valid UD packet, dropped.
     pub(crate) gsi_dropped: u64,
+    /// References to drop once the lock is released ([`Locked`]).
+    pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
+}
+
+/// The device lock held: the engine, the CM and their tables.
+///
+/// Objects whose destruction takes the lock (a QP, a CQ, a CM ID that owns them) must never
+/// be dropped while it is held, and the progress thread may hold the last reference to one
+/// (an ID whose application let go while its event was being delivered). Such references
+/// go into [`State::drop_later`], which this guard empties *after* unlocking.
+pub(crate) struct Locked<'a> {
+    guard: Option<MutexGuard<'a, State>>,
+}
+
+impl std::ops::Deref for Locked<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        self.guard.as_ref().expect("held until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        self.guard.as_mut().expect("held until dropped")
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let later = self.guard.as_mut().map(|g| std::mem::take(&mut g.drop_later));
+        self.guard = None; // unlock first
+        drop(later);
+    }
 }
 
 /// The part of a driver that the progress thread shares.
@@ -250,6 +283,7 @@ impl Driver {
             cm_established_early: std::collections::BTreeSet::new(),
             gsi_psn: Psn::default(),
             gsi_dropped: 0,
+            drop_later: Vec::new(),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -293,8 +327,8 @@ impl Drop for Driver {
 impl Shared {
     /// The device lock. A panic while it was held leaves the engine as it was at the
     /// panic; the device carries on rather than poison every later call.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn lock(&self) -> Locked<'_> {
+        Locked { guard: Some(self.state.lock().unwrap_or_else(PoisonError::into_inner)) }
     }
 
     /// The engine's clock.
