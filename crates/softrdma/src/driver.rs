@@ -383,41 +383,44 @@ impl Shared {
 
     fn run(self: Arc<Self>) {
         let mut last_work = self.now();
+        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(1 + self.port.sockets().len());
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
-            let (worked, deadline) = {
-                let mut st = self.lock();
-                let worked = st.progress(&self, now);
-                let deadline = st.deadline();
-                if !worked {
-                    // Published under the lock: a verb that arms an earlier timer after this
-                    // sees it and rings the doorbell (`after_verb`).
-                    let until = deadline.map_or(u64::MAX, |d| d.as_nanos().max(1));
-                    self.sleeping_until.store(until, Ordering::Release);
-                }
-                (worked, deadline)
-            };
-            if worked {
-                last_work = now;
-                continue;
-            }
             let polled = self.app_polled.load(Ordering::Relaxed);
             let app_polling = polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64;
-            if !app_polling && now - last_work < self.spin {
-                self.sleeping_until.store(0, Ordering::Release);
+            let timeout = {
+                let mut st = self.lock();
+                if st.progress(&self, now) {
+                    last_work = now;
+                    continue;
+                }
+                if !app_polling && now - last_work < self.spin {
+                    None // spin: stay awake, publish nothing
+                } else {
+                    // While the application polls, it does the receiving; this thread
+                    // only keeps the timers, waking at least every APP_POLL_WINDOW.
+                    let mut timeout = st.deadline().map(|d| d - now);
+                    if app_polling {
+                        timeout = Some(timeout.map_or(APP_POLL_WINDOW, |t| t.min(APP_POLL_WINDOW)));
+                    }
+                    // Published under the lock, as the instant this thread will wake by
+                    // itself: a verb that arms an earlier timer after this sees it and
+                    // rings the doorbell (`after_verb`); a later one needs no wake-up.
+                    let until = timeout.map_or(u64::MAX, |t| now.saturating_add(t).as_nanos().max(1));
+                    self.sleeping_until.store(until, Ordering::Release);
+                    Some(timeout)
+                }
+            };
+            let Some(timeout) = timeout else {
                 std::hint::spin_loop();
                 continue;
-            }
-            let mut timeout = deadline.map(|d| d - now);
-            if app_polling {
-                timeout = Some(timeout.map_or(APP_POLL_WINDOW, |t| t.min(APP_POLL_WINDOW)));
-            }
-            let mut fds: Vec<PollFd<'_>> = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
+            };
+            fds.clear();
+            fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             if !app_polling {
                 fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
             }
             poll(&mut fds, timeout);
-            drop(fds);
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);
         }
