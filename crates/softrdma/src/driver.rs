@@ -530,27 +530,49 @@ impl State {
             }
             any = true;
             let full = tx.meta.len() == TX_BATCH;
-            // Consecutive datagrams from one source address go out in one sendmmsg.
-            let mut start = 0;
-            while start < tx.meta.len() {
-                let src = tx.meta[start].envelope.src_ip();
-                let end = start + tx.meta[start..].iter().take_while(|t| t.envelope.src_ip() == src).count();
-                let out: Vec<Outgoing<'_>> = tx.meta[start..end]
-                    .iter()
-                    .zip(&tx.bufs[start..end])
-                    .map(|(t, b)| Outgoing::new(t.envelope, &b[..t.len]))
-                    .collect();
+            // Requests before responses: a QP that answers a message at once sends its
+            // new request and the ACK it owes in one batch, and the peer, which waits for
+            // the request, should not first be woken by the ACK. Each stream keeps its own
+            // order (responses among themselves, requests among themselves), which is all
+            // RC asks; datagrams from one source address share a sendmmsg.
+            let n = tx.meta.len();
+            let mut order = [0usize; TX_BATCH];
+            let mut k = 0;
+            for response in [false, true] {
+                for i in 0..n {
+                    if is_response(tx.bufs[i][0]) == response {
+                        order[k] = i;
+                        k += 1;
+                    }
+                }
+            }
+            let mut done = [false; TX_BATCH];
+            for first in 0..n {
+                let lead = order[first];
+                if done[lead] {
+                    continue;
+                }
+                let src = tx.meta[lead].envelope.src_ip();
+                let filler = Outgoing::new(tx.meta[lead].envelope, &[]);
+                let mut out = [filler; TX_BATCH];
+                let mut m = 0;
+                for &i in &order[first..n] {
+                    if !done[i] && tx.meta[i].envelope.src_ip() == src {
+                        done[i] = true;
+                        out[m] = Outgoing::new(tx.meta[i].envelope, &tx.bufs[i][..tx.meta[i].len]);
+                        m += 1;
+                    }
+                }
                 if let Some(c) = capture {
-                    for o in &out {
+                    for o in &out[..m] {
                         c.write(&o.envelope, o.payload);
                     }
                 }
                 let sent = match port.socket_for(src) {
-                    Some(socket) => send_all(socket, &out),
+                    Some(socket) => send_all(socket, &out[..m]),
                     None => 0,
                 };
-                *send_errors += (out.len() - sent) as u64;
-                start = end;
+                *send_errors += (m - sent) as u64;
             }
             if !full {
                 return any;
@@ -631,6 +653,12 @@ impl State {
         };
         repr.emit(&gsi_envelope(shared, t)?, buf).ok()
     }
+}
+
+/// Whether a packet with this BTH opcode is an RC response (ACKNOWLEDGE, ATOMIC
+/// ACKNOWLEDGE, RDMA READ response): opcodes 0x0d..=0x12 of the RC transport (IBA 9.2.1).
+fn is_response(opcode: u8) -> bool {
+    (0x0d..=0x12).contains(&opcode)
 }
 
 /// The envelope of a MAD: port to port (the device sends from its one socket).
