@@ -169,7 +169,8 @@ pub struct CmId {
 #[derive(Debug)]
 pub(crate) struct CmIdInner {
     /// Weak: a queued event holds its ID, which must not keep its channel alive in turn.
-    channel: Weak<ChannelInner>,
+    /// Behind a lock for `migrate` (`rdma_migrate_id`).
+    channel: Mutex<Weak<ChannelInner>>,
     options: ContextOptions,
     ps: PortSpace,
     qp_type: QpType,
@@ -196,7 +197,14 @@ struct IdQp {
 
 impl CmIdInner {
     fn new(channel: Weak<ChannelInner>, options: ContextOptions, ps: PortSpace, qp_type: QpType) -> Self {
-        Self { channel, options, ps, qp_type, bindings: Mutex::new(Vec::new()), qp: Mutex::new(None) }
+        Self {
+            channel: Mutex::new(channel),
+            options,
+            ps,
+            qp_type,
+            bindings: Mutex::new(Vec::new()),
+            qp: Mutex::new(None),
+        }
     }
 
     fn bindings(&self) -> Vec<Binding> {
@@ -442,6 +450,11 @@ impl CmId {
         b.ctx.drv.shared.lock().cm.peer_addr(b.id)
     }
 
+    /// `rdma_migrate_id`: this ID's future events go to `channel`.
+    pub fn migrate(&self, channel: &EventChannel) {
+        *self.inner.channel.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&channel.inner);
+    }
+
     /// Whether `self` and `other` are the same ID.
     pub fn same(&self, other: &CmId) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -597,7 +610,8 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
             (None, Some(l)) => {
                 // A connection request: a new ID on the listener's channel, bound here.
                 let Some(drv) = ctx_drv.upgrade() else { continue };
-                let inner = Arc::new(CmIdInner::new(l.channel.clone(), l.options.clone(), l.ps, l.qp_type));
+                let channel = l.channel.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                let inner = Arc::new(CmIdInner::new(channel, l.options.clone(), l.ps, l.qp_type));
                 st.cm_ids.insert(ev.id.0, IdLink { inner: Arc::downgrade(&inner) });
                 let binding = Binding { ctx: Context { drv }, id: ev.id, service: None };
                 inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(binding);
@@ -643,7 +657,8 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
             listen_id,
             ud: ev.ud,
         };
-        match target.inner.channel.upgrade() {
+        let channel = target.inner.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
+        match channel {
             Some(channel) => channel.push(event),
             None => st.drop_later.push(Box::new(event)),
         }
@@ -658,5 +673,108 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
 pub(crate) fn comm_established(st: &mut State, qpn: u32, now: softrdma_engine::Instant) {
     if let Some(&id) = st.cm_qps.get(&qpn) {
         let _ = st.cm.notify(now, softrdma_cm::CmId(id));
+    }
+}
+
+/// A CM ID with an event channel of its own whose calls wait for their outcome: librdmacm's
+/// synchronous mode (`rdma_create_ep`, `rdma_get_request`, and `rdma_connect`,
+/// `rdma_accept`, `rdma_disconnect` on an ID created without a channel). It dereferences to
+/// its [`CmId`] for everything else (`post_send`, `get_recv_comp`, ...).
+#[derive(Debug)]
+pub struct CmEndpoint {
+    id: CmId,
+    events: EventChannel,
+    pd: Option<Pd>,
+    cap: softrdma_engine::QpCap,
+    timeout: Duration,
+}
+
+impl std::ops::Deref for CmEndpoint {
+    type Target = CmId;
+    fn deref(&self) -> &CmId {
+        &self.id
+    }
+}
+
+impl CmEndpoint {
+    /// `rdma_create_ep` for an active side: resolves `dst` and its route (waiting for both,
+    /// up to `timeout` each) and creates a PD and a QP of `cap`.
+    pub fn connect_to(
+        dst: SocketAddr,
+        qp_type: QpType,
+        cap: softrdma_engine::QpCap,
+        options: ContextOptions,
+        timeout: Duration,
+    ) -> Result<CmEndpoint> {
+        let events = EventChannel::with_options(options)?;
+        let ps = if qp_type == QpType::Ud { PortSpace::UDP } else { PortSpace::TCP };
+        let id = events.create_id(ps, qp_type)?;
+        id.resolve_addr(None, dst)?;
+        events.expect(CmEventKind::AddrResolved, timeout)?;
+        id.resolve_route()?;
+        events.expect(CmEventKind::RouteResolved, timeout)?;
+        let pd = id.context().ok_or(Error::Unbound("create_ep"))?.alloc_pd()?;
+        id.create_qp(&pd, cap)?;
+        Ok(CmEndpoint { id, events, pd: Some(pd), cap, timeout })
+    }
+
+    /// `rdma_create_ep` with `RAI_PASSIVE`, then `rdma_listen`: a listener on `addr` whose
+    /// [`get_request`](Self::get_request) gives connections with QPs of `cap`.
+    pub fn listen_on(
+        addr: SocketAddr,
+        qp_type: QpType,
+        cap: softrdma_engine::QpCap,
+        options: ContextOptions,
+        backlog: u32,
+        timeout: Duration,
+    ) -> Result<CmEndpoint> {
+        let events = EventChannel::with_options(options)?;
+        let ps = if qp_type == QpType::Ud { PortSpace::UDP } else { PortSpace::TCP };
+        let id = events.create_id(ps, qp_type)?;
+        id.bind_addr(addr)?;
+        id.listen(backlog)?;
+        Ok(CmEndpoint { id, events, pd: None, cap, timeout })
+    }
+
+    /// `rdma_get_request`: waits for the next connection request on this listener and
+    /// returns it as an endpoint of its own, with a PD and a QP; then `accept` or `reject`.
+    pub fn get_request(&self) -> Result<(CmEndpoint, CmEvent)> {
+        let event = self.events.expect(CmEventKind::ConnectRequest, self.timeout)?;
+        let events = EventChannel::with_options(self.id.inner.options.clone())?;
+        event.id.migrate(&events);
+        let pd = event.id.context().ok_or(Error::Unbound("get_request"))?.alloc_pd()?;
+        event.id.create_qp(&pd, self.cap)?;
+        let ep = CmEndpoint { id: event.id.clone(), events, pd: Some(pd), cap: self.cap, timeout: self.timeout };
+        Ok((ep, event))
+    }
+
+    /// The endpoint's PD (`id->pd`), for registering memory.
+    pub fn pd(&self) -> Option<&Pd> {
+        self.pd.as_ref()
+    }
+
+    /// `rdma_connect`, waiting for `ESTABLISHED` (an error for `REJECTED`, `UNREACHABLE`,
+    /// ...). Returns the event, with the peer's private data.
+    pub fn connect(&self, param: &ConnParam) -> Result<CmEvent> {
+        self.id.connect(param)?;
+        self.events.expect(CmEventKind::Established, self.timeout)
+    }
+
+    /// `rdma_accept`, waiting for `ESTABLISHED`.
+    pub fn accept(&self, param: &ConnParam) -> Result<CmEvent> {
+        self.id.accept(param)?;
+        self.events.expect(CmEventKind::Established, self.timeout)
+    }
+
+    /// `rdma_disconnect`, waiting for `DISCONNECTED`.
+    pub fn disconnect(&self) -> Result<()> {
+        self.id.disconnect()?;
+        self.events.expect(CmEventKind::Disconnected, self.timeout).map(drop)
+    }
+
+    /// The next event of this endpoint (a peer's `DISCONNECTED`, say), waiting up to the
+    /// endpoint's timeout.
+    pub fn next_event(&self) -> Result<Option<CmEvent>> {
+        self.events.get_cm_event(Some(self.timeout))
     }
 }

@@ -59,7 +59,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use capture::CAPTURE_ENV;
-pub use cm::{CmEvent, CmId, EventChannel};
+pub use cm::{CmEndpoint, CmEvent, CmId, EventChannel};
 pub use device::{Device, device, devices};
 pub use driver::APP_POLL_WINDOW;
 pub use error::{Error, Result};

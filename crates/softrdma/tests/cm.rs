@@ -203,3 +203,35 @@ fn ud_service_resolution_then_a_datagram_with_the_grh() {
     smsgs.read(40, &mut got).unwrap();
     assert_eq!(&got, b"udaddy says hi");
 }
+
+#[test]
+fn synchronous_endpoints_create_ep_and_get_request() {
+    // rdma_server / rdma_client's shape: rdma_create_ep, rdma_get_request, blocking calls.
+    let port = test_port();
+    let options = ContextOptions { port, cm_response_timeout: 12, ..ContextOptions::default() };
+    let listen =
+        CmEndpoint::listen_on(SocketAddr::from(([127, 0, 0, 1], 7476)), QpType::Rc, cap(), options.clone(), 4, T)
+            .unwrap();
+    let server = std::thread::spawn(move || {
+        let (ep, req) = listen.get_request().unwrap();
+        assert!(req.private_data.starts_with(b"sync hello"));
+        let msgs = ep.reg_msgs(64).unwrap();
+        ep.post_recv(1, &msgs, 0..64).unwrap();
+        ep.accept(&ConnParam::default()).unwrap();
+        let wc = ep.get_recv_comp(T).unwrap();
+        let mut got = vec![0u8; wc.byte_len as usize];
+        msgs.read(0, &mut got).unwrap();
+        let event = ep.next_event().unwrap().expect("the client's disconnect");
+        assert_eq!(event.kind, CmEventKind::Disconnected);
+        got
+    });
+    let client =
+        CmEndpoint::connect_to(SocketAddr::from(([127, 0, 0, 1], 7476)), QpType::Rc, cap(), options, T).unwrap();
+    client.connect(&ConnParam { private_data: b"sync hello".to_vec(), ..ConnParam::default() }).unwrap();
+    let msgs = client.reg_msgs(64).unwrap();
+    msgs.write(0, b"over a synchronous endpoint").unwrap();
+    client.post_send(1, &msgs, 0..27, SendFlags::SIGNALED).unwrap();
+    assert_eq!(client.get_send_comp(T).unwrap().status, WcStatus::Success);
+    client.disconnect().unwrap();
+    assert_eq!(server.join().unwrap(), b"over a synchronous endpoint");
+}
