@@ -220,6 +220,64 @@ pub fn compute(envelope: &Envelope, covered: &[u8]) -> u32 {
     h.finalize()
 }
 
+/// How the ICRC of an IPv4 packet depends on its identification field, which the ICRC
+/// covers and which the kernel may set after the ICRC was computed (UDP GSO gives segment
+/// *i* of a send identification *i*).
+///
+/// A CRC is affine: for two inputs of one length, `crc(a) ^ crc(b)` is a linear function of
+/// `a ^ b` alone. So the ICRC with identification `id` is the ICRC with identification 0
+/// XOR [`delta`](Self::delta)`(id)`, a linear function of the 16 bits of `id` that depends
+/// only on the packet's length. This type holds its 16 basis values for one length.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Ipv4IdentificationDeltas {
+    covered_len: usize,
+    basis: [u32; 16],
+}
+
+impl Ipv4IdentificationDeltas {
+    /// The basis for UDP payloads whose covered part is `covered_len` bytes (17 CRCs over
+    /// that many bytes: compute once per length and keep it).
+    pub fn new(covered_len: usize) -> Self {
+        // The identification is bytes 4..6 of the IPv4 header, which the ICRC input starts
+        // 8 bytes in; what follows it: the rest of the IP header (14), UDP (8), payload.
+        let after = IPV4_HEADER_LEN - 6 + UDP_HEADER_LEN + covered_len;
+        let crc_of = |prefix: [u8; 2]| {
+            let zeros = [0u8; 256];
+            let mut h = crc32fast::Hasher::new();
+            h.update(&prefix);
+            let mut left = after;
+            while left > 0 {
+                let n = left.min(zeros.len());
+                h.update(&zeros[..n]);
+                left -= n;
+            }
+            h.finalize()
+        };
+        let zero = crc_of([0, 0]);
+        let mut basis = [0u32; 16];
+        for (bit, b) in basis.iter_mut().enumerate() {
+            *b = crc_of((1u16 << bit).to_be_bytes()) ^ zero;
+        }
+        Self { covered_len, basis }
+    }
+
+    /// The covered length this basis is for.
+    pub fn covered_len(&self) -> usize {
+        self.covered_len
+    }
+
+    /// `icrc(identification = id) ^ icrc(identification = 0)`.
+    pub fn delta(&self, id: u16) -> u32 {
+        let mut d = 0;
+        for (bit, b) in self.basis.iter().enumerate() {
+            if id & (1 << bit) != 0 {
+                d ^= b;
+            }
+        }
+        d
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,5 +374,27 @@ mod tests {
         let swapped = Envelope::rocev2(dst.into(), 0xc000, src.into()).unwrap();
         assert_ne!(compute(&swapped, &packet), base);
         assert!(Envelope::rocev2(src.into(), 1, Ipv4Addr::LOCALHOST.into()).is_none());
+    }
+
+    #[test]
+    fn identification_deltas_turn_the_icrc_for_id_0_into_the_icrc_for_any_id() {
+        let payload: std::vec::Vec<u8> = (0..4112u32).map(|i| (i * 7 + 3) as u8).collect();
+        for len in [12usize, 28, 1024 + 12, 4112] {
+            let deltas = Ipv4IdentificationDeltas::new(len);
+            let env = |id| {
+                Envelope::V4(Ipv4Envelope {
+                    src: Ipv4Addr::new(10, 0, 0, 1),
+                    dst: Ipv4Addr::new(10, 0, 0, 2),
+                    identification: id,
+                    dont_fragment: true,
+                    src_port: 4791,
+                    dst_port: 4791,
+                })
+            };
+            let base = compute(&env(0), &payload[..len]);
+            for id in [1u16, 2, 15, 63, 0x1234, 0xffff] {
+                assert_eq!(base ^ deltas.delta(id), compute(&env(id), &payload[..len]), "len {len} id {id}");
+            }
+        }
     }
 }
