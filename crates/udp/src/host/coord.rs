@@ -295,7 +295,14 @@ impl Server {
                 }
                 let addr = round.nonces[&nonce].0;
                 round.found.entry(addr).or_default().insert(index, slot);
-                let complete = round.expected.iter().all(|(a, &n)| round.found.get(a).map_or(0, |f| f.len()) >= n);
+                // Complete when every group's indices are answered by as many distinct
+                // members: two answers from one member mean a probe went astray (hashed,
+                // not steered), and the round must not be trusted.
+                let complete = round.expected.iter().all(|(a, &n)| {
+                    round.found.get(a).is_some_and(|f| {
+                        f.len() >= n && f.values().collect::<std::collections::BTreeSet<_>>().len() >= n
+                    })
+                });
                 if complete {
                     self.finish_round(true);
                     if self.dirty {
@@ -342,6 +349,14 @@ impl Server {
                 };
                 probes.push((SocketAddr::new(ip, addr.port()), steer::probe(index, nonce)));
             }
+        }
+        // Every group must route probes by the index they carry before any is sent: a
+        // group new since the last round (all its members joined at once) has no program
+        // yet, and the kernel would hash every probe to one member.
+        let tables = self.tables();
+        for addr in round.expected.keys() {
+            let table = tables.get(addr).cloned().unwrap_or_default();
+            self.attach(*addr, &table);
         }
         self.round = Some(round);
         for (dst, p) in probes {
@@ -427,16 +442,20 @@ impl Server {
     /// Generates and attaches the program of every group.
     fn install(&mut self) {
         for (addr, table) in self.tables() {
-            let Some(code) = steer::program(&table) else { continue };
-            let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|(a, _)| *a == addr).map(|(_, fd)| fd)
-            else {
-                continue;
-            };
-            let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
-            // Failing leaves the previous program; the next change tries again.
-            if crate::sys::attach_reuseport_cbpf(fd.as_fd(), &code).is_err() {
-                self.attach_errors += 1;
-            }
+            self.attach(addr, &table);
+        }
+    }
+
+    /// Attaches the program for `table` to the group of `addr`.
+    fn attach(&mut self, addr: SocketAddr, table: &Table) {
+        let Some(code) = steer::program(table) else { return };
+        let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|(a, _)| *a == addr).map(|(_, fd)| fd) else {
+            return;
+        };
+        let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
+        // Failing leaves the previous program; the next change tries again.
+        if crate::sys::attach_reuseport_cbpf(fd.as_fd(), &code).is_err() {
+            self.attach_errors += 1;
         }
     }
 }
