@@ -191,7 +191,13 @@ struct Rdma {
 
 fn rdma_side(ip: [u8; 4], len: usize) -> (Rdma, Advert) {
     let device = Device::with_addresses("lo", vec![IpAddr::from(ip)]);
-    let ctx = device.open_with(&ContextOptions { port: PORT, ..ContextOptions::default() }).unwrap();
+    let ctx = device
+        .open_with(&ContextOptions {
+            port: PORT,
+            gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
+            ..ContextOptions::default()
+        })
+        .unwrap();
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(4096, Some(&channel)).unwrap();
@@ -478,7 +484,13 @@ fn child_main(role: &str) {
             let n: usize = std::env::var("SOFTRDMA_BENCH_QPS").unwrap().parse().unwrap();
             let ip = if role == "rdma-idle" { A } else { B };
             let device = Device::with_addresses("lo", vec![IpAddr::from(ip)]);
-            let ctx = device.open_with(&ContextOptions { port: PORT, ..ContextOptions::default() }).unwrap();
+            let ctx = device
+                .open_with(&ContextOptions {
+                    port: PORT,
+                    gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
+                    ..ContextOptions::default()
+                })
+                .unwrap();
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(4096, None).unwrap();
             let mut qps = Vec::new();
@@ -495,7 +507,13 @@ fn child_main(role: &str) {
         "rdma-memory" => {
             let n: usize = std::env::var("SOFTRDMA_BENCH_QPS").unwrap().parse().unwrap();
             let device = Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 3])]);
-            let ctx = device.open_with(&ContextOptions { port: PORT, ..ContextOptions::default() }).unwrap();
+            let ctx = device
+                .open_with(&ContextOptions {
+                    port: PORT,
+                    gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
+                    ..ContextOptions::default()
+                })
+                .unwrap();
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(4096, None).unwrap();
             let before = rss_bytes();

@@ -34,6 +34,7 @@ use softrdma_cm::{Cm, CmConfig, CmTransmit};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
+use softrdma_wire::icrc::Ipv4IdentificationDeltas;
 use softrdma_wire::{BthRepr, DethRepr, Envelope, ExtHeaders, Opcode, PKey, Psn, QKey, Qpn, RocePacket, RoceRepr};
 
 use crate::capture::Capture;
@@ -65,27 +66,35 @@ pub(crate) struct Port {
 }
 
 impl Port {
-    fn open(device: &Device, options: &ContextOptions) -> Result<Port, Error> {
-        let config = HostConfig {
-            device: device.interface().to_string(),
-            port: options.port,
-            socket: softrdma_udp::Config {
-                reuse_port: true,
-                // Room for bursts: many QPs' 64 KiB messages arrive back to back, and a
-                // datagram the buffer cannot take costs an RC retry. The kernel caps these
-                // at net.core.rmem_max / wmem_max unless the process may exceed them.
-                recv_buffer_size: Some(SOCKET_BUFFER),
-                send_buffer_size: Some(SOCKET_BUFFER),
-                ..softrdma_udp::Config::default()
-            },
+    /// Joins the host's group for `device`; with `options.gso`, asks for UDP GRO on the
+    /// sockets and falls back to plain sockets where the kernel has none. Returns whether
+    /// GRO is on.
+    fn open(device: &Device, options: &ContextOptions) -> Result<(Port, bool), Error> {
+        let join = |gro: bool| {
+            let config = HostConfig {
+                device: device.interface().to_string(),
+                port: options.port,
+                socket: softrdma_udp::Config {
+                    reuse_port: true,
+                    // Room for bursts: many QPs' 64 KiB messages arrive back to back, and a
+                    // datagram the buffer cannot take costs an RC retry. The kernel caps
+                    // these at net.core.rmem_max / wmem_max unless the process may exceed them.
+                    recv_buffer_size: Some(SOCKET_BUFFER),
+                    send_buffer_size: Some(SOCKET_BUFFER),
+                    gro,
+                    ..softrdma_udp::Config::default()
+                },
+            };
+            Member::join(device.addresses(), &config)
         };
-        let member = Member::join(device.addresses(), &config).map_err(|e| {
-            Error::io(
-                format!("joining {} on UDP port {} (addresses {:?})", device.name(), options.port, device.addresses()),
-                e,
-            )
-        })?;
-        Ok(Port { member, addresses: device.addresses().to_vec() })
+        let (member, gro) = match join(options.gso) {
+            Ok(m) => (m, options.gso),
+            Err(e) if options.gso && e.kind() != io::ErrorKind::TimedOut => {
+                (join(false).map_err(|e| open_error(device, options, e))?, false)
+            }
+            Err(e) => return Err(open_error(device, options, e)),
+        };
+        Ok((Port { member, addresses: device.addresses().to_vec() }, gro))
     }
 
     /// One socket per GID, in GID order.
@@ -98,17 +107,44 @@ impl Port {
     }
 }
 
+fn open_error(device: &Device, options: &ContextOptions, e: io::Error) -> Error {
+    Error::io(format!("joining {} on UDP port {} (addresses {:?})", device.name(), options.port, device.addresses()), e)
+}
+
 /// Where the engine's packets wait for one `sendmmsg`.
+///
+/// The packets of a batch lie back to back in one arena, so that a run of equal-sized
+/// packets to one QP is already the buffer a UDP GSO send wants.
 struct TxQueue {
-    bufs: Vec<Box<[u8]>>,
-    meta: Vec<Transmit>,
+    arena: Box<[u8]>,
+    /// Each packet: where it is in the arena, and the engine's transmit.
+    meta: Vec<(usize, Transmit)>,
+    /// ICRC corrections for IPv4 GSO segments, by covered length (a few lengths recur).
+    deltas: Vec<Ipv4IdentificationDeltas>,
+    /// Send runs of equal packets as one GSO buffer (same-host destinations only).
+    gso: bool,
 }
 
 impl TxQueue {
-    fn new() -> Self {
-        Self { bufs: (0..TX_BATCH).map(|_| vec![0u8; DATAGRAM_MAX].into_boxed_slice()).collect(), meta: Vec::new() }
+    fn new(gso: bool) -> Self {
+        Self { arena: vec![0u8; TX_BATCH * DATAGRAM_MAX].into_boxed_slice(), meta: Vec::new(), deltas: Vec::new(), gso }
+    }
+
+    fn deltas(&mut self, covered_len: usize) -> Ipv4IdentificationDeltas {
+        if let Some(d) = self.deltas.iter().find(|d| d.covered_len() == covered_len) {
+            return *d;
+        }
+        let d = Ipv4IdentificationDeltas::new(covered_len);
+        if self.deltas.len() >= 8 {
+            self.deltas.remove(0);
+        }
+        self.deltas.push(d);
+        d
     }
 }
+
+/// Most segments in one GSO send (the kernel's UDP_MAX_SEGMENTS on every kernel with GSO).
+const GSO_MAX_SEGMENTS: usize = softrdma_udp::MAX_GSO_SEGMENTS;
 
 /// What the device lock protects.
 pub(crate) struct State {
@@ -181,6 +217,8 @@ pub(crate) struct Shared {
     epoch: std::time::Instant,
     /// When the application last polled a CQ (ns since `epoch`).
     app_polled: AtomicU64,
+    /// Application threads blocked in [`Shared::wait_channel`], which watch the sockets.
+    app_waiting: std::sync::atomic::AtomicU32,
     /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
     sleeping_until: AtomicU64,
     spin: Duration,
@@ -238,7 +276,7 @@ impl Driver {
         if device.addresses().is_empty() {
             return Err(Error::NoDevice { name: device.name().to_string(), available: "(it has no address)".into() });
         }
-        let port = Port::open(&device, options)?;
+        let (port, gro) = Port::open(&device, options)?;
         let mut seed = [0u8; 8];
         getrandom::fill(&mut seed).map_err(|e| Error::io("seeding the R_Key generator", io::Error::other(e)))?;
         let qpns = port.member.qpn_range();
@@ -270,8 +308,9 @@ impl Driver {
         });
         let state = State {
             engine: Engine::new(config),
-            rx: RecvBatch::new(RX_BATCH, DATAGRAM_MAX),
-            tx: TxQueue::new(),
+            // With GRO a message holds up to 64 KiB of coalesced datagrams.
+            rx: RecvBatch::new(RX_BATCH, if gro { 65_536 } else { DATAGRAM_MAX }),
+            tx: TxQueue::new(gro),
             channels: BTreeMap::new(),
             cqs: BTreeMap::new(),
             async_events: VecDeque::new(),
@@ -293,6 +332,7 @@ impl Driver {
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             app_polled: AtomicU64::new(0),
+            app_waiting: std::sync::atomic::AtomicU32::new(0),
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
             udp_port: options.port,
@@ -364,6 +404,44 @@ impl Shared {
         let now = self.now();
         st.flush(self, now);
         st.dispatch_events(self, now);
+    }
+
+    /// Blocks until `fd` (a completion channel) is readable or `timeout` passes, doing the
+    /// device's receive work in this thread when a datagram arrives first: an application
+    /// waiting for a completion then wakes once per message (on the datagram), not twice
+    /// (the progress thread, then the channel).
+    pub(crate) fn wait_channel(&self, fd: &OwnedFd, timeout: Option<Duration>) {
+        // While this thread watches the sockets, the progress thread keeps to the timers
+        // (or both would wake for every datagram and fight over the lock).
+        self.app_waiting.fetch_add(1, Ordering::AcqRel);
+        self.wait_channel_inner(fd, timeout);
+        // Now nobody may be watching: hand the sockets back at once.
+        if self.app_waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            ring(&self.doorbell);
+        }
+    }
+
+    fn wait_channel_inner(&self, fd: &OwnedFd, timeout: Option<Duration>) {
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
+        loop {
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(1 + self.port.sockets().len());
+            fds.push(PollFd::new(fd, PollFlags::IN));
+            fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+            let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+            if poll(&mut fds, left) == 0 {
+                return; // timed out
+            }
+            if !fds[0].revents().is_empty() {
+                return;
+            }
+            drop(fds);
+            let now = self.now();
+            self.lock().progress(self, now);
+            // The channel fired if that delivered our completion; otherwise wait again.
+            if wait_readable(fd, Some(Duration::ZERO)) {
+                return;
+            }
+        }
     }
 
     /// Queues a dropped CM ID for destruction by the next pass (which holds the lock).
@@ -490,7 +568,12 @@ impl State {
                 shared.port.member.answer_probe(d.payload);
                 continue;
             }
-            let envelope = d.envelope();
+            // A GSO train from this host arrives whole (GRO), its IPv4 segment i with
+            // identification i, for which its sender computed the ICRC.
+            let envelope = match u16::try_from(d.segment_index) {
+                Ok(i) if i > 0 => d.envelope_with_id(i),
+                _ => d.envelope(),
+            };
             if let Some(c) = capture {
                 c.write(&envelope, d.payload);
             }
@@ -517,66 +600,133 @@ impl State {
         let port = &shared.port;
         let mut any = self.flush_cm(shared);
         loop {
-            let State { engine, tx, capture, send_errors, .. } = self;
-            tx.meta.clear();
-            while tx.meta.len() < TX_BATCH {
-                match engine.poll_transmit(now, &mut ProcessMemory, &mut tx.bufs[tx.meta.len()]) {
-                    Some(t) => tx.meta.push(t),
+            self.tx.meta.clear();
+            let mut at = 0;
+            while self.tx.meta.len() < TX_BATCH {
+                let State { engine, tx, .. } = self;
+                match engine.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
+                    Some(t) => {
+                        tx.meta.push((at, t));
+                        at += t.len;
+                    }
                     None => break,
                 }
             }
-            if tx.meta.is_empty() {
+            if self.tx.meta.is_empty() {
                 return any;
             }
             any = true;
-            let full = tx.meta.len() == TX_BATCH;
-            // Requests before responses: a QP that answers a message at once sends its
-            // new request and the ACK it owes in one batch, and the peer, which waits for
-            // the request, should not first be woken by the ACK. Each stream keeps its own
-            // order (responses among themselves, requests among themselves), which is all
-            // RC asks; datagrams from one source address share a sendmmsg.
-            let n = tx.meta.len();
-            let mut order = [0usize; TX_BATCH];
-            let mut k = 0;
-            for response in [false, true] {
-                for i in 0..n {
-                    if is_response(tx.bufs[i][0]) == response {
-                        order[k] = i;
-                        k += 1;
-                    }
-                }
-            }
-            let mut done = [false; TX_BATCH];
-            for first in 0..n {
-                let lead = order[first];
-                if done[lead] {
-                    continue;
-                }
-                let src = tx.meta[lead].envelope.src_ip();
-                let filler = Outgoing::new(tx.meta[lead].envelope, &[]);
-                let mut out = [filler; TX_BATCH];
-                let mut m = 0;
-                for &i in &order[first..n] {
-                    if !done[i] && tx.meta[i].envelope.src_ip() == src {
-                        done[i] = true;
-                        out[m] = Outgoing::new(tx.meta[i].envelope, &tx.bufs[i][..tx.meta[i].len]);
-                        m += 1;
-                    }
-                }
-                if let Some(c) = capture {
-                    for o in &out[..m] {
-                        c.write(&o.envelope, o.payload);
-                    }
-                }
-                let sent = match port.socket_for(src) {
-                    Some(socket) => send_all(socket, &out[..m]),
-                    None => 0,
-                };
-                *send_errors += (m - sent) as u64;
-            }
+            let full = self.tx.meta.len() == TX_BATCH;
+            let units = self.gso_runs();
+            self.send_units(port, &units);
             if !full {
                 return any;
             }
+        }
+    }
+
+    /// Splits the batch into send units: single packets, or GSO runs (equal-sized packets,
+    /// the last possibly shorter, consecutive in the arena, to one QP on this host), each
+    /// `(first, count, segment)`. IPv4 segments after the first get their ICRC corrected
+    /// for the identification the kernel will give them.
+    fn gso_runs(&mut self) -> [(usize, usize, usize); TX_BATCH] {
+        let mut units = [(0usize, 0usize, 0usize); TX_BATCH];
+        let n = self.tx.meta.len();
+        let mut u = 0;
+        let mut i = 0;
+        while i < n {
+            let (off, first) = self.tx.meta[i];
+            let qpn = &self.tx.arena[off + 5..off + 8];
+            let mut count = 1;
+            let mut total = first.len;
+            if self.tx.gso && first.envelope.dst_ip().is_loopback() {
+                while i + count < n && count < GSO_MAX_SEGMENTS {
+                    let (o, t) = self.tx.meta[i + count];
+                    let previous_full = self.tx.meta[i + count - 1].1.len == first.len;
+                    if t.envelope != first.envelope
+                        || t.len > first.len
+                        || !previous_full
+                        || total + t.len > 65_000
+                        || self.tx.arena[o + 5..o + 8] != *qpn
+                    {
+                        break;
+                    }
+                    total += t.len;
+                    count += 1;
+                }
+            }
+            if count > 1 && matches!(first.envelope, Envelope::V4(_)) {
+                for k in 1..count {
+                    let (o, t) = self.tx.meta[i + k];
+                    let d = self.tx.deltas(t.len - 4).delta(k as u16);
+                    let icrc = &mut self.tx.arena[o + t.len - 4..o + t.len];
+                    let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ d;
+                    icrc.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            units[u] = (i, count, if count > 1 { first.len } else { 0 });
+            u += 1;
+            i += count;
+        }
+        units[u..].iter_mut().for_each(|x| *x = (0, 0, 0));
+        units
+    }
+
+    /// Sends the units: requests before responses (a QP that answers a message at once
+    /// sends its new request and the ACK it owes in one batch, and the peer, which waits
+    /// for the request, should not first be woken by the ACK; each stream keeps its own
+    /// order, which is all RC asks), units from one source address in one sendmmsg.
+    fn send_units(&mut self, port: &Port, units: &[(usize, usize, usize); TX_BATCH]) {
+        let State { tx, capture, send_errors, .. } = self;
+        let live: usize = units.iter().take_while(|x| x.1 > 0).count();
+        let mut order = [0usize; TX_BATCH];
+        let mut k = 0;
+        for response in [false, true] {
+            for (j, &(first, _, _)) in units[..live].iter().enumerate() {
+                let off = tx.meta[first].0;
+                if is_response(tx.arena[off]) == response {
+                    order[k] = j;
+                    k += 1;
+                }
+            }
+        }
+        let mut done = [false; TX_BATCH];
+        for lead in 0..live {
+            let lead_unit = order[lead];
+            if done[lead_unit] {
+                continue;
+            }
+            let src = tx.meta[units[lead_unit].0].1.envelope.src_ip();
+            let filler = Outgoing::new(tx.meta[units[lead_unit].0].1.envelope, &[]);
+            let mut out = [filler; TX_BATCH];
+            let mut m = 0;
+            for &j in &order[lead..live] {
+                let (first, count, segment) = units[j];
+                let (off, t) = tx.meta[first];
+                if done[j] || t.envelope.src_ip() != src {
+                    continue;
+                }
+                done[j] = true;
+                let (last_off, last) = tx.meta[first + count - 1];
+                let bytes = &tx.arena[off..last_off + last.len];
+                let mut o = Outgoing::new(t.envelope, bytes);
+                if count > 1 {
+                    o.segment_size = u16::try_from(segment).ok();
+                }
+                if let Some(c) = capture {
+                    for s in 0..count {
+                        let (so, st) = tx.meta[first + s];
+                        c.write(&with_identification(st.envelope, s as u16), &tx.arena[so..so + st.len]);
+                    }
+                }
+                out[m] = o;
+                m += 1;
+            }
+            let sent = match port.socket_for(src) {
+                Some(socket) => send_all(socket, &out[..m]),
+                None => 0,
+            };
+            *send_errors += (m - sent) as u64;
         }
     }
 
@@ -653,6 +803,14 @@ impl State {
         };
         repr.emit(&gsi_envelope(shared, t)?, buf).ok()
     }
+}
+
+/// `envelope` with IPv4 identification `id` (what the kernel gives GSO segment `id`).
+fn with_identification(mut envelope: Envelope, id: u16) -> Envelope {
+    if let Envelope::V4(e) = &mut envelope {
+        e.identification = id;
+    }
+    envelope
 }
 
 /// Whether a packet with this BTH opcode is an RC response (ACKNOWLEDGE, ATOMIC

@@ -93,6 +93,11 @@ pub struct ContextOptions {
     pub cm_response_timeout: u8,
     /// How many times the CM resends before giving up (`UNREACHABLE`); the kernel's 15.
     pub cm_max_retries: u8,
+    /// UDP GSO and GRO: runs of equal packets to one QP on this host leave in one send,
+    /// each IPv4 segment with the ICRC for the identification the kernel gives it, and
+    /// arrive coalesced. Off, or where the kernel lacks `UDP_GRO`, every packet is a
+    /// datagram of its own.
+    pub gso: bool,
 }
 
 impl Default for ContextOptions {
@@ -103,6 +108,7 @@ impl Default for ContextOptions {
             capture: None,
             cm_response_timeout: softrdma_cm::CMA_CM_RESPONSE_TIMEOUT,
             cm_max_retries: softrdma_cm::CMA_MAX_CM_RETRIES,
+            gso: true,
         }
     }
 }

@@ -581,10 +581,12 @@ impl CompChannel {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }
-            if let Some(sh) = self.inner.shared.upgrade() {
-                sh.app_sleeps();
+            match self.inner.shared.upgrade() {
+                Some(sh) => sh.wait_channel(&self.inner.fd, left),
+                None => {
+                    driver::wait_readable(&self.inner.fd, left);
+                }
             }
-            driver::wait_readable(&self.inner.fd, left);
             driver::drain(&self.inner.fd);
         }
     }
