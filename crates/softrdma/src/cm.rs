@@ -760,10 +760,14 @@ impl CmEndpoint {
         self.events.expect(CmEventKind::Established, self.timeout)
     }
 
-    /// `rdma_accept`, waiting for `ESTABLISHED`.
-    pub fn accept(&self, param: &ConnParam) -> Result<CmEvent> {
+    /// `rdma_accept`, waiting for `ESTABLISHED` (RC, UC). A UD endpoint's accept is its
+    /// SIDR_REP, after which nothing comes: it returns `None` at once.
+    pub fn accept(&self, param: &ConnParam) -> Result<Option<CmEvent>> {
         self.id.accept(param)?;
-        self.events.expect(CmEventKind::Established, self.timeout)
+        if self.id.inner.qp_type == QpType::Ud {
+            return Ok(None);
+        }
+        self.events.expect(CmEventKind::Established, self.timeout).map(Some)
     }
 
     /// `rdma_disconnect`, waiting for `DISCONNECTED`.
