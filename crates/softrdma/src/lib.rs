@@ -46,6 +46,8 @@
 //! polling application does the work itself without a thread hop.
 #![deny(unsafe_code)]
 
+#[cfg(feature = "tokio")]
+pub mod asynch;
 mod capture;
 mod cm;
 mod device;
