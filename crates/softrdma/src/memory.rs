@@ -81,7 +81,7 @@ unsafe impl Send for MrBuf {}
 // SAFETY: as above: shared references give no unsynchronised access to the bytes.
 unsafe impl Sync for MrBuf {}
 
-/// Alignment of [`MrBuf`]s: a page, as registered memory usually is.
+/// Alignment of the memory [`crate::Pd::reg_mr`] allocates: a page, as registered memory usually is.
 pub const MR_ALIGN: usize = 4096;
 
 impl MrBuf {
