@@ -42,6 +42,11 @@ fn main() {
     }
     // `cargo bench` passes `--bench`; `--quick` shortens every run.
     let quick = std::env::args().any(|a| a == "--quick");
+    // `--rdma-bw-only`: just the RDMA bandwidth (for profiling).
+    if std::env::args().any(|a| a == "--rdma-bw-only") {
+        rdma_bandwidth(if quick { Duration::from_secs(1) } else { Duration::from_secs(5) });
+        return;
+    }
     // `--rdma-lat-only`: just the polled RDMA latency (for profiling).
     if std::env::args().any(|a| a == "--rdma-lat-only") {
         let n = if quick { 20_000 } else { 200_000 };
