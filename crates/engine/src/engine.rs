@@ -338,12 +338,10 @@ impl Shared {
     /// The envelope from a local GID index to `dgid`, with the RoCEv2 UDP source port.
     pub(crate) fn envelope_for(&self, av: &AddressVector, src_port: u16) -> Option<Envelope> {
         let src = *self.config.addresses.get(usize::from(av.sgid_index))?;
-        let mut envelope = Envelope::rocev2(src, self.config.udp_source_port.unwrap_or(src_port), av.dgid.to_ip())?;
-        match &mut envelope {
-            Envelope::V4(e) => e.dst_port = self.config.udp_port,
-            Envelope::V6(e) => e.dst_port = self.config.udp_port,
-        }
-        Some(envelope)
+        Some(
+            Envelope::rocev2(src, self.config.udp_source_port.unwrap_or(src_port), av.dgid.to_ip())?
+                .with_dst_port(self.config.udp_port),
+        )
     }
 
     pub(crate) fn is_local(&self, ip: IpAddr) -> bool {

@@ -821,12 +821,7 @@ fn is_response(opcode: u8) -> bool {
 
 /// The envelope of a MAD: port to port (the device sends from its one socket).
 fn gsi_envelope(shared: &Shared, t: &CmTransmit) -> Option<Envelope> {
-    let mut envelope = Envelope::rocev2(t.src, shared.udp_port, t.dst)?;
-    match &mut envelope {
-        Envelope::V4(e) => e.dst_port = shared.udp_port,
-        Envelope::V6(e) => e.dst_port = shared.udp_port,
-    }
-    Some(envelope)
+    Some(Envelope::rocev2(t.src, shared.udp_port, t.dst)?.with_dst_port(shared.udp_port))
 }
 
 /// Sends a batch, retrying once after the socket drains if its buffer was full. Returns how

@@ -31,10 +31,7 @@ fn write_only(src: SocketAddr, dst: SocketAddr, dest_qp: u32, psn: u32, va: u64,
         },
         payload: data,
     };
-    let mut envelope = Envelope::rocev2(src.ip(), src.port(), dst.ip()).unwrap();
-    if let Envelope::V4(e) = &mut envelope {
-        e.dst_port = dst.port();
-    }
+    let envelope = Envelope::rocev2(src.ip(), src.port(), dst.ip()).unwrap().with_dst_port(dst.port());
     let mut buf = vec![0u8; repr.buffer_len()];
     repr.emit(&envelope, &mut buf).unwrap();
     buf

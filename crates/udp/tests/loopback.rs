@@ -116,11 +116,7 @@ fn icrc_round_trip(ip: IpAddr) {
     let (a, b) = pair(ip);
     let envelope = a.envelope_to(b.local_addr()).unwrap();
     // The same envelope Envelope::rocev2 builds, but to the test's port instead of 4791.
-    let mut expected = Envelope::rocev2(ip, a.local_addr().port(), ip).unwrap();
-    match &mut expected {
-        Envelope::V4(e) => e.dst_port = b.local_addr().port(),
-        Envelope::V6(e) => e.dst_port = b.local_addr().port(),
-    }
+    let expected = Envelope::rocev2(ip, a.local_addr().port(), ip).unwrap().with_dst_port(b.local_addr().port());
     assert_eq!(envelope, expected);
 
     let repr = send_only(7, b"hello, rxe"); // 10 bytes: the packet carries 2 pad bytes

@@ -91,6 +91,17 @@ impl Envelope {
         }
     }
 
+    /// The same envelope to UDP destination port `port` (4791 is RoCEv2's; tests that keep
+    /// groups of devices apart on one host use others).
+    #[must_use]
+    pub fn with_dst_port(mut self, port: u16) -> Self {
+        match &mut self {
+            Envelope::V4(e) => e.dst_port = port,
+            Envelope::V6(e) => e.dst_port = port,
+        }
+        self
+    }
+
     /// Source IP address.
     pub fn src_ip(&self) -> IpAddr {
         match self {
