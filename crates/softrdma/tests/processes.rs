@@ -424,10 +424,15 @@ fn two_hosts_over_veth_with_five_percent_loss_move_data_byte_exact() {
 
 #[test]
 fn six_processes_share_one_address_two_rc_pairs_and_a_ud_pair() {
-    let port = test_port();
+    // Port 4791, so that the captures each process writes decode as RoCEv2.
+    let port = 4791;
+    let dir = tempfile::tempdir().unwrap();
+    let captures = std::cell::Cell::new(0);
     let env = |extra: &[(&'static str, &str)]| {
         let mut e = target_env("127.0.0.1", port, 1 << 20);
         e.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        captures.set(captures.get() + 1);
+        e.push((CAPTURE_ENV, dir.path().join(format!("{}.pcap", captures.get())).display().to_string()));
         e
     };
     let work = [("SOFTRDMA_TEST_MSGS", "8"), ("SOFTRDMA_TEST_SIZE", "65536")];
@@ -466,6 +471,10 @@ fn six_processes_share_one_address_two_rc_pairs_and_a_ud_pair() {
     }
     for p in &mut procs {
         assert!(p.wait_success(WAIT), "{} exited with an error", p.name);
+    }
+    // Every process's capture decodes cleanly (the codec and tshark).
+    for i in 1..=captures.get() {
+        common::assert_clean_capture(&dir.path().join(format!("{i}.pcap")));
     }
 }
 

@@ -68,3 +68,41 @@ pub const WAIT: Duration = Duration::from_secs(10);
 pub fn wr<'a>(wr_id: u64, op: SendOp, sg_list: &'a [Sge]) -> SendWr<'a> {
     SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None }
 }
+
+/// Checks a capture: every frame is a RoCEv2 datagram whose ICRC verifies (softrdma's
+/// codec) and, where tshark is installed, Wireshark decodes every frame as InfiniBand with
+/// nothing malformed. Returns the opcodes seen.
+pub fn assert_clean_capture(path: &std::path::Path) -> std::collections::BTreeSet<softrdma_wire::Opcode> {
+    let mut reader = softrdma_pcap::CaptureReader::open(path).unwrap();
+    let mut opcodes = std::collections::BTreeSet::new();
+    let mut frames = 0;
+    while let Some(frame) = reader.next_frame() {
+        let frame = frame.unwrap();
+        let ip = frame.ip_packet().unwrap();
+        // Parses the IP, UDP and RoCE headers and checks the ICRC.
+        let dgram = softrdma_wire::DatagramRepr::parse(ip).expect("a RoCEv2 datagram with a valid ICRC");
+        opcodes.insert(dgram.roce.bth.opcode);
+        frames += 1;
+    }
+    assert!(frames > 0, "{} holds no packet", path.display());
+    if std::process::Command::new("tshark").arg("--version").output().is_ok_and(|o| o.status.success()) {
+        let out = std::process::Command::new("tshark")
+            .arg("-r")
+            .arg(path)
+            .args(["-T", "fields", "-e", "infiniband.bth.opcode", "-e", "_ws.malformed"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), frames, "tshark sees every frame of {}", path.display());
+        for line in &lines {
+            let mut f = line.split('\t');
+            assert!(!f.next().unwrap_or("").is_empty(), "tshark decodes every frame as InfiniBand: {line:?}");
+            assert_eq!(f.next().unwrap_or(""), "", "malformed frame: {line:?}");
+        }
+    } else {
+        println!("SKIP tshark half: tshark is not installed (apt-get install tshark; .ci/run does)");
+    }
+    opcodes
+}
