@@ -568,10 +568,12 @@ impl State {
                 shared.port.member.answer_probe(d.payload);
                 continue;
             }
-            // A GSO train from this host arrives whole (GRO), its IPv4 segment i with
-            // identification i, for which its sender computed the ICRC.
+            // A GSO train from this host (a loopback source: where senders use GSO) arrives
+            // whole, its IPv4 segment i with identification i, for which its sender
+            // computed the ICRC. From elsewhere, a NIC's GRO may have merged datagrams
+            // that were sent one by one (identification 0), so the index says nothing.
             let envelope = match u16::try_from(d.segment_index) {
-                Ok(i) if i > 0 => d.envelope_with_id(i),
+                Ok(i) if i > 0 && d.envelope().src_ip().is_loopback() => d.envelope_with_id(i),
                 _ => d.envelope(),
             };
             if let Some(c) = capture {

@@ -119,8 +119,15 @@ fn initiator() {
     assert_eq!(wc.status, WcStatus::Success, "the READ back: {:?}", side.ctx.counters());
     let mut back = vec![0u8; msgs * size];
     side.mr.read(half, &mut back).unwrap();
-    let mut ok = back == pattern(msgs * size, 0x5c);
-    ok &= atomics_and_send(&side, &peer);
+    let read_ok = back == pattern(msgs * size, 0x5c);
+    let first_bad = back.iter().zip(pattern(msgs * size, 0x5c)).position(|(a, b)| *a != b);
+    let atomics_ok = atomics_and_send(&side, &peer);
+    if !read_ok || !atomics_ok {
+        eprintln!(
+            "initiator: read back ok: {read_ok} (first bad byte {first_bad:?}), atomics and send ok: {atomics_ok}"
+        );
+    }
+    let ok = read_ok && atomics_ok;
     let c = side.ctx.counters().engine;
     say(&format!(
         "DONE {} bytes={} retransmitted={} timeouts={} naks={}",
@@ -146,21 +153,36 @@ fn atomics_and_send(side: &Side, peer: &Advert) -> bool {
         SendOp::CompareSwap { remote_addr: addr, rkey: peer.rkey(), compare: initial.wrapping_add(2), swap: 42 },
     ];
     let mut ok = true;
+    let mut expect = |what: &str, good: bool| {
+        if !good {
+            eprintln!("initiator: {what} failed");
+        }
+        ok &= good;
+    };
     for (i, op) in ops.into_iter().enumerate() {
         let sge = [side.mr.sge(len - 64..len - 56).unwrap()];
         side.qp.post_send(&[wr(i as u64, op, &sge)]).unwrap();
-        ok &= side.cq.wait(WAIT).unwrap().status == WcStatus::Success;
-        ok &= side.mr.read_u64(len - 64).unwrap() == initial.wrapping_add(i as u64);
+        let wc = side.cq.wait(WAIT).unwrap();
+        expect(&format!("atomic {i}: {wc:?}"), wc.status == WcStatus::Success && wc.wr_id == i as u64);
+        let got = side.mr.read_u64(len - 64).unwrap();
+        expect(
+            &format!("atomic {i} returned {got:#x}, not {:#x}", initial.wrapping_add(i as u64)),
+            got == initial.wrapping_add(i as u64),
+        );
     }
     side.mr.write(len - 512, &pattern(200, 0x77)).unwrap();
     let sge = [side.mr.sge(len - 512..len - 312).unwrap()];
     side.qp.post_send(&[wr(9, SendOp::Send, &sge)]).unwrap();
-    ok &= side.cq.wait(WAIT).unwrap().status == WcStatus::Success;
+    let wc = side.cq.wait(WAIT).unwrap();
+    expect(&format!("the SEND: {wc:?}"), wc.status == WcStatus::Success);
     // READ the word back: the compare-swap stored 42.
     let sge = [side.mr.sge(len - 64..len - 56).unwrap()];
     side.qp.post_send(&[wr(10, SendOp::RdmaRead { remote_addr: addr, rkey: peer.rkey() }, &sge)]).unwrap();
-    ok &= side.cq.wait(WAIT).unwrap().status == WcStatus::Success;
-    ok && side.mr.read_u64(len - 64).unwrap() == 42
+    let wc = side.cq.wait(WAIT).unwrap();
+    expect(&format!("the READ of the word: {wc:?}"), wc.status == WcStatus::Success);
+    let got = side.mr.read_u64(len - 64).unwrap();
+    expect(&format!("the word holds {got}, not 42"), got == 42);
+    ok
 }
 
 /// A UD peer: exchanges QPNs, sends eight datagrams to the other, and checks the eight it
