@@ -361,6 +361,9 @@ impl Drop for Driver {
                 let _ = t.join();
             }
         }
+        if let Some(c) = &mut self.shared.lock().capture {
+            c.flush();
+        }
     }
 }
 
@@ -486,6 +489,9 @@ impl Shared {
                     // rings the doorbell (`after_verb`); a later one needs no wake-up.
                     let until = timeout.map_or(u64::MAX, |t| now.saturating_add(t).as_nanos().max(1));
                     self.sleeping_until.store(until, Ordering::Release);
+                    if let Some(c) = &mut st.capture {
+                        c.flush();
+                    }
                     Some(timeout)
                 }
             };
