@@ -65,6 +65,41 @@ impl From<CmError> for Error {
 
 /// An event channel (`rdma_event_channel`): where the events of its IDs queue, with a file
 /// descriptor that polls readable when one may be waiting. Cloning shares it.
+///
+/// A listener and a client in one process, the way `rdma_server` and `rdma_client` meet:
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// use softrdma::*;
+/// let t = Duration::from_secs(5);
+/// let (server, client) = (EventChannel::new()?, EventChannel::new()?);
+/// let listen = server.create_id(PortSpace::TCP, QpType::Rc)?;
+/// listen.bind_addr("127.0.0.1:7900".parse().unwrap())?;
+/// listen.listen(8)?;
+///
+/// let id = client.create_id(PortSpace::TCP, QpType::Rc)?;
+/// id.resolve_addr(None, "127.0.0.1:7900".parse().unwrap())?;
+/// client.expect(CmEventKind::AddrResolved, t)?;
+/// id.resolve_route()?;
+/// client.expect(CmEventKind::RouteResolved, t)?;
+/// let pd = id.context().unwrap().alloc_pd()?;
+/// id.create_qp(&pd, QpCap::default())?; // driven through INIT, RTR, RTS by the CM
+/// id.connect(&ConnParam { private_data: b"hi".to_vec(), ..ConnParam::default() })?;
+///
+/// let request = server.expect(CmEventKind::ConnectRequest, t)?;
+/// assert!(request.private_data.starts_with(b"hi"));
+/// let pd2 = request.id.context().unwrap().alloc_pd()?;
+/// request.id.create_qp(&pd2, QpCap::default())?;
+/// request.id.accept(&ConnParam::default())?;
+/// client.expect(CmEventKind::Established, t)?;
+/// server.expect(CmEventKind::Established, t)?;
+/// id.disconnect()?; // a DREQ
+/// server.expect(CmEventKind::Disconnected, t)?;
+/// request.id.disconnect()?; // the DREP, as rdma_disconnect after DISCONNECTED
+/// client.expect(CmEventKind::Disconnected, t)?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct EventChannel {
     inner: Arc<ChannelInner>,

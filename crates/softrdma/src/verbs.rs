@@ -25,6 +25,17 @@ use crate::{ContextOptions, Error, Result};
 /// An open device (`ibv_context`): the engine, its sockets and its progress thread.
 /// Cloning shares it; the device closes when the last clone and the last object made from
 /// it are dropped.
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// let ctx = softrdma::device("lo")?.open()?; // port 4791, shared with other processes
+/// assert_eq!(ctx.device().name(), "softrdma_lo");
+/// assert_eq!(ctx.gid(0).map(|g| g.to_ip()), Some("127.0.0.1".parse().unwrap()));
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None)?;
+/// assert!(cq.poll_one().is_none());
+/// # drop((pd, cq)); Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Context {
     pub(crate) drv: Arc<Driver>,
@@ -255,6 +266,23 @@ impl Pd {
 /// [`write`](Mr::write) and [`with`](Mr::with), which hold the device lock meanwhile.
 /// Dropping the region deregisters it first, so nothing in flight reaches freed memory:
 /// a later packet gets a remote access error, a later work request a protection error.
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use softrdma::Access;
+/// let pd = softrdma::device("lo")?.open()?.alloc_pd()?;
+/// let mut mr = pd.reg_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+/// mr.write(0, b"hello")?;
+/// let mut out = [0u8; 5];
+/// mr.read(0, &mut out)?;
+/// assert_eq!(&out, b"hello");
+/// mr.with(|bytes| bytes[5] = b'!'); // the device is paused meanwhile
+/// let sge = mr.sge(0..6)?; // for a local work request
+/// let remote = mr.remote(0..4096)?; // what a peer needs to WRITE here
+/// assert_eq!((sge.length, remote.len), (6, 4096));
+/// assert!(mr.sge(4000..5000).is_err(), "outside the region");
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 pub struct Mr {
     pd: Arc<PdInner>,
@@ -542,6 +570,19 @@ pub const EMPTY_WC: Wc = Wc {
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that polls readable when
 /// an armed CQ got a completion. Cloning shares it.
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// let ctx = softrdma::device("lo")?.open()?;
+/// let channel = ctx.create_comp_channel()?;
+/// let cq = ctx.create_cq(16, Some(&channel))?;
+/// cq.req_notify(false)?; // the next completion raises an event
+/// // Nothing was posted: no event within 10 ms. (Use the fd with poll/epoll, or
+/// // softrdma::asynch with tokio.)
+/// assert!(channel.get_cq_event(Some(Duration::from_millis(10)))?.is_none());
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct CompChannel {
     inner: Arc<ChannelInner>,
@@ -601,6 +642,23 @@ impl AsFd for CompChannel {
 }
 
 /// A shared receive queue (`ibv_srq`). Cloning shares it.
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use softrdma::{Access, QpInit, QpType, RecvWr};
+/// let ctx = softrdma::device("lo")?.open()?;
+/// let pd = ctx.alloc_pd()?;
+/// let cq = ctx.create_cq(64, None)?;
+/// let srq = pd.create_srq(32, 1)?;
+/// let mr = pd.reg_mr(4096, Access::LOCAL_WRITE)?;
+/// let sge = [mr.sge(0..4096)?];
+/// srq.post_recv(&[RecvWr { wr_id: 1, sg_list: &sge }])?;
+/// srq.arm_limit(1)?; // SrqLimitReached when fewer than 1 receive remains
+/// let mut init = QpInit::new(QpType::Rc, &cq);
+/// init.srq = Some(&srq); // its receives come from the SRQ
+/// let _qp = pd.create_qp(&init)?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Srq {
     inner: Arc<SrqInner>,
@@ -635,6 +693,31 @@ impl Srq {
 }
 
 /// An address handle (`ibv_ah`): where UD sends go.
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// use softrdma::*;
+/// let (a, b) = (device("lo")?.open()?, device("lo")?.open()?);
+/// let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+/// let (cqa, cqb) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+/// let (qa, qb) = (pa.create_qp(&QpInit::new(QpType::Ud, &cqa))?, pb.create_qp(&QpInit::new(QpType::Ud, &cqb))?);
+/// qa.ready_ud(0x11, 0)?;
+/// qb.ready_ud(0x11, 0)?;
+/// let mb = pb.reg_mr(256, Access::LOCAL_WRITE)?;
+/// let rsge = [mb.sge(0..256)?];
+/// qb.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge }])?;
+/// let av = AddressVector { dgid: b.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+/// let ah = pa.create_ah(av)?;
+/// let ma = pa.reg_mr(16, Access::LOCAL_WRITE)?;
+/// ma.write(0, b"datagram")?;
+/// let sge = [ma.sge(0..8)?];
+/// let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(qb.qpn()), remote_qkey: QKey(0x11) };
+/// qa.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])?;
+/// let wc = cqb.wait(Duration::from_secs(5))?;
+/// assert_eq!(wc.byte_len, 40 + 8); // the GRH first, then the payload
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Ah {
     inner: Arc<AhInner>,
@@ -690,6 +773,42 @@ impl<'a> QpInit<'a> {
 }
 
 /// A queue pair (`ibv_qp`).
+///
+/// Two contexts on 127.0.0.1 (as two processes would be), an RC QP each, connected by
+/// hand, then a SEND into a posted receive and an RDMA WRITE:
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// use softrdma::{Access, ConnectOptions, QpInit, QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus};
+///
+/// let (a, b) = (softrdma::device("lo")?.open()?, softrdma::device("lo")?.open()?);
+/// let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+/// let (cqa, cqb) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+/// let qa = pa.create_qp(&QpInit::new(QpType::Rc, &cqa))?;
+/// let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cqb))?;
+/// // Each side tells the other its QPN, GID and first PSN (out of band, or by rdma_cm).
+/// qa.connect(100, &qb.endpoint(0, 200)?, &ConnectOptions::default())?;
+/// qb.connect(200, &qa.endpoint(0, 100)?, &ConnectOptions::default())?;
+///
+/// let (ma, mb) = (pa.reg_mr(64, Access::ALL)?, pb.reg_mr(64, Access::ALL)?);
+/// let rsge = [mb.sge(0..32)?];
+/// qb.post_recv(&[RecvWr { wr_id: 7, sg_list: &rsge }])?;
+/// ma.write(0, b"a send")?;
+/// let sge = [ma.sge(0..6)?];
+/// qa.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// assert_eq!(cqb.wait(Duration::from_secs(5))?.wr_id, 7);
+///
+/// let target = mb.remote(32..64)?;
+/// let write = SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey };
+/// qa.post_send(&[SendWr { wr_id: 2, op: write, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// let wcs = cqa.wait_n(2, Duration::from_secs(5))?;
+/// assert!(wcs.iter().all(|wc| wc.status == WcStatus::Success));
+/// let mut got = [0u8; 6];
+/// mb.read(32, &mut got)?;
+/// assert_eq!(&got, b"a send");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct Qp {
     inner: Arc<QpInner>,

@@ -538,6 +538,7 @@ fn cm_server() {
     assert_eq!(id.get_send_comp(WAIT).unwrap().status, WcStatus::Success);
     ch.expect(CmEventKind::Disconnected, WAIT).unwrap();
     assert_eq!(id.qp().unwrap().state(), Some(QpState::Err));
+    id.disconnect().unwrap(); // the DREP, as rdma_disconnect after DISCONNECTED
     say("SERVER done");
 }
 
