@@ -14,6 +14,9 @@ use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Config, RecvBatch};
 
 const CHILD_ENV: &str = "SOFTRDMA_HOST_CHILD";
+/// Set: the child says "waiting" and joins only when a line arrives on its stdin, so that
+/// the parent can release many joins at the same instant.
+const BARRIER_ENV: &str = "SOFTRDMA_HOST_BARRIER";
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 fn random() -> u64 {
@@ -29,6 +32,12 @@ fn host_child() {
     let port: u16 = parts.next().unwrap().parse().unwrap();
     let listens: Vec<u64> = parts.map(|s| s.parse().unwrap()).collect();
     let config = HostConfig { device, port, socket: Config::default() };
+    if std::env::var_os(BARRIER_ENV).is_some() {
+        println!("@@ waiting");
+        let _ = std::io::stdout().flush();
+        let mut line = String::new();
+        let _ = std::io::stdin().read_line(&mut line);
+    }
     let member = match Member::join(&[LOCALHOST], &config) {
         Ok(m) => m,
         Err(e) => {
@@ -118,6 +127,13 @@ impl Drop for Proc {
 
 impl Proc {
     fn spawn(device: &str, port: u16, listens: &[u64]) -> Proc {
+        let mut p = Proc::start(device, port, listens, false);
+        p.await_ready(listens.len(), Duration::from_secs(10));
+        p
+    }
+
+    /// Starts the child; with `barrier`, it waits for [`release`](Self::release) to join.
+    fn start(device: &str, port: u16, listens: &[u64], barrier: bool) -> Proc {
         let mut spec = format!("{device},{port}");
         for l in listens {
             spec.push_str(&format!(",{l}"));
@@ -125,6 +141,7 @@ impl Proc {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "host_child", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, spec)
+            .envs(barrier.then_some((BARRIER_ENV, "1")))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -142,18 +159,33 @@ impl Proc {
                 }
             }
         });
-        let mut p = Proc { child, lines: rx, slot: 0, coordinator: false, listen_results: Vec::new() };
-        let line = p.lines.recv_timeout(Duration::from_secs(10)).expect("child joins within 10 s");
-        let f: Vec<&str> = line.split(' ').collect();
-        assert_eq!(f[0], "ready", "child: {line}");
-        p.slot = f[1].parse().unwrap();
-        p.coordinator = f[2] == "1";
-        for _ in listens {
-            let l = p.lines.recv_timeout(Duration::from_secs(10)).expect("listen answered");
-            assert!(l.starts_with("listen"), "{l}");
-            p.listen_results.push(l);
+        let p = Proc { child, lines: rx, slot: 0, coordinator: false, listen_results: Vec::new() };
+        if barrier {
+            let line = p.lines.recv_timeout(Duration::from_secs(10)).expect("child starts within 10 s");
+            assert_eq!(line, "waiting");
         }
         p
+    }
+
+    /// Lets a child started with a barrier join.
+    fn release(&mut self) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin.write_all(b"go\n").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// Waits for the child's "ready" line (its join returned) and its listen results.
+    fn await_ready(&mut self, listens: usize, within: Duration) {
+        let line = self.lines.recv_timeout(within).expect("child joins in time");
+        let f: Vec<&str> = line.split(' ').collect();
+        assert_eq!(f[0], "ready", "child: {line}");
+        self.slot = f[1].parse().unwrap();
+        self.coordinator = f[2] == "1";
+        for _ in 0..listens {
+            let l = self.lines.recv_timeout(Duration::from_secs(10)).expect("listen answered");
+            assert!(l.starts_with("listen"), "{l}");
+            self.listen_results.push(l);
+        }
     }
 
     /// Lines received so far (waiting `wait` first).
@@ -406,4 +438,52 @@ fn killed_coordinator_is_replaced() {
     // A new member can join the new coordinator.
     procs.push(Proc::spawn(&device, port, &[]));
     wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 200);
+}
+
+/// `n` processes join one device and port at the same instant (released together from a
+/// barrier), `rounds` times on the same port; every one must be steered, with one
+/// coordinator and distinct slots. Stops early after `budget`.
+fn simultaneous_joins(n: usize, rounds: usize, budget: Duration) {
+    let (device, port) = group();
+    let s = sender();
+    let start = Instant::now();
+    let mut done = 0;
+    for round in 0..rounds as u64 {
+        if start.elapsed() >= budget {
+            break;
+        }
+        let mut procs: Vec<Proc> = (0..n).map(|_| Proc::start(&device, port, &[], true)).collect();
+        for p in &mut procs {
+            p.release();
+        }
+        for p in &mut procs {
+            p.await_ready(0, Duration::from_secs(10));
+        }
+        let slots: BTreeSet<u32> = procs.iter().map(|p| p.slot).collect();
+        assert_eq!(slots.len(), n, "round {round}: distinct slots");
+        let coordinators = procs.iter().filter(|p| p.coordinator).count();
+        assert_eq!(coordinators, 1, "round {round}: one coordinator");
+        wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), round << 16);
+        assert!(data_round(&s, port, &procs.iter().collect::<Vec<_>>(), round << 16 | 0xffff, 8), "round {round}");
+        done += 1;
+        // Every member exits before the next round: the group and the name start afresh.
+        drop(procs);
+    }
+    println!("{n} simultaneous joins: {done} rounds steered in {:?}", start.elapsed());
+    assert!(done >= 3, "at least three rounds");
+}
+
+#[test]
+fn two_simultaneous_joins() {
+    simultaneous_joins(2, 40, Duration::from_secs(20));
+}
+
+#[test]
+fn three_simultaneous_joins() {
+    simultaneous_joins(3, 30, Duration::from_secs(20));
+}
+
+#[test]
+fn eight_simultaneous_joins() {
+    simultaneous_joins(8, 15, Duration::from_secs(25));
 }
