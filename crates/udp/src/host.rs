@@ -14,8 +14,10 @@
 //!   (per network namespace). It holds a duplicate of every member's sockets, so the order
 //!   of a group changes only when it closes one; after each change it learns each socket's
 //!   index by sending **probes** (datagrams with a magic no BTH has, routed by the index
-//!   they carry) which members report back, then installs the new program. When it dies,
-//!   the members race for the name and re-register with the winner.
+//!   they carry: a group gets a program with that rule before its first probe) which
+//!   members report back, then installs the new program once every index is placed on a
+//!   distinct member. When it dies, the members race for the name and re-register with
+//!   the winner.
 //!
 //! The data sockets ([`Member::sockets`]) belong to the caller's progress loop, which must
 //! pass datagrams for which [`Member::is_probe`] holds to [`Member::answer_probe`] (cheap,
@@ -138,6 +140,10 @@ impl Member {
     pub fn join(addresses: &[IpAddr], config: &HostConfig) -> io::Result<Member> {
         if addresses.is_empty() || addresses.len() > proto::MAX_FDS {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "1 to 16 addresses"));
+        }
+        if addresses.iter().enumerate().any(|(i, a)| addresses[..i].contains(a)) {
+            // Two sockets of one member in a group would be two indices for one slot.
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "an address given twice"));
         }
         if config.port == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "port 0 makes no group"));

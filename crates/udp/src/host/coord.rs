@@ -38,8 +38,20 @@ struct Conn {
 struct Round {
     nonces: HashMap<u64, (SocketAddr, u32)>,
     expected: BTreeMap<SocketAddr, usize>,
+    /// Per group: index → the slot that answered its probe, each slot at most once.
     found: BTreeMap<SocketAddr, BTreeMap<u32, u32>>,
+    /// Slots that answered the probes of two indices of one group: the probes were not
+    /// steered by index (the kernel hashed them), so the round proves nothing about them.
+    conflicts: BTreeSet<(SocketAddr, u32)>,
     deadline: Instant,
+}
+
+impl Round {
+    /// Every group has as many distinct slots placed as it has members' sockets, and no
+    /// answer contradicted another.
+    fn complete(&self) -> bool {
+        self.conflicts.is_empty() && self.expected.iter().all(|(a, &n)| self.found.get(a).map_or(0, |f| f.len()) >= n)
+    }
 }
 
 /// The coordinator's state, driven by the member's background thread.
@@ -294,16 +306,20 @@ impl Server {
                     return;
                 }
                 let addr = round.nonces[&nonce].0;
-                round.found.entry(addr).or_default().insert(index, slot);
-                // Complete when every group's indices are answered by as many distinct
-                // members: two answers from one member mean a probe went astray (hashed,
-                // not steered), and the round must not be trusted.
-                let complete = round.expected.iter().all(|(a, &n)| {
-                    round.found.get(a).is_some_and(|f| {
-                        f.len() >= n && f.values().collect::<std::collections::BTreeSet<_>>().len() >= n
-                    })
-                });
-                if complete {
+                let found = round.found.entry(addr).or_default();
+                if found.contains_key(&index) {
+                    // A second answer for one probe (a duplicate): the first stands.
+                    return;
+                }
+                if found.values().any(|&s| s == slot) {
+                    // This member's socket got the probes of two indices: they were
+                    // hashed, not steered. The round cannot complete; it times out and
+                    // is retried.
+                    round.conflicts.insert((addr, slot));
+                    return;
+                }
+                found.insert(index, slot);
+                if round.complete() {
                     self.finish_round(true);
                     if self.dirty {
                         self.start_round();
@@ -331,10 +347,22 @@ impl Server {
                 *expected.entry(*addr).or_default() += 1;
             }
         }
+        // Probes reach the socket at the index they carry only through the probe rule of
+        // the group's program. A group this coordinator has not programmed yet (new, or
+        // found after a failover) may have no program: the kernel would hash every probe
+        // (one source, one destination) to the same socket. Attach a program first: the
+        // probe rule and nothing steered, until this round tells where each slot is.
+        let unprogrammed: BTreeSet<SocketAddr> =
+            expected.keys().filter(|a| !self.index_of.contains_key(*a)).copied().collect();
+        for &addr in &unprogrammed {
+            self.index_of.insert(addr, BTreeMap::new());
+        }
+        self.install_groups(Some(&unprogrammed));
         let mut round = Round {
             nonces: HashMap::new(),
             expected,
             found: BTreeMap::new(),
+            conflicts: BTreeSet::new(),
             deadline: Instant::now() + ROUND_TIMEOUT,
         };
         let mut probes = Vec::new();
@@ -349,14 +377,6 @@ impl Server {
                 };
                 probes.push((SocketAddr::new(ip, addr.port()), steer::probe(index, nonce)));
             }
-        }
-        // Every group must route probes by the index they carry before any is sent: a
-        // group new since the last round (all its members joined at once) has no program
-        // yet, and the kernel would hash every probe to one member.
-        let tables = self.tables();
-        for addr in round.expected.keys() {
-            let table = tables.get(addr).cloned().unwrap_or_default();
-            self.attach(*addr, &table);
         }
         self.round = Some(round);
         for (dst, p) in probes {
@@ -374,7 +394,8 @@ impl Server {
         let live: BTreeSet<u32> = self.conns.iter().map(|c| c.slot).filter(|&s| s != 0).collect();
         let mut index_of = BTreeMap::new();
         for (&addr, &n) in &round.expected {
-            let found = round.found.get(&addr).cloned().unwrap_or_default();
+            let mut found = round.found.get(&addr).cloned().unwrap_or_default();
+            found.retain(|_, s| !round.conflicts.contains(&(addr, *s)));
             let mut map: BTreeMap<u32, u32> = found.iter().map(|(&i, &s)| (s, i)).collect();
             if !complete {
                 // Keep the last known index of members that did not answer, where no one
@@ -394,7 +415,9 @@ impl Server {
         self.install();
         if complete {
             self.retries = 0;
-        } else if self.retries < MAX_RETRIES {
+        } else if self.retries < MAX_RETRIES || self.conns.iter().any(|c| c.awaiting) {
+            // A member still waiting to be steered (its `join` waits) keeps the rounds
+            // going; the others get a few retries.
             self.retries += 1;
             self.dirty = true;
         }
@@ -441,21 +464,25 @@ impl Server {
 
     /// Generates and attaches the program of every group.
     fn install(&mut self) {
-        for (addr, table) in self.tables() {
-            self.attach(addr, &table);
-        }
+        self.install_groups(None);
     }
 
-    /// Attaches the program for `table` to the group of `addr`.
-    fn attach(&mut self, addr: SocketAddr, table: &Table) {
-        let Some(code) = steer::program(table) else { return };
-        let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|(a, _)| *a == addr).map(|(_, fd)| fd) else {
-            return;
-        };
-        let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
-        // Failing leaves the previous program; the next change tries again.
-        if crate::sys::attach_reuseport_cbpf(fd.as_fd(), &code).is_err() {
-            self.attach_errors += 1;
+    /// Generates and attaches the program of the groups in `only` (all when `None`).
+    fn install_groups(&mut self, only: Option<&BTreeSet<SocketAddr>>) {
+        for (addr, table) in self.tables() {
+            if only.is_some_and(|o| !o.contains(&addr)) {
+                continue;
+            }
+            let Some(code) = steer::program(&table) else { continue };
+            let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|(a, _)| *a == addr).map(|(_, fd)| fd)
+            else {
+                continue;
+            };
+            let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
+            // Failing leaves the previous program; the next change tries again.
+            if crate::sys::attach_reuseport_cbpf(fd.as_fd(), &code).is_err() {
+                self.attach_errors += 1;
+            }
         }
     }
 }
