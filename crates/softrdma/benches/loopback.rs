@@ -194,15 +194,19 @@ struct Rdma {
     mr: Mr,
 }
 
+/// A device on loopback address `ip`, on the benchmark's port (`SOFTRDMA_BENCH_NO_GSO` turns
+/// GSO/GRO off, to compare).
+fn open_device(ip: [u8; 4]) -> Context {
+    let options = ContextOptions {
+        port: PORT,
+        gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
+        ..ContextOptions::default()
+    };
+    Device::with_addresses("lo", vec![IpAddr::from(ip)]).open_with(&options).unwrap()
+}
+
 fn rdma_side(ip: [u8; 4], len: usize) -> (Rdma, Advert) {
-    let device = Device::with_addresses("lo", vec![IpAddr::from(ip)]);
-    let ctx = device
-        .open_with(&ContextOptions {
-            port: PORT,
-            gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
-            ..ContextOptions::default()
-        })
-        .unwrap();
+    let ctx = open_device(ip);
     let pd = ctx.alloc_pd().unwrap();
     let channel = ctx.create_comp_channel().unwrap();
     let cq = ctx.create_cq(4096, Some(&channel)).unwrap();
@@ -488,14 +492,7 @@ fn child_main(role: &str) {
         "rdma-idle" | "rdma-idle-peer" => {
             let n: usize = std::env::var("SOFTRDMA_BENCH_QPS").unwrap().parse().unwrap();
             let ip = if role == "rdma-idle" { A } else { B };
-            let device = Device::with_addresses("lo", vec![IpAddr::from(ip)]);
-            let ctx = device
-                .open_with(&ContextOptions {
-                    port: PORT,
-                    gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
-                    ..ContextOptions::default()
-                })
-                .unwrap();
+            let ctx = open_device(ip);
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(4096, None).unwrap();
             let mut qps = Vec::new();
@@ -511,14 +508,7 @@ fn child_main(role: &str) {
         }
         "rdma-memory" => {
             let n: usize = std::env::var("SOFTRDMA_BENCH_QPS").unwrap().parse().unwrap();
-            let device = Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 3])]);
-            let ctx = device
-                .open_with(&ContextOptions {
-                    port: PORT,
-                    gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
-                    ..ContextOptions::default()
-                })
-                .unwrap();
+            let ctx = open_device([127, 0, 0, 3]);
             let pd = ctx.alloc_pd().unwrap();
             let cq = ctx.create_cq(4096, None).unwrap();
             let before = rss_bytes();
