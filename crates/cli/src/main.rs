@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 
 mod decode;
 mod loopback;
+mod perf;
 
 /// RDMA in software: RoCEv2 verbs and rdma_cm in user space.
 #[derive(Parser, Debug)]
@@ -39,11 +40,19 @@ enum Command {
     /// (127.0.0.1 and 127.0.0.2, UDP port 4791) move data over an RC QP pair with RDMA WRITE,
     /// READ or SEND, and report bandwidth and latency.
     Loopback(loopback::Args),
+    /// perftest for softrdma: bandwidth and latency of SEND, WRITE, READ and atomics
+    /// between a server and a client (or both here with --loopback), and this machine's
+    /// limits without RDMA (`softrdma perf baseline`).
+    Perf {
+        #[command(subcommand)]
+        test: perf::PerfCommand,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Perf { test } => perf::main(test),
         Command::Loopback(args) => match loopback::run(&args) {
             Ok(report) => {
                 let out = if args.json {

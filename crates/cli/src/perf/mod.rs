@@ -1,0 +1,447 @@
+//! `softrdma perf`: perftest for softrdma.
+//!
+//! `softrdma perf <send|write|read|atomic> <bw|lat>` waits as the server; with a HOST it
+//! connects to one as the client; with `--loopback` it runs both, as two processes on
+//! 127.0.0.1. The client decides the test and sends it to the server ([`spec::Spec`]), so
+//! the server needs no options but its port. `softrdma perf baseline` measures what the
+//! machine does without RDMA, and `--vs-baseline` prints each figure as a ratio of it.
+
+mod baseline;
+mod child;
+mod control;
+mod plot;
+mod progress;
+mod report;
+mod run;
+mod spec;
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Subcommand;
+use softrdma::{ContextOptions, Device};
+
+pub(crate) use baseline::BaselineArgs;
+use control::{Control, Msg, SideStats};
+use progress::Progress;
+use report::{Ratio, Report, SizeResult, latency_is};
+use run::Side;
+use spec::{Mode, Op, Spec, TestArgs};
+
+/// `softrdma perf`'s tests.
+#[derive(Clone, Debug, Subcommand)]
+pub(crate) enum PerfCommand {
+    /// SEND into the peer's receive queue (ib_send_bw, ib_send_lat).
+    Send(TestArgs),
+    /// RDMA WRITE into the peer's memory (ib_write_bw, ib_write_lat).
+    Write(TestArgs),
+    /// RDMA READ from the peer's memory (ib_read_bw, ib_read_lat).
+    Read(TestArgs),
+    /// 8-byte atomic FETCH_AND_ADD on the peer's memory (ib_atomic_bw, ib_atomic_lat).
+    Atomic(TestArgs),
+    /// What this machine does without RDMA: UDP ping-pong latency (busy-polled and
+    /// blocking), UDP GSO+GRO goodput, memcpy and process_vm_writev bandwidth.
+    Baseline(BaselineArgs),
+}
+
+/// Why a perf run failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PerfError {
+    /// The options do not make a test.
+    #[error("{0}")]
+    Usage(String),
+    /// The peer cannot be reached.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The peer broke the protocol or went away.
+    #[error("{0}")]
+    Peer(String),
+    /// A verb failed.
+    #[error("{0}")]
+    Rdma(String),
+    /// Operations stopped completing.
+    #[error("the run stalled: {0}")]
+    Stalled(String),
+    /// A system call or file failed.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl PerfError {
+    /// 2 for what the user can fix by changing the command (options, host), 1 otherwise.
+    fn exit_code(&self) -> u8 {
+        match self {
+            PerfError::Usage(_) | PerfError::Unreachable(_) => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// Runs a `softrdma perf` command.
+pub(crate) fn main(cmd: PerfCommand) -> ExitCode {
+    let (what, result) = match cmd {
+        PerfCommand::Send(a) => ("send", test(Op::Send, &a)),
+        PerfCommand::Write(a) => ("write", test(Op::Write, &a)),
+        PerfCommand::Read(a) => ("read", test(Op::Read, &a)),
+        PerfCommand::Atomic(a) => ("atomic", test(Op::Atomic, &a)),
+        PerfCommand::Baseline(a) => ("baseline", baseline_main(&a)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("softrdma perf {what}: {e}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn print(text: &str) -> Result<(), PerfError> {
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(PerfError::Io(format!("writing the results: {e}"))),
+    }
+}
+
+fn json<T: serde::Serialize>(value: &T) -> Result<String, PerfError> {
+    serde_json::to_string_pretty(value).map(|s| s + "\n").map_err(|e| PerfError::Io(format!("encoding JSON: {e}")))
+}
+
+fn baseline_main(a: &BaselineArgs) -> Result<(), PerfError> {
+    if let Some(role) = &a.role {
+        return baseline::role(role);
+    }
+    if !(0.01..=600.0).contains(&a.duration) {
+        return Err(PerfError::Usage(format!("-D/--duration {}: 0.01 to 600 seconds", a.duration)));
+    }
+    let b = baseline::measure(a.iters, Duration::from_secs_f64(a.duration), a.size)?;
+    print(&if a.json { json(&b)? } else { baseline::text(&b) })
+}
+
+fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
+    let spec = Spec::from_args(op, a).map_err(PerfError::Usage)?;
+    if a.rdma_cm {
+        return Err(PerfError::Usage(
+            "--rdma-cm: connecting perf's QPs through rdma_cm is not built yet; drop --rdma-cm to use the TCP exchange"
+                .into(),
+        ));
+    }
+    if a.loopback {
+        return loopback(op, a, &spec);
+    }
+    match &a.host {
+        Some(host) => {
+            let report = client(host, a, &spec)?;
+            output(a, report)
+        }
+        None => server(a),
+    }
+}
+
+/// Prints (and plots) a client's report, measuring the baseline first if asked.
+fn output(a: &TestArgs, mut report: Report) -> Result<(), PerfError> {
+    if a.vs_baseline {
+        let b = baseline::measure(5000, Duration::from_millis(500), report.spec.max_size().max(64))?;
+        report.vs_baseline = ratios(&report, &b);
+        report.baseline = Some(b);
+    }
+    if let Some(path) = &a.plot {
+        plot::draw(&report, path)?;
+    }
+    print(&if a.json { json(&report)? } else { report.text() })
+}
+
+/// Each figure of `report` against the limits that bound it.
+fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    for r in &report.results {
+        if let Some(l) = r.latency_us {
+            let name = format!("{} B median latency", r.bytes);
+            out.push(Ratio {
+                figure: name.clone(),
+                value: l.median,
+                unit: "us",
+                baseline: "busy-polled UDP one way".into(),
+                baseline_value: b.udp_busy_one_way_us.median,
+                ratio: l.median / b.udp_busy_one_way_us.median,
+            });
+            out.push(Ratio {
+                figure: name,
+                value: l.median,
+                unit: "us",
+                baseline: "blocking UDP one way".into(),
+                baseline_value: b.udp_blocking_one_way_us.median,
+                ratio: l.median / b.udp_blocking_one_way_us.median,
+            });
+        }
+        if let Some(mbs) = r.bw_avg_mb_per_sec {
+            let gbs = mbs / 1e3;
+            let name = format!("{} B average bandwidth", r.bytes);
+            let mut add = |what: &str, limit: f64| {
+                out.push(Ratio {
+                    figure: name.clone(),
+                    value: gbs,
+                    unit: "GB/s",
+                    baseline: what.into(),
+                    baseline_value: limit,
+                    ratio: gbs / limit,
+                });
+            };
+            add("UDP GSO+GRO goodput", b.udp_gso_gro_gbytes_per_sec);
+            if let Some(pvm) = b.process_vm_writev_gbytes_per_sec {
+                add("process_vm_writev", pvm);
+            }
+            add("memcpy", b.memcpy_gbytes_per_sec);
+        }
+    }
+    out
+}
+
+/// The device that owns `ip` (or is named `name`) and the GID index of `ip` on it.
+fn device_for(ip: IpAddr, name: Option<&str>) -> Result<(Device, u8), PerfError> {
+    let ip = ip.to_canonical();
+    if let Some(name) = name {
+        let d = softrdma::device(name).map_err(|e| PerfError::Usage(e.to_string()))?;
+        let index = d.gid_index(ip).unwrap_or(0);
+        return Ok((d, index));
+    }
+    let all = softrdma::devices().map_err(|e| PerfError::Io(e.to_string()))?;
+    if let Some((d, i)) = all.iter().find_map(|d| d.gid_index(ip).map(|i| (d.clone(), i))) {
+        return Ok((d, i));
+    }
+    if ip.is_loopback() {
+        // 127.0.0.2 and friends: lo answers the whole 127.0.0.0/8.
+        return Ok((Device::with_addresses("lo", vec![ip]), 0));
+    }
+    let names: Vec<&str> = all.iter().map(Device::name).collect();
+    Err(PerfError::Usage(format!(
+        "no softrdma device has address {ip}; name one with -d (there are: {})",
+        names.join(", ")
+    )))
+}
+
+fn open(ip: IpAddr, name: Option<&str>) -> Result<(softrdma::Context, u8), PerfError> {
+    let (device, gid_index) = device_for(ip, name)?;
+    let ctx = device
+        .open_with(&ContextOptions::default())
+        .map_err(|e| PerfError::Rdma(format!("opening {}: {e}", device.name())))?;
+    Ok((ctx, gid_index))
+}
+
+const HANDSHAKE: Duration = Duration::from_secs(30);
+
+/// The server: waits for one client and runs what it asks.
+fn server(a: &TestArgs) -> Result<(), PerfError> {
+    let bind: SocketAddr =
+        if a.announce { (Ipv4Addr::LOCALHOST, a.port).into() } else { (Ipv4Addr::UNSPECIFIED, a.port).into() };
+    let listener = TcpListener::bind(bind).map_err(|e| {
+        PerfError::Usage(format!("cannot listen on TCP {bind}: {e} (is another server running? pick another -p)"))
+    })?;
+    let port = listener.local_addr().map_err(|e| PerfError::Io(e.to_string()))?.port();
+    let stream = if a.announce {
+        print(&format!("LISTENING {port}\n"))?;
+        accept_within(&listener, HANDSHAKE)?
+    } else {
+        if !a.json {
+            print(&format!("softrdma perf: waiting for a client on TCP port {port} (Ctrl-C to stop)\n"))?;
+        }
+        listener.accept().map_err(|e| PerfError::Io(format!("accept: {e}")))?.0
+    };
+    let ctl = Control::new(stream)?;
+    let (version, spec, peer) = ctl.expect("Hello", HANDSHAKE, |m| match m {
+        Msg::Hello { version, spec, side } => Some((version, spec, side)),
+        _ => None,
+    })?;
+    let refuse = |e: PerfError| {
+        let _ = ctl.send(&Msg::Refuse { reason: e.to_string() });
+        e
+    };
+    if version != control::VERSION {
+        return Err(refuse(PerfError::Peer(format!(
+            "the client speaks perf protocol {version}, this server {}; run the same softrdma on both sides",
+            control::VERSION
+        ))));
+    }
+    spec.validate().map_err(|e| refuse(PerfError::Peer(format!("the client asked for an impossible test: {e}"))))?;
+    let (ctx, gid_index) = open(ctl.local().ip(), a.device.as_deref()).map_err(refuse)?;
+    let mut side = Side::new(ctx, gid_index, &spec).map_err(refuse)?;
+    run::check_peer(&spec, &peer).map_err(refuse)?;
+    side.connect(&peer).map_err(refuse)?;
+    let info = side.info()?;
+    ctl.send(&Msg::Accept { side: info.clone() })?;
+    let mut lines = Vec::new();
+    loop {
+        let size = match ctl.recv(HANDSHAKE + spec.run_deadline(spec.max_size()))? {
+            Msg::Run { size } => size,
+            Msg::Bye => break,
+            other => return Err(PerfError::Peer(format!("expected Run or Bye, got {other:?}"))),
+        };
+        if !spec.sizes.contains(&size) {
+            return Err(PerfError::Peer(format!("the client asked for size {size}, not one of the test's")));
+        }
+        ctl.reset_finished();
+        ctl.send(&Msg::Ready)?;
+        let stats = match spec.mode {
+            Mode::Bw => side.bw(&ctl, &peer, size, spec.bidirectional, &mut Progress::new(&spec, false))?.0,
+            Mode::Lat => side.lat_server(&ctl, &peer, size)?,
+        };
+        ctl.send(&Msg::Report { stats })?;
+        lines.push(format!(
+            " {:<10} answered: {} messages received, {} operations sent, {} packets sent, {} retransmitted",
+            size, stats.received, stats.ops, stats.packets_sent, stats.retransmitted
+        ));
+    }
+    if !a.announce && !a.json {
+        print(&format!(
+            "softrdma perf {}: served {} on {} (QPN {:#08x}) for {}\n{}\n",
+            spec.title(),
+            spec.conn,
+            info.device,
+            info.qps.first().map_or(0, |q| q.qpn),
+            ctl.peer(),
+            lines.join("\n")
+        ))?;
+    }
+    Ok(())
+}
+
+fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, PerfError> {
+    listener.set_nonblocking(true).map_err(|e| PerfError::Io(e.to_string()))?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((s, _)) => {
+                s.set_nonblocking(false).map_err(|e| PerfError::Io(e.to_string()))?;
+                return Ok(s);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(PerfError::Peer(format!("no client came within {timeout:?}")));
+            }
+            Err(e) => return Err(PerfError::Io(format!("accept: {e}"))),
+        }
+    }
+}
+
+/// The client: connects, runs every size, returns the report.
+fn client(host: &str, a: &TestArgs, spec: &Spec) -> Result<Report, PerfError> {
+    let target = format!("{host}:{}", a.port);
+    let addrs: Vec<SocketAddr> = match target.to_socket_addrs() {
+        Ok(it) => it.collect(),
+        Err(e) if host.contains(':') && !host.starts_with('[') => {
+            format!("[{host}]:{}", a.port).to_socket_addrs().map_err(|_| unreachable(host, a.port, &e))?.collect()
+        }
+        Err(e) => return Err(unreachable(host, a.port, &e)),
+    };
+    let mut last = None;
+    let mut stream = None;
+    for addr in &addrs {
+        match TcpStream::connect_timeout(addr, Duration::from_secs(5)) {
+            Ok(s) => {
+                stream = Some(s);
+                break;
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    let stream = match stream {
+        Some(s) => s,
+        None => {
+            let e = last.unwrap_or_else(|| std::io::Error::other("no address"));
+            return Err(unreachable(host, a.port, &e));
+        }
+    };
+    let ctl = Control::new(stream)?;
+    let (ctx, gid_index) = open(ctl.local().ip(), a.device.as_deref())?;
+    let mut side = Side::new(ctx, gid_index, spec)?;
+    let local = side.info()?;
+    ctl.send(&Msg::Hello { version: control::VERSION, spec: spec.clone(), side: local.clone() })?;
+    let peer = ctl.expect("Accept", HANDSHAKE, |m| match m {
+        Msg::Accept { side } => Some(side),
+        _ => None,
+    })?;
+    run::check_peer(spec, &peer)?;
+    side.connect(&peer)?;
+    let mut progress = Progress::new(spec, true);
+    let mut results = Vec::new();
+    for (i, &size) in spec.sizes.iter().enumerate() {
+        progress.start_run(i, size);
+        ctl.send(&Msg::Run { size })?;
+        ctl.expect("Ready", HANDSHAKE, |m| matches!(m, Msg::Ready).then_some(()))?;
+        let result = match spec.mode {
+            Mode::Bw => {
+                let (mine, samples) = side.bw(&ctl, &peer, size, true, &mut progress)?;
+                let theirs = report_of(&ctl, spec, size)?;
+                SizeResult::bw(spec, size, mine, theirs, &samples)
+            }
+            Mode::Lat => {
+                let (mine, samples) = side.lat_client(&ctl, &peer, size, &mut progress)?;
+                let theirs = report_of(&ctl, spec, size)?;
+                SizeResult::lat(spec, size, mine, theirs, &samples)
+            }
+        };
+        results.push(result);
+    }
+    progress.finish();
+    ctl.send(&Msg::Bye)?;
+    Ok(Report {
+        test: spec.title(),
+        spec: spec.clone(),
+        local,
+        remote: peer,
+        latency_is: (spec.mode == Mode::Lat).then(|| latency_is(spec.op)),
+        results,
+        baseline: None,
+        vs_baseline: Vec::new(),
+    })
+}
+
+fn report_of(ctl: &Control, spec: &Spec, size: u64) -> Result<SideStats, PerfError> {
+    ctl.expect("Report", HANDSHAKE + spec.run_deadline(size), |m| match m {
+        Msg::Report { stats } => Some(stats),
+        _ => None,
+    })
+}
+
+fn unreachable(host: &str, port: u16, e: &std::io::Error) -> PerfError {
+    PerfError::Unreachable(format!(
+        "cannot reach a softrdma perf server at {host} port {port}: {e} (start `softrdma perf <test> <bw|lat>` there first)"
+    ))
+}
+
+/// `--loopback`: the server as a child process on 127.0.0.1, this process the client.
+fn loopback(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
+    let mut args = vec![
+        "perf".to_string(),
+        op.to_string(),
+        spec.mode.to_string(),
+        "--port".into(),
+        "0".into(),
+        "--announce".into(),
+    ];
+    if let Some(d) = &a.device {
+        args.extend(["-d".into(), d.clone()]);
+    }
+    let mut server = child::Peer::spawn(&args, "loopback server")?;
+    let line = server.expect_line("LISTENING", HANDSHAKE)?;
+    let port: u16 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| PerfError::Io(format!("the loopback server said {line:?}")))?;
+    let client_args = TestArgs { port, ..a.clone() };
+    let report = client("127.0.0.1", &client_args, spec)?;
+    let status = server.wait(Duration::from_secs(30))?;
+    if !status.success() {
+        return Err(PerfError::Peer(format!("the loopback server failed: {status}")));
+    }
+    output(a, report)
+}

@@ -1,0 +1,146 @@
+//! `--plot FILE.svg`: a bandwidth-vs-size curve (bw) or a latency histogram (lat; a
+//! median-and-p99-vs-size curve when several sizes ran).
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use super::PerfError;
+use super::report::Report;
+use super::spec::Mode;
+
+/// Draws `report` into the SVG file `path`.
+pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
+    let fail = |e: String| PerfError::Io(format!("drawing {}: {e}", path.display()));
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+    let title = format!("softrdma perf {} ({}, {} QP)", report.test, report.spec.conn, report.spec.qps);
+    let results = &report.results;
+    match report.spec.mode {
+        Mode::Bw => {
+            let points: Vec<(u64, f64)> =
+                results.iter().map(|r| (r.bytes, r.bw_avg_gbit_per_sec.unwrap_or(0.0))).collect();
+            let top = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.15;
+            let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&title, ("sans-serif", 22))
+                .margin(16)
+                .x_label_area_size(44)
+                .y_label_area_size(64)
+                .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
+                .map_err(|e| fail(e.to_string()))?;
+            chart
+                .configure_mesh()
+                .x_desc("message size (bytes)")
+                .y_desc("average bandwidth (Gb/s)")
+                .draw()
+                .map_err(|e| fail(e.to_string()))?;
+            chart
+                .draw_series(LineSeries::new(points.iter().copied(), BLUE.stroke_width(2)))
+                .map_err(|e| fail(e.to_string()))?
+                .label("softrdma")
+                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+            chart
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
+                .map_err(|e| fail(e.to_string()))?;
+            if let Some(b) = &report.baseline {
+                let limit = b.udp_gso_gro_gbytes_per_sec * 8.0;
+                if limit < top * 4.0 {
+                    chart
+                        .draw_series(LineSeries::new([(lo, limit), (hi, limit)], RED.stroke_width(1)))
+                        .map_err(|e| fail(e.to_string()))?
+                        .label("UDP GSO+GRO goodput (baseline)")
+                        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+                }
+            }
+            chart
+                .configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.8))
+                .draw()
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        Mode::Lat if results.len() > 1 => {
+            let med: Vec<(u64, f64)> =
+                results.iter().filter_map(|r| r.latency_us.map(|l| (r.bytes, l.median))).collect();
+            let p99: Vec<(u64, f64)> = results.iter().filter_map(|r| r.latency_us.map(|l| (r.bytes, l.p99))).collect();
+            let top = p99.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.15;
+            let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&title, ("sans-serif", 22))
+                .margin(16)
+                .x_label_area_size(44)
+                .y_label_area_size(64)
+                .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
+                .map_err(|e| fail(e.to_string()))?;
+            chart
+                .configure_mesh()
+                .x_desc("message size (bytes)")
+                .y_desc("latency (us)")
+                .draw()
+                .map_err(|e| fail(e.to_string()))?;
+            for (points, color, name) in [(med, BLUE, "median"), (p99, RED, "p99")] {
+                chart
+                    .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                    .map_err(|e| fail(e.to_string()))?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+            }
+            chart
+                .configure_series_labels()
+                .border_style(BLACK)
+                .background_style(WHITE.mix(0.8))
+                .draw()
+                .map_err(|e| fail(e.to_string()))?;
+        }
+        Mode::Lat => {
+            let r = results.first().ok_or_else(|| fail("no results".into()))?;
+            let mut us = r.samples_us.clone();
+            us.sort_by(f64::total_cmp);
+            if us.is_empty() {
+                return Err(fail("no latency samples".into()));
+            }
+            // Up to the p99.9, so one outlier does not squash the picture.
+            let hi = us[((us.len() as f64 * 0.999) as usize).min(us.len() - 1)];
+            let lo = us[0];
+            let bins = 60usize;
+            let width = ((hi - lo) / bins as f64).max(1e-3);
+            let mut counts = vec![0u32; bins];
+            for x in us.iter().filter(|x| **x <= hi) {
+                counts[(((x - lo) / width) as usize).min(bins - 1)] += 1;
+            }
+            let ymax = f64::from(counts.iter().copied().max().unwrap_or(1)) * 1.1;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(format!("{title}, {} B", r.bytes), ("sans-serif", 22))
+                .margin(16)
+                .x_label_area_size(44)
+                .y_label_area_size(64)
+                .build_cartesian_2d(lo..lo + width * bins as f64, 0f64..ymax)
+                .map_err(|e| fail(e.to_string()))?;
+            chart
+                .configure_mesh()
+                .x_desc(format!("latency (us), up to the p99.9 ({})", report.latency_is.unwrap_or("")))
+                .y_desc("operations")
+                .draw()
+                .map_err(|e| fail(e.to_string()))?;
+            chart
+                .draw_series(counts.iter().enumerate().map(|(i, &c)| {
+                    let x0 = lo + width * i as f64;
+                    Rectangle::new([(x0, 0.0), (x0 + width, f64::from(c))], BLUE.mix(0.7).filled())
+                }))
+                .map_err(|e| fail(e.to_string()))?;
+        }
+    }
+    root.present().map_err(|e| fail(e.to_string()))?;
+    Ok(())
+}
+
+/// The x range of a log axis over `sizes`, a little wider than they span.
+fn size_range(sizes: impl Iterator<Item = u64>) -> (u64, u64) {
+    let (mut lo, mut hi) = (u64::MAX, 1);
+    for s in sizes {
+        lo = lo.min(s);
+        hi = hi.max(s);
+    }
+    ((lo / 2).max(1), hi.saturating_mul(2).max(lo.saturating_mul(4)))
+}

@@ -1,0 +1,328 @@
+//! What a perf test measured, as a perftest-like table or as JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::baseline::Baseline;
+use super::control::{SideInfo, SideStats};
+use super::spec::{Mode, Op, Spec};
+
+/// Latency statistics in microseconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub(crate) struct LatStats {
+    pub(crate) min: f64,
+    pub(crate) median: f64,
+    pub(crate) avg: f64,
+    pub(crate) p99: f64,
+    pub(crate) p99_9: f64,
+    pub(crate) max: f64,
+    pub(crate) stddev: f64,
+}
+
+impl LatStats {
+    /// The statistics of `samples`, each scaled by `scale` (½ for a round trip reported one
+    /// way). `None` without samples.
+    pub(crate) fn of(samples: &[Duration], scale: f64) -> Option<LatStats> {
+        let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6 * scale).collect();
+        if us.is_empty() {
+            return None;
+        }
+        us.sort_by(f64::total_cmp);
+        let n = us.len();
+        let pick = |q: f64| us[((n as f64 * q).ceil() as usize).clamp(1, n) - 1];
+        let avg = us.iter().sum::<f64>() / n as f64;
+        let var = us.iter().map(|x| (x - avg) * (x - avg)).sum::<f64>() / n as f64;
+        Some(LatStats {
+            min: us[0],
+            median: pick(0.5),
+            avg,
+            p99: pick(0.99),
+            p99_9: pick(0.999),
+            max: us[n - 1],
+            stddev: var.sqrt(),
+        })
+    }
+}
+
+/// One size's results.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct SizeResult {
+    pub(crate) bytes: u64,
+    /// Operations measured (the client's; both sides' when bidirectional).
+    pub(crate) iterations: u64,
+    pub(crate) seconds: f64,
+    /// Bandwidth: the best 1/20 of the run, and the whole run's average (MB = 10^6 bytes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bw_peak_mb_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bw_avg_mb_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bw_peak_gbit_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) bw_avg_gbit_per_sec: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) msg_rate_mpps: Option<f64>,
+    /// Latency in microseconds: one way for SEND and WRITE (half the ping-pong's round
+    /// trip), the round trip for READ and atomics.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) latency_us: Option<LatStats>,
+    /// Messages the receiving side took (SEND; UD may lose some).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) received: Option<u64>,
+    pub(crate) client: SideStats,
+    pub(crate) server: SideStats,
+    /// Every latency sample, for the histogram.
+    #[serde(skip)]
+    pub(crate) samples_us: Vec<f64>,
+}
+
+impl SizeResult {
+    /// A bandwidth result from the two sides' stats and the client's (time, operations)
+    /// samples.
+    pub(crate) fn bw(
+        spec: &Spec,
+        size: u64,
+        client: SideStats,
+        server: SideStats,
+        samples: &[(f64, u64)],
+    ) -> SizeResult {
+        let ops = client.ops + if spec.bidirectional { server.ops } else { 0 };
+        let rate = |side: &SideStats| if side.seconds > 0.0 { side.ops as f64 / side.seconds } else { 0.0 };
+        let mut msgs_per_sec = rate(&client);
+        if spec.bidirectional {
+            msgs_per_sec += rate(&server);
+        }
+        let avg = msgs_per_sec * size as f64;
+        // The peak: the best stretch of at least 1/20 of the run (and 1 ms).
+        let window = (client.seconds / 20.0).max(1e-3);
+        let mut peak_ops_rate: f64 = 0.0;
+        let mut j = 0;
+        for i in 0..samples.len() {
+            while j < i && samples[i].0 - samples[j + 1].0 >= window {
+                j += 1;
+            }
+            let dt = samples[i].0 - samples[j].0;
+            if dt >= window {
+                peak_ops_rate = peak_ops_rate.max((samples[i].1 - samples[j].1) as f64 / dt);
+            }
+        }
+        let mut peak = peak_ops_rate * size as f64;
+        if spec.bidirectional {
+            peak += rate(&server) * size as f64;
+        }
+        let peak = peak.max(avg);
+        let received = (spec.op == Op::Send).then_some(server.received + client.received);
+        SizeResult {
+            bytes: size,
+            iterations: ops,
+            seconds: client.seconds.max(server.seconds),
+            bw_peak_mb_per_sec: Some(peak / 1e6),
+            bw_avg_mb_per_sec: Some(avg / 1e6),
+            bw_peak_gbit_per_sec: Some(peak * 8.0 / 1e9),
+            bw_avg_gbit_per_sec: Some(avg * 8.0 / 1e9),
+            msg_rate_mpps: Some(msgs_per_sec / 1e6),
+            latency_us: None,
+            received,
+            client,
+            server,
+            samples_us: Vec::new(),
+        }
+    }
+
+    /// A latency result.
+    pub(crate) fn lat(
+        spec: &Spec,
+        size: u64,
+        client: SideStats,
+        server: SideStats,
+        samples: &[Duration],
+    ) -> SizeResult {
+        let scale = if matches!(spec.op, Op::Send | Op::Write) { 0.5 } else { 1.0 };
+        SizeResult {
+            bytes: size,
+            iterations: samples.len() as u64,
+            seconds: client.seconds,
+            bw_peak_mb_per_sec: None,
+            bw_avg_mb_per_sec: None,
+            bw_peak_gbit_per_sec: None,
+            bw_avg_gbit_per_sec: None,
+            msg_rate_mpps: None,
+            latency_us: LatStats::of(samples, scale),
+            received: None,
+            client,
+            server,
+            samples_us: samples.iter().map(|d| d.as_secs_f64() * 1e6 * scale).collect(),
+        }
+    }
+}
+
+/// A whole test's report.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Report {
+    pub(crate) test: String,
+    pub(crate) spec: Spec,
+    pub(crate) local: SideInfo,
+    pub(crate) remote: SideInfo,
+    /// What a latency figure is.
+    pub(crate) latency_is: Option<&'static str>,
+    pub(crate) results: Vec<SizeResult>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) baseline: Option<Baseline>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) vs_baseline: Vec<Ratio>,
+}
+
+/// One figure as a ratio of what the machine does without RDMA.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Ratio {
+    pub(crate) figure: String,
+    pub(crate) value: f64,
+    pub(crate) unit: &'static str,
+    pub(crate) baseline: String,
+    pub(crate) baseline_value: f64,
+    pub(crate) ratio: f64,
+}
+
+const RULE: &str =
+    "---------------------------------------------------------------------------------------------------------";
+
+/// What the latency figure of `op` is.
+pub(crate) fn latency_is(op: Op) -> &'static str {
+    match op {
+        Op::Write => "one way: half the round trip of an RDMA WRITE with immediate ping-pong",
+        Op::Send => "one way: half the round trip of a SEND ping-pong",
+        Op::Read => "the round trip of an RDMA READ",
+        Op::Atomic => "the round trip of an atomic FETCH_AND_ADD",
+    }
+}
+
+impl Report {
+    /// The perftest-like table.
+    pub(crate) fn text(&self) -> String {
+        let s = &self.spec;
+        let mut o = String::new();
+        let _ = writeln!(o, "{RULE}");
+        let _ = writeln!(o, "                    softrdma perf {}: {} over RoCEv2", self.test, operation_name(s.op));
+        let _ = writeln!(
+            o,
+            " Connection: {}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}",
+            s.conn,
+            s.qps,
+            s.depth,
+            s.inline,
+            if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
+            if s.bidirectional { "bidirectional" } else { "unidirectional" }
+        );
+        for (name, side) in [("local", &self.local), ("remote", &self.remote)] {
+            let qp = side.qps.first().copied().unwrap_or(super::control::QpInfo { qpn: 0, psn: 0 });
+            let _ = writeln!(
+                o,
+                " {name:<6}  {} GID ::ffff:{}  QPN {:#08x}  PSN {:#08x}  RKey {:#010x}  VAddr {:#018x}",
+                side.device, side.ip, qp.qpn, qp.psn, side.rkey, side.addr
+            );
+        }
+        let _ = writeln!(o, "{RULE}");
+        match s.mode {
+            Mode::Bw => {
+                let _ = writeln!(
+                    o,
+                    " {:<10} {:<13} {:>15} {:>18} {:>17} {:>17} {:>14}",
+                    "#bytes",
+                    "#iterations",
+                    "BW peak[MB/s]",
+                    "BW average[MB/s]",
+                    "BW peak[Gb/s]",
+                    "BW average[Gb/s]",
+                    "MsgRate[Mpps]"
+                );
+                for r in &self.results {
+                    let _ = writeln!(
+                        o,
+                        " {:<10} {:<13} {:>15.2} {:>18.2} {:>17.2} {:>17.2} {:>14.6}",
+                        r.bytes,
+                        r.iterations,
+                        r.bw_peak_mb_per_sec.unwrap_or(0.0),
+                        r.bw_avg_mb_per_sec.unwrap_or(0.0),
+                        r.bw_peak_gbit_per_sec.unwrap_or(0.0),
+                        r.bw_avg_gbit_per_sec.unwrap_or(0.0),
+                        r.msg_rate_mpps.unwrap_or(0.0)
+                    );
+                }
+            }
+            Mode::Lat => {
+                let _ = writeln!(
+                    o,
+                    " {:<10} {:<13} {:>12} {:>15} {:>12} {:>12} {:>14} {:>12}",
+                    "#bytes",
+                    "#iterations",
+                    "t_min[us]",
+                    "t_median[us]",
+                    "t_avg[us]",
+                    "t_p99[us]",
+                    "t_p99.9[us]",
+                    "t_max[us]"
+                );
+                for r in &self.results {
+                    let Some(l) = r.latency_us else { continue };
+                    let _ = writeln!(
+                        o,
+                        " {:<10} {:<13} {:>12.2} {:>15.2} {:>12.2} {:>12.2} {:>14.2} {:>12.2}",
+                        r.bytes, r.iterations, l.min, l.median, l.avg, l.p99, l.p99_9, l.max
+                    );
+                }
+            }
+        }
+        let _ = writeln!(o, "{RULE}");
+        if let Some(what) = self.latency_is {
+            let _ = writeln!(o, " latency: {what}");
+        }
+        let retx: u64 = self.results.iter().map(|r| r.client.retransmitted + r.server.retransmitted).sum();
+        let sent: u64 = self.results.iter().map(|r| r.client.packets_sent + r.server.packets_sent).sum();
+        let _ = write!(o, " packets sent {sent}, retransmitted {retx}");
+        if let Some(r) = self.results.iter().find(|r| r.received.is_some()) {
+            let got: u64 = self.results.iter().filter_map(|r| r.received).sum();
+            let _ = write!(o, ", messages received {got}");
+            let _ = r;
+        }
+        o.push('\n');
+        if !self.vs_baseline.is_empty() {
+            let _ = writeln!(o, "{RULE}");
+            let _ = writeln!(o, " against this machine's limits, measured in this run (softrdma perf baseline):");
+            for r in &self.vs_baseline {
+                let _ = writeln!(
+                    o,
+                    "   {:<34} {:>9.2} {:<5} = {:>5.2} x {} ({:.2} {})",
+                    r.figure, r.value, r.unit, r.ratio, r.baseline, r.baseline_value, r.unit
+                );
+            }
+        }
+        o
+    }
+}
+
+fn operation_name(op: Op) -> &'static str {
+    match op {
+        Op::Send => "SEND",
+        Op::Write => "RDMA WRITE",
+        Op::Read => "RDMA READ",
+        Op::Atomic => "atomic FETCH_AND_ADD",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_the_sample_at_or_above_the_rank() {
+        let samples: Vec<Duration> = (1..=1000).map(Duration::from_micros).collect();
+        let l = LatStats::of(&samples, 1.0).expect("samples");
+        assert_eq!((l.min, l.median, l.p99, l.p99_9, l.max), (1.0, 500.0, 990.0, 999.0, 1000.0));
+        assert!((l.avg - 500.5).abs() < 1e-9);
+        let half = LatStats::of(&samples, 0.5).expect("samples");
+        assert_eq!(half.max, 500.0);
+        assert!(LatStats::of(&[], 1.0).is_none());
+    }
+}

@@ -1,0 +1,552 @@
+//! The measurement itself: one side's verbs objects ([`Side`]) and the loops that post,
+//! poll and time work requests, perftest's way.
+//!
+//! - **bw**: the requester keeps `depth` operations in flight on each QP, every
+//!   `signal_every`-th signaled, and times from its first post to its last completion. The
+//!   responder is passive for WRITE, READ and atomics (its progress thread does the work)
+//!   and keeps its receive queues full for SEND.
+//! - **lat**: one operation at a time. WRITE and SEND are a ping-pong (WRITE with immediate,
+//!   so that each side learns of the other's write by a completion); the figure is half the
+//!   round trip, as perftest reports it. READ and atomics are round trips by nature, and
+//!   their figure is the whole round trip, as perftest's.
+
+use std::time::{Duration, Instant};
+
+use softrdma::{
+    Access, AddressVector, Ah, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd, QKey, Qp, QpCap,
+    QpInit, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
+};
+
+use super::PerfError;
+use super::control::{Control, QpInfo, SideInfo, SideStats};
+use super::progress::Progress;
+use super::spec::{Conn, Mode, Op, Spec};
+
+/// The Q_Key of perf's UD QPs (perftest's default).
+const QKEY: u32 = 0x1111_1111;
+/// Bytes of GRH in front of every UD receive.
+const GRH: u64 = 40;
+/// A region's buffers never take more than this much memory per QP.
+const REGION_PER_QP: u64 = 64 << 20;
+/// Receives kept posted on each QP.
+const RECV_DEPTH_BW: u32 = 512;
+const RECV_DEPTH_LAT: u32 = 64;
+/// Latency pings signal one send in this many (the send queue is this deep, twice).
+const LAT_SIGNAL_EVERY: u64 = 64;
+/// Work requests posted in one call.
+const BATCH: usize = 16;
+/// Receive work requests carry this bit in their `wr_id`.
+const RECV_BIT: u64 = 1 << 63;
+
+fn wr_id(qp: usize, seq: u64) -> u64 {
+    ((qp as u64) << 40) | (seq & ((1 << 40) - 1))
+}
+
+fn wr_qp(id: u64) -> usize {
+    ((id & !RECV_BIT) >> 40) as usize
+}
+
+fn wr_seq(id: u64) -> u64 {
+    id & ((1 << 40) - 1)
+}
+
+fn rdma(what: &'static str) -> impl Fn(softrdma::Error) -> PerfError {
+    move |e| PerfError::Rdma(format!("{what}: {e}"))
+}
+
+/// A number no one can predict, for first PSNs.
+fn random_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish() as u32
+}
+
+/// One side's verbs objects for a whole test.
+pub(crate) struct Side {
+    ctx: Context,
+    _pd: Pd,
+    cq: Cq,
+    qps: Vec<Qp>,
+    psns: Vec<u32>,
+    mr: Mr,
+    ah: Option<Ah>,
+    gid_index: u8,
+    stride: u64,
+    slots: u64,
+    spec: Spec,
+    recv_depth: u32,
+}
+
+impl Side {
+    /// Creates the PD, CQ, QPs and memory region that `spec` needs on `ctx`, sending from
+    /// GID `gid_index`.
+    pub(crate) fn new(ctx: Context, gid_index: u8, spec: &Spec) -> Result<Side, PerfError> {
+        let pd = ctx.alloc_pd().map_err(rdma("ibv_alloc_pd"))?;
+        let stride = (spec.max_size() + GRH).next_multiple_of(64);
+        let want_slots = u64::from(spec.depth.max(RECV_DEPTH_LAT));
+        let slots = (REGION_PER_QP / stride).clamp(1, want_slots);
+        let recv_depth = if spec.mode == Mode::Bw { RECV_DEPTH_BW.max(spec.depth) } else { RECV_DEPTH_LAT };
+        let send_depth = if spec.mode == Mode::Bw { spec.depth } else { 2 * LAT_SIGNAL_EVERY as u32 };
+        let cqe = spec.qps * (send_depth + recv_depth) + 64;
+        let cq = ctx.create_cq(cqe, None).map_err(rdma("ibv_create_cq"))?;
+        let qp_type = match spec.conn {
+            Conn::Rc => QpType::Rc,
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+        };
+        let mut init = QpInit::new(qp_type, &cq);
+        init.cap = QpCap {
+            max_send_wr: send_depth,
+            max_recv_wr: recv_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: spec.inline,
+        };
+        let qps =
+            (0..spec.qps).map(|_| pd.create_qp(&init)).collect::<Result<Vec<_>, _>>().map_err(rdma("ibv_create_qp"))?;
+        let psns = qps.iter().map(|_| random_u32() & 0xff_ffff).collect();
+        let len = usize::try_from(u64::from(spec.qps) * slots * stride)
+            .map_err(|_| PerfError::Usage("the buffers do not fit this machine's address space".into()))?;
+        let mr = pd.reg_mr(len, Access::ALL).map_err(rdma("ibv_reg_mr"))?;
+        Ok(Side { ctx, _pd: pd, cq, qps, psns, mr, ah: None, gid_index, stride, slots, spec: spec.clone(), recv_depth })
+    }
+
+    /// What the peer needs to know.
+    pub(crate) fn info(&self) -> Result<SideInfo, PerfError> {
+        let ip = self
+            .ctx
+            .device()
+            .addresses()
+            .get(usize::from(self.gid_index))
+            .copied()
+            .ok_or_else(|| PerfError::Usage(format!("the device has no GID {}", self.gid_index)))?;
+        let remote = self.mr.remote(0..self.mr.len()).map_err(rdma("the memory region"))?;
+        Ok(SideInfo {
+            device: self.ctx.device().name().to_string(),
+            ip,
+            qps: self.qps.iter().zip(&self.psns).map(|(q, &psn)| QpInfo { qpn: q.qpn(), psn }).collect(),
+            qkey: QKEY,
+            addr: remote.addr,
+            len: remote.len,
+            rkey: remote.rkey.0,
+            stride: self.stride,
+            slots: self.slots,
+        })
+    }
+
+    /// Connects the QPs to the peer's (RC, UC) or readies them and an address handle (UD),
+    /// then fills the receive queues the test uses.
+    pub(crate) fn connect(&mut self, peer: &SideInfo) -> Result<(), PerfError> {
+        if peer.qps.len() != self.qps.len() {
+            return Err(PerfError::Peer(format!("the peer has {} QPs, this side {}", peer.qps.len(), self.qps.len())));
+        }
+        let mtu = match self.spec.mtu {
+            0 => None,
+            256 => Some(Mtu::Mtu256),
+            512 => Some(Mtu::Mtu512),
+            1024 => Some(Mtu::Mtu1024),
+            2048 => Some(Mtu::Mtu2048),
+            4096 => Some(Mtu::Mtu4096),
+            m => return Err(PerfError::Usage(format!("--mtu {m}: one of 256, 512, 1024, 2048, 4096"))),
+        };
+        for (i, qp) in self.qps.iter().enumerate() {
+            match self.spec.conn {
+                Conn::Rc | Conn::Uc => {
+                    let remote = Endpoint { qpn: peer.qps[i].qpn, gid: Gid::from_ip(peer.ip), psn: peer.qps[i].psn };
+                    let options = ConnectOptions { sgid_index: self.gid_index, mtu, ..ConnectOptions::default() };
+                    qp.connect(self.psns[i], &remote, &options).map_err(rdma("connecting the QP (ibv_modify_qp)"))?;
+                }
+                Conn::Ud => qp.ready_ud(QKEY, self.psns[i]).map_err(rdma("readying the UD QP (ibv_modify_qp)"))?,
+            }
+        }
+        if self.spec.conn == Conn::Ud {
+            let av = AddressVector {
+                dgid: Gid::from_ip(peer.ip),
+                sgid_index: self.gid_index,
+                hop_limit: 64,
+                traffic_class: 0,
+                flow_label: 0,
+            };
+            self.ah = Some(self._pd.create_ah(av).map_err(rdma("ibv_create_ah"))?);
+        }
+        if self.uses_receives() {
+            for q in 0..self.qps.len() {
+                for k in 0..u64::from(self.recv_depth) {
+                    self.post_recv(q, k)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether receives are consumed in this test (SEND, and WRITE with immediate).
+    fn uses_receives(&self) -> bool {
+        self.spec.op == Op::Send || (self.spec.op == Op::Write && self.spec.mode == Mode::Lat)
+    }
+
+    /// Where buffer `slot` of QP `qp` starts in the region, and a work request's SGE of
+    /// `len` bytes there.
+    fn sge(&self, qp: usize, slot: u64, len: u64) -> Result<Sge, PerfError> {
+        let off = ((qp as u64 * self.slots + slot % self.slots) * self.stride) as usize;
+        self.mr.sge(off..off + len as usize).map_err(rdma("a buffer"))
+    }
+
+    fn post_recv(&self, qp: usize, k: u64) -> Result<(), PerfError> {
+        let sge = [self.sge(qp, k, self.stride)?];
+        self.qps[qp]
+            .post_recv(&[RecvWr { wr_id: RECV_BIT | wr_id(qp, k), sg_list: &sge }])
+            .map_err(rdma("ibv_post_recv"))
+    }
+
+    fn op(&self, peer: &SideInfo, qp: usize, seq: u64) -> SendOp {
+        let remote_addr = peer.buffer(qp, seq);
+        let rkey = RKey(peer.rkey);
+        match (self.spec.op, self.spec.mode) {
+            (Op::Send, _) => SendOp::Send,
+            (Op::Write, Mode::Bw) => SendOp::RdmaWrite { remote_addr, rkey },
+            (Op::Write, Mode::Lat) => SendOp::RdmaWriteWithImm { remote_addr, rkey, imm: (seq as u32).to_be_bytes() },
+            (Op::Read, _) => SendOp::RdmaRead { remote_addr, rkey },
+            (Op::Atomic, _) => SendOp::FetchAdd { remote_addr, rkey, add: 1 },
+        }
+    }
+
+    /// Posts operations `seqs` on QP `qp` in one call; `signal(seq)` says which complete.
+    fn post(
+        &self,
+        peer: &SideInfo,
+        qp: usize,
+        seqs: std::ops::Range<u64>,
+        size: u64,
+        signal: impl Fn(u64) -> bool,
+    ) -> Result<(), PerfError> {
+        let n = (seqs.end - seqs.start) as usize;
+        debug_assert!(n <= BATCH);
+        let first = self.sge(qp, 0, size)?;
+        let sges: [Sge; BATCH] = std::array::from_fn(|i| Sge {
+            addr: first.addr + ((seqs.start + i as u64) % self.slots) * self.stride,
+            ..first
+        });
+        let inline = size <= u64::from(self.spec.inline) && matches!(self.spec.op, Op::Send | Op::Write);
+        let ud = self.ah.as_ref().map(|ah| UdDest {
+            ah: ah.id(),
+            remote_qpn: Qpn::from_u24_truncating(self.peer_qpn(peer, qp)),
+            remote_qkey: QKey(peer.qkey),
+        });
+        let wrs: [SendWr<'_>; BATCH] = std::array::from_fn(|i| {
+            let seq = seqs.start + i as u64;
+            let mut flags = if inline { SendFlags::INLINE } else { SendFlags::default() };
+            if signal(seq) {
+                flags = flags | SendFlags::SIGNALED;
+            }
+            SendWr { wr_id: wr_id(qp, seq), op: self.op(peer, qp, seq), sg_list: &sges[i..=i], flags, ud }
+        });
+        self.qps[qp].post_send(&wrs[..n]).map_err(rdma("ibv_post_send"))
+    }
+
+    fn peer_qpn(&self, peer: &SideInfo, qp: usize) -> u32 {
+        peer.qps[qp].qpn
+    }
+
+    fn check(wc: &Wc) -> Result<(), PerfError> {
+        if wc.status == WcStatus::Success {
+            return Ok(());
+        }
+        Err(PerfError::Rdma(format!(
+            "work completion with status {:?} (QP {:#x}, {:?}, operation {} of QP {})",
+            wc.status,
+            wc.qp_num.value(),
+            wc.opcode,
+            wr_seq(wc.wr_id),
+            wr_qp(wc.wr_id)
+        )))
+    }
+
+    fn counters(&self) -> (u64, u64, u64) {
+        let c = self.ctx.counters().engine;
+        (c.sent_packets, c.rcvd_packets, c.retransmitted_packets)
+    }
+
+    /// One bandwidth run of `size`-byte operations. `sending`: this side posts them (the
+    /// client, and both sides when bidirectional); otherwise it only keeps its receive
+    /// queues full, or, for one-sided operations, waits while its device answers. Ends when
+    /// both sides said `Finished`.
+    pub(crate) fn bw(
+        &self,
+        ctl: &Control,
+        peer: &SideInfo,
+        size: u64,
+        sending: bool,
+        progress: &mut Progress,
+    ) -> Result<(SideStats, Vec<(f64, u64)>), PerfError> {
+        let spec = &self.spec;
+        let deadline = Instant::now() + spec.run_deadline(size);
+        let (sent0, rcvd0, retx0) = self.counters();
+        let nqp = self.qps.len();
+        let depth = u64::from(spec.depth);
+        let signal_every = (depth / 2).clamp(1, 64);
+        let per_qp = spec.iters;
+        let duration = spec.duration_ms.map(Duration::from_millis);
+        let mut posted = vec![0u64; nqp];
+        let mut completed = vec![0u64; nqp];
+        let mut last = vec![u64::MAX; nqp]; // the last operation, once known
+        let mut received = 0u64;
+        let mut samples: Vec<(f64, u64)> = vec![(0.0, 0)];
+        let mut wcs = [EMPTY_WC; 64];
+        let start = Instant::now();
+        let mut end = start;
+        let mut sent_finished = false;
+        let mut stopped = false; // duration reached: post no more
+        let passive = !sending && !self.uses_receives();
+        if passive {
+            ctl.send(&super::control::Msg::Finished)?;
+            sent_finished = true;
+            while !ctl.peer_finished() {
+                if Instant::now() > deadline {
+                    return Err(PerfError::Peer("the peer did not finish its run in time".into()));
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        let mut total_done = 0u64;
+        let mut last_sample = start;
+        loop {
+            if passive {
+                break; // it waited for the peer's run above
+            }
+            let now = Instant::now();
+            if sending && !stopped {
+                if let Some(d) = duration {
+                    if now - start >= d {
+                        stopped = true;
+                        for q in 0..nqp {
+                            // The last operation posted must complete: ask for it.
+                            last[q] = posted[q].saturating_sub(1);
+                        }
+                    }
+                }
+                for q in 0..nqp {
+                    if stopped {
+                        break;
+                    }
+                    let limit = match duration {
+                        Some(_) => u64::MAX,
+                        None => per_qp,
+                    };
+                    while posted[q] < limit && posted[q] - completed[q] < depth {
+                        let n = (limit - posted[q]).min(depth - (posted[q] - completed[q])).min(BATCH as u64);
+                        let range = posted[q]..posted[q] + n;
+                        let end_seq = limit.saturating_sub(1);
+                        self.post(peer, q, range, size, |s| s % signal_every == signal_every - 1 || s == end_seq)?;
+                        posted[q] += n;
+                    }
+                    if duration.is_none() {
+                        last[q] = per_qp - 1;
+                    }
+                }
+            }
+            let n = self.cq.poll(&mut wcs);
+            for wc in &wcs[..n] {
+                Self::check(wc)?;
+                if wc.wr_id & RECV_BIT != 0 {
+                    received += 1;
+                    self.post_recv(wr_qp(wc.wr_id), wr_seq(wc.wr_id))?;
+                } else {
+                    let q = wr_qp(wc.wr_id);
+                    let done = wr_seq(wc.wr_id) + 1;
+                    total_done += done - completed[q];
+                    completed[q] = done;
+                    end = Instant::now();
+                }
+            }
+            if sending && n > 0 && end - last_sample >= Duration::from_millis(1) {
+                samples.push(((end - start).as_secs_f64(), total_done));
+                last_sample = end;
+                progress.set_run(total_done, end - start);
+            }
+            if !sent_finished {
+                let all_done = !sending || (0..nqp).all(|q| last[q] != u64::MAX && completed[q] > last[q]);
+                let all_done = all_done && (!sending || stopped || duration.is_none());
+                if all_done {
+                    ctl.send(&super::control::Msg::Finished)?;
+                    sent_finished = true;
+                }
+            }
+            if sent_finished && ctl.peer_finished() {
+                // Whatever the peer sent has landed (RC) or is lost (UC, UD): take what is
+                // queued, then stop.
+                let quiet = Instant::now();
+                while quiet.elapsed() < Duration::from_millis(if spec.conn == Conn::Rc { 1 } else { 20 }) {
+                    let n = self.cq.poll(&mut wcs);
+                    for wc in &wcs[..n] {
+                        Self::check(wc)?;
+                        if wc.wr_id & RECV_BIT != 0 {
+                            received += 1;
+                            self.post_recv(wr_qp(wc.wr_id), wr_seq(wc.wr_id))?;
+                        }
+                    }
+                }
+                break;
+            }
+            if now > deadline {
+                return Err(PerfError::Stalled(format!(
+                    "{} of {} operations completed after {:.1} s",
+                    total_done,
+                    per_qp * nqp as u64,
+                    (now - start).as_secs_f64()
+                )));
+            }
+        }
+        if sending {
+            samples.push(((end - start).as_secs_f64(), total_done));
+        }
+        let (sent1, rcvd1, retx1) = self.counters();
+        let stats = SideStats {
+            ops: if sending { total_done } else { 0 },
+            seconds: if sending { (end - start).as_secs_f64() } else { 0.0 },
+            received,
+            retransmitted: retx1 - retx0,
+            packets_sent: sent1 - sent0,
+            packets_received: rcvd1 - rcvd0,
+        };
+        Ok((stats, samples))
+    }
+
+    /// The client's side of a latency run: `warmup` untimed operations, then the timed
+    /// ones; returns each one's latency.
+    pub(crate) fn lat_client(
+        &self,
+        ctl: &Control,
+        peer: &SideInfo,
+        size: u64,
+        progress: &mut Progress,
+    ) -> Result<(SideStats, Vec<Duration>), PerfError> {
+        let spec = &self.spec;
+        let deadline = Instant::now() + spec.run_deadline(size);
+        let (sent0, rcvd0, retx0) = self.counters();
+        let warmup = (spec.iters / 10).clamp(1, 1000);
+        let duration = spec.duration_ms.map(Duration::from_millis);
+        let pingpong = matches!(spec.op, Op::Send | Op::Write);
+        let mut samples = Vec::with_capacity(if duration.is_some() { 1 << 16 } else { spec.iters as usize });
+        let mut wcs = [EMPTY_WC; 16];
+        let mut seq = 0u64;
+        let mut received = 0u64;
+        let mut timed_start = None;
+        loop {
+            let timed = seq >= warmup;
+            if timed && timed_start.is_none() {
+                timed_start = Some(Instant::now());
+            }
+            if let (Some(d), Some(t0)) = (duration, timed_start) {
+                if t0.elapsed() >= d {
+                    break;
+                }
+            } else if duration.is_none() && seq >= warmup + spec.iters {
+                break;
+            }
+            let t = Instant::now();
+            // Ping-pong sends are signaled one in LAT_SIGNAL_EVERY, to free the send queue;
+            // READ and atomics always, as their completion is the answer.
+            self.post(peer, 0, seq..seq + 1, size, |s| !pingpong || s % LAT_SIGNAL_EVERY == LAT_SIGNAL_EVERY - 1)?;
+            'wait: loop {
+                let n = self.cq.poll(&mut wcs);
+                for wc in &wcs[..n] {
+                    Self::check(wc)?;
+                    let answered = if wc.wr_id & RECV_BIT != 0 {
+                        received += 1;
+                        self.post_recv(0, wr_seq(wc.wr_id))?;
+                        pingpong
+                    } else {
+                        !pingpong
+                    };
+                    if answered {
+                        break 'wait;
+                    }
+                }
+                if n == 0 && Instant::now() > deadline {
+                    return Err(PerfError::Stalled(format!("operation {seq} got no answer")));
+                }
+            }
+            if timed {
+                samples.push(t.elapsed());
+                if samples.len() % 256 == 0 {
+                    progress.set_run(samples.len() as u64, timed_start.map_or(Duration::ZERO, |t| t.elapsed()));
+                }
+            }
+            seq += 1;
+        }
+        let seconds = timed_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        ctl.send(&super::control::Msg::Finished)?;
+        while !ctl.peer_finished() {
+            if Instant::now() > deadline {
+                return Err(PerfError::Peer("the peer did not finish its run in time".into()));
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let (sent1, rcvd1, retx1) = self.counters();
+        let stats = SideStats {
+            ops: samples.len() as u64,
+            seconds,
+            received,
+            retransmitted: retx1 - retx0,
+            packets_sent: sent1 - sent0,
+            packets_received: rcvd1 - rcvd0,
+        };
+        Ok((stats, samples))
+    }
+
+    /// The server's side of a latency run: answers each ping (SEND, WRITE) with the same
+    /// operation, or waits while its device answers READs and atomics, until the client
+    /// says `Finished`.
+    pub(crate) fn lat_server(&self, ctl: &Control, peer: &SideInfo, size: u64) -> Result<SideStats, PerfError> {
+        let deadline = Instant::now() + self.spec.run_deadline(size);
+        let (sent0, rcvd0, retx0) = self.counters();
+        ctl.send(&super::control::Msg::Finished)?;
+        let pingpong = matches!(self.spec.op, Op::Send | Op::Write);
+        let mut wcs = [EMPTY_WC; 16];
+        let mut seq = 0u64;
+        let mut received = 0u64;
+        let mut idle_polls = 0u32;
+        while !ctl.peer_finished() {
+            if !pingpong {
+                std::thread::sleep(Duration::from_millis(1));
+            } else {
+                let n = self.cq.poll(&mut wcs);
+                for wc in &wcs[..n] {
+                    Self::check(wc)?;
+                    if wc.wr_id & RECV_BIT != 0 {
+                        received += 1;
+                        self.post_recv(0, wr_seq(wc.wr_id))?;
+                        self.post(peer, 0, seq..seq + 1, size, |s| s % LAT_SIGNAL_EVERY == LAT_SIGNAL_EVERY - 1)?;
+                        seq += 1;
+                    }
+                }
+                idle_polls = if n == 0 { idle_polls + 1 } else { 0 };
+            }
+            if idle_polls % 4096 == 4095 && Instant::now() > deadline {
+                return Err(PerfError::Peer("the client did not finish its run in time".into()));
+            }
+        }
+        let (sent1, rcvd1, retx1) = self.counters();
+        Ok(SideStats {
+            ops: seq,
+            seconds: 0.0,
+            received,
+            retransmitted: retx1 - retx0,
+            packets_sent: sent1 - sent0,
+            packets_received: rcvd1 - rcvd0,
+        })
+    }
+}
+
+/// Whether the peer's memory region can take `spec`'s operations as this side will aim
+/// them: a check before the first operation rather than a remote access error after it.
+pub(crate) fn check_peer(spec: &Spec, peer: &SideInfo) -> Result<(), PerfError> {
+    if peer.qps.len() != spec.qps as usize {
+        return Err(PerfError::Peer(format!("the peer made {} QPs, not {}", peer.qps.len(), spec.qps)));
+    }
+    if peer.stride < spec.max_size() || peer.len < peer.stride * peer.slots * u64::from(spec.qps) {
+        return Err(PerfError::Peer("the peer's memory region is smaller than the test needs".into()));
+    }
+    Ok(())
+}
