@@ -9,6 +9,12 @@ use super::baseline::Baseline;
 use super::control::{SideInfo, SideStats};
 use super::spec::{Mode, Op, Spec};
 
+/// `d` in microseconds, exact to the nanosecond (`as_secs_f64() * 1e6` is not: 999 µs
+/// would come out as 999.0000000000001).
+pub(crate) fn micros(d: Duration) -> f64 {
+    d.as_nanos() as f64 / 1e3
+}
+
 /// Latency statistics in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub(crate) struct LatStats {
@@ -25,7 +31,7 @@ impl LatStats {
     /// The statistics of `samples`, each scaled by `scale` (½ for a round trip reported one
     /// way). `None` without samples.
     pub(crate) fn of(samples: &[Duration], scale: f64) -> Option<LatStats> {
-        let mut us: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1e6 * scale).collect();
+        let mut us: Vec<f64> = samples.iter().map(|d| micros(*d) * scale).collect();
         if us.is_empty() {
             return None;
         }
@@ -153,7 +159,7 @@ impl SizeResult {
             received: None,
             client,
             server,
-            samples_us: samples.iter().map(|d| d.as_secs_f64() * 1e6 * scale).collect(),
+            samples_us: samples.iter().map(|d| micros(*d) * scale).collect(),
         }
     }
 }
