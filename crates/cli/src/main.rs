@@ -1,7 +1,7 @@
 //! `softrdma`: the command-line face of softrdma.
 //!
-//! Today it decodes RoCEv2 captures (`softrdma decode`); perf tests, device listings and
-//! counters join it as the runtime lands.
+//! `softrdma perf` measures the stack the way perftest does; `softrdma decode` reads RoCEv2
+//! captures; `softrdma loopback` is a one-process run of two engines.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -50,7 +50,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(&e),
+    };
     match cli.command {
         Command::Perf { test } => perf::main(test),
         Command::Loopback(args) => match loopback::run(&args) {
@@ -95,4 +98,37 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Help and version go to standard output as clap prints them; a usage error is one line
+/// on standard error (what is wrong, and where the help is) with exit status 2.
+fn usage_error(e: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    if e.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+        let _ = e.print();
+        return ExitCode::from(2);
+    }
+    let rendered = e.render().to_string();
+    // The message is the first paragraph ("the following required arguments were not
+    // provided:" continues on the next lines), joined into one line.
+    let what: Vec<&str> =
+        rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).filter(|l| !l.is_empty()).collect();
+    let what = what.join(" ");
+    let what = what.strip_prefix("error: ").unwrap_or(&what);
+    // The usage line names the command whose help to read: `softrdma perf write <MODE>`.
+    let command: Vec<&str> = rendered
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Usage: "))
+        .map(|u| u.split_whitespace().take_while(|w| !w.starts_with(['<', '[', '-'])).collect())
+        .unwrap_or_default();
+    let command = if command.is_empty() { "softrdma".to_string() } else { command.join(" ") };
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!("softrdma: {what} (see `{command} --help`)");
+    }
+    ExitCode::from(2)
 }
