@@ -372,14 +372,34 @@ impl CmId {
         }
         let send_cq = b.ctx.create_cq(cap.max_send_wr.max(1), None)?;
         let recv_cq = b.ctx.create_cq(cap.max_recv_wr.max(1), None)?;
-        let qp = pd.create_qp(&QpInit {
-            qp_type: self.inner.qp_type,
-            send_cq: &send_cq,
-            recv_cq: &recv_cq,
-            srq: None,
-            cap,
-            sq_sig_all: false,
-        })?;
+        self.create_qp_with(
+            pd,
+            &QpInit {
+                qp_type: self.inner.qp_type,
+                send_cq: &send_cq,
+                recv_cq: &recv_cq,
+                srq: None,
+                cap,
+                sq_sig_all: false,
+            },
+        )
+    }
+
+    /// `rdma_create_qp` with the caller's CQs (and SRQ) in `init`, as librdmacm does when
+    /// `ibv_qp_init_attr` names them: one CQ may serve many IDs' QPs. `init.qp_type` must
+    /// be the ID's; the QP moves to INIT with the attributes the connection dictates.
+    pub fn create_qp_with(&self, pd: &Pd, init: &QpInit<'_>) -> Result<Qp> {
+        let b = self.binding("create_qp (resolve or accept first)")?;
+        if !Arc::ptr_eq(&pd.context().drv, &b.ctx.drv) {
+            return Err(Error::WrongContext("the PD (use the ID's context())"));
+        }
+        if init.qp_type != self.inner.qp_type {
+            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "qp_type {:?}: this ID was created for {:?} QPs",
+                init.qp_type, self.inner.qp_type
+            ))));
+        }
+        let qp = pd.create_qp(init)?;
         {
             let sh = &b.ctx.drv.shared;
             let mut st = sh.lock();
@@ -388,7 +408,7 @@ impl CmId {
             st.cm_qps.insert(qp.qpn(), b.id.0);
         }
         *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(IdQp { qp: qp.clone(), pd: pd.clone(), send_cq, recv_cq });
+            Some(IdQp { qp: qp.clone(), pd: pd.clone(), send_cq: init.send_cq.clone(), recv_cq: init.recv_cq.clone() });
         Ok(qp)
     }
 
@@ -421,7 +441,7 @@ impl CmId {
         self.with_cm(&b, |st, now| {
             if let Some(qpn) = qpn {
                 if self.inner.qp_type != QpType::Ud {
-                    move_qp(st, b.id, qpn, &[QpState::Rtr, QpState::Rts])?;
+                    move_qp(st, b.id, qpn, &[QpState::Init, QpState::Rtr, QpState::Rts])?;
                 }
             }
             Ok(st.cm.accept(now, b.id, &p)?)
@@ -615,6 +635,10 @@ fn route_source(dst: SocketAddr) -> Result<IpAddr> {
 }
 
 /// Moves QP `qpn` through `states` with the attributes the CM gives for `id`.
+/// Moves an ID's QP through `states` with the CM's attributes. Connecting starts with
+/// INIT→INIT, as librdmacm's `ucma_modify_qp_rtr` does: a QP created before the exchange
+/// began (the active side's) got no remote access flags at INIT, and only now are they
+/// known (REMOTE_WRITE, and READ and atomics when the peer may issue them).
 fn move_qp(st: &mut State, id: softrdma_cm::CmId, qpn: u32, states: &[QpState]) -> Result<()> {
     for &s in states {
         let (attr, mask) = st.cm.qp_attr(id, s)?;
@@ -665,7 +689,7 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                 // reports the CONNECT_RESPONSE, with the REP's private data, as
                 // ESTABLISHED (ucma_process_conn_resp); the CM's own ESTABLISHED for this
                 // ID, which follows, is not reported again.
-                match move_qp(st, ev.id, qpn, &[QpState::Rtr, QpState::Rts])
+                match move_qp(st, ev.id, qpn, &[QpState::Init, QpState::Rtr, QpState::Rts])
                     .and_then(|()| Ok(st.cm.establish(now, ev.id)?))
                 {
                     Ok(()) => {

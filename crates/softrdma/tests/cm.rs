@@ -131,6 +131,89 @@ fn rc_connect_exchange_data_with_the_rdma_verbs_helpers_and_disconnect() {
 }
 
 #[test]
+fn the_active_sides_qp_takes_remote_access_once_connected_and_ids_share_a_cq() {
+    // The client's QP exists before the exchange, when no access flags are known: connecting
+    // re-applies INIT (librdmacm's ucma_modify_qp_rtr), so the server may WRITE, READ and
+    // fetch-add into the client's memory. Both client QPs report to one CQ of the caller's.
+    let port = test_port();
+    let (sch, _listen) = listener(port, 7475, PortSpace::TCP, QpType::Rc);
+    let cch = channel(port);
+    let ids: Vec<CmId> = (0..2)
+        .map(|_| {
+            let id = cch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+            id.resolve_addr(None, SocketAddr::from(([127, 0, 0, 1], 7475))).unwrap();
+            cch.expect(CmEventKind::AddrResolved, T).unwrap();
+            id.resolve_route().unwrap();
+            cch.expect(CmEventKind::RouteResolved, T).unwrap();
+            id
+        })
+        .collect();
+    let cctx = ids[0].context().unwrap();
+    let cpd = cctx.alloc_pd().unwrap();
+    let shared_cq = cctx.create_cq(32, None).unwrap();
+    let init = QpInit { cap: cap(), ..QpInit::new(QpType::Rc, &shared_cq) };
+    for id in &ids {
+        id.create_qp_with(&cpd, &init).unwrap();
+    }
+    assert!(
+        ids[0].create_qp_with(&cpd, &QpInit::new(QpType::Uc, &shared_cq)).is_err(),
+        "a UC QP on an RC ID is refused"
+    );
+    let target = cpd.reg_mr(4096, Access::ALL).unwrap();
+    target.write(0, b"client memory").unwrap();
+    target.write(1024, &41u64.to_ne_bytes()).unwrap();
+
+    let mut servers = Vec::new();
+    for id in &ids {
+        id.connect(&ConnParam { responder_resources: 4, initiator_depth: 4, ..ConnParam::default() }).unwrap();
+        let req = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
+        let spd = req.id.context().unwrap().alloc_pd().unwrap();
+        req.id.create_qp(&spd, cap()).unwrap();
+        req.id.accept(&ConnParam { responder_resources: 4, initiator_depth: 4, ..ConnParam::default() }).unwrap();
+        cch.expect(CmEventKind::Established, T).unwrap();
+        sch.expect(CmEventKind::Established, T).unwrap();
+        servers.push((req.id, spd));
+    }
+
+    let (sid, spd) = &servers[1];
+    let local = spd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    local.write(0, b"server wrote").unwrap();
+    let r = target.remote(0..4096).unwrap();
+    sid.post_write(1, &local, 0..12, SendFlags::SIGNALED, r.addr + 2048, r.rkey).unwrap();
+    assert_eq!(sid.get_send_comp(T).unwrap().status, WcStatus::Success, "WRITE into the active side");
+    sid.post_read(2, &local, 100..113, SendFlags::SIGNALED, r.addr, r.rkey).unwrap();
+    assert_eq!(sid.get_send_comp(T).unwrap().status, WcStatus::Success, "READ from the active side");
+    let sge = [local.sge(200..208).unwrap()];
+    let op = SendOp::FetchAdd { remote_addr: r.addr + 1024, rkey: r.rkey, add: 1 };
+    sid.qp().unwrap().post_send(&[wr(3, op, &sge)]).unwrap();
+    assert_eq!(sid.get_send_comp(T).unwrap().status, WcStatus::Success, "fetch-add on the active side");
+
+    let mut got = [0u8; 12];
+    target.read(2048, &mut got).unwrap();
+    assert_eq!(&got, b"server wrote");
+    let mut got = [0u8; 13];
+    local.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"client memory");
+    assert_eq!(local.read_u64(200).unwrap(), 41);
+    assert_eq!(target.read_u64(1024).unwrap(), 42);
+
+    // A SEND from each client QP completes on the one shared CQ.
+    let msgs = cpd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let mut rbufs = Vec::new();
+    for (sid, spd) in &servers {
+        let rbuf = spd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+        sid.post_recv(7, &rbuf, 0..64).unwrap();
+        rbufs.push(rbuf);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        id.post_send(10 + i as u64, &msgs, 0..8, SendFlags::SIGNALED).unwrap();
+    }
+    let mut done: Vec<u64> = shared_cq.wait_n(2, T).unwrap().iter().map(|wc| wc.wr_id).collect();
+    done.sort_unstable();
+    assert_eq!(done, [10, 11]);
+}
+
+#[test]
 fn reject_carries_private_data_and_a_missing_listener_is_reason_8() {
     let port = test_port();
     let (sch, _listen) = listener(port, 7472, PortSpace::TCP, QpType::Rc);
