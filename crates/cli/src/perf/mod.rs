@@ -8,6 +8,7 @@
 
 mod baseline;
 mod child;
+mod cm;
 mod control;
 mod plot;
 mod progress;
@@ -24,7 +25,8 @@ use clap::Subcommand;
 use softrdma::{ContextOptions, Device};
 
 pub(crate) use baseline::BaselineArgs;
-use control::{Control, Msg, SideStats};
+use cm::CmConn;
+use control::{Control, Msg, SideInfo, SideStats};
 use progress::Progress;
 use report::{Ratio, Report, SizeResult, latency_is};
 use run::Side;
@@ -126,12 +128,6 @@ fn baseline_main(a: &BaselineArgs) -> Result<(), PerfError> {
 
 fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
     let spec = Spec::from_args(op, a).map_err(PerfError::Usage)?;
-    if a.rdma_cm {
-        return Err(PerfError::Usage(
-            "--rdma-cm: connecting perf's QPs through rdma_cm is not built yet; drop --rdma-cm to use the TCP exchange"
-                .into(),
-        ));
-    }
     if a.loopback {
         return loopback(op, a, &spec);
     }
@@ -269,12 +265,29 @@ fn server(a: &TestArgs) -> Result<(), PerfError> {
         ))));
     }
     spec.validate().map_err(|e| refuse(PerfError::Peer(format!("the client asked for an impossible test: {e}"))))?;
-    let (ctx, gid_index) = open(ctl.local().ip(), a.device.as_deref()).map_err(refuse)?;
-    let mut side = Side::new(ctx, gid_index, &spec).map_err(refuse)?;
     run::check_peer(&spec, &peer).map_err(refuse)?;
-    side.connect(&peer).map_err(refuse)?;
-    let info = side.info()?;
-    ctl.send(&Msg::Accept { side: info.clone() })?;
+    let mut peer = peer;
+    let (side, info, cm_conn) = if spec.rdma_cm {
+        // rdma_cm listens on the TCP connection's address and port number.
+        let mut conn = CmConn::listen(&spec, ctl.local()).map_err(refuse)?;
+        let ctx = conn.context().map_err(refuse)?;
+        check_device(&ctx, a.device.as_deref()).map_err(refuse)?;
+        let gid_index = ctx.device().gid_index(ctl.local().ip()).unwrap_or(0);
+        let mut side = Side::new(ctx, gid_index, &spec).map_err(refuse)?;
+        // The client connects once it knows the server listens: its QPs come after.
+        ctl.send(&Msg::Accept { side: side.info()? })?;
+        peer.qps = conn.accept(&mut side, &peer)?;
+        side.prepare(&peer)?;
+        let info = side.info()?;
+        (side, info, Some(conn))
+    } else {
+        let (ctx, gid_index) = open(ctl.local().ip(), a.device.as_deref()).map_err(refuse)?;
+        let mut side = Side::new(ctx, gid_index, &spec).map_err(refuse)?;
+        side.connect(&peer).map_err(refuse)?;
+        let info = side.info()?;
+        ctl.send(&Msg::Accept { side: info.clone() })?;
+        (side, info, None)
+    };
     let mut lines = Vec::new();
     loop {
         let size = match ctl.recv(HANDSHAKE + spec.run_deadline(spec.max_size()))? {
@@ -296,6 +309,9 @@ fn server(a: &TestArgs) -> Result<(), PerfError> {
             " {:<10} answered: {} messages received, {} operations sent, {} packets sent, {} retransmitted",
             size, stats.received, stats.ops, stats.packets_sent, stats.retransmitted
         ));
+    }
+    if let Some(conn) = &cm_conn {
+        conn.close(false)?;
     }
     if !a.announce && !a.json {
         print(&format!(
@@ -360,16 +376,35 @@ fn client(host: &str, a: &TestArgs, spec: &Spec) -> Result<Report, PerfError> {
         }
     };
     let ctl = Control::new(stream)?;
-    let (ctx, gid_index) = open(ctl.local().ip(), a.device.as_deref())?;
-    let mut side = Side::new(ctx, gid_index, spec)?;
-    let local = side.info()?;
-    ctl.send(&Msg::Hello { version: control::VERSION, spec: spec.clone(), side: local.clone() })?;
-    let peer = ctl.expect("Accept", HANDSHAKE, |m| match m {
-        Msg::Accept { side } => Some(side),
-        _ => None,
-    })?;
-    run::check_peer(spec, &peer)?;
-    side.connect(&peer)?;
+    let (side, local, peer, cm_conn) = if spec.rdma_cm {
+        // rdma_cm's port is the server's TCP port number.
+        let conn = CmConn::resolve(spec, ctl.local().ip(), ctl.peer())?;
+        let ctx = conn.context()?;
+        check_device(&ctx, a.device.as_deref())?;
+        let gid_index = ctx.device().gid_index(ctl.local().ip()).unwrap_or(0);
+        let mut side = Side::new(ctx, gid_index, spec)?;
+        for id in conn.ids() {
+            side.add_cm_qp(id)?;
+        }
+        let local = side.info()?;
+        let mut peer = hello(&ctl, spec, &local)?;
+        let (qps, qkey) = conn.connect(&side)?;
+        peer.qps = qps;
+        if let Some(qkey) = qkey {
+            peer.qkey = qkey;
+        }
+        run::check_peer(spec, &peer)?;
+        side.prepare(&peer)?;
+        (side, local, peer, Some(conn))
+    } else {
+        let (ctx, gid_index) = open(ctl.local().ip(), a.device.as_deref())?;
+        let mut side = Side::new(ctx, gid_index, spec)?;
+        let local = side.info()?;
+        let peer = hello(&ctl, spec, &local)?;
+        run::check_peer(spec, &peer)?;
+        side.connect(&peer)?;
+        (side, local, peer, None)
+    };
     let mut progress = Progress::new(spec, true);
     let mut results = Vec::new();
     for (i, &size) in spec.sizes.iter().enumerate() {
@@ -392,6 +427,9 @@ fn client(host: &str, a: &TestArgs, spec: &Spec) -> Result<Report, PerfError> {
     }
     progress.finish();
     ctl.send(&Msg::Bye)?;
+    if let Some(conn) = &cm_conn {
+        conn.close(true)?;
+    }
     Ok(Report {
         test: spec.title(),
         spec: spec.clone(),
@@ -402,6 +440,26 @@ fn client(host: &str, a: &TestArgs, spec: &Spec) -> Result<Report, PerfError> {
         baseline: None,
         vs_baseline: Vec::new(),
     })
+}
+
+/// Sends the test and this side to the server; its side comes back.
+fn hello(ctl: &Control, spec: &Spec, local: &SideInfo) -> Result<SideInfo, PerfError> {
+    ctl.send(&Msg::Hello { version: control::VERSION, spec: spec.clone(), side: local.clone() })?;
+    ctl.expect("Accept", HANDSHAKE, |m| match m {
+        Msg::Accept { side } => Some(side),
+        _ => None,
+    })
+}
+
+/// `-d` with `--rdma-cm`: rdma_cm picks the device by address; it must be the one named.
+fn check_device(ctx: &softrdma::Context, name: Option<&str>) -> Result<(), PerfError> {
+    match name {
+        Some(n) if n != ctx.device().name() && n != ctx.device().interface() => Err(PerfError::Usage(format!(
+            "-d {n}: rdma_cm resolved the peer's address to {}; drop -d or connect to an address of {n}",
+            ctx.device().name()
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn report_of(ctl: &Control, spec: &Spec, size: u64) -> Result<SideStats, PerfError> {

@@ -13,8 +13,9 @@
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, AddressVector, Ah, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd, QKey, Qp, QpCap,
-    QpInit, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
+    Access, AddressVector, Ah, AttrMask, CmId, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd, QKey,
+    Qp, QpAttr, QpCap, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc,
+    WcStatus,
 };
 
 use super::PerfError;
@@ -71,6 +72,8 @@ pub(crate) struct Side {
     psns: Vec<u32>,
     mr: Mr,
     ah: Option<Ah>,
+    /// The Q_Key of this side's UD QPs: [`QKEY`], or what rdma_cm gave them.
+    qkey: u32,
     gid_index: u8,
     stride: u64,
     slots: u64,
@@ -80,36 +83,95 @@ pub(crate) struct Side {
 
 impl Side {
     /// Creates the PD, CQ, QPs and memory region that `spec` needs on `ctx`, sending from
-    /// GID `gid_index`.
+    /// GID `gid_index`. With `--rdma-cm` the QPs come later, one per CM ID
+    /// ([`add_cm_qp`](Side::add_cm_qp)).
     pub(crate) fn new(ctx: Context, gid_index: u8, spec: &Spec) -> Result<Side, PerfError> {
         let pd = ctx.alloc_pd().map_err(rdma("ibv_alloc_pd"))?;
         let stride = (spec.max_size() + GRH).next_multiple_of(64);
         let want_slots = u64::from(spec.depth.max(RECV_DEPTH_LAT));
         let slots = (REGION_PER_QP / stride).clamp(1, want_slots);
         let recv_depth = if spec.mode == Mode::Bw { RECV_DEPTH_BW.max(spec.depth) } else { RECV_DEPTH_LAT };
-        let send_depth = if spec.mode == Mode::Bw { spec.depth } else { 2 * LAT_SIGNAL_EVERY as u32 };
-        let cqe = spec.qps * (send_depth + recv_depth) + 64;
+        let cqe = spec.qps * (Self::send_depth(spec) + recv_depth) + 64;
         let cq = ctx.create_cq(cqe, None).map_err(rdma("ibv_create_cq"))?;
-        let qp_type = match spec.conn {
-            Conn::Rc => QpType::Rc,
-            Conn::Uc => QpType::Uc,
-            Conn::Ud => QpType::Ud,
-        };
-        let mut init = QpInit::new(qp_type, &cq);
-        init.cap = QpCap {
-            max_send_wr: send_depth,
-            max_recv_wr: recv_depth,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: spec.inline,
-        };
-        let qps =
-            (0..spec.qps).map(|_| pd.create_qp(&init)).collect::<Result<Vec<_>, _>>().map_err(rdma("ibv_create_qp"))?;
-        let psns = qps.iter().map(|_| random_u32() & 0xff_ffff).collect();
         let len = usize::try_from(u64::from(spec.qps) * slots * stride)
             .map_err(|_| PerfError::Usage("the buffers do not fit this machine's address space".into()))?;
         let mr = pd.reg_mr(len, Access::ALL).map_err(rdma("ibv_reg_mr"))?;
-        Ok(Side { ctx, _pd: pd, cq, qps, psns, mr, ah: None, gid_index, stride, slots, spec: spec.clone(), recv_depth })
+        let mut side = Side {
+            ctx,
+            _pd: pd,
+            cq,
+            qps: Vec::new(),
+            psns: Vec::new(),
+            mr,
+            ah: None,
+            qkey: QKEY,
+            gid_index,
+            stride,
+            slots,
+            spec: spec.clone(),
+            recv_depth,
+        };
+        if !spec.rdma_cm {
+            for _ in 0..spec.qps {
+                let qp = side._pd.create_qp(&side.qp_init()).map_err(rdma("ibv_create_qp"))?;
+                side.qps.push(qp);
+                side.psns.push(random_u32() & 0xff_ffff);
+            }
+        }
+        Ok(side)
+    }
+
+    fn send_depth(spec: &Spec) -> u32 {
+        if spec.mode == Mode::Bw { spec.depth } else { 2 * LAT_SIGNAL_EVERY as u32 }
+    }
+
+    fn qp_type(&self) -> QpType {
+        match self.spec.conn {
+            Conn::Rc => QpType::Rc,
+            Conn::Uc => QpType::Uc,
+            Conn::Ud => QpType::Ud,
+        }
+    }
+
+    /// What every QP of the test is created with.
+    fn qp_init(&self) -> QpInit<'_> {
+        let mut init = QpInit::new(self.qp_type(), &self.cq);
+        init.cap = QpCap {
+            max_send_wr: Self::send_depth(&self.spec),
+            max_recv_wr: self.recv_depth,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: self.spec.inline,
+        };
+        init
+    }
+
+    /// `--rdma-cm`: creates the next QP on `id` (`rdma_create_qp` with this side's CQ), in
+    /// INIT with the attributes rdma_cm dictates. Its first PSN is rdma_cm's.
+    pub(crate) fn add_cm_qp(&mut self, id: &CmId) -> Result<(), PerfError> {
+        let qp = id.create_qp_with(&self._pd, &self.qp_init()).map_err(rdma("rdma_create_qp"))?;
+        let (attr, _) = qp.query().map_err(rdma("ibv_query_qp"))?;
+        if self.spec.conn == Conn::Ud {
+            // A UD QP needs no peer: the application takes it from INIT to RTS.
+            self.qkey = attr.qkey.0;
+            qp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE)
+                .and_then(|()| {
+                    qp.modify(
+                        &QpAttr { qp_state: QpState::Rts, ..QpAttr::default() },
+                        AttrMask::STATE | AttrMask::SQ_PSN,
+                    )
+                })
+                .map_err(rdma("readying the UD QP (ibv_modify_qp)"))?;
+        }
+        self.psns.push(attr.sq_psn);
+        self.qps.push(qp);
+        Ok(())
+    }
+
+    /// The first PSN QP `i` expects from its peer (its `rq_psn`): what the peer starts at.
+    pub(crate) fn expected_psn(&self, i: usize) -> Result<u32, PerfError> {
+        let qp = self.qps.get(i).ok_or_else(|| PerfError::Rdma(format!("no QP {i}")))?;
+        Ok(qp.query().map_err(rdma("ibv_query_qp"))?.0.rq_psn)
     }
 
     /// What the peer needs to know.
@@ -126,7 +188,7 @@ impl Side {
             device: self.ctx.device().name().to_string(),
             ip,
             qps: self.qps.iter().zip(&self.psns).map(|(q, &psn)| QpInfo { qpn: q.qpn(), psn }).collect(),
-            qkey: QKEY,
+            qkey: self.qkey,
             addr: remote.addr,
             len: remote.len,
             rkey: remote.rkey.0,
@@ -135,8 +197,8 @@ impl Side {
         })
     }
 
-    /// Connects the QPs to the peer's (RC, UC) or readies them and an address handle (UD),
-    /// then fills the receive queues the test uses.
+    /// Connects the QPs to the peer's (RC, UC) or readies them (UD), then
+    /// [`prepare`](Side::prepare)s the run.
     pub(crate) fn connect(&mut self, peer: &SideInfo) -> Result<(), PerfError> {
         if peer.qps.len() != self.qps.len() {
             return Err(PerfError::Peer(format!("the peer has {} QPs, this side {}", peer.qps.len(), self.qps.len())));
@@ -159,6 +221,15 @@ impl Side {
                 }
                 Conn::Ud => qp.ready_ud(QKEY, self.psns[i]).map_err(rdma("readying the UD QP (ibv_modify_qp)"))?,
             }
+        }
+        self.prepare(peer)
+    }
+
+    /// Once the QPs are connected (by [`connect`](Side::connect) or rdma_cm): the address
+    /// handle of the peer (UD) and full receive queues.
+    pub(crate) fn prepare(&mut self, peer: &SideInfo) -> Result<(), PerfError> {
+        if peer.qps.len() != self.qps.len() {
+            return Err(PerfError::Peer(format!("the peer has {} QPs, this side {}", peer.qps.len(), self.qps.len())));
         }
         if self.spec.conn == Conn::Ud {
             let av = AddressVector {

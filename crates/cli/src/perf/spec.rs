@@ -158,6 +158,9 @@ pub(crate) struct Spec {
     /// Path MTU in bytes; 0: each side's device default.
     pub(crate) mtu: u32,
     pub(crate) bidirectional: bool,
+    /// The QPs are connected through rdma_cm (IB CM on QP1), not by the TCP exchange.
+    #[serde(default)]
+    pub(crate) rdma_cm: bool,
 }
 
 /// Largest message `-a` runs.
@@ -178,8 +181,10 @@ impl Spec {
             (Conn::Ud, _) => return Err(format!("--connection UD: only send tests (UD has no {op})")),
             (Conn::Uc, _) => return Err(format!("--connection UC: UC has no {op}; use RC")),
         }
-        if a.connection == Conn::Ud && a.rdma_cm {
-            return Err("--rdma-cm with --connection UD is not supported yet; drop --rdma-cm".into());
+        if a.rdma_cm && a.mtu.is_some() {
+            return Err("--mtu with --rdma-cm: rdma_cm takes the path MTU from the route (the device's active \
+                        MTU); drop --mtu"
+                .into());
         }
         let mtu = a.mtu.unwrap_or(0);
         let sizes = if op == Op::Atomic {
@@ -213,6 +218,7 @@ impl Spec {
             inline: a.inline.unwrap_or(if mode == Mode::Lat { 64 } else { 0 }),
             mtu,
             bidirectional: a.bidirectional,
+            rdma_cm: a.rdma_cm,
         })
     }
 
@@ -225,7 +231,8 @@ impl Spec {
         if self.sizes.len() > 64 || !(1..=1024).contains(&self.qps) || !(1..=4096).contains(&self.depth) {
             return Err(format!("{} sizes, {} QPs, depth {}", self.sizes.len(), self.qps, self.depth));
         }
-        if self.inline > 256 || !matches!(self.mtu, 0 | 256 | 512 | 1024 | 2048 | 4096) {
+        if self.inline > 256 || !matches!(self.mtu, 0 | 256 | 512 | 1024 | 2048 | 4096) || self.rdma_cm && self.mtu != 0
+        {
             return Err(format!("inline {}, MTU {}", self.inline, self.mtu));
         }
         if self.iters == 0 || self.duration_ms.is_some_and(|d| d == 0 || d > 3_600_000) {
