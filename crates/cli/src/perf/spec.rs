@@ -88,7 +88,8 @@ pub(crate) struct TestArgs {
     /// client's results.
     #[arg(long, conflicts_with = "host")]
     pub(crate) loopback: bool,
-    /// Bytes per message (default: 65536 for bw, 2 for lat; atomics are always 8).
+    /// Bytes per message (default: 65536 for bw, the path MTU for UD bw, 2 for lat;
+    /// atomics are always 8).
     #[arg(short, long, value_parser = parse_size)]
     pub(crate) size: Option<u64>,
     /// Every size from 2 bytes to 8 MiB, doubling (up to the path MTU for UD).
@@ -196,11 +197,17 @@ impl Spec {
             let top = if a.connection == Conn::Ud { u64::from(if mtu == 0 { 4096 } else { mtu }) } else { MAX_SIZE };
             std::iter::successors(Some(2u64), |s| Some(s * 2)).take_while(|s| *s <= top).collect()
         } else {
-            let s = a.size.unwrap_or(if mode == Mode::Bw { 65536 } else { 2 });
+            let ud_max = u64::from(if mtu == 0 { 4096 } else { mtu });
+            let default = match (mode, a.connection) {
+                (Mode::Bw, Conn::Ud) => ud_max, // a UD message is one packet
+                (Mode::Bw, _) => 65536,
+                (Mode::Lat, _) => 2,
+            };
+            let s = a.size.unwrap_or(default);
             if s == 0 || s > MAX_SIZE {
                 return Err(format!("-s/--size {s}: must be 1 to {MAX_SIZE} bytes"));
             }
-            if a.connection == Conn::Ud && s > u64::from(if mtu == 0 { 4096 } else { mtu }) {
+            if a.connection == Conn::Ud && s > ud_max {
                 return Err(format!("-s/--size {s}: a UD message must fit one packet (the path MTU)"));
             }
             vec![s]
