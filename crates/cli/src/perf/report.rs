@@ -189,6 +189,15 @@ pub(crate) struct Ratio {
     pub(crate) baseline: String,
     pub(crate) baseline_value: f64,
     pub(crate) ratio: f64,
+    /// Whether the limit measures the same thing without RDMA semantics (polled against
+    /// busy-polled, stack against stack); the others are for reference.
+    pub(crate) like_for_like: bool,
+    /// The project's target for this ratio (`<= 1.3`), where it has one, and whether this
+    /// run met it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) target: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) met: Option<bool>,
 }
 
 const RULE: &str =
@@ -297,9 +306,14 @@ impl Report {
             let _ = writeln!(o, "{RULE}");
             let _ = writeln!(o, " against this machine's limits, measured in this run (softrdma perf baseline):");
             for r in &self.vs_baseline {
+                let target = match (&r.target, r.met) {
+                    (Some(t), Some(met)) => format!("; target {t}: {}", if met { "met" } else { "NOT met" }),
+                    _ => String::new(),
+                };
+                let kind = if r.like_for_like { "" } else { ", for reference" };
                 let _ = writeln!(
                     o,
-                    "   {:<34} {:>9.2} {:<5} = {:>5.2} x {} ({:.2} {})",
+                    "   {:<34} {:>9.2} {:<5} = {:>5.2} x {} ({:.2} {}{kind}{target})",
                     r.figure, r.value, r.unit, r.ratio, r.baseline, r.baseline_value, r.unit
                 );
             }
