@@ -136,7 +136,7 @@ fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
             let report = client(host, a, &spec)?;
             output(a, report)
         }
-        None => server(a),
+        None => server(op, a),
     }
 }
 
@@ -245,7 +245,7 @@ fn open(ip: IpAddr, name: Option<&str>) -> Result<(softrdma::Context, u8), PerfE
 const HANDSHAKE: Duration = Duration::from_secs(30);
 
 /// The server: waits for one client and runs what it asks.
-fn server(a: &TestArgs) -> Result<(), PerfError> {
+fn server(op: Op, a: &TestArgs) -> Result<(), PerfError> {
     let bind: SocketAddr =
         if a.announce { (Ipv4Addr::LOCALHOST, a.port).into() } else { (Ipv4Addr::UNSPECIFIED, a.port).into() };
     let listener = TcpListener::bind(bind).map_err(|e| {
@@ -277,6 +277,13 @@ fn server(a: &TestArgs) -> Result<(), PerfError> {
         ))));
     }
     spec.validate().map_err(|e| refuse(PerfError::Peer(format!("the client asked for an impossible test: {e}"))))?;
+    if (spec.op, spec.mode) != (op, a.mode) {
+        return Err(refuse(PerfError::Usage(format!(
+            "the client runs `{}`, this server was started for `{op} {}`; start both sides with the same test",
+            spec.title(),
+            a.mode
+        ))));
+    }
     run::check_peer(&spec, &peer).map_err(refuse)?;
     let mut peer = peer;
     let (side, info, cm_conn) = if spec.rdma_cm {
