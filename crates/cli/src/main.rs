@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 mod decode;
 mod loopback;
@@ -119,13 +119,20 @@ fn usage_error(e: &clap::Error) -> ExitCode {
         rendered.lines().take_while(|l| !l.trim().is_empty()).map(str::trim).filter(|l| !l.is_empty()).collect();
     let what = what.join(" ");
     let what = what.strip_prefix("error: ").unwrap_or(&what);
-    // The usage line names the command whose help to read: `softrdma perf write <MODE>`.
-    let command: Vec<&str> = rendered
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Usage: "))
-        .map(|u| u.split_whitespace().take_while(|w| !w.starts_with(['<', '[', '-'])).collect())
-        .unwrap_or_default();
-    let command = if command.is_empty() { "softrdma".to_string() } else { command.join(" ") };
+    // The help to read is that of the deepest subcommand the arguments name.
+    let mut command = Cli::command();
+    let mut path = vec![command.get_name().to_string()];
+    for arg in std::env::args().skip(1) {
+        match command.find_subcommand(&arg) {
+            Some(sub) => {
+                path.push(sub.get_name().to_string());
+                command = sub.clone();
+            }
+            None if arg.starts_with('-') => continue,
+            None => {}
+        }
+    }
+    let command = path.join(" ");
     #[allow(clippy::print_stderr)]
     {
         eprintln!("softrdma: {what} (see `{command} --help`)");
