@@ -61,6 +61,9 @@ pub(crate) struct SideStats {
     pub(crate) seconds: f64,
     /// Messages its receive queues took (SEND, WRITE with immediate).
     pub(crate) received: u64,
+    /// Latency pings over UC or UD whose answer never came (counted lost, not timed).
+    #[serde(default)]
+    pub(crate) lost: u64,
     /// Packets it resent in this run.
     pub(crate) retransmitted: u64,
     /// Packets it sent and received in this run.

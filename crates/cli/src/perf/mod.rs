@@ -318,6 +318,8 @@ fn server(op: Op, a: &TestArgs) -> Result<(), PerfError> {
             return Err(PerfError::Peer(format!("the client asked for size {size}, not one of the test's")));
         }
         ctl.reset_finished();
+        // The client starts when it reads Ready: count this run's packets from before.
+        side.mark();
         ctl.send(&Msg::Ready)?;
         let stats = match spec.mode {
             Mode::Bw => side.bw(&ctl, &peer, size, spec.bidirectional, &mut Progress::new(&spec, false))?.0,
@@ -428,6 +430,7 @@ fn client(host: &str, a: &TestArgs, spec: &Spec) -> Result<Report, PerfError> {
     let mut results = Vec::new();
     for (i, &size) in spec.sizes.iter().enumerate() {
         progress.start_run(i, size);
+        side.mark();
         ctl.send(&Msg::Run { size })?;
         ctl.expect("Ready", HANDSHAKE, |m| matches!(m, Msg::Ready).then_some(()))?;
         let result = match spec.mode {

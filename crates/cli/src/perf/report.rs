@@ -296,10 +296,13 @@ impl Report {
         let retx: u64 = self.results.iter().map(|r| r.client.retransmitted + r.server.retransmitted).sum();
         let sent: u64 = self.results.iter().map(|r| r.client.packets_sent + r.server.packets_sent).sum();
         let _ = write!(o, " packets sent {sent}, retransmitted {retx}");
-        if let Some(r) = self.results.iter().find(|r| r.received.is_some()) {
+        if self.results.iter().any(|r| r.received.is_some()) {
             let got: u64 = self.results.iter().filter_map(|r| r.received).sum();
             let _ = write!(o, ", messages received {got}");
-            let _ = r;
+        }
+        let lost: u64 = self.results.iter().map(|r| r.client.lost).sum();
+        if lost > 0 {
+            let _ = write!(o, ", pings lost {lost} (not timed)");
         }
         o.push('\n');
         if !self.vs_baseline.is_empty() {

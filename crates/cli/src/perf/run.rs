@@ -10,6 +10,7 @@
 //!   round trip, as perftest reports it. READ and atomics are round trips by nature, and
 //!   their figure is the whole round trip, as perftest's.
 
+use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use softrdma::{
@@ -74,6 +75,8 @@ pub(crate) struct Side {
     ah: Option<Ah>,
     /// The Q_Key of this side's UD QPs: [`QKEY`], or what rdma_cm gave them.
     qkey: u32,
+    /// Packet counters (sent, received, retransmitted) when the current run began.
+    mark: Cell<(u64, u64, u64)>,
     gid_index: u8,
     stride: u64,
     slots: u64,
@@ -105,6 +108,7 @@ impl Side {
             mr,
             ah: None,
             qkey: QKEY,
+            mark: Cell::new((0, 0, 0)),
             gid_index,
             stride,
             slots,
@@ -270,16 +274,25 @@ impl Side {
             .map_err(rdma("ibv_post_recv"))
     }
 
-    fn op(&self, peer: &SideInfo, qp: usize, seq: u64) -> SendOp {
+    /// Operation `seq` of QP `qp`, aimed at the peer's buffer `seq`; a numbered one
+    /// (latency pings) carries `number` as its immediate data.
+    fn op(&self, peer: &SideInfo, qp: usize, seq: u64, number: u64) -> SendOp {
         let remote_addr = peer.buffer(qp, seq);
         let rkey = RKey(peer.rkey);
         match (self.spec.op, self.spec.mode) {
+            (Op::Send, Mode::Lat) if self.spec.conn != Conn::Rc => SendOp::SendWithImm { imm: ping_number(number) },
             (Op::Send, _) => SendOp::Send,
             (Op::Write, Mode::Bw) => SendOp::RdmaWrite { remote_addr, rkey },
-            (Op::Write, Mode::Lat) => SendOp::RdmaWriteWithImm { remote_addr, rkey, imm: (seq as u32).to_be_bytes() },
+            (Op::Write, Mode::Lat) => SendOp::RdmaWriteWithImm { remote_addr, rkey, imm: ping_number(number) },
             (Op::Read, _) => SendOp::RdmaRead { remote_addr, rkey },
             (Op::Atomic, _) => SendOp::FetchAdd { remote_addr, rkey, add: 1 },
         }
+    }
+
+    /// Posts latency answer `seq` (which picks its buffer and whether it is signaled) with
+    /// the ping's `number` as its immediate data.
+    fn post_numbered(&self, peer: &SideInfo, size: u64, seq: u64, number: u64) -> Result<(), PerfError> {
+        self.post_with(peer, 0, seq..seq + 1, size, |s| s % LAT_SIGNAL_EVERY == LAT_SIGNAL_EVERY - 1, |_| number)
     }
 
     /// Posts operations `seqs` on QP `qp` in one call; `signal(seq)` says which complete.
@@ -290,6 +303,19 @@ impl Side {
         seqs: std::ops::Range<u64>,
         size: u64,
         signal: impl Fn(u64) -> bool,
+    ) -> Result<(), PerfError> {
+        self.post_with(peer, qp, seqs, size, signal, |seq| seq)
+    }
+
+    /// [`post`](Side::post), with `number(seq)` the number a numbered operation carries.
+    fn post_with(
+        &self,
+        peer: &SideInfo,
+        qp: usize,
+        seqs: std::ops::Range<u64>,
+        size: u64,
+        signal: impl Fn(u64) -> bool,
+        number: impl Fn(u64) -> u64,
     ) -> Result<(), PerfError> {
         let n = (seqs.end - seqs.start) as usize;
         debug_assert!(n <= BATCH);
@@ -310,7 +336,7 @@ impl Side {
             if signal(seq) {
                 flags = flags | SendFlags::SIGNALED;
             }
-            SendWr { wr_id: wr_id(qp, seq), op: self.op(peer, qp, seq), sg_list: &sges[i..=i], flags, ud }
+            SendWr { wr_id: wr_id(qp, seq), op: self.op(peer, qp, seq, number(seq)), sg_list: &sges[i..=i], flags, ud }
         });
         self.qps[qp].post_send(&wrs[..n]).map_err(rdma("ibv_post_send"))
     }
@@ -352,7 +378,6 @@ impl Side {
     ) -> Result<(SideStats, Vec<(f64, u64)>), PerfError> {
         let spec = &self.spec;
         let deadline = Instant::now() + spec.run_deadline(size);
-        let (sent0, rcvd0, retx0) = self.counters();
         let nqp = self.qps.len();
         let depth = u64::from(spec.depth);
         let signal_every = (depth / 2).clamp(1, 64);
@@ -471,20 +496,21 @@ impl Side {
         if sending {
             samples.push(((end - start).as_secs_f64(), total_done));
         }
-        let (sent1, rcvd1, retx1) = self.counters();
-        let stats = SideStats {
-            ops: if sending { total_done } else { 0 },
-            seconds: if sending { (end - start).as_secs_f64() } else { 0.0 },
-            received,
-            retransmitted: retx1 - retx0,
-            packets_sent: sent1 - sent0,
-            packets_received: rcvd1 - rcvd0,
+        let stats = if sending {
+            self.stats_since_mark(total_done, (end - start).as_secs_f64(), received)
+        } else {
+            self.stats_since_mark(0, 0.0, received)
         };
         Ok((stats, samples))
     }
 
     /// The client's side of a latency run: `warmup` untimed operations, then the timed
     /// ones; returns each one's latency.
+    ///
+    /// Over UC and UD a ping or its answer may be lost: each ping carries its number (the
+    /// immediate data), the client waits [`LOSS_TIMEOUT`] for the answer with that number,
+    /// then counts the ping lost and sends the next; a late answer is recognised by its
+    /// number and ignored. Over RC nothing is lost, and a missing answer is a stall.
     pub(crate) fn lat_client(
         &self,
         ctl: &Control,
@@ -494,14 +520,15 @@ impl Side {
     ) -> Result<(SideStats, Vec<Duration>), PerfError> {
         let spec = &self.spec;
         let deadline = Instant::now() + spec.run_deadline(size);
-        let (sent0, rcvd0, retx0) = self.counters();
         let warmup = (spec.iters / 10).clamp(1, 1000);
         let duration = spec.duration_ms.map(Duration::from_millis);
         let pingpong = matches!(spec.op, Op::Send | Op::Write);
+        let lossy = spec.conn != Conn::Rc;
         let mut samples = Vec::with_capacity(if duration.is_some() { 1 << 16 } else { spec.iters as usize });
         let mut wcs = [EMPTY_WC; 16];
         let mut seq = 0u64;
         let mut received = 0u64;
+        let mut lost = 0u64;
         let mut timed_start = None;
         loop {
             let timed = seq >= warmup;
@@ -519,26 +546,35 @@ impl Side {
             // Ping-pong sends are signaled one in LAT_SIGNAL_EVERY, to free the send queue;
             // READ and atomics always, as their completion is the answer.
             self.post(peer, 0, seq..seq + 1, size, |s| !pingpong || s % LAT_SIGNAL_EVERY == LAT_SIGNAL_EVERY - 1)?;
-            'wait: loop {
+            let answered = 'wait: loop {
                 let n = self.cq.poll(&mut wcs);
                 for wc in &wcs[..n] {
                     Self::check(wc)?;
                     let answered = if wc.wr_id & RECV_BIT != 0 {
                         received += 1;
                         self.post_recv(0, wr_seq(wc.wr_id))?;
-                        pingpong
+                        // Over RC answers come in order; elsewhere a late one is stale.
+                        pingpong && (!lossy || wc.imm_data == Some(ping_number(seq)))
                     } else {
                         !pingpong
                     };
                     if answered {
-                        break 'wait;
+                        break 'wait true;
                     }
                 }
-                if n == 0 && Instant::now() > deadline {
-                    return Err(PerfError::Stalled(format!("operation {seq} got no answer")));
+                if n == 0 {
+                    let waited = t.elapsed();
+                    if lossy && waited > LOSS_TIMEOUT {
+                        break 'wait false;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(PerfError::Stalled(format!("operation {seq} got no answer")));
+                    }
                 }
-            }
-            if timed {
+            };
+            if !answered {
+                lost += 1;
+            } else if timed {
                 samples.push(t.elapsed());
                 if samples.len() % 256 == 0 {
                     progress.set_run(samples.len() as u64, timed_start.map_or(Duration::ZERO, |t| t.elapsed()));
@@ -554,24 +590,16 @@ impl Side {
             }
             std::thread::sleep(Duration::from_micros(100));
         }
-        let (sent1, rcvd1, retx1) = self.counters();
-        let stats = SideStats {
-            ops: samples.len() as u64,
-            seconds,
-            received,
-            retransmitted: retx1 - retx0,
-            packets_sent: sent1 - sent0,
-            packets_received: rcvd1 - rcvd0,
-        };
+        let mut stats = self.stats_since_mark(samples.len() as u64, seconds, received);
+        stats.lost = lost;
         Ok((stats, samples))
     }
 
     /// The server's side of a latency run: answers each ping (SEND, WRITE) with the same
-    /// operation, or waits while its device answers READs and atomics, until the client
-    /// says `Finished`.
+    /// operation and the ping's number, or waits while its device answers READs and
+    /// atomics, until the client says `Finished`.
     pub(crate) fn lat_server(&self, ctl: &Control, peer: &SideInfo, size: u64) -> Result<SideStats, PerfError> {
         let deadline = Instant::now() + self.spec.run_deadline(size);
-        let (sent0, rcvd0, retx0) = self.counters();
         ctl.send(&super::control::Msg::Finished)?;
         let pingpong = matches!(self.spec.op, Op::Send | Op::Write);
         let mut wcs = [EMPTY_WC; 16];
@@ -588,7 +616,10 @@ impl Side {
                     if wc.wr_id & RECV_BIT != 0 {
                         received += 1;
                         self.post_recv(0, wr_seq(wc.wr_id))?;
-                        self.post(peer, 0, seq..seq + 1, size, |s| s % LAT_SIGNAL_EVERY == LAT_SIGNAL_EVERY - 1)?;
+                        // The answer carries the ping's number (a ping lost over UC or UD
+                        // leaves a gap the client skips).
+                        let number = wc.imm_data.map_or(seq, |imm| u64::from(u32::from_be_bytes(imm)));
+                        self.post_numbered(peer, size, seq, number)?;
                         seq += 1;
                     }
                 }
@@ -598,16 +629,37 @@ impl Side {
                 return Err(PerfError::Peer("the client did not finish its run in time".into()));
             }
         }
+        Ok(self.stats_since_mark(seq, 0.0, received))
+    }
+
+    /// Takes the counters a run's figures start from: before the peer may start sending.
+    pub(crate) fn mark(&self) {
+        self.mark.set(self.counters());
+    }
+
+    /// A run's stats: `ops` operations in `seconds`, `received` messages, and the packet
+    /// counters since [`mark`](Side::mark).
+    fn stats_since_mark(&self, ops: u64, seconds: f64, received: u64) -> SideStats {
+        let (sent0, rcvd0, retx0) = self.mark.get();
         let (sent1, rcvd1, retx1) = self.counters();
-        Ok(SideStats {
-            ops: seq,
-            seconds: 0.0,
+        SideStats {
+            ops,
+            seconds,
             received,
+            lost: 0,
             retransmitted: retx1 - retx0,
             packets_sent: sent1 - sent0,
             packets_received: rcvd1 - rcvd0,
-        })
+        }
     }
+}
+
+/// How long a latency ping over UC or UD waits for its answer before it counts as lost.
+const LOSS_TIMEOUT: Duration = Duration::from_millis(20);
+
+/// The immediate data that numbers latency ping `seq`.
+fn ping_number(seq: u64) -> [u8; 4] {
+    (seq as u32).to_be_bytes()
 }
 
 /// Whether the peer's memory region can take `spec`'s operations as this side will aim
