@@ -254,7 +254,7 @@ fn check_report(r: Value, cmd: &str) -> Value {
                 assert!(n > 0, "{what}: no operations in {ms} ms");
                 assert!(f(res, "seconds") >= ms as f64 / 1e3 * 0.95, "{what}: ran {} s of {ms} ms", f(res, "seconds"));
             }
-            None if conn != "Rc" && res.get("latency_us").is_some() => {
+            None if conn != "RC" && res.get("latency_us").is_some() => {
                 // A UC or UD ping-pong counts the pings that got no answer lost, not timed.
                 let lost = u(client, "lost");
                 assert!(n <= iters && n + lost >= iters, "{what}: {n} timed and {lost} lost of -n {iters}");
@@ -265,13 +265,13 @@ fn check_report(r: Value, cmd: &str) -> Value {
                 assert_eq!(n, want, "{what}: iterations (-n {iters}, {qps} QPs, bidirectional {bidirectional})");
             }
         }
-        if conn == "Rc" {
+        if conn == "RC" {
             assert_eq!((u(client, "lost"), u(server, "lost")), (0, 0), "{what}: RC loses nothing");
         }
         if let Some(l) = res.get("latency_us") {
             check_lat_stats(l, &what);
             assert_eq!(u(client, "ops"), n, "{what}: the client's operations are the samples");
-            if matches!(op, "send" | "write") && conn != "Ud" {
+            if matches!(op, "send" | "write") && conn != "UD" {
                 // A ping-pong: the server answered every ping, the warm-up's too.
                 assert!(u(server, "received") >= n, "{what}: the server took {} pings", u(server, "received"));
                 assert_eq!(u(server, "ops"), u(server, "received"), "{what}: one pong per ping");
@@ -288,7 +288,7 @@ fn check_report(r: Value, cmd: &str) -> Value {
             assert_eq!(n, ops, "{what}: iterations are the operations completed");
             if op == "send" {
                 let received = u(res, "received");
-                if conn == "Rc" {
+                if conn == "RC" {
                     assert_eq!(received, n, "{what}: RC delivers every SEND");
                 } else {
                     // UC and UD may lose messages: none may be invented. (That any arrive at
@@ -324,7 +324,7 @@ fn bw_of_every_operation_over_loopback() {
         let r = perf(&[op, "bw", "--loopback", "-n", "200"]);
         assert_eq!(r["test"], format!("{op} bw"));
         assert_eq!(spec_of(&r, "iters"), 200);
-        assert_eq!(spec_of(&r, "conn"), "Rc");
+        assert_eq!(spec_of(&r, "conn"), "RC");
         let want_size = if op == "atomic" { 8 } else { 65536 };
         assert_eq!(r["results"][0]["bytes"], want_size, "{op}: the default size");
     }
@@ -656,6 +656,7 @@ fn bad_options_are_one_line_and_exit_2() {
         &["write", "bw", "-s", "9M"],
         &["write", "bw", "-s", "12q"],
         &["write", "bw", "--mtu", "1500"],
+        &["write", "bw", "--loopback", "--plot", "/nonexistent-softrdma-dir/plot.svg"],
         &["atomic", "bw", "-s", "16"],
         &["atomic", "lat", "-a"],
         &["read", "bw", "-c", "UD"],

@@ -128,6 +128,17 @@ fn baseline_main(a: &BaselineArgs) -> Result<(), PerfError> {
 
 fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
     let spec = Spec::from_args(op, a).map_err(PerfError::Usage)?;
+    if let Some(path) = &a.plot {
+        // Before the run, not after it: a plot that cannot be written wastes the run.
+        let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        if !dir.is_dir() {
+            return Err(PerfError::Usage(format!(
+                "--plot {}: there is no directory {}",
+                path.display(),
+                dir.display()
+            )));
+        }
+    }
     if a.loopback {
         return loopback(op, a, &spec);
     }

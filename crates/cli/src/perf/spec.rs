@@ -53,6 +53,7 @@ impl fmt::Display for Mode {
 
 /// The QP transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "UPPERCASE")]
 pub(crate) enum Conn {
     /// Reliable connected.
     #[value(name = "RC", alias = "rc")]
@@ -101,7 +102,8 @@ pub(crate) struct TestArgs {
     /// Run each size for this many seconds instead of a number of operations.
     #[arg(short = 'D', long, value_parser = parse_seconds, conflicts_with = "iters")]
     pub(crate) duration: Option<Duration>,
-    /// Queue pairs (bw only); operations are spread over them round robin.
+    /// Queue pairs (bw only), each running `-n` operations (or `-D` seconds) at once, as
+    /// perftest's `-q`.
     #[arg(short, long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub(crate) qps: u32,
     /// Operations in flight per QP (default: 128 for bw; lat is always 1).
