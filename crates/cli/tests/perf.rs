@@ -556,7 +556,6 @@ fn server_stats_cover_the_whole_run() {
 /// on loopback when other processes join or leave 127.0.0.1:4791: they come and go in a
 /// thread meanwhile.
 #[test]
-#[ignore = "bug: the engine's retransmitted_packets counts go-back-N rewinds, not packets (1 for 128 packets resent)"]
 fn retransmitted_counts_packets() {
     let _serial = serial();
     with_churn(1, || {

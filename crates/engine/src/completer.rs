@@ -239,7 +239,6 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
     qp.req.offset = offset;
     qp.req.psn = from;
     qp.req.since_ack_req = 0;
-    sh.counters.retransmitted_packets += 1;
     sh.schedule(qp);
 }
 

@@ -109,7 +109,8 @@ pub struct Counters {
     pub duplicate_requests: u64,
     /// Out-of-sequence requests seen by responders.
     pub out_of_sequence: u64,
-    /// Packets resent by requesters.
+    /// Packets resent by requesters (each packet of a go-back-N retry counts; a READ
+    /// request resent counts once, whatever the PSNs its responses span).
     pub retransmitted_packets: u64,
     /// Local ACK timeouts.
     pub ack_timeouts: u64,
@@ -800,6 +801,7 @@ impl Engine {
         }
         if mask.contains(AttrMask::SQ_PSN) {
             qp.req.psn = Psn::from_u24_truncating(attr.sq_psn);
+            qp.req.sent_end = qp.req.psn;
             qp.comp.psn = qp.req.psn;
         }
 

@@ -133,6 +133,9 @@ pub(crate) struct RecvWqe {
 pub(crate) struct Requester {
     /// Next PSN to send.
     pub(crate) psn: Psn,
+    /// The PSN after the furthest one ever sent: a packet before it is a retransmission
+    /// (go-back-N moves `psn` back, never this).
+    pub(crate) sent_end: Psn,
     /// Ring position of the WQE being sent.
     pub(crate) next: u64,
     /// Bytes of that WQE already sent.

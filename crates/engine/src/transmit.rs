@@ -350,6 +350,11 @@ fn request<M: Memory + ?Sized>(
         }
     }
     qp.req.since_ack_req = if header.ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    if psn.distance_to(qp.req.sent_end) > 0 {
+        sh.counters.retransmitted_packets += 1;
+    } else {
+        qp.req.sent_end = qp.req.psn;
+    }
     if message_done {
         qp.req.next = pos + 1;
         qp.req.offset = 0;

@@ -149,6 +149,11 @@ fn lost_middle_packet_is_naked_and_resent_from_there() {
     assert_eq!(pair.b.poll().unwrap().byte_len, 1024);
     assert_eq!(pair.a.poll().unwrap().status, WcStatus::Success);
     assert_eq!(pair.b.engine.counters().naks_sent, 1, "one NAK per gap");
+    // Go-back-N resends the lost packet and the two after it: three packets resent.
+    let sent_by_a = pair.log.iter().filter(|p| p.from_a).count() as u64;
+    assert_eq!(pair.a.engine.counters().sent_packets, sent_by_a);
+    assert_eq!(pair.a.engine.counters().retransmitted_packets, 3, "every packet of the retry counts");
+    assert_eq!(sent_by_a, 4 + 3);
 }
 
 #[test]
@@ -169,6 +174,7 @@ fn read_response_lost_requester_retries_after_timeout_data_lands_once() {
     pair.drive();
     assert_eq!(pair.a.engine.counters().ack_timeouts, 1);
     assert_eq!(pair.b.engine.counters().duplicate_requests, 1, "the retry is a duplicate READ, answered again");
+    assert_eq!(pair.a.engine.counters().retransmitted_packets, 1, "the READ request, once");
     assert_eq!(pair.a.read(0x40, 100), &data[..]);
     assert_eq!(pair.a.poll_all().len(), 1);
 }
