@@ -184,6 +184,8 @@ pub(crate) struct State {
     /// Per socket, receives in a row that found nothing; and receives so far.
     rx_empty: Vec<u32>,
     rx_passes: u32,
+    /// Receive batches that held datagrams, since the device opened.
+    rx_batches: u64,
 }
 
 /// The device lock held: the engine, the CM and their tables.
@@ -229,6 +231,11 @@ pub(crate) struct Shared {
     app_polled: AtomicU64,
     /// Application threads blocked in [`Shared::wait_channel`], which watch the sockets.
     app_waiting: std::sync::atomic::AtomicU32,
+    /// The progress thread sleeps watching the sockets (a thread that starts to wait on a
+    /// channel then rings the doorbell, so that only one of them wakes per datagram).
+    watching: AtomicBool,
+    /// Receive batches the progress thread took from the sockets itself.
+    thread_receives: AtomicU64,
     /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
     sleeping_until: AtomicU64,
     spin: Duration,
@@ -239,7 +246,7 @@ pub(crate) struct Shared {
     pub(crate) driver: OnceLock<Weak<Driver>>,
     /// CM IDs dropped by the application, for the next pass to destroy.
     cm_graveyard: Mutex<Vec<softrdma_cm::CmId>>,
-    thread_id: OnceLock<std::thread::ThreadId>,
+    pub(crate) thread_id: OnceLock<std::thread::ThreadId>,
 }
 
 /// An open device: the engine, its sockets and its progress thread.
@@ -335,6 +342,7 @@ impl Driver {
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_passes: 0,
+            rx_batches: 0,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -345,6 +353,8 @@ impl Driver {
             epoch: std::time::Instant::now(),
             app_polled: AtomicU64::new(0),
             app_waiting: std::sync::atomic::AtomicU32::new(0),
+            watching: AtomicBool::new(false),
+            thread_receives: AtomicU64::new(0),
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
             udp_port: options.port,
@@ -428,10 +438,15 @@ impl Shared {
     pub(crate) fn wait_channel(&self, fd: &OwnedFd, timeout: Option<Duration>) {
         // While this thread watches the sockets, the progress thread keeps to the timers
         // (or both would wake for every datagram and fight over the lock).
-        self.app_waiting.fetch_add(1, Ordering::AcqRel);
+        // SeqCst with the progress thread's store of `watching` and load of `app_waiting`:
+        // either it sees this thread waiting, or this thread sees it watching and wakes it.
+        self.app_waiting.fetch_add(1, Ordering::SeqCst);
+        if self.watching.load(Ordering::SeqCst) {
+            ring(&self.doorbell);
+        }
         self.wait_channel_inner(fd, timeout);
         // Now nobody may be watching: hand the sockets back at once.
-        if self.app_waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+        if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
             ring(&self.doorbell);
         }
     }
@@ -480,14 +495,19 @@ impl Shared {
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
             let polled = self.app_polled.load(Ordering::Relaxed);
-            let app_polling = polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64;
+            let app_polled = polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64;
+            // An application that polls or waits on a completion channel receives itself.
+            let app_polling = app_polled || self.app_waiting.load(Ordering::SeqCst) > 0;
             let timeout = {
                 let mut st = self.lock();
                 // While the application polls, it receives: this thread keeps to the timers
                 // and sends what is queued. Receiving here as well only fought the
                 // application for the device lock and split its work across two threads
                 // (64 KiB WRITE requester: ~20 % of a second core, futex wake-ups).
-                if st.progress(&self, now, !app_polling) {
+                let received = st.rx_batches;
+                let worked = st.progress(&self, now, !app_polling);
+                self.thread_receives.fetch_add(st.rx_batches - received, Ordering::Relaxed);
+                if worked {
                     last_work = now;
                     continue;
                 }
@@ -495,9 +515,10 @@ impl Shared {
                     None // spin: stay awake, publish nothing
                 } else {
                     // While the application polls, it does the receiving; this thread
-                    // only keeps the timers, waking at least every APP_POLL_WINDOW.
+                    // only keeps the timers, waking at least every APP_POLL_WINDOW to see
+                    // whether it still polls. A waiting thread rings when it stops.
                     let mut timeout = st.deadline().map(|d| d - now);
-                    if app_polling {
+                    if app_polled {
                         timeout = Some(timeout.map_or(APP_POLL_WINDOW, |t| t.min(APP_POLL_WINDOW)));
                     }
                     // Published under the lock, as the instant this thread will wake by
@@ -518,9 +539,16 @@ impl Shared {
             fds.clear();
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             if !app_polling {
-                fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+                self.watching.store(true, Ordering::SeqCst);
+                if self.app_waiting.load(Ordering::SeqCst) == 0 {
+                    fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+                } else {
+                    // A thread began to wait on a channel meanwhile: it watches the sockets.
+                    self.watching.store(false, Ordering::SeqCst);
+                }
             }
             poll(&mut fds, timeout);
+            self.watching.store(false, Ordering::SeqCst);
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);
         }
@@ -561,6 +589,7 @@ impl State {
                     Ok(0) => break,
                     Ok(n) => {
                         got = true;
+                        self.rx_batches += 1;
                         self.ingress(shared, now);
                         if n < RX_BATCH {
                             break;
@@ -878,4 +907,62 @@ fn send_all(socket: &RoceSocket, out: &[Outgoing<'_>]) -> usize {
         }
     }
     sent
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    use crate::*;
+
+    /// A thread blocked on a completion channel receives the device's datagrams itself;
+    /// meanwhile the progress thread keeps off the sockets (both waking for every datagram
+    /// would fight over the lock).
+    #[test]
+    fn a_thread_waiting_on_a_channel_keeps_the_progress_thread_off_the_sockets() {
+        let port = 60_000 + (std::process::id() % 4000) as u16;
+        let open = || {
+            let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+            device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap()
+        };
+        let (a, b) = (open(), open());
+        let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+        let channel = b.create_comp_channel().unwrap();
+        let (cqa, cqb) = (a.create_cq(64, None).unwrap(), b.create_cq(64, Some(&channel)).unwrap());
+        let qpa = pa.create_qp(&QpInit::new(QpType::Rc, &cqa)).unwrap();
+        let qpb = pb.create_qp(&QpInit::new(QpType::Rc, &cqb)).unwrap();
+        let (ma, mb) = (pa.reg_mr(64 * 1024, Access::ALL).unwrap(), pb.reg_mr(64 * 1024, Access::ALL).unwrap());
+        let opts = ConnectOptions { timeout: 10, ..ConnectOptions::default() };
+        qpa.connect(1, &qpb.endpoint(0, 2).unwrap(), &opts).unwrap();
+        qpb.connect(2, &qpa.endpoint(0, 1).unwrap(), &opts).unwrap();
+        let rsge = [mb.sge(0..8).unwrap()];
+        qpb.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge }]).unwrap();
+        cqb.req_notify(false).unwrap();
+
+        let shared = std::sync::Arc::clone(&b.drv.shared);
+        let waiter = std::thread::spawn(move || channel.get_cq_event(Some(Duration::from_secs(20))).unwrap().is_some());
+        // Until the thread waits, and the progress thread has let go of the sockets (or 2 s).
+        let start = std::time::Instant::now();
+        while shared.app_waiting.load(Ordering::SeqCst) == 0 {
+            assert!(start.elapsed() < Duration::from_secs(10), "the thread never waited");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        while shared.watching.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let before = shared.thread_receives.load(Ordering::Relaxed);
+        let target = mb.remote(0..64 * 1024).unwrap();
+        let sge = [ma.sge(0..64 * 1024).unwrap()];
+        for i in 0..20 {
+            let op = SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey };
+            qpa.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+            assert_eq!(cqa.wait(Duration::from_secs(10)).unwrap().status, WcStatus::Success);
+        }
+        let during = shared.thread_receives.load(Ordering::Relaxed) - before;
+        let op = SendOp::RdmaWriteWithImm { remote_addr: target.addr, rkey: target.rkey, imm: [0; 4] };
+        qpa.post_send(&[SendWr { wr_id: 99, op, sg_list: &sge[..0], flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+        assert!(waiter.join().unwrap(), "the WRITE with immediate fires the channel");
+        assert_eq!(during, 0, "receive batches the progress thread took while a thread waited on the channel");
+    }
 }
