@@ -15,7 +15,7 @@
 
 use std::net::IpAddr;
 
-use softrdma_engine::Mtu;
+use softrdma_engine::{DeviceConfig, Mtu};
 use softrdma_wire::Gid;
 
 use crate::Error;
@@ -133,6 +133,232 @@ impl Device {
         let m = self.mac;
         u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]])
     }
+
+    /// What a context of this device opened now would allow (`ibv_query_device` without
+    /// opening it): the same as [`Context::query_device`](crate::Context::query_device).
+    pub fn attributes(&self) -> DeviceAttr {
+        DeviceAttr::new(self, &self.engine_config())
+    }
+
+    /// Port `port` as a context opened now would see it (`ibv_query_port` without opening
+    /// the device): the same as [`Context::query_port`](crate::Context::query_port).
+    pub fn port_attributes(&self, port: u8) -> Result<PortAttr, Error> {
+        PortAttr::new(self, port, &self.engine_config())
+    }
+
+    /// The engine limits a context of this device gets: the defaults, the port MTU, and as
+    /// many QPs as its slot of the host's QPN space holds (`softrdma_udp::host`).
+    fn engine_config(&self) -> DeviceConfig {
+        DeviceConfig {
+            addresses: self.addresses.clone(),
+            max_qp: 1 << softrdma_udp::host::QPN_SLOT_BITS,
+            port_mtu: self.active_mtu(),
+            ..DeviceConfig::default()
+        }
+    }
+
+    /// The interface's state, from `/sys/class/net/<if>/{flags,carrier}`: `(up, carrier)`.
+    fn link(&self) -> (bool, bool) {
+        let sys = |file: &str| std::fs::read_to_string(format!("/sys/class/net/{}/{file}", self.interface)).ok();
+        let flags = sys("flags").and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok());
+        let up = flags.is_some_and(|f| f & 1 != 0); // IFF_UP
+        // Reading `carrier` of a down interface fails (EINVAL): no carrier.
+        let carrier = up && sys("carrier").is_some_and(|c| c.trim() == "1");
+        (up, carrier)
+    }
+}
+
+/// What a device is and allows (`ibv_device_attr`). Every limit is one the engine
+/// enforces; a resource it does not count is `None` (bounded only by memory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeviceAttr {
+    /// The "firmware" version: softrdma's own.
+    pub fw_ver: String,
+    /// [`Device::node_guid`].
+    pub node_guid: u64,
+    /// The node GUID again (one node per system image, as rxe).
+    pub sys_image_guid: u64,
+    /// 0xffffff: no IEEE OUI (as rxe).
+    pub vendor_id: u32,
+    /// 0.
+    pub vendor_part_id: u32,
+    /// 0.
+    pub hw_ver: u32,
+    /// Ports: 1.
+    pub phys_port_cnt: u8,
+    /// Largest memory region: any range of the address space that does not wrap.
+    pub max_mr_size: u64,
+    /// Most QPs per context (its slot of the host's QPN space).
+    pub max_qp: u32,
+    /// Deepest send or receive queue.
+    pub max_qp_wr: u32,
+    /// Most scatter/gather entries per work request.
+    pub max_sge: u32,
+    /// Most scatter/gather entries per RDMA READ (the same limit).
+    pub max_sge_rd: u32,
+    /// Most CQs.
+    pub max_cq: Option<u32>,
+    /// Deepest CQ.
+    pub max_cqe: u32,
+    /// Most memory regions.
+    pub max_mr: u32,
+    /// Most protection domains.
+    pub max_pd: Option<u32>,
+    /// Most outstanding RDMA READs and atomics a QP answers (`max_dest_rd_atomic`).
+    pub max_qp_rd_atom: u8,
+    /// Most outstanding RDMA READs and atomics a QP initiates (`max_rd_atomic`).
+    pub max_qp_init_rd_atom: u8,
+    /// Atomics are atomic with respect to this device's other operations.
+    pub atomic_cap: AtomicCap,
+    /// Memory windows: none.
+    pub max_mw: u32,
+    /// Multicast groups: none.
+    pub max_mcast_grp: u32,
+    /// Most address handles.
+    pub max_ah: Option<u32>,
+    /// Most shared receive queues.
+    pub max_srq: Option<u32>,
+    /// Deepest SRQ.
+    pub max_srq_wr: u32,
+    /// Most scatter/gather entries per SRQ receive.
+    pub max_srq_sge: u32,
+    /// P_Key table entries: one, the default P_Key 0xffff.
+    pub max_pkeys: u16,
+    /// Most inline bytes per send work request (`max_inline_data`).
+    pub max_inline_data: u32,
+}
+
+impl DeviceAttr {
+    pub(crate) fn new(device: &Device, c: &DeviceConfig) -> DeviceAttr {
+        DeviceAttr {
+            fw_ver: env!("CARGO_PKG_VERSION").to_string(),
+            node_guid: device.node_guid(),
+            sys_image_guid: device.node_guid(),
+            vendor_id: 0xff_ffff,
+            vendor_part_id: 0,
+            hw_ver: 0,
+            phys_port_cnt: 1,
+            // `Engine::reg_mr` refuses only a range that wraps.
+            max_mr_size: u64::MAX,
+            max_qp: c.max_qp,
+            max_qp_wr: c.max_qp_wr,
+            max_sge: c.max_sge,
+            max_sge_rd: c.max_sge,
+            max_cq: None,
+            max_cqe: c.max_cqe,
+            max_mr: c.max_mr,
+            max_pd: None,
+            max_qp_rd_atom: c.max_qp_rd_atom,
+            max_qp_init_rd_atom: c.max_qp_rd_atom,
+            atomic_cap: AtomicCap::Hca,
+            max_mw: 0,
+            max_mcast_grp: 0,
+            max_ah: None,
+            max_srq: None,
+            max_srq_wr: c.max_qp_wr,
+            max_srq_sge: c.max_sge,
+            max_pkeys: 1,
+            max_inline_data: c.max_inline_data,
+        }
+    }
+}
+
+/// How atomic the device's atomic operations are (`ibv_atomic_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtomicCap {
+    /// No atomics (`IBV_ATOMIC_NONE`, 0).
+    None = 0,
+    /// Atomic with respect to the device's own operations (`IBV_ATOMIC_HCA`, 1).
+    Hca = 1,
+    /// Atomic with respect to every device and the CPUs (`IBV_ATOMIC_GLOB`, 2).
+    Glob = 2,
+}
+
+/// A port's attributes (`ibv_port_attr`). softrdma ports have an Ethernet link layer,
+/// no LIDs and no subnet manager; every GID is RoCE v2.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PortAttr {
+    /// Active when the interface is up with a carrier, as rxe decides.
+    pub state: PortState,
+    /// The physical state that goes with it.
+    pub phys_state: PhysState,
+    /// Largest MTU the device supports: 4096.
+    pub max_mtu: Mtu,
+    /// The MTU the interface allows ([`Device::active_mtu`]).
+    pub active_mtu: Mtu,
+    /// GIDs: one per address ([`Device::addresses`]).
+    pub gid_tbl_len: u32,
+    /// P_Keys: one.
+    pub pkey_tbl_len: u16,
+    /// Largest message.
+    pub max_msg_sz: u32,
+}
+
+impl PortAttr {
+    pub(crate) fn new(device: &Device, port: u8, c: &DeviceConfig) -> Result<PortAttr, Error> {
+        if port != 1 {
+            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "port {port}: a softrdma device has one port, 1"
+            ))));
+        }
+        let (up, carrier) = device.link();
+        Ok(PortAttr {
+            state: if carrier { PortState::Active } else { PortState::Down },
+            phys_state: match (up, carrier) {
+                (_, true) => PhysState::LinkUp,
+                (true, false) => PhysState::Polling,
+                (false, _) => PhysState::Disabled,
+            },
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: c.port_mtu,
+            gid_tbl_len: c.addresses.len() as u32,
+            pkey_tbl_len: 1,
+            max_msg_sz: c.max_msg_sz,
+        })
+    }
+}
+
+/// A port's logical state (`ibv_port_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// `IBV_PORT_DOWN` (1).
+    Down = 1,
+    /// `IBV_PORT_ACTIVE` (4).
+    Active = 4,
+}
+
+impl PortState {
+    /// As `ibv_devinfo` prints it: `PORT_ACTIVE`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PortState::Down => "PORT_DOWN",
+            PortState::Active => "PORT_ACTIVE",
+        }
+    }
+}
+
+/// A port's physical state (IBA 14.2.5.6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PhysState {
+    /// The interface is up, without a carrier (2).
+    Polling = 2,
+    /// The interface is down (3).
+    Disabled = 3,
+    /// Up with a carrier (5).
+    LinkUp = 5,
+}
+
+impl PhysState {
+    /// As `ibv_devinfo` prints it: `LINK_UP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            PhysState::Polling => "POLLING",
+            PhysState::Disabled => "DISABLED",
+            PhysState::LinkUp => "LINK_UP",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -153,6 +379,21 @@ mod tests {
     fn unknown_device_error_lists_the_devices() {
         let e = device("no-such-interface").unwrap_err().to_string();
         assert!(e.contains("no-such-interface") && e.contains("softrdma_lo"), "{e}");
+    }
+
+    #[test]
+    fn loopback_port_is_active_and_limits_are_the_engines() {
+        let lo = device("lo").unwrap();
+        let port = lo.port_attributes(1).unwrap();
+        assert_eq!((port.state, port.phys_state), (PortState::Active, PhysState::LinkUp), "lo is up with a carrier");
+        assert_eq!(port.gid_tbl_len as usize, lo.addresses().len());
+        let e = lo.port_attributes(2).unwrap_err().to_string();
+        assert!(e.contains("port 2") && e.contains("one port, 1"), "{e}");
+        let attr = lo.attributes();
+        let engine = DeviceConfig::default();
+        assert_eq!((attr.max_qp_wr, attr.max_sge, attr.max_cqe), (engine.max_qp_wr, engine.max_sge, engine.max_cqe));
+        assert_eq!(attr.max_qp, 8192, "one slot of the host's QPN space");
+        assert_eq!(attr.node_guid, lo.node_guid());
     }
 
     #[test]

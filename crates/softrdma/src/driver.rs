@@ -186,6 +186,8 @@ pub(crate) struct State {
     rx_passes: u32,
     /// Receive batches that held datagrams, since the device opened.
     rx_batches: u64,
+    /// The counters published for `softrdma stats`.
+    pub(crate) stats: crate::stats::Publisher,
 }
 
 /// The device lock held: the engine, the CM and their tables.
@@ -343,6 +345,7 @@ impl Driver {
             rx_empty: vec![0; port.sockets().len()],
             rx_passes: 0,
             rx_batches: 0,
+            stats: crate::stats::Publisher::open(&device, options.port),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -609,6 +612,7 @@ impl State {
             self.cm.handle_timeout(now);
             worked = true;
         }
+        crate::stats::after_receive(self, shared, now, worked);
         worked
     }
 

@@ -55,6 +55,7 @@ mod driver;
 mod error;
 #[allow(unsafe_code)]
 mod memory;
+pub mod stats;
 mod verbs;
 
 use std::path::PathBuf;
@@ -62,7 +63,7 @@ use std::time::Duration;
 
 pub use capture::CAPTURE_ENV;
 pub use cm::{CmEndpoint, CmEvent, CmId, EventChannel};
-pub use device::{Device, device, devices};
+pub use device::{AtomicCap, Device, DeviceAttr, PhysState, PortAttr, PortState, device, devices};
 pub use driver::APP_POLL_WINDOW;
 pub use error::{Error, Result};
 pub use memory::MR_ALIGN;

@@ -17,7 +17,7 @@ use softrdma_engine::{
 };
 use softrdma_wire::{Gid, Qpn, RKey};
 
-use crate::device::Device;
+use crate::device::{Device, DeviceAttr, PortAttr};
 use crate::driver::{self, Driver};
 use crate::memory::MrBuf;
 use crate::{ContextOptions, Error, Result};
@@ -130,15 +130,23 @@ impl Context {
         self.drv.shared.async_fd.as_fd()
     }
 
-    /// The device's packet and error counters (like rxe's `hw_counters`).
+    /// The device's packet and error counters (like rxe's `hw_counters`). Other processes
+    /// read them with `softrdma stats` ([`crate::stats`]).
     pub fn counters(&self) -> Counters {
+        counters_of(&self.drv.shared.lock())
+    }
+
+    /// `ibv_query_device`: what this device allows, from the limits its engine enforces.
+    pub fn query_device(&self) -> DeviceAttr {
         let st = self.drv.shared.lock();
-        Counters {
-            engine: st.engine.counters(),
-            send_errors: st.send_errors,
-            gsi_dropped: st.gsi_dropped,
-            cm: st.cm.counters(),
-        }
+        DeviceAttr::new(&self.drv.device, st.engine.config())
+    }
+
+    /// `ibv_query_port`: the state and attributes of port `port` (softrdma devices have
+    /// one port, 1).
+    pub fn query_port(&self, port: u8) -> Result<PortAttr> {
+        let st = self.drv.shared.lock();
+        PortAttr::new(&self.drv.device, port, st.engine.config())
     }
 
     fn same(&self, other: &Context) -> bool {
@@ -157,6 +165,71 @@ pub struct Counters {
     pub gsi_dropped: u64,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
     pub cm: softrdma_cm::CmCounters,
+}
+
+impl Counters {
+    /// Every counter with its name, in a fixed order: the engine's (named as its fields),
+    /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
+    /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
+    pub fn named(&self) -> [(&'static str, u64); 21] {
+        // Destructured in full, so that a new counter cannot be left out.
+        let softrdma_engine::Counters {
+            sent_packets,
+            rcvd_packets,
+            rcvd_malformed,
+            rcvd_icrc_errors,
+            rcvd_dropped,
+            duplicate_requests,
+            out_of_sequence,
+            retransmitted_packets,
+            ack_timeouts,
+            rnr_naks_sent,
+            rnr_naks_rcvd,
+            naks_sent,
+            naks_rcvd,
+        } = self.engine;
+        let softrdma_cm::CmCounters {
+            mads_sent,
+            mads_received,
+            mads_dropped,
+            mads_retried,
+            duplicates,
+            transmit_queue_full,
+        } = self.cm;
+        [
+            ("sent_packets", sent_packets),
+            ("rcvd_packets", rcvd_packets),
+            ("rcvd_malformed", rcvd_malformed),
+            ("rcvd_icrc_errors", rcvd_icrc_errors),
+            ("rcvd_dropped", rcvd_dropped),
+            ("duplicate_requests", duplicate_requests),
+            ("out_of_sequence", out_of_sequence),
+            ("retransmitted_packets", retransmitted_packets),
+            ("ack_timeouts", ack_timeouts),
+            ("rnr_naks_sent", rnr_naks_sent),
+            ("rnr_naks_rcvd", rnr_naks_rcvd),
+            ("naks_sent", naks_sent),
+            ("naks_rcvd", naks_rcvd),
+            ("send_errors", self.send_errors),
+            ("gsi_dropped", self.gsi_dropped),
+            ("cm_mads_sent", mads_sent),
+            ("cm_mads_received", mads_received),
+            ("cm_mads_dropped", mads_dropped),
+            ("cm_mads_retried", mads_retried),
+            ("cm_duplicates", duplicates),
+            ("cm_transmit_queue_full", transmit_queue_full),
+        ]
+    }
+}
+
+/// The counters of a device, read under its lock.
+pub(crate) fn counters_of(st: &crate::driver::State) -> Counters {
+    Counters {
+        engine: st.engine.counters(),
+        send_errors: st.send_errors,
+        gsi_dropped: st.gsi_dropped,
+        cm: st.cm.counters(),
+    }
 }
 
 /// A protection domain (`ibv_pd`).
