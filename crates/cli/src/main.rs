@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, Parser, Subcommand};
 
 mod decode;
+mod devices;
 mod loopback;
 mod perf;
 
@@ -47,6 +48,15 @@ enum Command {
         #[command(subcommand)]
         test: perf::PerfCommand,
     },
+    /// The softrdma devices of this host, one per network interface with an address, with
+    /// their node GUIDs (what `ibv_devices` prints).
+    Devices(devices::DevicesArgs),
+    /// Each device's attributes, port 1 and its GIDs; with -v also the limits the engine
+    /// enforces (what `ibv_devinfo` prints).
+    Devinfo(devices::DevinfoArgs),
+    /// Packet, retry, NAK and drop counters per device (like rxe's hw_counters), summed over
+    /// every live process on this host that has the device open; -v shows each process.
+    Stats(devices::StatsArgs),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +66,9 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Perf { test } => perf::main(test),
+        Command::Devices(args) => devices::devices(&args),
+        Command::Devinfo(args) => devices::devinfo(&args),
+        Command::Stats(args) => devices::stats(&args),
         Command::Loopback(args) => match loopback::run(&args) {
             Ok(report) => {
                 let out = if args.json {
