@@ -15,8 +15,9 @@
 //!
 //! - the progress thread found nothing to receive: the device is going idle, and this is
 //!   its last look before it sleeps; or
-//! - 1 ms passed since it last looked: the device is busy, whoever does the work (an
-//!   application that busy-polls holds the device lock nearly always, and receives itself).
+//! - 1 ms passed since it last looked: the device is busy, and whoever does the work
+//!   publishes (while an application polls, it receives itself and the progress thread
+//!   keeps to the timers).
 //!
 //! That costs no system call and no wake-up: an idle device writes nothing and is never
 //! woken to. An application's poll pays a comparison of two timestamps, and at most every
