@@ -103,6 +103,9 @@ struct Shared {
     coordinator: AtomicBool,
     /// Datagrams the background thread read and dropped while joining.
     dropped: AtomicU64,
+    /// Sockets the coordinator's process gave this member to hold ([`ToMember::Keep`]),
+    /// so that its death moves no socket in a group; handed to the next coordinator.
+    kept: Mutex<Vec<OwnedFd>>,
 }
 
 impl Shared {
@@ -168,6 +171,7 @@ impl Member {
             slot: AtomicU32::new(0),
             coordinator: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
+            kept: Mutex::new(Vec::new()),
         });
         let thread = {
             let shared = shared.clone();
@@ -299,12 +303,23 @@ fn fail(shared: &Shared, kind: io::ErrorKind, msg: String) {
 }
 
 /// Registers on a fresh connection: the sockets, the slot held (0 at first) and the
-/// listeners; then the requests that were not answered.
+/// listeners, with the sockets a dead coordinator's process left to keep (the new
+/// coordinator holds them from then on); then the requests that were not answered.
 fn hello(shared: &Shared, conn: &OwnedFd) -> io::Result<()> {
     let listeners: Vec<u64> = shared.state().listeners.iter().copied().collect();
-    let m = ToCoord::Hello { pid: std::process::id(), slot: shared.slot.load(Ordering::Relaxed), listeners };
-    let fds: Vec<BorrowedFd<'_>> = shared.sockets.iter().map(|s| s.as_fd()).collect();
+    let mut kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
+    let m = ToCoord::Hello {
+        pid: std::process::id(),
+        slot: shared.slot.load(Ordering::Relaxed),
+        sockets: shared.sockets.len() as u32,
+        listeners,
+    };
+    let fds: Vec<BorrowedFd<'_>> =
+        shared.sockets.iter().map(|s| s.as_fd()).chain(kept.iter().map(|k| k.as_fd())).take(proto::MAX_FDS).collect();
     proto::send(conn, &m.encode(), &fds)?;
+    // In flight, the sockets are held by the message; then by the coordinator.
+    kept.clear();
+    drop(kept);
     let mut state = shared.state();
     let resend: Vec<ToCoord> = state.in_flight.drain().map(|(_, m)| m).collect();
     for m in resend.into_iter().rev() {
@@ -396,7 +411,10 @@ fn run(shared: &Shared) {
         if !revents[1].is_empty() {
             loop {
                 match proto::recv(&*c, &mut buf) {
-                    Ok(Some((len, _))) => match ToMember::decode(&buf[..len]) {
+                    Ok(Some((len, fds))) => match ToMember::decode(&buf[..len]) {
+                        Some(ToMember::Keep) => {
+                            *shared.kept.lock().unwrap_or_else(|e| e.into_inner()) = fds;
+                        }
                         Some(m) => {
                             if let Err((kind, msg)) = on_message(shared, m) {
                                 fail(shared, kind, msg);
@@ -459,6 +477,7 @@ fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String
             shared.state().steered = true;
             shared.cond.notify_all();
         }
+        ToMember::Keep => {}
         ToMember::Reply { id, errno } => {
             let mut state = shared.state();
             if let Some(ToCoord::Listen { service, .. }) = state.in_flight.remove(&id) {

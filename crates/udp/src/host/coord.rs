@@ -14,6 +14,13 @@ use super::proto::{self, MAX_RECORD, ToCoord, ToMember};
 use super::steer::{self, Table};
 use super::{MAX_SLOTS, random_u64};
 
+/// A socket's inode: the same for every descriptor of one socket.
+fn inode(fd: &OwnedFd) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::File::from(fd.try_clone().ok()?).metadata().ok()?;
+    Some((meta.dev(), meta.ino()))
+}
+
 /// How long the coordinator waits for the answers to one round of probes.
 const ROUND_TIMEOUT: Duration = Duration::from_millis(300);
 /// After a failover, how long new members (asking for a fresh slot) wait, so that the
@@ -25,6 +32,11 @@ const MAX_RETRIES: u32 = 3;
 struct Conn {
     id: u64,
     fd: OwnedFd,
+    /// The member's process (from its hello).
+    pid: u32,
+    /// Re-claimed its slot after a failover: it may be steered by the previous
+    /// coordinator's program at an index this one has not learned yet.
+    reclaimed: bool,
     /// 0 until registered.
     slot: u32,
     sockets: Vec<(SocketAddr, OwnedFd)>,
@@ -37,7 +49,10 @@ struct Conn {
 
 struct Round {
     nonces: HashMap<u64, (SocketAddr, u32)>,
+    /// Per group: the sockets held (members' and tombstones), so the indices probed.
     expected: BTreeMap<SocketAddr, usize>,
+    /// Per group: the slots of the members registered when the round started.
+    members: BTreeMap<SocketAddr, BTreeSet<u32>>,
     /// Per group: index → the slot that answered its probe, each slot at most once.
     found: BTreeMap<SocketAddr, BTreeMap<u32, u32>>,
     /// Slots that answered the probes of two indices of one group: the probes were not
@@ -47,10 +62,14 @@ struct Round {
 }
 
 impl Round {
-    /// Every group has as many distinct slots placed as it has members' sockets, and no
+    /// Every member's socket in every group is placed (tombstones never answer), and no
     /// answer contradicted another.
     fn complete(&self) -> bool {
-        self.conflicts.is_empty() && self.expected.iter().all(|(a, &n)| self.found.get(a).map_or(0, |f| f.len()) >= n)
+        self.conflicts.is_empty()
+            && self.members.iter().all(|(a, slots)| {
+                let found = self.found.get(a);
+                slots.iter().all(|s| found.is_some_and(|f| f.values().any(|v| v == s)))
+            })
     }
 }
 
@@ -70,6 +89,11 @@ pub(crate) struct Server {
     index_of: BTreeMap<SocketAddr, BTreeMap<u32, u32>>,
     /// Listen requests answered when the current round's program is installed.
     pending_replies: Vec<(u64, u64)>,
+    /// Sockets of members that are gone, held so that no other socket moves in their
+    /// group (the kernel moves the last socket into a closed one's place): closed only
+    /// while the last socket of the group is not steered ([`compact`](Self::compact)).
+    /// The flag: a socket of this coordinator's own process (the members hold it too).
+    tombstones: Vec<(SocketAddr, OwnedFd, bool)>,
     probe_v4: Option<UdpSocket>,
     probe_v6: Option<UdpSocket>,
     /// Programs the kernel refused (a test asserts none).
@@ -105,6 +129,7 @@ impl Server {
             grace_until: failover.then(|| Instant::now() + FAILOVER_GRACE),
             index_of: BTreeMap::new(),
             pending_replies: Vec::new(),
+            tombstones: Vec::new(),
             probe_v4: None,
             probe_v6: None,
             attach_errors: 0,
@@ -112,14 +137,18 @@ impl Server {
         }))
     }
 
-    /// The descriptors to poll for reading: the listener, then each connection.
+    /// The descriptors to poll for reading: the listener, each connection, then each
+    /// tombstone (drained: the hash may put datagrams there).
     pub(crate) fn fds(&self) -> Vec<BorrowedFd<'_>> {
-        std::iter::once(self.listener.as_fd()).chain(self.conns.iter().map(|c| c.fd.as_fd())).collect()
+        std::iter::once(self.listener.as_fd())
+            .chain(self.conns.iter().map(|c| c.fd.as_fd()))
+            .chain(self.tombstones.iter().map(|(_, fd, _)| fd.as_fd()))
+            .collect()
     }
 
     /// When [`tick`](Self::tick) must run next.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        let grace = self.grace_until.filter(|_| self.conns.iter().any(|c| c.deferred.is_some()));
+        let grace = self.grace_until.filter(|_| self.dirty || self.conns.iter().any(|c| c.deferred.is_some()));
         match (self.round.as_ref().map(|r| r.deadline), grace) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -128,11 +157,21 @@ impl Server {
 
     /// Handles poll results for [`fds`](Self::fds), then timers.
     pub(crate) fn handle(&mut self, revents: &[PollFlags]) {
+        let n = self.conns.len();
         if revents.first().is_some_and(|r| !r.is_empty()) {
             self.accept();
         }
+        for (t, r) in self.tombstones.iter().zip(revents.iter().skip(1 + n)) {
+            if !r.is_empty() {
+                let mut buf = [0u8; 64];
+                let mut left = 256;
+                while left > 0 && rustix::net::recv(&t.1, &mut buf, rustix::net::RecvFlags::DONTWAIT).is_ok() {
+                    left -= 1;
+                }
+            }
+        }
         let ids: Vec<(u64, PollFlags)> =
-            self.conns.iter().zip(revents.iter().skip(1)).map(|(c, &r)| (c.id, r)).collect();
+            self.conns.iter().zip(revents.iter().skip(1).take(n)).map(|(c, &r)| (c.id, r)).collect();
         for (id, r) in ids {
             if !r.is_empty() {
                 self.read(id);
@@ -155,7 +194,10 @@ impl Server {
         if self.round.as_ref().is_some_and(|r| now >= r.deadline) {
             self.finish_round(false);
         }
-        if self.dirty && self.round.is_none() {
+        // After a failover, the previous coordinator's program keeps steering the
+        // survivors while they re-claim their slots: no round (which would install a
+        // program without the ones not back yet) until the grace period ends.
+        if self.dirty && self.round.is_none() && self.grace_until.is_none() {
             self.start_round();
         }
     }
@@ -169,6 +211,8 @@ impl Server {
                     self.conns.push(Conn {
                         id,
                         fd,
+                        pid: 0,
+                        reclaimed: false,
                         slot: 0,
                         sockets: Vec::new(),
                         listeners: BTreeSet::new(),
@@ -204,8 +248,11 @@ impl Server {
         }
     }
 
-    /// A member's connection hung up (its process is gone, or it left): close our dups
-    /// of its sockets, which takes them out of their groups, and free its slot.
+    /// A member's connection hung up (its process is gone, or it left): free its slot
+    /// and keep its sockets as tombstones, in place (closing them would move the last
+    /// socket of each group into their place, away from the index the program steers it
+    /// to). The program steers the slot nowhere from the next round on; until then its
+    /// datagrams reach its tombstone, which drains them.
     fn remove(&mut self, id: u64) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
         let conn = self.conns.swap_remove(pos);
@@ -214,10 +261,82 @@ impl Server {
             for map in self.index_of.values_mut() {
                 map.remove(&conn.slot);
             }
+            let own = conn.pid == std::process::id();
+            self.tombstones.extend(conn.sockets.into_iter().map(|(a, fd)| (a, fd, own)));
             self.dirty = true;
         }
         self.pending_replies.retain(|&(c, _)| c != id);
-        drop(conn);
+    }
+
+    /// Closes the tombstones that can go without moving a steered socket: while a group
+    /// holds more sockets than its highest steered index + 1, its last socket is not
+    /// steered (a tombstone, a member not steered yet, or one not registered), and the
+    /// kernel moves that one into the closed socket's place. Only before a round's probes:
+    /// a member that moved is probed in that round. Not for a group whose indices are not
+    /// all known (after a failover, before the first round), nor for the sockets of this
+    /// coordinator's process, which the members hold too.
+    fn compact(&mut self) {
+        let groups: BTreeSet<SocketAddr> = self.tombstones.iter().map(|t| t.0).collect();
+        for addr in groups {
+            let Some(map) = self.index_of.get(&addr) else { continue };
+            let unknown = self.conns.iter().any(|c| {
+                c.slot != 0
+                    && (!c.awaiting || c.reclaimed)
+                    && c.sockets.iter().any(|(a, _)| *a == addr)
+                    && !map.contains_key(&c.slot)
+            });
+            if unknown {
+                continue;
+            }
+            let top = map.values().map(|&i| i as usize + 1).max().unwrap_or(0);
+            let mut held = self.conns.iter().flat_map(|c| &c.sockets).filter(|(a, _)| *a == addr).count()
+                + self.tombstones.iter().filter(|t| t.0 == addr).count();
+            while held > top {
+                let Some(pos) = self.tombstones.iter().position(|t| t.0 == addr && !t.2) else { break };
+                drop(self.tombstones.swap_remove(pos));
+                held -= 1;
+            }
+        }
+    }
+
+    /// Gives every member of another process a dup of this process's own sockets (live
+    /// or tombstones): if this process dies, they stay in their groups, in place, and the
+    /// members hand them to the next coordinator.
+    fn send_keep(&self, to: Option<u64>) {
+        let me = std::process::id();
+        let fds: Vec<BorrowedFd<'_>> = self
+            .conns
+            .iter()
+            .filter(|c| c.pid == me)
+            .flat_map(|c| c.sockets.iter().map(|(_, fd)| fd.as_fd()))
+            .chain(self.tombstones.iter().filter(|t| t.2).map(|t| t.1.as_fd()))
+            .take(proto::MAX_FDS)
+            .collect();
+        for c in self.conns.iter().filter(|c| c.slot != 0 && c.pid != me && to.is_none_or(|id| id == c.id)) {
+            let _ = proto::send(&c.fd, &ToMember::Keep.encode(), &fds);
+        }
+    }
+
+    /// Whether `fd` is a socket this coordinator holds already (a member's or a
+    /// tombstone).
+    fn holds(&self, fd: &OwnedFd) -> bool {
+        let Some(ino) = inode(fd) else { return true };
+        let same = |o: &OwnedFd| inode(o) == Some(ino);
+        self.conns.iter().flat_map(|c| &c.sockets).any(|(_, o)| same(o)) || self.tombstones.iter().any(|t| same(&t.1))
+    }
+
+    /// Sockets a dead coordinator's process left with a member: tombstones here.
+    fn adopt(&mut self, fds: Vec<OwnedFd>) {
+        for fd in fds {
+            if self.holds(&fd) {
+                continue;
+            }
+            if let Some(addr) = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket()) {
+                if addr.port() == self.port {
+                    self.tombstones.push((addr, fd, false));
+                }
+            }
+        }
     }
 
     fn slot_taken(&self, slot: u32) -> bool {
@@ -231,10 +350,16 @@ impl Server {
     fn message(&mut self, id: u64, m: ToCoord, fds: Vec<OwnedFd>) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
         match m {
+            ToCoord::Hello { sockets: n, .. } if fds.len() > n as usize => {
+                let mut fds = fds;
+                let kept = fds.split_off(n as usize);
+                self.adopt(kept);
+                self.message(id, m, fds);
+            }
             ToCoord::Hello { slot: 0, .. } if self.grace_until.is_some() => {
                 self.conns[pos].deferred = Some((m, fds));
             }
-            ToCoord::Hello { pid: _, slot: want, listeners } => {
+            ToCoord::Hello { pid, slot: want, sockets: _, listeners } => {
                 if self.conns[pos].slot != 0 {
                     return;
                 }
@@ -262,13 +387,17 @@ impl Server {
                 };
                 let listeners: BTreeSet<u64> =
                     listeners.into_iter().filter(|&s| self.service_owner(s).is_none()).collect();
+                let me = std::process::id();
                 let c = &mut self.conns[pos];
                 c.slot = slot;
+                c.pid = pid;
+                c.reclaimed = want != 0;
                 c.sockets = sockets;
                 c.listeners = listeners;
                 c.awaiting = true;
                 self.dirty = true;
                 self.send(id, &ToMember::Welcome { slot, errno: 0 });
+                self.send_keep(if pid == me { None } else { Some(id) });
             }
             ToCoord::Listen { id: req, service } => {
                 let errno = match self.service_owner(service) {
@@ -341,10 +470,18 @@ impl Server {
     /// Sends one probe per index of every group; the members report which they received.
     fn start_round(&mut self) {
         self.dirty = false;
+        self.compact();
         let mut expected: BTreeMap<SocketAddr, usize> = BTreeMap::new();
+        let mut members: BTreeMap<SocketAddr, BTreeSet<u32>> = BTreeMap::new();
         for c in self.conns.iter().filter(|c| c.slot != 0) {
             for (addr, _) in &c.sockets {
                 *expected.entry(*addr).or_default() += 1;
+                members.entry(*addr).or_default().insert(c.slot);
+            }
+        }
+        for (addr, _, _) in &self.tombstones {
+            if let Some(n) = expected.get_mut(addr) {
+                *n += 1;
             }
         }
         // Probes reach the socket at the index they carry only through the probe rule of
@@ -352,15 +489,20 @@ impl Server {
         // found after a failover) may have no program: the kernel would hash every probe
         // (one source, one destination) to the same socket. Attach a program first: the
         // probe rule and nothing steered, until this round tells where each slot is.
+        // After a failover, a group where a member re-claims its slot has the previous
+        // coordinator's program: it routes probes and keeps steering meanwhile.
         let unprogrammed: BTreeSet<SocketAddr> =
             expected.keys().filter(|a| !self.index_of.contains_key(*a)).copied().collect();
-        for &addr in &unprogrammed {
+        let reclaimed = |a: &SocketAddr| self.conns.iter().any(|c| c.reclaimed && c.sockets.iter().any(|s| s.0 == *a));
+        let fresh: BTreeSet<SocketAddr> = unprogrammed.iter().filter(|a| !reclaimed(a)).copied().collect();
+        for &addr in &fresh {
             self.index_of.insert(addr, BTreeMap::new());
         }
-        self.install_groups(Some(&unprogrammed));
+        self.install_groups(Some(&fresh));
         let mut round = Round {
             nonces: HashMap::new(),
             expected,
+            members,
             found: BTreeMap::new(),
             conflicts: BTreeSet::new(),
             deadline: Instant::now() + ROUND_TIMEOUT,

@@ -17,9 +17,11 @@ pub(crate) const MAX_RECORD: usize = 64 * 1024;
 /// Member → coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ToCoord {
-    /// Register: the sockets come along as `SCM_RIGHTS`; `slot` 0 asks for a new slot,
-    /// another value re-claims it (after a failover); `listeners` are re-registered.
-    Hello { pid: u32, slot: u32, listeners: Vec<u64> },
+    /// Register: the sockets come along as `SCM_RIGHTS`, the member's own `sockets` first,
+    /// then the sockets a dead coordinator gave it to keep ([`ToMember::Keep`]); `slot` 0
+    /// asks for a new slot, another value re-claims it (after a failover); `listeners`
+    /// are re-registered.
+    Hello { pid: u32, slot: u32, sockets: u32, listeners: Vec<u64> },
     /// Steer REQ/SIDR_REQ for `service` to me. Answered by `Reply { id }`.
     Listen { id: u64, service: u64 },
     /// Stop that.
@@ -37,6 +39,10 @@ pub(crate) enum ToMember {
     Steered,
     /// Result of request `id`: 0 or an errno.
     Reply { id: u64, errno: i32 },
+    /// Hold these sockets (as `SCM_RIGHTS`; they replace the ones held before): the
+    /// coordinator's own process's sockets, so that they stay in their groups, in place,
+    /// if that process dies. Handed to the next coordinator in the hello.
+    Keep,
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -61,10 +67,11 @@ impl ToCoord {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(24);
         match self {
-            Self::Hello { pid, slot, listeners } => {
+            Self::Hello { pid, slot, sockets, listeners } => {
                 b.push(1);
                 b.extend_from_slice(&pid.to_le_bytes());
                 b.extend_from_slice(&slot.to_le_bytes());
+                b.extend_from_slice(&sockets.to_le_bytes());
                 for l in listeners {
                     b.extend_from_slice(&l.to_le_bytes());
                 }
@@ -88,12 +95,12 @@ impl ToCoord {
         let mut r = Reader(rest);
         let m = match tag {
             1 => {
-                let (pid, slot) = (r.u32()?, r.u32()?);
+                let (pid, slot, sockets) = (r.u32()?, r.u32()?, r.u32()?);
                 let mut listeners = Vec::new();
                 while !r.0.is_empty() {
                     listeners.push(r.u64()?);
                 }
-                Self::Hello { pid, slot, listeners }
+                Self::Hello { pid, slot, sockets, listeners }
             }
             2 => Self::Listen { id: r.u64()?, service: r.u64()? },
             3 => Self::Unlisten { id: r.u64()?, service: r.u64()? },
@@ -114,6 +121,7 @@ impl ToMember {
                 b.extend_from_slice(&errno.to_le_bytes());
             }
             Self::Steered => b.push(2),
+            Self::Keep => b.push(4),
             Self::Reply { id, errno } => {
                 b.push(3);
                 b.extend_from_slice(&id.to_le_bytes());
@@ -129,6 +137,7 @@ impl ToMember {
         let m = match tag {
             1 => Self::Welcome { slot: r.u32()?, errno: r.i32()? },
             2 => Self::Steered,
+            4 => Self::Keep,
             3 => Self::Reply { id: r.u64()?, errno: r.i32()? },
             _ => return None,
         };
@@ -178,8 +187,8 @@ mod tests {
     #[test]
     fn round_trip() {
         for m in [
-            ToCoord::Hello { pid: 7, slot: 0, listeners: vec![] },
-            ToCoord::Hello { pid: 7, slot: 3, listeners: vec![1, u64::MAX] },
+            ToCoord::Hello { pid: 7, slot: 0, sockets: 1, listeners: vec![] },
+            ToCoord::Hello { pid: 7, slot: 3, sockets: 2, listeners: vec![1, u64::MAX] },
             ToCoord::Listen { id: 1, service: 0x0106_0000_0000_1c06 },
             ToCoord::Unlisten { id: 2, service: 5 },
             ToCoord::ProbeAnswer { index: 4, nonce: 0xdead_beef_0000_0001 },
@@ -189,6 +198,7 @@ mod tests {
         for m in [
             ToMember::Welcome { slot: 9, errno: 0 },
             ToMember::Steered,
+            ToMember::Keep,
             ToMember::Reply { id: 3, errno: libc::EADDRINUSE },
         ] {
             assert_eq!(ToMember::decode(&m.encode()), Some(m));
