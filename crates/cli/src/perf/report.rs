@@ -234,8 +234,13 @@ impl Report {
             let qp = side.qps.first().copied().unwrap_or(super::control::QpInfo { qpn: 0, psn: 0 });
             let _ = writeln!(
                 o,
-                " {name:<6}  {} GID ::ffff:{}  QPN {:#08x}  PSN {:#08x}  RKey {:#010x}  VAddr {:#018x}",
-                side.device, side.ip, qp.qpn, qp.psn, side.rkey, side.addr
+                " {name:<6}  {} GID {}  QPN {:#08x}  PSN {:#08x}  RKey {:#010x}  VAddr {:#018x}",
+                side.device,
+                gid_text(side.ip),
+                qp.qpn,
+                qp.psn,
+                side.rkey,
+                side.addr
             );
         }
         let _ = writeln!(o, "{RULE}");
@@ -322,6 +327,14 @@ impl Report {
             }
         }
         o
+    }
+}
+
+/// A GID as `ibv_devinfo` shows it: `::ffff:a.b.c.d` for IPv4.
+fn gid_text(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => format!("::ffff:{v4}"),
+        std::net::IpAddr::V6(v6) => v6.to_string(),
     }
 }
 
