@@ -22,19 +22,7 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
                 results.iter().map(|r| (r.bytes, r.bw_avg_gbit_per_sec.unwrap_or(0.0))).collect();
             let top = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.15;
             let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
-            let mut chart = ChartBuilder::on(&root)
-                .caption(&title, ("sans-serif", 22))
-                .margin(16)
-                .x_label_area_size(44)
-                .y_label_area_size(64)
-                .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
-                .map_err(|e| fail(e.to_string()))?;
-            chart
-                .configure_mesh()
-                .x_desc("message size (bytes)")
-                .y_desc("average bandwidth (Gb/s)")
-                .draw()
-                .map_err(|e| fail(e.to_string()))?;
+            let mut chart = size_chart(&root, &title, (lo, hi), top, "average bandwidth (Gb/s)").map_err(fail)?;
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), BLUE.stroke_width(2)))
                 .map_err(|e| fail(e.to_string()))?
@@ -66,19 +54,7 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
             let p99: Vec<(u64, f64)> = results.iter().filter_map(|r| r.latency_us.map(|l| (r.bytes, l.p99))).collect();
             let top = p99.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.15;
             let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
-            let mut chart = ChartBuilder::on(&root)
-                .caption(&title, ("sans-serif", 22))
-                .margin(16)
-                .x_label_area_size(44)
-                .y_label_area_size(64)
-                .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
-                .map_err(|e| fail(e.to_string()))?;
-            chart
-                .configure_mesh()
-                .x_desc("message size (bytes)")
-                .y_desc("latency (us)")
-                .draw()
-                .map_err(|e| fail(e.to_string()))?;
+            let mut chart = size_chart(&root, &title, (lo, hi), top, "latency (us)").map_err(fail)?;
             for (points, color, name) in [(med, BLUE, "median"), (p99, RED, "p99")] {
                 chart
                     .draw_series(LineSeries::new(points, color.stroke_width(2)))
@@ -133,6 +109,27 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
     }
     root.present().map_err(|e| fail(e.to_string()))?;
     Ok(())
+}
+
+/// A chart of some figure (0 to `top`, named `y_desc`) against message size on a log axis
+/// over `sizes`, with its mesh drawn.
+fn size_chart<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
+    title: &str,
+    (lo, hi): (u64, u64),
+    top: f64,
+    y_desc: &str,
+) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<LogCoord<u64>, plotters::coord::types::RangedCoordf64>>, String>
+{
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
+        .map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc("message size (bytes)").y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+    Ok(chart)
 }
 
 /// The x range of a log axis over `sizes`, a little wider than they span.
