@@ -54,7 +54,8 @@ impl Progress {
         let done = if self.by_time { elapsed.as_millis() as u64 } else { ops };
         let pos = self.run * self.per_run + done.min(self.per_run);
         if self.bar.is_none() && self.started.elapsed() >= Duration::from_secs(1) {
-            let bar = ProgressBar::with_draw_target(Some(self.runs * self.per_run), ProgressDrawTarget::stderr());
+            let bar = ProgressBar::with_draw_target(Some(self.runs * self.per_run), ProgressDrawTarget::stderr())
+                .with_elapsed(self.started.elapsed());
             let style = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {percent:>3}% {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
             bar.set_style(style);
