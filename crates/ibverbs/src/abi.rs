@@ -1,0 +1,488 @@
+#![allow(missing_docs)] // Field names are rdma-core's, documented in <infiniband/verbs.h>.
+//! rdma-core's public C structs (`<infiniband/verbs.h>`, v44, x86_64), as far as this
+//! library reads or writes them. Every size and offset is checked against the real header
+//! by `tests/layout.rs`; fields nobody here touches are padding of the right size.
+
+use std::ffi::{c_char, c_int, c_void};
+
+/// `pthread_mutex_t` (40 bytes on x86_64 glibc); all zero is `PTHREAD_MUTEX_INITIALIZER`.
+pub type Mutex = [u64; 5];
+/// `pthread_cond_t` (48 bytes); all zero is `PTHREAD_COND_INITIALIZER`.
+pub type Cond = [u64; 6];
+
+/// `struct ibv_device`.
+#[repr(C)]
+pub struct IbvDevice {
+    /// `_ops` (the provider's, unused).
+    pub ops: [*mut c_void; 2],
+    /// `node_type`: `IBV_NODE_CA` (1).
+    pub node_type: c_int,
+    /// `transport_type`: `IBV_TRANSPORT_IB` (0), as RoCE devices report.
+    pub transport_type: c_int,
+    /// `name`.
+    pub name: [c_char; 64],
+    /// `dev_name` (the uverbs device).
+    pub dev_name: [c_char; 64],
+    /// `dev_path`.
+    pub dev_path: [c_char; 256],
+    /// `ibdev_path`: the sysfs directory `ibv_read_sysfs_file` is asked about.
+    pub ibdev_path: [c_char; 256],
+}
+
+/// A `post_send` entry of `struct ibv_context_ops`.
+pub type PostSendFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvSendWr, *mut *mut IbvSendWr) -> c_int;
+/// A `post_recv` entry.
+pub type PostRecvFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
+/// The `post_srq_recv` entry.
+pub type PostSrqRecvFn = unsafe extern "C" fn(*mut IbvSrq, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
+/// The `poll_cq` entry.
+pub type PollCqFn = unsafe extern "C" fn(*mut IbvCq, c_int, *mut IbvWc) -> c_int;
+/// The `req_notify_cq` entry.
+pub type ReqNotifyFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
+/// `verbs_context.query_port`.
+pub type QueryPortFn = unsafe extern "C" fn(*mut IbvContext, u8, *mut IbvPortAttr, usize) -> c_int;
+
+/// `struct ibv_context_ops`: the header inlines (`ibv_post_send`, `ibv_poll_cq`, ...) call
+/// these without a NULL check.
+#[repr(C)]
+pub struct IbvContextOps {
+    /// `_compat_*` and `alloc_mw`, `bind_mw`, `dealloc_mw`, `_compat_create_cq`.
+    pub _before_poll: [usize; 11],
+    /// `poll_cq` (offset 88).
+    pub poll_cq: Option<PollCqFn>,
+    /// `req_notify_cq` (96).
+    pub req_notify_cq: Option<ReqNotifyFn>,
+    /// `_compat_cq_event` .. `_compat_destroy_srq`.
+    pub _before_srq: [usize; 7],
+    /// `post_srq_recv` (160).
+    pub post_srq_recv: Option<PostSrqRecvFn>,
+    /// `_compat_create_qp` .. `_compat_destroy_qp`.
+    pub _before_send: [usize; 4],
+    /// `post_send` (200).
+    pub post_send: Option<PostSendFn>,
+    /// `post_recv` (208).
+    pub post_recv: Option<PostRecvFn>,
+    /// `_compat_create_ah` .. `_compat_async_event`.
+    pub _after: [usize; 5],
+}
+
+/// `struct ibv_context`.
+#[repr(C)]
+pub struct IbvContext {
+    /// `device`.
+    pub device: *mut IbvDevice,
+    /// `ops`.
+    pub ops: IbvContextOps,
+    /// `cmd_fd`: -1, there is no kernel.
+    pub cmd_fd: c_int,
+    /// `async_fd`: readable when an asynchronous event may wait.
+    pub async_fd: c_int,
+    /// `num_comp_vectors`.
+    pub num_comp_vectors: c_int,
+    /// `mutex`.
+    pub mutex: Mutex,
+    /// `abi_compat`: `__VERBS_ABI_IS_EXTENDED` (all ones), so `verbs_get_ctx` works.
+    pub abi_compat: *mut c_void,
+}
+
+/// `struct verbs_context`: the extended ops sit before the `ibv_context`, which is what
+/// applications get.
+#[repr(C)]
+pub struct VerbsContext {
+    /// `query_port` (offset 0).
+    pub query_port: Option<QueryPortFn>,
+    /// `advise_mr` .. `priv`.
+    pub _ops1: [usize; 26],
+    /// `query_device_ex` (216): NULL, so `ibv_query_device_ex` falls back to
+    /// `ibv_query_device`.
+    pub query_device_ex: usize,
+    /// `ibv_destroy_flow` .. `_ABI_placeholder3`.
+    pub _ops2: [usize; 11],
+    /// `sz`: `sizeof(struct verbs_context)`, never more (see the crate docs).
+    pub sz: usize,
+    /// `context`.
+    pub context: IbvContext,
+}
+
+/// `struct ibv_device_attr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvDeviceAttr {
+    pub fw_ver: [c_char; 64],
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: c_int,
+    pub max_qp_wr: c_int,
+    pub device_cap_flags: u32,
+    pub max_sge: c_int,
+    pub max_sge_rd: c_int,
+    pub max_cq: c_int,
+    pub max_cqe: c_int,
+    pub max_mr: c_int,
+    pub max_pd: c_int,
+    pub max_qp_rd_atom: c_int,
+    pub max_ee_rd_atom: c_int,
+    pub max_res_rd_atom: c_int,
+    pub max_qp_init_rd_atom: c_int,
+    pub max_ee_init_rd_atom: c_int,
+    pub atomic_cap: u32,
+    pub max_ee: c_int,
+    pub max_rdd: c_int,
+    pub max_mw: c_int,
+    pub max_raw_ipv6_qp: c_int,
+    pub max_raw_ethy_qp: c_int,
+    pub max_mcast_grp: c_int,
+    pub max_mcast_qp_attach: c_int,
+    pub max_total_mcast_qp_attach: c_int,
+    pub max_ah: c_int,
+    pub max_fmr: c_int,
+    pub max_map_per_fmr: c_int,
+    pub max_srq: c_int,
+    pub max_srq_wr: c_int,
+    pub max_srq_sge: c_int,
+    pub max_pkeys: u16,
+    pub local_ca_ack_delay: u8,
+    pub phys_port_cnt: u8,
+}
+
+/// `struct ibv_port_attr` (52 bytes with v44 headers; older callers pass 48).
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvPortAttr {
+    pub state: u32,
+    pub max_mtu: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: c_int,
+    pub port_cap_flags: u32,
+    pub max_msg_sz: u32,
+    pub bad_pkey_cntr: u32,
+    pub qkey_viol_cntr: u32,
+    pub pkey_tbl_len: u16,
+    pub lid: u16,
+    pub sm_lid: u16,
+    pub lmc: u8,
+    pub max_vl_num: u8,
+    pub sm_sl: u8,
+    pub subnet_timeout: u8,
+    pub init_type_reply: u8,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub phys_state: u8,
+    pub link_layer: u8,
+    pub flags: u8,
+    pub port_cap_flags2: u16,
+}
+
+/// `union ibv_gid` (8-byte aligned, as its `global` member is).
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Default)]
+pub struct IbvGid {
+    pub raw: [u8; 16],
+}
+
+/// `struct ibv_gid_entry`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvGidEntry {
+    pub gid: IbvGid,
+    pub gid_index: u32,
+    pub port_num: u32,
+    pub gid_type: u32,
+    pub ndev_ifindex: u32,
+}
+
+/// `struct ibv_pd`.
+#[repr(C)]
+pub struct IbvPd {
+    pub context: *mut IbvContext,
+    pub handle: u32,
+}
+
+/// `struct ibv_mr`.
+#[repr(C)]
+pub struct IbvMr {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub addr: *mut c_void,
+    pub length: usize,
+    pub handle: u32,
+    pub lkey: u32,
+    pub rkey: u32,
+}
+
+/// `struct ibv_comp_channel`.
+#[repr(C)]
+pub struct IbvCompChannel {
+    pub context: *mut IbvContext,
+    pub fd: c_int,
+    pub refcnt: c_int,
+}
+
+/// `struct ibv_cq`.
+#[repr(C)]
+pub struct IbvCq {
+    pub context: *mut IbvContext,
+    pub channel: *mut IbvCompChannel,
+    pub cq_context: *mut c_void,
+    pub handle: u32,
+    pub cqe: c_int,
+    pub mutex: Mutex,
+    pub cond: Cond,
+    pub comp_events_completed: u32,
+    pub async_events_completed: u32,
+}
+
+/// `struct ibv_srq`.
+#[repr(C)]
+pub struct IbvSrq {
+    pub context: *mut IbvContext,
+    pub srq_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+    pub mutex: Mutex,
+    pub cond: Cond,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_qp`.
+#[repr(C)]
+pub struct IbvQp {
+    pub context: *mut IbvContext,
+    pub qp_context: *mut c_void,
+    pub pd: *mut IbvPd,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub handle: u32,
+    pub qp_num: u32,
+    pub state: u32,
+    pub qp_type: u32,
+    pub mutex: Mutex,
+    pub cond: Cond,
+    pub events_completed: u32,
+}
+
+/// `struct ibv_ah`.
+#[repr(C)]
+pub struct IbvAh {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub handle: u32,
+}
+
+/// `struct ibv_wc`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvWc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// `imm_data` (network order) / `invalidated_rkey`.
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    pub pkey_index: u16,
+    pub slid: u16,
+    pub sl: u8,
+    pub dlid_path_bits: u8,
+}
+
+/// `struct ibv_sge`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvSge {
+    pub addr: u64,
+    pub length: u32,
+    pub lkey: u32,
+}
+
+/// `wr.rdma` of `struct ibv_send_wr`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrRdma {
+    pub remote_addr: u64,
+    pub rkey: u32,
+}
+
+/// `wr.atomic`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrAtomic {
+    pub remote_addr: u64,
+    pub compare_add: u64,
+    pub swap: u64,
+    pub rkey: u32,
+}
+
+/// `wr.ud`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrUd {
+    pub ah: *mut IbvAh,
+    pub remote_qpn: u32,
+    pub remote_qkey: u32,
+}
+
+/// The `wr` union.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union WrUnion {
+    pub rdma: WrRdma,
+    pub atomic: WrAtomic,
+    pub ud: WrUd,
+}
+
+/// `struct ibv_send_wr`.
+#[repr(C)]
+pub struct IbvSendWr {
+    pub wr_id: u64,
+    pub next: *mut IbvSendWr,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+    pub opcode: u32,
+    pub send_flags: u32,
+    /// `imm_data` (network order) / `invalidate_rkey`.
+    pub imm_data: u32,
+    pub wr: WrUnion,
+    /// `qp_type.xrc.remote_srqn`.
+    pub remote_srqn: u32,
+    /// `bind_mw` / `tso`.
+    pub _bind_mw_tso: [u64; 6],
+}
+
+/// `struct ibv_recv_wr`.
+#[repr(C)]
+pub struct IbvRecvWr {
+    pub wr_id: u64,
+    pub next: *mut IbvRecvWr,
+    pub sg_list: *mut IbvSge,
+    pub num_sge: c_int,
+}
+
+/// `struct ibv_qp_cap`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvQpCap {
+    pub max_send_wr: u32,
+    pub max_recv_wr: u32,
+    pub max_send_sge: u32,
+    pub max_recv_sge: u32,
+    pub max_inline_data: u32,
+}
+
+/// `struct ibv_qp_init_attr`.
+#[repr(C)]
+pub struct IbvQpInitAttr {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub cap: IbvQpCap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_global_route`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvGlobalRoute {
+    pub dgid: IbvGid,
+    pub flow_label: u32,
+    pub sgid_index: u8,
+    pub hop_limit: u8,
+    pub traffic_class: u8,
+}
+
+/// `struct ibv_ah_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvAhAttr {
+    pub grh: IbvGlobalRoute,
+    pub dlid: u16,
+    pub sl: u8,
+    pub src_path_bits: u8,
+    pub static_rate: u8,
+    pub is_global: u8,
+    pub port_num: u8,
+}
+
+/// `struct ibv_qp_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvQpAttr {
+    pub qp_state: u32,
+    pub cur_qp_state: u32,
+    pub path_mtu: u32,
+    pub path_mig_state: u32,
+    pub qkey: u32,
+    pub rq_psn: u32,
+    pub sq_psn: u32,
+    pub dest_qp_num: u32,
+    pub qp_access_flags: u32,
+    pub cap: IbvQpCap,
+    pub ah_attr: IbvAhAttr,
+    pub alt_ah_attr: IbvAhAttr,
+    pub pkey_index: u16,
+    pub alt_pkey_index: u16,
+    pub en_sqd_async_notify: u8,
+    pub sq_draining: u8,
+    pub max_rd_atomic: u8,
+    pub max_dest_rd_atomic: u8,
+    pub min_rnr_timer: u8,
+    pub port_num: u8,
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub alt_port_num: u8,
+    pub alt_timeout: u8,
+    pub rate_limit: u32,
+}
+
+/// `struct ibv_srq_attr`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct IbvSrqAttr {
+    pub max_wr: u32,
+    pub max_sge: u32,
+    pub srq_limit: u32,
+}
+
+/// `struct ibv_srq_init_attr`.
+#[repr(C)]
+pub struct IbvSrqInitAttr {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+}
+
+/// `struct ibv_async_event`.
+#[repr(C)]
+pub struct IbvAsyncEvent {
+    /// `element`: the QP, CQ or SRQ (a union of pointers), or the port number.
+    pub element: *mut c_void,
+    pub event_type: u32,
+}
+
+// Sizes the header inlines and the applications rely on (tests/layout.rs checks every
+// offset against the real header too).
+const _: () = {
+    assert!(size_of::<IbvDevice>() == 664);
+    assert!(size_of::<IbvContextOps>() == 256);
+    assert!(size_of::<IbvContext>() == 328);
+    assert!(size_of::<VerbsContext>() == 648);
+    assert!(size_of::<IbvDeviceAttr>() == 232);
+    assert!(size_of::<IbvPortAttr>() == 52);
+    assert!(size_of::<IbvCq>() == 128);
+    assert!(size_of::<IbvQp>() == 160);
+    assert!(size_of::<IbvSrq>() == 128);
+    assert!(size_of::<IbvWc>() == 48);
+    assert!(size_of::<IbvSendWr>() == 128);
+    assert!(size_of::<IbvQpAttr>() == 144);
+};

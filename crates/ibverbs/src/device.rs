@@ -1,0 +1,529 @@
+//! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`, the queries, GIDs and
+//! the sysfs reads `ibv_devinfo` makes.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, c_char, c_int, c_void};
+use std::mem::offset_of;
+use std::os::fd::AsRawFd;
+use std::ptr;
+use std::sync::{Mutex, OnceLock};
+
+use crate::abi::*;
+use crate::errno;
+use crate::guard;
+
+/// An `ibv_device` and the softrdma device it stands for.
+#[repr(C)]
+pub(crate) struct DeviceC {
+    pub(crate) dev: IbvDevice,
+    pub(crate) index: usize,
+    pub(crate) inner: softrdma::Device,
+}
+
+/// An open device: the `verbs_context` (whose `context` member applications get), then
+/// the softrdma context.
+#[repr(C)]
+pub(crate) struct Ctx {
+    pub(crate) vctx: VerbsContext,
+    pub(crate) inner: softrdma::Context,
+    /// QPN → `ibv_qp` (as an address), to name the QP of an asynchronous event.
+    pub(crate) qps: Mutex<HashMap<u32, usize>>,
+}
+
+/// The devices, made once per process and never freed: a device pointer stays valid after
+/// `ibv_free_device_list`, as with rdma-core while a context uses it.
+fn all_devices() -> &'static [usize] {
+    static DEVICES: OnceLock<Vec<usize>> = OnceLock::new();
+    DEVICES.get_or_init(|| {
+        let list = softrdma::devices().unwrap_or_default();
+        list.into_iter()
+            .enumerate()
+            .map(|(index, inner)| {
+                let mut dev = IbvDevice {
+                    ops: [ptr::null_mut(); 2],
+                    node_type: 1,      // IBV_NODE_CA
+                    transport_type: 0, // IBV_TRANSPORT_IB, as every RoCE device reports
+                    name: [0; 64],
+                    dev_name: [0; 64],
+                    dev_path: [0; 256],
+                    ibdev_path: [0; 256],
+                };
+                copy_str(&mut dev.name, inner.name());
+                copy_str(&mut dev.dev_name, &format!("uverbs{index}"));
+                copy_str(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
+                copy_str(&mut dev.ibdev_path, &format!("{SYSFS_DIR}/{}", inner.name()));
+                Box::into_raw(Box::new(DeviceC { dev, index, inner })) as usize
+            })
+            .collect()
+    })
+}
+
+/// Where our devices pretend to live in sysfs; `ibv_read_sysfs_file` answers for them.
+const SYSFS_DIR: &str = "/sys/class/infiniband";
+
+/// Copies `s` into a C string buffer, truncated and NUL-terminated.
+pub(crate) fn copy_str(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len().saturating_sub(1));
+    for (d, b) in dst.iter_mut().zip(s.bytes().take(n)) {
+        *d = b as c_char;
+    }
+    if let Some(end) = dst.get_mut(n) {
+        *end = 0;
+    }
+}
+
+/// The device behind an `ibv_device` pointer we handed out.
+///
+/// # Safety
+/// `dev` must be NULL or come from `ibv_get_device_list`.
+unsafe fn device_of<'a>(dev: *mut IbvDevice) -> Option<&'a DeviceC> {
+    // SAFETY: our ibv_device pointers point at the first member of a leaked DeviceC.
+    unsafe { (dev as *const DeviceC).as_ref() }
+}
+
+/// The context behind an `ibv_context` pointer we handed out.
+///
+/// # Safety
+/// `ctx` must be NULL or come from `ibv_open_device` and not be closed.
+pub(crate) unsafe fn ctx_of<'a>(ctx: *mut IbvContext) -> Option<&'a Ctx> {
+    if ctx.is_null() {
+        return None;
+    }
+    // SAFETY: our ibv_context is the `context` member of the VerbsContext that starts a Ctx.
+    unsafe { (ctx.cast::<u8>().sub(offset_of!(VerbsContext, context)) as *const Ctx).as_ref() }
+}
+
+unsafe extern "C" fn get_device_list(num: *mut c_int) -> *mut *mut IbvDevice {
+    guard(ptr::null_mut(), || {
+        let devs = all_devices();
+        // SAFETY: calloc of (n + 1) pointers; ibv_free_device_list frees it with free().
+        let list = unsafe { libc::calloc(devs.len() + 1, size_of::<*mut IbvDevice>()) } as *mut *mut IbvDevice;
+        if list.is_null() {
+            errno::set(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, d) in devs.iter().enumerate() {
+            // SAFETY: i < n + 1 entries allocated above.
+            unsafe { *list.add(i) = *d as *mut IbvDevice };
+        }
+        if !num.is_null() {
+            // SAFETY: the caller passes a valid int or NULL.
+            unsafe { *num = devs.len() as c_int };
+        }
+        list
+    })
+}
+export!("ibv_get_device_list", "IBVERBS_1.1", get_device_list);
+
+unsafe extern "C" fn free_device_list(list: *mut *mut IbvDevice) {
+    // SAFETY: the list came from calloc in ibv_get_device_list (or is NULL).
+    guard((), || unsafe { libc::free(list.cast()) })
+}
+export!("ibv_free_device_list", "IBVERBS_1.1", free_device_list);
+
+unsafe extern "C" fn get_device_name(dev: *mut IbvDevice) -> *const c_char {
+    // SAFETY: dev is ours or NULL.
+    guard(ptr::null(), || match unsafe { device_of(dev) } {
+        Some(d) => d.dev.name.as_ptr(),
+        None => {
+            errno::set(libc::EINVAL);
+            ptr::null()
+        }
+    })
+}
+export!("ibv_get_device_name", "IBVERBS_1.1", get_device_name);
+
+unsafe extern "C" fn get_device_guid(dev: *mut IbvDevice) -> u64 {
+    // SAFETY: dev is ours or NULL.
+    guard(0, || unsafe { device_of(dev) }.map_or(0, |d| d.inner.node_guid().to_be()))
+}
+export!("ibv_get_device_guid", "IBVERBS_1.1", get_device_guid);
+
+unsafe extern "C" fn get_device_index(dev: *mut IbvDevice) -> c_int {
+    // SAFETY: dev is ours or NULL.
+    guard(-1, || unsafe { device_of(dev) }.map_or(-1, |d| d.index as c_int))
+}
+export!("ibv_get_device_index", "IBVERBS_1.9", get_device_index);
+
+unsafe extern "C" fn open_device(dev: *mut IbvDevice) -> *mut IbvContext {
+    guard(ptr::null_mut(), || {
+        // SAFETY: dev is ours or NULL.
+        let Some(d) = (unsafe { device_of(dev) }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let inner = match d.inner.open() {
+            Ok(c) => c,
+            Err(e) => {
+                errno::fail(&e);
+                return ptr::null_mut();
+            }
+        };
+        let ops = IbvContextOps {
+            _before_poll: [0; 11],
+            poll_cq: Some(crate::post::poll_cq),
+            req_notify_cq: Some(crate::post::req_notify_cq),
+            _before_srq: [0; 7],
+            post_srq_recv: Some(crate::post::post_srq_recv),
+            _before_send: [0; 4],
+            post_send: Some(crate::post::post_send),
+            post_recv: Some(crate::post::post_recv),
+            _after: [0; 5],
+        };
+        let context = IbvContext {
+            device: dev,
+            ops,
+            cmd_fd: -1,
+            async_fd: inner.async_fd().as_raw_fd(),
+            num_comp_vectors: 1,
+            mutex: [0; 5],
+            abi_compat: usize::MAX as *mut c_void, // __VERBS_ABI_IS_EXTENDED
+        };
+        let vctx = VerbsContext {
+            query_port: Some(vctx_query_port),
+            _ops1: [0; 26],
+            query_device_ex: 0,
+            _ops2: [0; 11],
+            sz: size_of::<VerbsContext>(),
+            context,
+        };
+        let ctx = Box::into_raw(Box::new(Ctx { vctx, inner, qps: Mutex::new(HashMap::new()) }));
+        // SAFETY: ctx was just allocated; the pointer to its member lives as long as it.
+        unsafe { &raw mut (*ctx).vctx.context }
+    })
+}
+export!("ibv_open_device", "IBVERBS_1.1", open_device);
+
+unsafe extern "C" fn close_device(ctx: *mut IbvContext) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is ours or NULL.
+        if unsafe { ctx_of(ctx) }.is_none() {
+            errno::set(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: the Ctx was made by Box::into_raw in ibv_open_device and is closed once.
+        drop(unsafe { Box::from_raw(ctx.cast::<u8>().sub(offset_of!(VerbsContext, context)) as *mut Ctx) });
+        0
+    })
+}
+export!("ibv_close_device", "IBVERBS_1.1", close_device);
+
+/// An unlimited resource, as a C `int`.
+fn limit(v: Option<u32>) -> c_int {
+    v.map_or(c_int::MAX, |v| c_int::try_from(v).unwrap_or(c_int::MAX))
+}
+
+fn int(v: u32) -> c_int {
+    c_int::try_from(v).unwrap_or(c_int::MAX)
+}
+
+unsafe extern "C" fn query_device(ctx: *mut IbvContext, out: *mut IbvDeviceAttr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, out.is_null()) else {
+            errno::set(libc::EINVAL);
+            return libc::EINVAL;
+        };
+        let a = c.inner.query_device();
+        let mut attr = IbvDeviceAttr {
+            fw_ver: [0; 64],
+            node_guid: a.node_guid.to_be(),
+            sys_image_guid: a.sys_image_guid.to_be(),
+            max_mr_size: a.max_mr_size,
+            page_size_cap: 0xffff_f000,
+            vendor_id: a.vendor_id,
+            vendor_part_id: a.vendor_part_id,
+            hw_ver: a.hw_ver,
+            max_qp: int(a.max_qp),
+            max_qp_wr: int(a.max_qp_wr),
+            device_cap_flags: 0,
+            max_sge: int(a.max_sge),
+            max_sge_rd: int(a.max_sge_rd),
+            max_cq: limit(a.max_cq),
+            max_cqe: int(a.max_cqe),
+            max_mr: int(a.max_mr),
+            max_pd: limit(a.max_pd),
+            max_qp_rd_atom: c_int::from(a.max_qp_rd_atom),
+            max_ee_rd_atom: 0,
+            max_res_rd_atom: 0,
+            max_qp_init_rd_atom: c_int::from(a.max_qp_init_rd_atom),
+            max_ee_init_rd_atom: 0,
+            atomic_cap: a.atomic_cap as u32,
+            max_ee: 0,
+            max_rdd: 0,
+            max_mw: int(a.max_mw),
+            max_raw_ipv6_qp: 0,
+            max_raw_ethy_qp: 0,
+            max_mcast_grp: int(a.max_mcast_grp),
+            max_mcast_qp_attach: 0,
+            max_total_mcast_qp_attach: 0,
+            max_ah: limit(a.max_ah),
+            max_fmr: 0,
+            max_map_per_fmr: 0,
+            max_srq: limit(a.max_srq),
+            max_srq_wr: int(a.max_srq_wr),
+            max_srq_sge: int(a.max_srq_sge),
+            max_pkeys: a.max_pkeys,
+            local_ca_ack_delay: 15,
+            phys_port_cnt: a.phys_port_cnt,
+        };
+        copy_str(&mut attr.fw_ver, &a.fw_ver);
+        // SAFETY: out points at a caller's struct ibv_device_attr.
+        unsafe { out.write(attr) };
+        0
+    })
+}
+export!("ibv_query_device", "IBVERBS_1.1", query_device);
+
+/// `ibv_port_attr` of port `port` of `c`.
+fn port_attr(c: &Ctx, port: u8) -> Result<IbvPortAttr, softrdma::Error> {
+    let p = c.inner.query_port(port)?;
+    Ok(IbvPortAttr {
+        state: p.state as u32,
+        max_mtu: p.max_mtu as u32,
+        active_mtu: p.active_mtu as u32,
+        gid_tbl_len: int(p.gid_tbl_len),
+        // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS, as rxe.
+        port_cap_flags: (1 << 16) | (1 << 26),
+        max_msg_sz: p.max_msg_sz,
+        pkey_tbl_len: p.pkey_tbl_len,
+        max_vl_num: 1,
+        active_width: 2,  // 4X
+        active_speed: 32, // 25 Gb/s (EDR): nominal, as rxe reports its netdev's
+        phys_state: p.phys_state as u8,
+        link_layer: 2, // IBV_LINK_LAYER_ETHERNET
+        ..IbvPortAttr::default()
+    })
+}
+
+/// Writes `attr` into the caller's `size` bytes: no more than it has, the rest of ours cut.
+///
+/// # Safety
+/// `out` must point at `size` writable bytes.
+unsafe fn write_port_attr(out: *mut IbvPortAttr, size: usize, attr: &IbvPortAttr) {
+    let n = size.min(size_of::<IbvPortAttr>());
+    // SAFETY: the caller's buffer has `size` bytes; ours has size_of::<IbvPortAttr>().
+    unsafe {
+        ptr::write_bytes(out.cast::<u8>(), 0, size);
+        ptr::copy_nonoverlapping((attr as *const IbvPortAttr).cast::<u8>(), out.cast::<u8>(), n);
+    }
+}
+
+/// `verbs_context.query_port`, which the `ibv_query_port` inline calls with its
+/// `sizeof(struct ibv_port_attr)`.
+unsafe extern "C" fn vctx_query_port(ctx: *mut IbvContext, port: u8, out: *mut IbvPortAttr, size: usize) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, out.is_null()) else {
+            errno::set(libc::EINVAL);
+            return libc::EINVAL;
+        };
+        match port_attr(c, port) {
+            // SAFETY: the inline passes sizeof(*out) as size.
+            Ok(a) => unsafe { write_port_attr(out, size, &a) },
+            Err(e) => return errno::fail(&e),
+        }
+        0
+    })
+}
+
+/// The exported compat `ibv_query_port@IBVERBS_1.1`: its caller may hold only the 48-byte
+/// `struct _compat_ibv_port_attr`.
+unsafe extern "C" fn query_port_compat(ctx: *mut IbvContext, port: u8, out: *mut IbvPortAttr) -> c_int {
+    // SAFETY: as vctx_query_port, with the compat size.
+    unsafe { vctx_query_port(ctx, port, out, offset_of!(IbvPortAttr, port_cap_flags2)) }
+}
+export!("ibv_query_port", "IBVERBS_1.1", query_port_compat);
+
+unsafe extern "C" fn query_gid(ctx: *mut IbvContext, port: u8, index: c_int, gid: *mut IbvGid) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, gid.is_null()) else {
+            errno::set(libc::EINVAL);
+            return -1;
+        };
+        let Ok(p) = c.inner.query_port(port) else {
+            errno::set(libc::EINVAL);
+            return -1;
+        };
+        if index < 0 || index as u32 >= p.gid_tbl_len.max(1) {
+            errno::set(libc::EINVAL);
+            return -1;
+        }
+        let raw = u8::try_from(index).ok().and_then(|i| c.inner.gid(i)).map_or([0; 16], |g| g.0);
+        // SAFETY: gid points at a caller's union ibv_gid.
+        unsafe { gid.write(IbvGid { raw }) };
+        0
+    })
+}
+export!("ibv_query_gid", "IBVERBS_1.1", query_gid);
+
+/// `ibv_query_gid_type`: every softrdma GID is RoCE v2 (`IBV_GID_TYPE_SYSFS_ROCE_V2`).
+unsafe extern "C" fn query_gid_type(ctx: *mut IbvContext, port: u8, index: u32, out: *mut u32) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, out.is_null()) else {
+            errno::set(libc::EINVAL);
+            return -1;
+        };
+        match c.inner.query_port(port) {
+            Ok(p) if index < p.gid_tbl_len => {
+                // SAFETY: out points at a caller's enum.
+                unsafe { *out = 1 };
+                0
+            }
+            _ => {
+                errno::set(libc::EINVAL);
+                -1
+            }
+        }
+    })
+}
+export!("ibv_query_gid_type", "IBVERBS_PRIVATE_34", query_gid_type);
+
+/// One GID entry (`IBV_GID_TYPE_ROCE_V2`), or `None` past the table.
+fn gid_entry(c: &Ctx, port: u8, index: u32) -> Option<IbvGidEntry> {
+    let gid = c.inner.gid(u8::try_from(index).ok()?)?;
+    let ifname = std::ffi::CString::new(c.inner.device().interface()).ok()?;
+    // SAFETY: ifname is a valid C string.
+    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
+    Some(IbvGidEntry {
+        gid: IbvGid { raw: gid.0 },
+        gid_index: index,
+        port_num: u32::from(port),
+        gid_type: 2,
+        ndev_ifindex: ifindex,
+    })
+}
+
+unsafe extern "C" fn query_gid_ex(
+    ctx: *mut IbvContext,
+    port: u32,
+    index: u32,
+    entry: *mut IbvGidEntry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, entry.is_null()) else {
+            return libc::EINVAL;
+        };
+        if flags != 0 || entry_size < size_of::<IbvGidEntry>() || port != 1 {
+            return libc::EINVAL;
+        }
+        match gid_entry(c, 1, index) {
+            Some(e) => {
+                // SAFETY: entry points at entry_size >= 32 bytes.
+                unsafe { entry.write(e) };
+                0
+            }
+            None => libc::ENODATA,
+        }
+    })
+}
+export!("_ibv_query_gid_ex", "IBVERBS_1.11", query_gid_ex);
+
+unsafe extern "C" fn query_gid_table(
+    ctx: *mut IbvContext,
+    entries: *mut IbvGidEntry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    guard(-(libc::EIO as isize), || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, entries.is_null()) else {
+            return -(libc::EINVAL as isize);
+        };
+        if flags != 0 || entry_size < size_of::<IbvGidEntry>() {
+            return -(libc::EINVAL as isize);
+        }
+        let mut n = 0;
+        while n < max_entries {
+            let Some(e) = gid_entry(c, 1, n as u32) else { break };
+            // SAFETY: entries has max_entries elements of entry_size bytes.
+            unsafe { entries.cast::<u8>().add(n * entry_size).cast::<IbvGidEntry>().write(e) };
+            n += 1;
+        }
+        n as isize
+    })
+}
+export!("_ibv_query_gid_table", "IBVERBS_1.11", query_gid_table);
+
+unsafe extern "C" fn query_pkey(ctx: *mut IbvContext, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is ours or NULL.
+        if unsafe { ctx_of(ctx) }.is_none() || pkey.is_null() || port != 1 || index != 0 {
+            errno::set(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: pkey points at a caller's __be16. The default P_Key, 0xffff.
+        unsafe { *pkey = 0xffff };
+        0
+    })
+}
+export!("ibv_query_pkey", "IBVERBS_1.1", query_pkey);
+
+unsafe extern "C" fn get_pkey_index(ctx: *mut IbvContext, port: u8, pkey: u16) -> c_int {
+    // SAFETY: ctx is ours or NULL.
+    guard(-1, || if unsafe { ctx_of(ctx) }.is_some() && port == 1 && pkey == 0xffff { 0 } else { -1 })
+}
+export!("ibv_get_pkey_index", "IBVERBS_1.5", get_pkey_index);
+
+/// What our devices' sysfs files would hold, for `ibv_read_sysfs_file`.
+fn sysfs_value(dev: &DeviceC, file: &str) -> Option<String> {
+    let guid = dev.inner.node_guid();
+    let g =
+        format!("{:04x}:{:04x}:{:04x}:{:04x}", guid >> 48, (guid >> 32) & 0xffff, (guid >> 16) & 0xffff, guid & 0xffff);
+    Some(match file {
+        "board_id" => "softrdma".to_owned(),
+        "node_type" => "1: CA".to_owned(),
+        "node_guid" | "sys_image_guid" => g,
+        "fw_ver" => dev.inner.attributes().fw_ver,
+        "hca_type" => "softrdma".to_owned(),
+        "hw_rev" => "0".to_owned(),
+        "ports/1/link_layer" => "Ethernet".to_owned(),
+        _ => return None,
+    })
+}
+
+unsafe extern "C" fn read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, size: usize) -> c_int {
+    guard(-1, || {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            errno::set(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: the caller passes C strings.
+        let (dir, file) = unsafe { (CStr::from_ptr(dir).to_string_lossy(), CStr::from_ptr(file).to_string_lossy()) };
+        let ours = all_devices().iter().find_map(|d| {
+            // SAFETY: every address in the list is a leaked DeviceC.
+            let d = unsafe { &*(*d as *const DeviceC) };
+            // SAFETY: ibdev_path is NUL-terminated by copy_str.
+            let path = unsafe { CStr::from_ptr(d.dev.ibdev_path.as_ptr()) };
+            (path.to_bytes() == dir.as_bytes()).then_some(d)
+        });
+        let text = match ours {
+            Some(d) => sysfs_value(d, &file),
+            None => std::fs::read_to_string(format!("{dir}/{file}")).ok(),
+        };
+        let Some(text) = text else {
+            errno::set(libc::ENOENT);
+            return -1;
+        };
+        let text = text.strip_suffix('\n').unwrap_or(&text);
+        let n = text.len().min(size - 1);
+        // SAFETY: buf has size bytes; n + 1 <= size.
+        unsafe {
+            ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
+            *buf.add(n) = 0;
+        }
+        n as c_int
+    })
+}
+export!("ibv_read_sysfs_file", "IBVERBS_1.0", read_sysfs_file);
+
+unsafe extern "C" fn get_sysfs_path() -> *const c_char {
+    c"/sys".as_ptr()
+}
+export!("ibv_get_sysfs_path", "IBVERBS_1.0", get_sysfs_path);

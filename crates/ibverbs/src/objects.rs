@@ -1,0 +1,812 @@
+//! PD, MR, completion channel, CQ, QP, SRQ, AH and asynchronous events. Each C object is
+//! a `#[repr(C)]` struct whose first member is the public C struct, followed by the
+//! softrdma handle; dropping the handle destroys the object on the device.
+
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use softrdma::{Access, AddressVector, AttrMask, Gid, Mtu, QKey, QpAttr, QpCap, QpInit, QpState, QpType};
+
+use crate::abi::*;
+use crate::device::{Ctx, ctx_of};
+use crate::errno;
+use crate::guard;
+
+#[repr(C)]
+pub(crate) struct PdC {
+    pub(crate) pd: IbvPd,
+    pub(crate) inner: softrdma::Pd,
+}
+
+#[repr(C)]
+pub(crate) struct MrC {
+    pub(crate) mr: IbvMr,
+    pub(crate) inner: softrdma::RawMr,
+}
+
+#[repr(C)]
+pub(crate) struct ChannelC {
+    pub(crate) ch: IbvCompChannel,
+    pub(crate) inner: softrdma::CompChannel,
+    /// The CQs attached, with their `ibv_cq` addresses, to name the one an event is for.
+    pub(crate) cqs: Mutex<Vec<(softrdma::Cq, usize)>>,
+}
+
+#[repr(C)]
+pub(crate) struct CqC {
+    pub(crate) cq: IbvCq,
+    pub(crate) inner: softrdma::Cq,
+    /// Completion events delivered by `ibv_get_cq_event`.
+    pub(crate) events: AtomicU32,
+}
+
+#[repr(C)]
+pub(crate) struct QpC {
+    pub(crate) qp: IbvQp,
+    pub(crate) inner: softrdma::Qp,
+    pub(crate) sq_sig_all: bool,
+}
+
+#[repr(C)]
+pub(crate) struct SrqC {
+    pub(crate) srq: IbvSrq,
+    pub(crate) inner: softrdma::Srq,
+}
+
+#[repr(C)]
+pub(crate) struct AhC {
+    pub(crate) ah: IbvAh,
+    pub(crate) inner: softrdma::Ah,
+}
+
+/// The wrapper `W` of a C object pointer `p` we handed out (its first member).
+///
+/// # Safety
+/// `p` must be NULL or point at the first member of a live `W`.
+pub(crate) unsafe fn obj<'a, C, W>(p: *mut C) -> Option<&'a W> {
+    // SAFETY: per the contract, a non-NULL p is the address of a live W.
+    unsafe { (p as *const W).as_ref() }
+}
+
+/// Frees a wrapper made by [`boxed`].
+///
+/// # Safety
+/// `p` must come from [`boxed`] for this `W` and be freed once.
+unsafe fn free<C, W>(p: *mut C) {
+    // SAFETY: per the contract.
+    drop(unsafe { Box::from_raw(p as *mut W) });
+}
+
+/// Moves a wrapper to the heap and returns the pointer C gets: its first member.
+fn boxed<C, W>(w: W) -> *mut C {
+    Box::into_raw(Box::new(w)) as *mut C
+}
+
+const NULL_MUTEX: Mutex_ = [0; 5];
+type Mutex_ = crate::abi::Mutex;
+
+/// `ibv_qp_state` values ↔ [`QpState`].
+fn qp_state(raw: u32) -> Option<QpState> {
+    u8::try_from(raw).ok().and_then(QpState::from_raw)
+}
+
+unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+    guard(ptr::null_mut(), || {
+        // SAFETY: ctx is ours or NULL.
+        let Some(c) = (unsafe { ctx_of(ctx) }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match c.inner.alloc_pd() {
+            Ok(inner) => boxed(PdC { pd: IbvPd { context: ctx, handle: 0 }, inner }),
+            Err(e) => {
+                errno::fail(&e);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
+
+unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
+    guard(libc::EIO, || {
+        if pd.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: pd came from ibv_alloc_pd; objects made from it hold the PD alive inside.
+        unsafe { free::<IbvPd, PdC>(pd) };
+        0
+    })
+}
+export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
+
+/// The access flags softrdma enforces; the optional ones (relaxed ordering, ...) are
+/// accepted and ignored.
+fn access(flags: c_int) -> Access {
+    Access(flags as u32 & Access::ALL.0)
+}
+
+unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, flags: c_int) -> *mut IbvMr {
+    // SAFETY: pd is ours or NULL.
+    let Some(p) = (unsafe { obj::<IbvPd, PdC>(pd) }) else {
+        errno::set(libc::EINVAL);
+        return ptr::null_mut();
+    };
+    if iova != addr as u64 {
+        // softrdma names registered memory by its address.
+        errno::set(libc::EOPNOTSUPP);
+        return ptr::null_mut();
+    }
+    // SAFETY: the C contract of ibv_reg_mr: the application keeps addr..addr+len allocated
+    // until ibv_dereg_mr, and accepts that the device writes there at any time.
+    match unsafe { p.inner.reg_mr_raw(addr.cast(), len, access(flags)) } {
+        Ok(inner) => {
+            let mr = IbvMr {
+                context: p.pd.context,
+                pd,
+                addr,
+                length: len,
+                handle: inner.lkey(),
+                lkey: inner.lkey(),
+                rkey: inner.rkey(),
+            };
+            boxed(MrC { mr, inner })
+        }
+        Err(e) => {
+            errno::fail(&e);
+            ptr::null_mut()
+        }
+    }
+}
+
+unsafe extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, flags: c_int) -> *mut IbvMr {
+    // SAFETY: as reg_mr_common.
+    guard(ptr::null_mut(), || unsafe { reg_mr_common(pd, addr, len, addr as u64, flags) })
+}
+export!("ibv_reg_mr", "IBVERBS_1.1", reg_mr);
+
+unsafe extern "C" fn reg_mr_iova(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, flags: c_int) -> *mut IbvMr {
+    // SAFETY: as reg_mr_common.
+    guard(ptr::null_mut(), || unsafe { reg_mr_common(pd, addr, len, iova, flags) })
+}
+export!("ibv_reg_mr_iova", "IBVERBS_1.7", reg_mr_iova);
+
+unsafe extern "C" fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, flags: u32) -> *mut IbvMr {
+    // SAFETY: as reg_mr_common.
+    guard(ptr::null_mut(), || unsafe { reg_mr_common(pd, addr, len, iova, flags as c_int) })
+}
+export!("ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
+
+unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
+    guard(libc::EIO, || {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.
+        unsafe { free::<IbvMr, MrC>(mr) };
+        0
+    })
+}
+export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
+
+unsafe extern "C" fn create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
+    guard(ptr::null_mut(), || {
+        // SAFETY: ctx is ours or NULL.
+        let Some(c) = (unsafe { ctx_of(ctx) }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match c.inner.create_comp_channel() {
+            Ok(inner) => {
+                let ch = IbvCompChannel { context: ctx, fd: inner.as_fd().as_raw_fd(), refcnt: 0 };
+                boxed(ChannelC { ch, inner, cqs: Mutex::new(Vec::new()) })
+            }
+            Err(e) => {
+                errno::fail(&e);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+export!("ibv_create_comp_channel", "IBVERBS_1.0", create_comp_channel);
+
+unsafe extern "C" fn destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ch is ours or NULL.
+        let Some(c) = (unsafe { obj::<IbvCompChannel, ChannelC>(ch) }) else {
+            return libc::EINVAL;
+        };
+        if !c.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).is_empty() {
+            errno::set(libc::EBUSY);
+            return libc::EBUSY;
+        }
+        // SAFETY: made by ibv_create_comp_channel, no CQ uses it any more.
+        unsafe { free::<IbvCompChannel, ChannelC>(ch) };
+        0
+    })
+}
+export!("ibv_destroy_comp_channel", "IBVERBS_1.0", destroy_comp_channel);
+
+unsafe extern "C" fn create_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    _comp_vector: c_int,
+) -> *mut IbvCq {
+    guard(ptr::null_mut(), || {
+        // SAFETY: ctx and channel are ours or NULL.
+        let (c, ch) = unsafe { (ctx_of(ctx), obj::<IbvCompChannel, ChannelC>(channel)) };
+        let (Some(c), Ok(n)) = (c, u32::try_from(cqe)) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match c.inner.create_cq(n.max(1), ch.map(|ch| &ch.inner)) {
+            Ok(inner) => {
+                let cq = IbvCq {
+                    context: ctx,
+                    channel,
+                    cq_context,
+                    handle: 0,
+                    cqe,
+                    mutex: NULL_MUTEX,
+                    cond: [0; 6],
+                    comp_events_completed: 0,
+                    async_events_completed: 0,
+                };
+                let keep = inner.clone();
+                let p: *mut IbvCq = boxed(CqC { cq, inner, events: AtomicU32::new(0) });
+                if let Some(ch) = ch {
+                    ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((keep, p as usize));
+                }
+                p
+            }
+            Err(e) => {
+                errno::fail(&e);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
+
+unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: cq is ours or NULL.
+        let Some(c) = (unsafe { obj::<IbvCq, CqC>(cq) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses while any is left).
+        if let Some(ch) = unsafe { obj::<IbvCompChannel, ChannelC>(c.cq.channel) } {
+            ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(_, p)| *p != cq as usize);
+        }
+        // SAFETY: made by ibv_create_cq, destroyed once.
+        unsafe { free::<IbvCq, CqC>(cq) };
+        0
+    })
+}
+export!("ibv_destroy_cq", "IBVERBS_1.1", destroy_cq);
+
+unsafe extern "C" fn get_cq_event(ch: *mut IbvCompChannel, cq: *mut *mut IbvCq, cq_context: *mut *mut c_void) -> c_int {
+    guard(-1, || {
+        // SAFETY: ch is ours or NULL.
+        let Some(c) = (unsafe { obj::<IbvCompChannel, ChannelC>(ch) }) else {
+            errno::set(libc::EINVAL);
+            return -1;
+        };
+        loop {
+            let got = match c.inner.get_cq_event(None) {
+                Ok(Some(got)) => got,
+                Ok(None) => continue,
+                Err(e) => {
+                    errno::fail(&e);
+                    return -1;
+                }
+            };
+            let cqs = c.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            // A CQ destroyed since its event fired is not reported.
+            let Some(&(_, p)) = cqs.iter().find(|(q, _)| q.same(&got)) else { continue };
+            let p = p as *mut IbvCq;
+            // SAFETY: p is a live CQ of this channel (it is in the list).
+            let w = unsafe { &*(p as *const CqC) };
+            w.events.fetch_add(1, Ordering::Relaxed);
+            if !cq.is_null() {
+                // SAFETY: the caller's out pointers.
+                unsafe { *cq = p };
+            }
+            if !cq_context.is_null() {
+                // SAFETY: as above.
+                unsafe { *cq_context = w.cq.cq_context };
+            }
+            return 0;
+        }
+    })
+}
+export!("ibv_get_cq_event", "IBVERBS_1.1", get_cq_event);
+
+unsafe extern "C" fn ack_cq_events(cq: *mut IbvCq, n: u32) {
+    guard((), || {
+        if !cq.is_null() {
+            // SAFETY: cq is ours; comp_events_completed is only written here, by the
+            // application's acking thread, as in rdma-core (under its mutex there).
+            unsafe { (*cq).comp_events_completed = (*cq).comp_events_completed.wrapping_add(n) };
+        }
+    })
+}
+export!("ibv_ack_cq_events", "IBVERBS_1.1", ack_cq_events);
+
+unsafe extern "C" fn create_srq(pd: *mut IbvPd, init: *mut IbvSrqInitAttr) -> *mut IbvSrq {
+    guard(ptr::null_mut(), || {
+        // SAFETY: pd is ours or NULL; init is the caller's.
+        let (Some(p), Some(init)) = (unsafe { obj::<IbvPd, PdC>(pd) }, unsafe { init.as_mut() }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match p.inner.create_srq(init.attr.max_wr, init.attr.max_sge) {
+            Ok(inner) => {
+                let srq = IbvSrq {
+                    context: p.pd.context,
+                    srq_context: init.srq_context,
+                    pd,
+                    handle: 0,
+                    mutex: NULL_MUTEX,
+                    cond: [0; 6],
+                    events_completed: 0,
+                };
+                boxed(SrqC { srq, inner })
+            }
+            Err(e) => {
+                errno::fail(&e);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+export!("ibv_create_srq", "IBVERBS_1.1", create_srq);
+
+unsafe extern "C" fn modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is ours or NULL; attr is the caller's.
+        let (Some(s), Some(a)) = (unsafe { obj::<IbvSrq, SrqC>(srq) }, unsafe { attr.as_ref() }) else {
+            return libc::EINVAL;
+        };
+        const IBV_SRQ_LIMIT: c_int = 2;
+        if mask & !IBV_SRQ_LIMIT != 0 {
+            return libc::EOPNOTSUPP; // resizing (IBV_SRQ_MAX_WR)
+        }
+        if mask & IBV_SRQ_LIMIT != 0 {
+            if let Err(e) = s.inner.arm_limit(a.srq_limit) {
+                return errno::fail(&e);
+            }
+        }
+        0
+    })
+}
+export!("ibv_modify_srq", "IBVERBS_1.1", modify_srq);
+
+unsafe extern "C" fn query_srq(_srq: *mut IbvSrq, _attr: *mut IbvSrqAttr) -> c_int {
+    libc::EOPNOTSUPP
+}
+export!("ibv_query_srq", "IBVERBS_1.1", query_srq);
+
+unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
+    guard(libc::EIO, || {
+        if srq.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: made by ibv_create_srq; QPs using it hold it alive inside.
+        unsafe { free::<IbvSrq, SrqC>(srq) };
+        0
+    })
+}
+export!("ibv_destroy_srq", "IBVERBS_1.1", destroy_srq);
+
+fn qp_type(raw: u32) -> Option<QpType> {
+    match raw {
+        2 => Some(QpType::Rc),
+        3 => Some(QpType::Uc),
+        4 => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+fn qp_type_raw(t: QpType) -> u32 {
+    match t {
+        QpType::Rc => 2,
+        QpType::Uc => 3,
+        QpType::Ud | QpType::Gsi => 4,
+    }
+}
+
+fn cap_c(c: &QpCap) -> IbvQpCap {
+    IbvQpCap {
+        max_send_wr: c.max_send_wr,
+        max_recv_wr: c.max_recv_wr,
+        max_send_sge: c.max_send_sge,
+        max_recv_sge: c.max_recv_sge,
+        max_inline_data: c.max_inline_data,
+    }
+}
+
+unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut IbvQp {
+    guard(ptr::null_mut(), || {
+        // SAFETY: pd is ours or NULL; init is the caller's.
+        let (Some(p), Some(init)) = (unsafe { obj::<IbvPd, PdC>(pd) }, unsafe { init.as_mut() }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let Some(t) = qp_type(init.qp_type) else {
+            errno::set(libc::EOPNOTSUPP);
+            return ptr::null_mut();
+        };
+        // SAFETY: the CQs and SRQ are ours or NULL.
+        let (scq, rcq, srq) = unsafe {
+            (obj::<IbvCq, CqC>(init.send_cq), obj::<IbvCq, CqC>(init.recv_cq), obj::<IbvSrq, SrqC>(init.srq))
+        };
+        let (Some(scq), Some(rcq)) = (scq, rcq) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let c = init.cap;
+        let q = QpInit {
+            qp_type: t,
+            send_cq: &scq.inner,
+            recv_cq: &rcq.inner,
+            srq: srq.map(|s| &s.inner),
+            cap: QpCap {
+                max_send_wr: c.max_send_wr,
+                max_recv_wr: c.max_recv_wr,
+                max_send_sge: c.max_send_sge,
+                max_recv_sge: c.max_recv_sge,
+                max_inline_data: c.max_inline_data,
+            },
+            sq_sig_all: init.sq_sig_all != 0,
+        };
+        let inner = match p.inner.create_qp(&q) {
+            Ok(qp) => qp,
+            Err(e) => {
+                errno::fail(&e);
+                return ptr::null_mut();
+            }
+        };
+        if let Ok((_, cap)) = inner.query() {
+            init.cap = cap_c(&cap); // what the QP got, as rdma-core reports it
+        }
+        let qpn = inner.qpn();
+        let qp = IbvQp {
+            context: p.pd.context,
+            qp_context: init.qp_context,
+            pd,
+            send_cq: init.send_cq,
+            recv_cq: init.recv_cq,
+            srq: init.srq,
+            handle: qpn,
+            qp_num: qpn,
+            state: 0,
+            qp_type: init.qp_type,
+            mutex: NULL_MUTEX,
+            cond: [0; 6],
+            events_completed: 0,
+        };
+        let out: *mut IbvQp = boxed(QpC { qp, inner, sq_sig_all: init.sq_sig_all != 0 });
+        // SAFETY: the context outlives its QPs.
+        if let Some(c) = unsafe { ctx_of(p.pd.context) } {
+            qps(c).insert(qpn, out as usize);
+        }
+        out
+    })
+}
+export!("ibv_create_qp", "IBVERBS_1.1", create_qp);
+
+fn qps(c: &Ctx) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
+    c.qps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours or NULL.
+        let Some(q) = (unsafe { obj::<IbvQp, QpC>(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the context outlives its QPs.
+        if let Some(c) = unsafe { ctx_of(q.qp.context) } {
+            qps(c).remove(&q.qp.qp_num);
+        }
+        // SAFETY: made by ibv_create_qp, destroyed once.
+        unsafe { free::<IbvQp, QpC>(qp) };
+        0
+    })
+}
+export!("ibv_destroy_qp", "IBVERBS_1.1", destroy_qp);
+
+/// `ibv_ah_attr` → [`AddressVector`]. On RoCE every address is global: an AH without a
+/// GRH has nowhere to go.
+fn av(a: &IbvAhAttr) -> Option<AddressVector> {
+    (a.is_global != 0).then_some(AddressVector {
+        dgid: Gid(a.grh.dgid.raw),
+        sgid_index: a.grh.sgid_index,
+        hop_limit: a.grh.hop_limit,
+        traffic_class: a.grh.traffic_class,
+        flow_label: a.grh.flow_label,
+    })
+}
+
+fn ah_attr_c(av: Option<&AddressVector>) -> IbvAhAttr {
+    match av {
+        Some(v) => IbvAhAttr {
+            grh: IbvGlobalRoute {
+                dgid: IbvGid { raw: v.dgid.0 },
+                flow_label: v.flow_label,
+                sgid_index: v.sgid_index,
+                hop_limit: v.hop_limit,
+                traffic_class: v.traffic_class,
+            },
+            is_global: 1,
+            port_num: 1,
+            ..IbvAhAttr::default()
+        },
+        None => IbvAhAttr::default(),
+    }
+}
+
+unsafe extern "C" fn modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours or NULL; attr is the caller's.
+        let (Some(q), Some(a)) = (unsafe { obj::<IbvQp, QpC>(qp) }, unsafe { attr.as_ref() }) else {
+            errno::set(libc::EINVAL);
+            return libc::EINVAL;
+        };
+        let mask = AttrMask(mask as u32);
+        let bad = || {
+            errno::set(libc::EINVAL);
+            libc::EINVAL
+        };
+        let state = |raw, bit| if mask.0 & bit != 0 { qp_state(raw) } else { Some(QpState::Reset) };
+        let (Some(qp_state), Some(cur_qp_state)) =
+            (state(a.qp_state, AttrMask::STATE.0), state(a.cur_qp_state, AttrMask::CUR_STATE.0))
+        else {
+            return bad();
+        };
+        let path_mtu = if mask.0 & AttrMask::PATH_MTU.0 != 0 {
+            match u8::try_from(a.path_mtu).ok().and_then(Mtu::from_ibv) {
+                Some(m) => m,
+                None => return bad(),
+            }
+        } else {
+            Mtu::default()
+        };
+        let ah_attr = if mask.0 & AttrMask::AV.0 != 0 {
+            match av(&a.ah_attr) {
+                Some(v) => Some(v),
+                None => return bad(),
+            }
+        } else {
+            None
+        };
+        let r = QpAttr {
+            qp_state,
+            cur_qp_state,
+            en_sqd_async_notify: a.en_sqd_async_notify != 0,
+            qp_access_flags: Access(a.qp_access_flags & Access::ALL.0),
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            qkey: QKey(a.qkey),
+            ah_attr,
+            path_mtu,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            rq_psn: a.rq_psn,
+            max_rd_atomic: a.max_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            sq_psn: a.sq_psn,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            dest_qp_num: a.dest_qp_num,
+        };
+        if let Err(e) = q.inner.modify(&r, mask) {
+            return errno::fail(&e);
+        }
+        if let Some(s) = q.inner.state() {
+            // SAFETY: qp is ours; the application reads qp->state, we write it here only.
+            unsafe { (*qp).state = s as u32 };
+        }
+        0
+    })
+}
+export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
+
+unsafe extern "C" fn query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _mask: c_int, init: *mut IbvQpInitAttr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours or NULL.
+        let Some(q) = (unsafe { obj::<IbvQp, QpC>(qp) }) else {
+            errno::set(libc::EINVAL);
+            return libc::EINVAL;
+        };
+        let (a, cap) = match q.inner.query() {
+            Ok(v) => v,
+            Err(e) => return errno::fail(&e),
+        };
+        let out = IbvQpAttr {
+            qp_state: a.qp_state as u32,
+            cur_qp_state: a.qp_state as u32,
+            path_mtu: a.path_mtu as u32,
+            path_mig_state: 2, // IBV_MIG_ARMED, as rxe
+            qkey: a.qkey.0,
+            rq_psn: a.rq_psn,
+            sq_psn: a.sq_psn,
+            dest_qp_num: a.dest_qp_num,
+            qp_access_flags: a.qp_access_flags.0,
+            cap: cap_c(&cap),
+            ah_attr: ah_attr_c(a.ah_attr.as_ref()),
+            pkey_index: a.pkey_index,
+            en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+            max_rd_atomic: a.max_rd_atomic,
+            max_dest_rd_atomic: a.max_dest_rd_atomic,
+            min_rnr_timer: a.min_rnr_timer,
+            port_num: a.port_num,
+            timeout: a.timeout,
+            retry_cnt: a.retry_cnt,
+            rnr_retry: a.rnr_retry,
+            ..IbvQpAttr::default()
+        };
+        if !attr.is_null() {
+            // SAFETY: the caller's struct ibv_qp_attr.
+            unsafe { attr.write(out) };
+        }
+        if !init.is_null() {
+            let i = IbvQpInitAttr {
+                qp_context: q.qp.qp_context,
+                send_cq: q.qp.send_cq,
+                recv_cq: q.qp.recv_cq,
+                srq: q.qp.srq,
+                cap: cap_c(&cap),
+                qp_type: qp_type_raw(q.inner.qp_type()),
+                sq_sig_all: c_int::from(q.sq_sig_all),
+            };
+            // SAFETY: the caller's struct ibv_qp_init_attr.
+            unsafe { init.write(i) };
+        }
+        0
+    })
+}
+export!("ibv_query_qp", "IBVERBS_1.1", query_qp);
+
+unsafe extern "C" fn create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut IbvAh {
+    guard(ptr::null_mut(), || {
+        // SAFETY: pd is ours or NULL; attr is the caller's.
+        let (Some(p), Some(a)) = (unsafe { obj::<IbvPd, PdC>(pd) }, unsafe { attr.as_ref() }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let Some(v) = av(a) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        match p.inner.create_ah(v) {
+            Ok(inner) => boxed(AhC { ah: IbvAh { context: p.pd.context, pd, handle: inner.id().0 }, inner }),
+            Err(e) => {
+                errno::fail(&e);
+                ptr::null_mut()
+            }
+        }
+    })
+}
+export!("ibv_create_ah", "IBVERBS_1.1", create_ah);
+
+unsafe extern "C" fn destroy_ah(ah: *mut IbvAh) -> c_int {
+    guard(libc::EIO, || {
+        if ah.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: made by ibv_create_ah, destroyed once.
+        unsafe { free::<IbvAh, AhC>(ah) };
+        0
+    })
+}
+export!("ibv_destroy_ah", "IBVERBS_1.1", destroy_ah);
+
+/// `ibv_init_ah_from_wc`: the AH attributes that answer a UD receive, from the GRH in the
+/// first 40 bytes of its buffer (source GID → destination GID).
+unsafe extern "C" fn init_ah_from_wc(
+    ctx: *mut IbvContext,
+    port: u8,
+    wc: *mut IbvWc,
+    grh: *mut c_void,
+    attr: *mut IbvAhAttr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is ours or NULL; wc, grh and attr are the caller's.
+        let (Some(c), Some(wc)) = (unsafe { ctx_of(ctx) }, unsafe { wc.as_ref() }) else {
+            errno::set(libc::EINVAL);
+            return -1;
+        };
+        if grh.is_null() || attr.is_null() || wc.wc_flags & 1 == 0 {
+            errno::set(libc::EINVAL);
+            return -1;
+        }
+        let mut b = [0u8; 40];
+        // SAFETY: a UD receive buffer starts with the 40-byte GRH (IBV_WC_GRH is set).
+        unsafe { ptr::copy_nonoverlapping(grh.cast::<u8>(), b.as_mut_ptr(), 40) };
+        let (mut sgid, mut dgid) = ([0u8; 16], [0u8; 16]);
+        sgid.copy_from_slice(&b[8..24]);
+        dgid.copy_from_slice(&b[24..40]);
+        let sgid_index = c.inner.device().gid_index(Gid(dgid).to_ip()).unwrap_or(0);
+        let a = IbvAhAttr {
+            grh: IbvGlobalRoute {
+                dgid: IbvGid { raw: sgid },
+                flow_label: 0,
+                sgid_index,
+                hop_limit: 0xff,
+                traffic_class: 0,
+            },
+            is_global: 1,
+            port_num: port,
+            ..IbvAhAttr::default()
+        };
+        // SAFETY: the caller's struct ibv_ah_attr.
+        unsafe { attr.write(a) };
+        0
+    })
+}
+export!("ibv_init_ah_from_wc", "IBVERBS_1.1", init_ah_from_wc);
+
+unsafe extern "C" fn create_ah_from_wc(pd: *mut IbvPd, wc: *mut IbvWc, grh: *mut c_void, port: u8) -> *mut IbvAh {
+    guard(ptr::null_mut(), || {
+        // SAFETY: pd is ours or NULL.
+        let Some(p) = (unsafe { obj::<IbvPd, PdC>(pd) }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let mut a = IbvAhAttr::default();
+        // SAFETY: forwarded caller pointers.
+        if unsafe { init_ah_from_wc(p.pd.context, port, wc, grh, &mut a) } != 0 {
+            return ptr::null_mut();
+        }
+        // SAFETY: pd is ours; a is a local.
+        unsafe { create_ah(pd, &mut a) }
+    })
+}
+export!("ibv_create_ah_from_wc", "IBVERBS_1.1", create_ah_from_wc);
+
+unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncEvent) -> c_int {
+    guard(-1, || {
+        // SAFETY: ctx is ours or NULL.
+        let (Some(c), false) = (unsafe { ctx_of(ctx) }, event.is_null()) else {
+            errno::set(libc::EINVAL);
+            return -1;
+        };
+        let e = loop {
+            match c.inner.get_async_event(None) {
+                Ok(Some(e)) => break e,
+                Ok(None) => continue,
+                Err(e) => {
+                    errno::fail(&e);
+                    return -1;
+                }
+            }
+        };
+        use softrdma::AsyncEvent as A;
+        let qp = |n: softrdma::Qpn| qps(c).get(&n.value()).copied().unwrap_or(0) as *mut c_void;
+        // CQ and SRQ events name no object yet: softrdma's handles do not lead back to ours.
+        let (element, event_type) = match e {
+            A::CqError(_) => (ptr::null_mut(), 0),
+            A::QpFatal(n) => (qp(n), 1),
+            A::QpRequestError(n) => (qp(n), 2),
+            A::QpAccessError(n) => (qp(n), 3),
+            A::CommEstablished(n) => (qp(n), 4),
+            A::SqDrained(n) => (qp(n), 5),
+            A::SrqLimitReached(_) => (ptr::null_mut(), 15),
+            A::QpLastWqeReached(n) => (qp(n), 16),
+        };
+        // SAFETY: the caller's struct ibv_async_event.
+        unsafe { event.write(IbvAsyncEvent { element, event_type }) };
+        0
+    })
+}
+export!("ibv_get_async_event", "IBVERBS_1.1", get_async_event);
+
+unsafe extern "C" fn ack_async_event(_event: *mut IbvAsyncEvent) {}
+export!("ibv_ack_async_event", "IBVERBS_1.1", ack_async_event);

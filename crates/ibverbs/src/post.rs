@@ -1,0 +1,291 @@
+//! The data path the header inlines reach through `ibv_context.ops`: `post_send`,
+//! `post_recv`, `post_srq_recv`, `poll_cq`, `req_notify_cq`.
+//!
+//! `*bad_wr` is set as ibv_post_send(3) says: to the first WR that was not posted; every
+//! WR before it was. A WR this layer cannot express (an unknown opcode, a negative
+//! `num_sge`) stops the list there: the ones before it are posted first.
+
+use std::ffi::c_int;
+use std::ptr;
+
+use softrdma::{LKey, QKey, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcOpcode};
+
+use crate::abi::*;
+use crate::errno;
+use crate::guard;
+use crate::objects::{AhC, CqC, QpC, SrqC, obj};
+
+/// The SGEs of a C list as softrdma's.
+///
+/// # Safety
+/// `sg` must point at `n` SGEs when `n > 0`.
+unsafe fn sges(sg: *const IbvSge, n: c_int, out: &mut Vec<Sge>) -> Option<()> {
+    let n = usize::try_from(n).ok()?;
+    if n > 0 && sg.is_null() {
+        return None;
+    }
+    for i in 0..n {
+        // SAFETY: the caller's list has n elements.
+        let s = unsafe { *sg.add(i) };
+        out.push(Sge { addr: s.addr, length: s.length, lkey: LKey(s.lkey) });
+    }
+    Some(())
+}
+
+/// The operation of a C send WR, or `None` for one softrdma does not do.
+///
+/// # Safety
+/// `w` must be a valid WR; for UD, `wr.ud.ah` one of ours.
+unsafe fn send_op(w: &IbvSendWr, ud: bool) -> Option<(SendOp, Option<UdDest>)> {
+    // SAFETY: reading the union member the opcode names.
+    let (rdma, atomic) = unsafe { (w.wr.rdma, w.wr.atomic) };
+    let imm = w.imm_data.to_ne_bytes(); // __be32 stored in network order
+    let op = match w.opcode {
+        0 => SendOp::RdmaWrite { remote_addr: rdma.remote_addr, rkey: RKey(rdma.rkey) },
+        1 => SendOp::RdmaWriteWithImm { remote_addr: rdma.remote_addr, rkey: RKey(rdma.rkey), imm },
+        2 => SendOp::Send,
+        3 => SendOp::SendWithImm { imm },
+        4 => SendOp::RdmaRead { remote_addr: rdma.remote_addr, rkey: RKey(rdma.rkey) },
+        5 => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey(atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        6 => SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: RKey(atomic.rkey), add: atomic.compare_add },
+        _ => return None,
+    };
+    let dest = if ud {
+        // SAFETY: a UD WR carries wr.ud.
+        let u = unsafe { w.wr.ud };
+        // SAFETY: the AH is ours or NULL.
+        let ah = unsafe { obj::<IbvAh, AhC>(u.ah) }?;
+        Some(UdDest {
+            ah: ah.inner.id(),
+            remote_qpn: Qpn::from_u24_truncating(u.remote_qpn),
+            remote_qkey: QKey(u.remote_qkey),
+        })
+    } else {
+        None
+    };
+    Some((op, dest))
+}
+
+/// Finds the `index`-th WR of a C list.
+///
+/// # Safety
+/// The list must have more than `index` WRs.
+unsafe fn nth<T>(mut w: *mut T, index: usize, next: impl Fn(*mut T) -> *mut T) -> *mut T {
+    for _ in 0..index {
+        w = next(w);
+    }
+    w
+}
+
+/// Posts what was converted; returns the error number and the index of the first WR not
+/// posted, or `Ok` when all of them were.
+fn finish(posted: Result<(), softrdma::Error>, converted: usize, stop: Option<c_int>) -> Result<(), (c_int, usize)> {
+    match posted {
+        Err(softrdma::Error::Post { index, kind }) => {
+            Err((errno::of(&softrdma::Error::Post { index, kind }), index.min(converted)))
+        }
+        Err(e) => Err((errno::of(&e), 0)),
+        Ok(()) => match stop {
+            Some(e) => Err((e, converted)),
+            None => Ok(()),
+        },
+    }
+}
+
+pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, bad: *mut *mut IbvSendWr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours or NULL.
+        let Some(q) = (unsafe { obj::<IbvQp, QpC>(qp) }) else {
+            return libc::EINVAL;
+        };
+        let ud = q.qp.qp_type == 4;
+        let mut sg = Vec::new();
+        let mut ops = Vec::new();
+        let mut stop = None;
+        let mut w = wr;
+        // SAFETY: the WR list is the caller's, NULL-terminated; each WR's SGE list has num_sge entries.
+        while let Some(c) = unsafe { w.as_ref() } {
+            let start = sg.len();
+            // SAFETY: as above.
+            match unsafe { (sges(c.sg_list, c.num_sge, &mut sg), send_op(c, ud)) } {
+                (Some(()), Some((op, dest))) => ops.push((c.wr_id, op, c.send_flags, dest, start..sg.len())),
+                _ => {
+                    stop = Some(libc::EINVAL);
+                    break;
+                }
+            }
+            w = c.next;
+        }
+        let wrs: Vec<SendWr<'_>> = ops
+            .iter()
+            .map(|(wr_id, op, flags, ud, r)| SendWr {
+                wr_id: *wr_id,
+                op: *op,
+                sg_list: &sg[r.clone()],
+                flags: SendFlags(flags & 0xf),
+                ud: *ud,
+            })
+            .collect();
+        let posted = if wrs.is_empty() { Ok(()) } else { q.inner.post_send(&wrs) };
+        match finish(posted, wrs.len(), stop) {
+            Ok(()) => 0,
+            Err((e, index)) => {
+                if !bad.is_null() {
+                    // SAFETY: index is within the list; bad is the caller's.
+                    unsafe { *bad = nth(wr, index, |w| (*w).next) };
+                }
+                e
+            }
+        }
+    })
+}
+
+/// Converts a C receive list; returns the WRs' ids and SGE ranges, and the error number
+/// of the WR that stopped it, if one did.
+///
+/// # Safety
+/// `wr` must be a valid NULL-terminated list.
+unsafe fn recv_list(wr: *mut IbvRecvWr, sg: &mut Vec<Sge>) -> (Vec<(u64, std::ops::Range<usize>)>, Option<c_int>) {
+    let mut out = Vec::new();
+    let mut w = wr;
+    // SAFETY: per the contract.
+    while let Some(c) = unsafe { w.as_ref() } {
+        let start = sg.len();
+        // SAFETY: num_sge entries at sg_list.
+        if unsafe { sges(c.sg_list, c.num_sge, sg) }.is_none() {
+            return (out, Some(libc::EINVAL));
+        }
+        out.push((c.wr_id, start..sg.len()));
+        w = c.next;
+    }
+    (out, None)
+}
+
+/// Posts a receive list with `post`, setting `*bad` as ibv_post_recv(3) says.
+///
+/// # Safety
+/// `wr` must be a valid NULL-terminated list, `bad` NULL or writable.
+unsafe fn post_recv_with(
+    wr: *mut IbvRecvWr,
+    bad: *mut *mut IbvRecvWr,
+    post: impl FnOnce(&[RecvWr<'_>]) -> Result<(), softrdma::Error>,
+) -> c_int {
+    let mut sg = Vec::new();
+    // SAFETY: per the contract.
+    let (list, stop) = unsafe { recv_list(wr, &mut sg) };
+    let wrs: Vec<RecvWr<'_>> = list.iter().map(|(id, r)| RecvWr { wr_id: *id, sg_list: &sg[r.clone()] }).collect();
+    let posted = if wrs.is_empty() { Ok(()) } else { post(&wrs) };
+    match finish(posted, wrs.len(), stop) {
+        Ok(()) => 0,
+        Err((e, index)) => {
+            if !bad.is_null() {
+                // SAFETY: index is within the list; bad is the caller's.
+                unsafe { *bad = nth(wr, index, |w| (*w).next) };
+            }
+            e
+        }
+    }
+}
+
+pub(crate) unsafe extern "C" fn post_recv(qp: *mut IbvQp, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: qp is ours or NULL.
+        let Some(q) = (unsafe { obj::<IbvQp, QpC>(qp) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller's list and out pointer.
+        unsafe { post_recv_with(wr, bad, |w| q.inner.post_recv(w)) }
+    })
+}
+
+pub(crate) unsafe extern "C" fn post_srq_recv(srq: *mut IbvSrq, wr: *mut IbvRecvWr, bad: *mut *mut IbvRecvWr) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: srq is ours or NULL.
+        let Some(s) = (unsafe { obj::<IbvSrq, SrqC>(srq) }) else {
+            return libc::EINVAL;
+        };
+        // SAFETY: the caller's list and out pointer.
+        unsafe { post_recv_with(wr, bad, |w| s.inner.post_recv(w)) }
+    })
+}
+
+/// A softrdma completion as `struct ibv_wc`.
+fn wc_c(wc: &Wc) -> IbvWc {
+    let opcode = match wc.opcode {
+        WcOpcode::Send => 0,
+        WcOpcode::RdmaWrite => 1,
+        WcOpcode::RdmaRead => 2,
+        WcOpcode::CompSwap => 3,
+        WcOpcode::FetchAdd => 4,
+        WcOpcode::Recv => 128,
+        WcOpcode::RecvRdmaWithImm => 129,
+    };
+    let mut flags = 0;
+    if wc.grh {
+        flags |= 1; // IBV_WC_GRH
+    }
+    if wc.imm_data.is_some() {
+        flags |= 2; // IBV_WC_WITH_IMM
+    }
+    IbvWc {
+        wr_id: wc.wr_id,
+        status: errno::wc_status(wc.status),
+        opcode,
+        vendor_err: 0,
+        byte_len: wc.byte_len,
+        imm_data: wc.imm_data.map_or(0, u32::from_ne_bytes),
+        qp_num: wc.qp_num.value(),
+        src_qp: wc.src_qp.value(),
+        wc_flags: flags,
+        pkey_index: 0,
+        slid: 0,
+        sl: 0,
+        dlid_path_bits: 0,
+    }
+}
+
+pub(crate) unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, out: *mut IbvWc) -> c_int {
+    guard(-1, || {
+        // SAFETY: cq is ours or NULL.
+        let Some(c) = (unsafe { obj::<IbvCq, CqC>(cq) }) else {
+            return -1;
+        };
+        let Ok(n) = usize::try_from(n) else { return -1 };
+        if n > 0 && out.is_null() {
+            return -1;
+        }
+        let mut buf = [softrdma::EMPTY_WC; 16];
+        let mut done = 0;
+        while done < n {
+            let want = (n - done).min(buf.len());
+            let got = c.inner.poll(&mut buf[..want]);
+            for (i, wc) in buf[..got].iter().enumerate() {
+                // SAFETY: out has n entries and done + i < n.
+                unsafe { ptr::write(out.add(done + i), wc_c(wc)) };
+            }
+            done += got;
+            if got < want {
+                break;
+            }
+        }
+        done as c_int
+    })
+}
+
+pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: cq is ours or NULL.
+        let Some(c) = (unsafe { obj::<IbvCq, CqC>(cq) }) else {
+            return libc::EINVAL;
+        };
+        match c.inner.req_notify(solicited_only != 0) {
+            Ok(()) => 0,
+            Err(e) => errno::fail(&e),
+        }
+    })
+}
