@@ -1,0 +1,43 @@
+//! Runs tests/conformance/run.sh against the library this test build produced: Debian's
+//! unmodified `ibv_devices`, `ibv_devinfo -v` and the four ping-pongs (two processes each on
+//! 127.0.0.1) over our `libibverbs.so.1`. Skips, saying why, where ibverbs-utils is not
+//! installed (`apt-get install ibverbs-utils`; .ci/run installs it).
+#![allow(clippy::print_stderr)]
+
+use std::path::PathBuf;
+use std::process::Command;
+
+#[test]
+fn debian_ibverbs_utils_run_over_softrdma() {
+    if Command::new("sh").args(["-c", "command -v ibv_rc_pingpong"]).output().map_or(true, |o| !o.status.success()) {
+        eprintln!("SKIP: ibv_rc_pingpong is not installed (apt-get install ibverbs-utils)");
+        return;
+    }
+    // The cdylib cargo built next to this test: target/<profile>/libsoftrdma_ibverbs.so.
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().and_then(|d| d.parent()).unwrap();
+    let built = profile_dir.join("libsoftrdma_ibverbs.so");
+    assert!(built.exists(), "{} was not built", built.display());
+    let lib = std::env::temp_dir().join(format!("softrdma-ibverbs-{}", std::process::id()));
+    std::fs::create_dir_all(&lib).unwrap();
+    std::fs::copy(&built, lib.join("libibverbs.so.1")).unwrap();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .env("SOFTRDMA_LIB_DIR", &lib)
+        .env("SOFTRDMA_CONFORMANCE_NO_INSTALL", "1")
+        .output()
+        .expect("running tests/conformance/run.sh");
+    let _ = std::fs::remove_dir_all(&lib);
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+    for program in
+        ["ibv_devices", "ibv_devinfo -v", "ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong"]
+    {
+        assert!(
+            text.lines().any(|l| l.starts_with(program) && l.ends_with(" pass")),
+            "{program} did not pass:\n{text}"
+        );
+    }
+    assert!(out.status.success(), "a program failed:\n{text}");
+}
