@@ -12,7 +12,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-TIMEOUT=${SOFTRDMA_CONFORMANCE_TIMEOUT:-30}
+TIMEOUT=${SOFTRDMA_CONFORMANCE_TIMEOUT:-20}
 failed=0
 line() { printf '%-28s %s\n' "$1" "$2"; }
 fail() { line "$1" "FAIL $2"; failed=1; }
@@ -66,15 +66,11 @@ run_one() {
 
 # --- server/client pairs ---------------------------------------------------------------
 port=$((18600 + $$ % 1000))
-# run_pair NAME PROGRAM ARGS...: a server, then a client to 127.0.0.1; both must exit 0
-# and print the program's result line ("... iters in ... usec/iter").
-run_pair() {
+# attempt NAME PROGRAM ARGS...: a server, then a client to 127.0.0.1; both must exit 0 and
+# print the program's result line ("... iters in ... seconds"). Sets $why on failure.
+attempt() {
     local name=$1 prog=$2
     shift 2
-    if ! command -v "$prog" >/dev/null 2>&1; then
-        line "$name" "SKIP $prog is not installed (apt-get install ibverbs-utils)"
-        return
-    fi
     port=$((port + 1))
     timeout "$TIMEOUT" "$prog" "$@" -p "$port" >"$work/$name.server" 2>&1 &
     local server=$!
@@ -90,12 +86,38 @@ run_pair() {
     wait "$server"
     local src=$?
     local ok='iters in [0-9.]+ seconds'
+    why=
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        local why="server exit $src, client exit $crc"
-        [ $src -eq 124 ] || [ $crc -eq 124 ] && why="$why (timed out after ${TIMEOUT}s)"
-        fail "$name" "$why: $(tail -n 1 "$work/$name.client")"
+        why="server exit $src, client exit $crc"
+        if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
+        why="$why: $(tail -n 1 "$work/$name.client")"
     elif ! grep -Eq "$ok" "$work/$name.server" || ! grep -Eq "$ok" "$work/$name.client"; then
-        fail "$name" "no result line"
+        why="no result line"
+    fi
+    [ -z "$why" ]
+}
+
+# run_pair NAME RETRIES PROGRAM ARGS...: attempt, again up to RETRIES times. UC and UD have
+# no retransmission: one datagram lost on the host (see the README's status table, the
+# host-steering churn gap) stalls their ping-pong until the timeout; the line then says so.
+run_pair() {
+    local name=$1 retries=$2 prog=$3
+    shift 3
+    if ! command -v "$prog" >/dev/null 2>&1; then
+        line "$name" "SKIP $prog is not installed (apt-get install ibverbs-utils)"
+        return
+    fi
+    local n=0 first=
+    while ! attempt "$name" "$prog" "$@"; do
+        [ -z "$first" ] && first=$why
+        if [ $n -ge "$retries" ]; then
+            fail "$name" "$why"
+            return
+        fi
+        n=$((n + 1))
+    done
+    if [ -n "$first" ]; then
+        line "$name" "pass (attempt $((n + 1)); the first: $first; a lost datagram stalls UC/UD)"
     else
         line "$name" pass
     fi
@@ -103,10 +125,10 @@ run_pair() {
 
 run_one ibv_devices "softrdma_lo" ibv_devices
 run_one "ibv_devinfo -v" "GID\\[ *0\\]:.*::ffff:127.0.0.1, RoCE v2" ibv_devinfo -v
-run_pair "ibv_rc_pingpong -g 0" ibv_rc_pingpong -g 0
-run_pair "ibv_uc_pingpong -g 0" ibv_uc_pingpong -g 0
-run_pair "ibv_ud_pingpong -g 0" ibv_ud_pingpong -g 0
-run_pair "ibv_srq_pingpong -g 0" ibv_srq_pingpong -g 0
+run_pair "ibv_rc_pingpong -g 0" 0 ibv_rc_pingpong -g 0
+run_pair "ibv_uc_pingpong -g 0" 1 ibv_uc_pingpong -g 0
+run_pair "ibv_ud_pingpong -g 0" 1 ibv_ud_pingpong -g 0
+run_pair "ibv_srq_pingpong -g 0" 0 ibv_srq_pingpong -g 0
 
 # --- not built yet ---------------------------------------------------------------------
 line "ibv_xsrq_pingpong" "SKIP not in scope yet (XRC: open_xrcd, create_srq_ex, create_qp_ex)"
