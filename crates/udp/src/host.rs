@@ -11,8 +11,9 @@
 //!   (SIDR_REP) or by remote comm ID (every other CM message). Anything it cannot place
 //!   goes to the kernel's hash, and the member that gets it drops it.
 //! - The members of a device elect a **coordinator** through an abstract Unix socket name
-//!   (per network namespace). It holds a duplicate of every member's sockets, so the order
-//!   of a group changes only when it closes one; after each change it learns each socket's
+//!   (per network namespace). It holds a duplicate of every member's sockets, and gives
+//!   a few members (*holders*) copies of all of them, so the order of a group changes only
+//!   when it closes one, even when its process dies; after each change it learns each socket's
 //!   index by sending **probes** (datagrams with a magic no BTH has, routed by the index
 //!   they carry: a group gets a program with that rule before its first probe) which
 //!   members report back, then installs the new program once every index is placed on a
@@ -103,9 +104,19 @@ struct Shared {
     coordinator: AtomicBool,
     /// Datagrams the background thread read and dropped while joining.
     dropped: AtomicU64,
-    /// Sockets the coordinator's process gave this member to hold ([`ToMember::Keep`]),
-    /// so that its death moves no socket in a group; handed to the next coordinator.
-    kept: Mutex<Vec<OwnedFd>>,
+    /// Sockets the coordinator gave this member to hold ([`ToMember::Hold`]), so that
+    /// the death of its process moves no socket in a group; handed to the next
+    /// coordinator, and held until it sends the set to hold instead.
+    held: Mutex<Held>,
+}
+
+/// The sockets a member holds for the coordinator ([`ToMember::Hold`]).
+#[derive(Default)]
+struct Held {
+    set: Vec<OwnedFd>,
+    /// The records of the generation being received.
+    pending: Vec<OwnedFd>,
+    generation: u64,
 }
 
 impl Shared {
@@ -171,7 +182,7 @@ impl Member {
             slot: AtomicU32::new(0),
             coordinator: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
-            kept: Mutex::new(Vec::new()),
+            held: Mutex::new(Held::default()),
         });
         let thread = {
             let shared = shared.clone();
@@ -303,23 +314,34 @@ fn fail(shared: &Shared, kind: io::ErrorKind, msg: String) {
 }
 
 /// Registers on a fresh connection: the sockets, the slot held (0 at first) and the
-/// listeners, with the sockets a dead coordinator's process left to keep (the new
-/// coordinator holds them from then on); then the requests that were not answered.
+/// listeners, with the sockets a previous coordinator gave this member to hold, which the
+/// new coordinator adopts (this member holds them too until the new coordinator says what
+/// to hold: if the new one dies at once as well, they still stay in their groups); then
+/// the requests that were not answered.
 fn hello(shared: &Shared, conn: &OwnedFd) -> io::Result<()> {
     let listeners: Vec<u64> = shared.state().listeners.iter().copied().collect();
-    let mut kept = shared.kept.lock().unwrap_or_else(|e| e.into_inner());
+    let mut held = shared.held.lock().unwrap_or_else(|e| e.into_inner());
     let m = ToCoord::Hello {
         pid: std::process::id(),
         slot: shared.slot.load(Ordering::Relaxed),
         sockets: shared.sockets.len() as u32,
         listeners,
     };
+    // A set the previous coordinator was sending is incomplete: the current one stands.
+    held.pending.clear();
+    // What it holds goes along as far as it fits (as the version before holders did, so
+    // that a coordinator of that version adopts them too); the rest follows.
+    let fit = proto::MAX_FDS - shared.sockets.len();
+    let (first, rest) = held.set.split_at(fit.min(held.set.len()));
     let fds: Vec<BorrowedFd<'_>> =
-        shared.sockets.iter().map(|s| s.as_fd()).chain(kept.iter().map(|k| k.as_fd())).take(proto::MAX_FDS).collect();
+        shared.sockets.iter().map(|s| s.as_fd()).chain(first.iter().map(|k| k.as_fd())).collect();
     proto::send(conn, &m.encode(), &fds)?;
-    // In flight, the sockets are held by the message; then by the coordinator.
-    kept.clear();
-    drop(kept);
+    for chunk in rest.chunks(proto::MAX_FDS) {
+        let fds: Vec<BorrowedFd<'_>> = chunk.iter().map(|k| k.as_fd()).collect();
+        // Failing (a full queue) leaves them with this member only, for now.
+        let _ = proto::send(conn, &ToCoord::Adopt.encode(), &fds);
+    }
+    drop(held);
     let mut state = shared.state();
     let resend: Vec<ToCoord> = state.in_flight.drain().map(|(_, m)| m).collect();
     for m in resend.into_iter().rev() {
@@ -412,8 +434,23 @@ fn run(shared: &Shared) {
             loop {
                 match proto::recv(&*c, &mut buf) {
                     Ok(Some((len, fds))) => match ToMember::decode(&buf[..len]) {
+                        Some(ToMember::Hold { generation, done }) => {
+                            let mut held = shared.held.lock().unwrap_or_else(|e| e.into_inner());
+                            if held.generation != generation {
+                                held.pending.clear();
+                                held.generation = generation;
+                            }
+                            held.pending.extend(fds);
+                            if done {
+                                // The new set is held before the old one closes: a socket
+                                // in both never leaves its group.
+                                held.set = std::mem::take(&mut held.pending);
+                                drop(held);
+                                let _ = proto::send(&*c, &ToCoord::Held { generation }.encode(), &[]);
+                            }
+                        }
                         Some(ToMember::Keep) => {
-                            *shared.kept.lock().unwrap_or_else(|e| e.into_inner()) = fds;
+                            shared.held.lock().unwrap_or_else(|e| e.into_inner()).set = fds;
                         }
                         Some(m) => {
                             if let Err((kind, msg)) = on_message(shared, m) {
@@ -477,7 +514,7 @@ fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String
             shared.state().steered = true;
             shared.cond.notify_all();
         }
-        ToMember::Keep => {}
+        ToMember::Hold { .. } | ToMember::Keep => {}
         ToMember::Reply { id, errno } => {
             let mut state = shared.state();
             if let Some(ToCoord::Listen { service, .. }) = state.in_flight.remove(&id) {

@@ -14,8 +14,19 @@ use super::proto::{self, MAX_RECORD, ToCoord, ToMember};
 use super::steer::{self, Table};
 use super::{MAX_SLOTS, random_u64};
 
-/// A socket's inode: the same for every descriptor of one socket.
-fn inode(fd: &OwnedFd) -> Option<(u64, u64)> {
+/// When process `pid` started (clock ticks since boot, `/proc/PID/stat`); unknown ones
+/// (another PID namespace) count as the youngest.
+fn started(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (in parentheses) may hold spaces; start time is field 22.
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    after.split_whitespace().nth(19).and_then(|t| t.parse().ok()).unwrap_or(u64::MAX)
+}
+
+/// A socket's identity: its inode, the same for every descriptor of one socket.
+type Ino = (u64, u64);
+
+fn inode(fd: &OwnedFd) -> Option<Ino> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::File::from(fd.try_clone().ok()?).metadata().ok()?;
     Some((meta.dev(), meta.ino()))
@@ -28,6 +39,46 @@ const ROUND_TIMEOUT: Duration = Duration::from_millis(300);
 const FAILOVER_GRACE: Duration = Duration::from_millis(300);
 /// Incomplete rounds retried before waiting for the next change.
 const MAX_RETRIES: u32 = 3;
+/// How many processes (other than the coordinator's) hold a copy of every socket the
+/// coordinator holds: the oldest and the youngest ones, so that one job that ends (its
+/// processes, of about one age, die together) rarely takes them all. The others hold the
+/// coordinator's process's sockets only.
+const HOLDERS_OLDEST: usize = 2;
+const HOLDERS_YOUNGEST: usize = 2;
+/// After closing tombstones, how long the probes wait for the holders to close their
+/// copies (the sockets leave their groups, and the last ones move, only then).
+const HOLD_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Where a tombstone comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Tomb {
+    /// A gone member of this coordinator's process.
+    Own,
+    /// A gone member of another process.
+    Other,
+    /// Handed over by a member after a failover: the previous coordinator held it, so it
+    /// may be the socket of a survivor that has not registered again yet. Not drained
+    /// before the grace period ends (it would take that survivor's datagrams).
+    Adopted,
+}
+
+/// How soon a set of sockets to hold that could not be sent is sent again.
+const HOLD_RETRY: Duration = Duration::from_millis(10);
+
+/// A socket the coordinator holds.
+struct Sock {
+    addr: SocketAddr,
+    fd: OwnedFd,
+    ino: Ino,
+}
+
+impl Sock {
+    fn new(fd: OwnedFd, port: u16) -> Option<Sock> {
+        let addr = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket())?;
+        let ino = inode(&fd)?;
+        (addr.port() == port).then_some(Sock { addr, fd, ino })
+    }
+}
 
 struct Conn {
     id: u64,
@@ -39,8 +90,16 @@ struct Conn {
     reclaimed: bool,
     /// 0 until registered.
     slot: u32,
-    sockets: Vec<(SocketAddr, OwnedFd)>,
+    /// When the member's process started ([`started`]): the oldest and the youngest hold
+    /// every socket.
+    joined: u64,
+    sockets: Vec<Sock>,
     listeners: BTreeSet<u64>,
+    /// The sockets it was last told to hold ([`ToMember::Hold`]) and that generation;
+    /// `None`: it may hold sockets nobody told it to here (a previous coordinator's).
+    hold_sent: Option<(u64, Vec<Ino>)>,
+    /// The last generation it said it holds.
+    hold_acked: u64,
     /// Registered, waiting to hear that its slot is steered.
     awaiting: bool,
     /// A hello waiting for the failover grace period to end.
@@ -92,8 +151,14 @@ pub(crate) struct Server {
     /// Sockets of members that are gone, held so that no other socket moves in their
     /// group (the kernel moves the last socket into a closed one's place): closed only
     /// while the last socket of the group is not steered ([`compact`](Self::compact)).
-    /// The flag: a socket of this coordinator's own process (the members hold it too).
-    tombstones: Vec<(SocketAddr, OwnedFd, bool)>,
+    tombstones: Vec<(Sock, Tomb)>,
+    /// What members hold changed: [`sync_holders`](Self::sync_holders) tells them.
+    holders_dirty: bool,
+    /// Generation of the sets sent to holders.
+    hold_gen: u64,
+    /// Tombstones were closed: the round's probes wait until every holder closed its
+    /// copies too, or until this deadline.
+    settling: Option<Instant>,
     probe_v4: Option<UdpSocket>,
     probe_v6: Option<UdpSocket>,
     /// Programs the kernel refused (a test asserts none).
@@ -130,6 +195,9 @@ impl Server {
             index_of: BTreeMap::new(),
             pending_replies: Vec::new(),
             tombstones: Vec::new(),
+            holders_dirty: false,
+            hold_gen: 0,
+            settling: None,
             probe_v4: None,
             probe_v6: None,
             attach_errors: 0,
@@ -138,21 +206,28 @@ impl Server {
     }
 
     /// The descriptors to poll for reading: the listener, each connection, then each
-    /// tombstone (drained: the hash may put datagrams there).
+    /// tombstone to drain (the hash may put datagrams there).
     pub(crate) fn fds(&self) -> Vec<BorrowedFd<'_>> {
         std::iter::once(self.listener.as_fd())
             .chain(self.conns.iter().map(|c| c.fd.as_fd()))
-            .chain(self.tombstones.iter().map(|(_, fd, _)| fd.as_fd()))
+            .chain(self.drained().map(|t| t.fd.as_fd()))
             .collect()
+    }
+
+    /// The tombstones to drain: those known to be gone members' sockets.
+    fn drained(&self) -> impl Iterator<Item = &Sock> {
+        let adopted_too = self.grace_until.is_none();
+        self.tombstones.iter().filter(move |t| t.1 != Tomb::Adopted || adopted_too).map(|t| &t.0)
     }
 
     /// When [`tick`](Self::tick) must run next.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        let grace = self.grace_until.filter(|_| self.dirty || self.conns.iter().any(|c| c.deferred.is_some()));
-        match (self.round.as_ref().map(|r| r.deadline), grace) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let grace = self
+            .grace_until
+            .filter(|_| self.dirty || self.holders_dirty || self.conns.iter().any(|c| c.deferred.is_some()));
+        // A set that did not go (a member's queue was full) is sent again soon.
+        let retry = (self.holders_dirty && self.grace_until.is_none()).then(|| Instant::now() + HOLD_RETRY);
+        [self.round.as_ref().map(|r| r.deadline), grace, self.settling, retry].into_iter().flatten().min()
     }
 
     /// Handles poll results for [`fds`](Self::fds), then timers.
@@ -161,11 +236,11 @@ impl Server {
         if revents.first().is_some_and(|r| !r.is_empty()) {
             self.accept();
         }
-        for (t, r) in self.tombstones.iter().zip(revents.iter().skip(1 + n)) {
+        for (t, r) in self.drained().zip(revents.iter().skip(1 + n)) {
             if !r.is_empty() {
                 let mut buf = [0u8; 64];
                 let mut left = 256;
-                while left > 0 && rustix::net::recv(&t.1, &mut buf, rustix::net::RecvFlags::DONTWAIT).is_ok() {
+                while left > 0 && rustix::net::recv(&t.fd, &mut buf, rustix::net::RecvFlags::DONTWAIT).is_ok() {
                     left -= 1;
                 }
             }
@@ -194,11 +269,21 @@ impl Server {
         if self.round.as_ref().is_some_and(|r| now >= r.deadline) {
             self.finish_round(false);
         }
+        if self.settling.is_some_and(|t| now >= t || self.holders_settled()) {
+            self.settling = None;
+            self.probe();
+        }
         // After a failover, the previous coordinator's program keeps steering the
         // survivors while they re-claim their slots: no round (which would install a
         // program without the ones not back yet) until the grace period ends.
-        if self.dirty && self.round.is_none() && self.grace_until.is_none() {
+        if self.dirty && self.round.is_none() && self.settling.is_none() && self.grace_until.is_none() {
             self.start_round();
+        }
+        // During the grace period the members keep holding what the previous coordinator
+        // gave them (this one may not hold it all yet: a member's adopted sockets may be
+        // in flight); a new set replaces theirs once the survivors are back.
+        if self.holders_dirty && self.grace_until.is_none() {
+            self.sync_holders();
         }
     }
 
@@ -214,8 +299,11 @@ impl Server {
                         pid: 0,
                         reclaimed: false,
                         slot: 0,
+                        joined: 0,
                         sockets: Vec::new(),
                         listeners: BTreeSet::new(),
+                        hold_sent: Some((0, Vec::new())),
+                        hold_acked: 0,
                         awaiting: false,
                         deferred: None,
                     });
@@ -262,8 +350,11 @@ impl Server {
                 map.remove(&conn.slot);
             }
             let own = conn.pid == std::process::id();
-            self.tombstones.extend(conn.sockets.into_iter().map(|(a, fd)| (a, fd, own)));
+            let tomb = if own { Tomb::Own } else { Tomb::Other };
+            self.tombstones.extend(conn.sockets.into_iter().map(|s| (s, tomb)));
             self.dirty = true;
+            // Its sockets are tombstones now; if it held them all, others must.
+            self.holders_dirty = true;
         }
         self.pending_replies.retain(|&(c, _)| c != id);
     }
@@ -272,68 +363,136 @@ impl Server {
     /// holds more sockets than its highest steered index + 1, its last socket is not
     /// steered (a tombstone, a member not steered yet, or one not registered), and the
     /// kernel moves that one into the closed socket's place. Only before a round's probes:
-    /// a member that moved is probed in that round. Not for a group whose indices are not
-    /// all known (after a failover, before the first round), nor for the sockets of this
-    /// coordinator's process, which the members hold too.
-    fn compact(&mut self) {
-        let groups: BTreeSet<SocketAddr> = self.tombstones.iter().map(|t| t.0).collect();
+    /// a member that moved is probed in that round (once the holders closed their copies
+    /// too: [`settling`](Self::settling)). Not for a group whose indices are not all known
+    /// (after a failover, before the first round). Returns whether it closed any.
+    fn compact(&mut self) -> bool {
+        let mut closed = false;
+        let groups: BTreeSet<SocketAddr> = self.tombstones.iter().map(|t| t.0.addr).collect();
         for addr in groups {
             let Some(map) = self.index_of.get(&addr) else { continue };
             let unknown = self.conns.iter().any(|c| {
                 c.slot != 0
                     && (!c.awaiting || c.reclaimed)
-                    && c.sockets.iter().any(|(a, _)| *a == addr)
+                    && c.sockets.iter().any(|s| s.addr == addr)
                     && !map.contains_key(&c.slot)
             });
             if unknown {
                 continue;
             }
             let top = map.values().map(|&i| i as usize + 1).max().unwrap_or(0);
-            let mut held = self.conns.iter().flat_map(|c| &c.sockets).filter(|(a, _)| *a == addr).count()
-                + self.tombstones.iter().filter(|t| t.0 == addr).count();
+            let mut held = self.conns.iter().flat_map(|c| &c.sockets).filter(|s| s.addr == addr).count()
+                + self.tombstones.iter().filter(|t| t.0.addr == addr).count();
             while held > top {
-                let Some(pos) = self.tombstones.iter().position(|t| t.0 == addr && !t.2) else { break };
+                let Some(pos) = self.tombstones.iter().position(|t| t.0.addr == addr) else { break };
                 drop(self.tombstones.swap_remove(pos));
                 held -= 1;
+                closed = true;
             }
         }
+        if closed {
+            self.holders_dirty = true;
+        }
+        closed
     }
 
-    /// Gives every member of another process a dup of this process's own sockets (live
-    /// or tombstones): if this process dies, they stay in their groups, in place, and the
-    /// members hand them to the next coordinator.
-    fn send_keep(&self, to: Option<u64>) {
+    /// The processes (one member each) that hold every socket: of the processes other
+    /// than this one, the `HOLDERS_OLDEST` oldest and the `HOLDERS_YOUNGEST` youngest.
+    fn holders(&self) -> Vec<u64> {
         let me = std::process::id();
-        let fds: Vec<BorrowedFd<'_>> = self
+        let mut by_age: Vec<&Conn> = self.conns.iter().filter(|c| c.slot != 0 && c.pid != me).collect();
+        by_age.sort_by_key(|c| (c.joined, c.id));
+        let mut pids = BTreeSet::new();
+        let one_each: Vec<u64> = by_age.into_iter().filter(|c| pids.insert(c.pid)).map(|c| c.id).collect();
+        if one_each.len() <= HOLDERS_OLDEST + HOLDERS_YOUNGEST {
+            return one_each;
+        }
+        let young = &one_each[one_each.len() - HOLDERS_YOUNGEST..];
+        one_each[..HOLDERS_OLDEST].iter().chain(young).copied().collect()
+    }
+
+    /// Tells each registered member which sockets to hold, where that changed: the
+    /// holders ([`holders`](Self::holders)) every socket this coordinator holds (members'
+    /// and tombstones), the other members of other processes this process's own, the
+    /// members of this process none. So if this process dies, every socket stays in its
+    /// group, in place, as long as one holder lives; they hand them to the next
+    /// coordinator. This coordinator holds each socket it sends, so a member dropping
+    /// what it held before closes none.
+    fn sync_holders(&mut self) {
+        self.holders_dirty = false;
+        let me = std::process::id();
+        let holders = self.holders();
+        let all: Vec<&Sock> =
+            self.conns.iter().flat_map(|c| &c.sockets).chain(self.tombstones.iter().map(|t| &t.0)).collect();
+        let own: Vec<&Sock> = self
             .conns
             .iter()
             .filter(|c| c.pid == me)
-            .flat_map(|c| c.sockets.iter().map(|(_, fd)| fd.as_fd()))
-            .chain(self.tombstones.iter().filter(|t| t.2).map(|t| t.1.as_fd()))
-            .take(proto::MAX_FDS)
+            .flat_map(|c| &c.sockets)
+            .chain(self.tombstones.iter().filter(|t| t.1 == Tomb::Own).map(|t| &t.0))
             .collect();
-        for c in self.conns.iter().filter(|c| c.slot != 0 && c.pid != me && to.is_none_or(|id| id == c.id)) {
-            let _ = proto::send(&c.fd, &ToMember::Keep.encode(), &fds);
+        let mut sends = Vec::new();
+        for c in self.conns.iter().filter(|c| c.slot != 0) {
+            let set: &[&Sock] = if c.pid == me {
+                &[]
+            } else if holders.contains(&c.id) {
+                &all
+            } else {
+                &own
+            };
+            let inos: Vec<Ino> = set.iter().map(|s| s.ino).collect();
+            if c.hold_sent.as_ref().is_some_and(|(_, sent)| *sent == inos) {
+                continue;
+            }
+            self.hold_gen += 1;
+            let generation = self.hold_gen;
+            let mut ok = true;
+            let mut chunks = set.chunks(proto::MAX_FDS).peekable();
+            if chunks.peek().is_none() {
+                ok &= proto::send(&c.fd, &ToMember::Hold { generation, done: true }.encode(), &[]).is_ok();
+            }
+            while let Some(chunk) = chunks.next() {
+                let fds: Vec<BorrowedFd<'_>> = chunk.iter().map(|s| s.fd.as_fd()).collect();
+                let done = chunks.peek().is_none();
+                ok &= proto::send(&c.fd, &ToMember::Hold { generation, done }.encode(), &fds).is_ok();
+            }
+            // A record that did not go (a full queue): send the set again later.
+            sends.push((c.id, generation, ok.then_some(inos)));
+        }
+        for (id, generation, inos) in sends {
+            if let Some(c) = self.conns.iter_mut().find(|c| c.id == id) {
+                match inos {
+                    Some(inos) => c.hold_sent = Some((generation, inos)),
+                    None => {
+                        c.hold_sent = None;
+                        self.holders_dirty = true;
+                    }
+                }
+            }
         }
     }
 
-    /// Whether `fd` is a socket this coordinator holds already (a member's or a
-    /// tombstone).
-    fn holds(&self, fd: &OwnedFd) -> bool {
-        let Some(ino) = inode(fd) else { return true };
-        let same = |o: &OwnedFd| inode(o) == Some(ino);
-        self.conns.iter().flat_map(|c| &c.sockets).any(|(_, o)| same(o)) || self.tombstones.iter().any(|t| same(&t.1))
+    /// Whether every registered member holds what it was last told to (or may hold a
+    /// previous coordinator's set: then not).
+    fn holders_settled(&self) -> bool {
+        self.conns.iter().filter(|c| c.slot != 0).all(|c| c.hold_sent.as_ref().is_some_and(|(g, _)| c.hold_acked >= *g))
     }
 
-    /// Sockets a dead coordinator's process left with a member: tombstones here.
+    /// Whether this coordinator holds the socket `ino` already (a member's or a
+    /// tombstone).
+    fn holds(&self, ino: Ino) -> bool {
+        self.conns.iter().flat_map(|c| &c.sockets).any(|s| s.ino == ino)
+            || self.tombstones.iter().any(|t| t.0.ino == ino)
+    }
+
+    /// Sockets a previous coordinator gave a member to hold: tombstones here, unless held
+    /// already (a live member's sockets become its own again when it registers).
     fn adopt(&mut self, fds: Vec<OwnedFd>) {
         for fd in fds {
-            if self.holds(&fd) {
-                continue;
-            }
-            if let Some(addr) = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket()) {
-                if addr.port() == self.port {
-                    self.tombstones.push((addr, fd, false));
+            if let Some(sock) = Sock::new(fd, self.port) {
+                if !self.holds(sock.ino) {
+                    self.tombstones.push((sock, Tomb::Adopted));
+                    self.holders_dirty = true;
                 }
             }
         }
@@ -353,8 +512,20 @@ impl Server {
             ToCoord::Hello { sockets: n, .. } if fds.len() > n as usize => {
                 let mut fds = fds;
                 let kept = fds.split_off(n as usize);
+                // It holds a previous coordinator's sockets until told what to hold here.
+                self.conns[pos].hold_sent = None;
                 self.adopt(kept);
                 self.message(id, m, fds);
+            }
+            ToCoord::Adopt => {
+                // It holds a previous coordinator's sockets until told what to hold here.
+                self.conns[pos].hold_sent = None;
+                self.holders_dirty = true;
+                self.adopt(fds);
+            }
+            ToCoord::Held { generation } => {
+                let c = &mut self.conns[pos];
+                c.hold_acked = c.hold_acked.max(generation);
             }
             ToCoord::Hello { slot: 0, .. } if self.grace_until.is_some() => {
                 self.conns[pos].deferred = Some((m, fds));
@@ -365,9 +536,9 @@ impl Server {
                 }
                 let mut sockets = Vec::with_capacity(fds.len());
                 for fd in fds {
-                    match socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket()) {
-                        Some(addr) if addr.port() == self.port => sockets.push((addr, fd)),
-                        _ => return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EINVAL }),
+                    match Sock::new(fd, self.port) {
+                        Some(s) => sockets.push(s),
+                        None => return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EINVAL }),
                     }
                 }
                 let slot = if want != 0 {
@@ -387,17 +558,24 @@ impl Server {
                 };
                 let listeners: BTreeSet<u64> =
                     listeners.into_iter().filter(|&s| self.service_owner(s).is_none()).collect();
-                let me = std::process::id();
+                // Its sockets may be held as tombstones already (adopted from a holder
+                // after a failover): they are its own again.
+                self.tombstones.retain(|t| !sockets.iter().any(|s| s.ino == t.0.ino));
                 let c = &mut self.conns[pos];
                 c.slot = slot;
                 c.pid = pid;
+                c.joined = started(pid);
                 c.reclaimed = want != 0;
+                if c.reclaimed {
+                    // It may hold the previous coordinator's set.
+                    c.hold_sent = None;
+                }
                 c.sockets = sockets;
                 c.listeners = listeners;
                 c.awaiting = true;
                 self.dirty = true;
+                self.holders_dirty = true;
                 self.send(id, &ToMember::Welcome { slot, errno: 0 });
-                self.send_keep(if pid == me { None } else { Some(id) });
             }
             ToCoord::Listen { id: req, service } => {
                 let errno = match self.service_owner(service) {
@@ -470,17 +648,30 @@ impl Server {
     /// Sends one probe per index of every group; the members report which they received.
     fn start_round(&mut self) {
         self.dirty = false;
-        self.compact();
+        if self.compact() {
+            // The closed tombstones leave their groups (and the last sockets move) only
+            // once every holder has closed its copies: probe after that.
+            self.sync_holders();
+            if !self.holders_settled() {
+                self.settling = Some(Instant::now() + HOLD_TIMEOUT);
+                return;
+            }
+        }
+        self.probe();
+    }
+
+    /// The probes of a round (see [`start_round`](Self::start_round)).
+    fn probe(&mut self) {
         let mut expected: BTreeMap<SocketAddr, usize> = BTreeMap::new();
         let mut members: BTreeMap<SocketAddr, BTreeSet<u32>> = BTreeMap::new();
         for c in self.conns.iter().filter(|c| c.slot != 0) {
-            for (addr, _) in &c.sockets {
-                *expected.entry(*addr).or_default() += 1;
-                members.entry(*addr).or_default().insert(c.slot);
+            for s in &c.sockets {
+                *expected.entry(s.addr).or_default() += 1;
+                members.entry(s.addr).or_default().insert(c.slot);
             }
         }
-        for (addr, _, _) in &self.tombstones {
-            if let Some(n) = expected.get_mut(addr) {
+        for (t, _) in &self.tombstones {
+            if let Some(n) = expected.get_mut(&t.addr) {
                 *n += 1;
             }
         }
@@ -493,7 +684,8 @@ impl Server {
         // coordinator's program: it routes probes and keeps steering meanwhile.
         let unprogrammed: BTreeSet<SocketAddr> =
             expected.keys().filter(|a| !self.index_of.contains_key(*a)).copied().collect();
-        let reclaimed = |a: &SocketAddr| self.conns.iter().any(|c| c.reclaimed && c.sockets.iter().any(|s| s.0 == *a));
+        let reclaimed =
+            |a: &SocketAddr| self.conns.iter().any(|c| c.reclaimed && c.sockets.iter().any(|s| s.addr == *a));
         let fresh: BTreeSet<SocketAddr> = unprogrammed.iter().filter(|a| !reclaimed(a)).copied().collect();
         for &addr in &fresh {
             self.index_of.insert(addr, BTreeMap::new());
@@ -568,7 +760,7 @@ impl Server {
             .iter()
             .filter(|c| {
                 c.awaiting
-                    && c.sockets.iter().all(|(a, _)| self.index_of.get(a).is_some_and(|m| m.contains_key(&c.slot)))
+                    && c.sockets.iter().all(|s| self.index_of.get(&s.addr).is_some_and(|m| m.contains_key(&c.slot)))
             })
             .map(|c| c.id)
             .collect();
@@ -616,8 +808,7 @@ impl Server {
                 continue;
             }
             let Some(code) = steer::program(&table) else { continue };
-            let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|(a, _)| *a == addr).map(|(_, fd)| fd)
-            else {
+            let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|s| s.addr == addr).map(|s| &s.fd) else {
                 continue;
             };
             let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();

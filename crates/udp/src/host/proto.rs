@@ -17,11 +17,20 @@ pub(crate) const MAX_RECORD: usize = 64 * 1024;
 /// Member → coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ToCoord {
-    /// Register: the sockets come along as `SCM_RIGHTS`, the member's own `sockets` first,
-    /// then the sockets a dead coordinator gave it to keep ([`ToMember::Keep`]); `slot` 0
-    /// asks for a new slot, another value re-claims it (after a failover); `listeners`
-    /// are re-registered.
+    /// Register: the sockets come along as `SCM_RIGHTS`, the member's own `sockets`
+    /// first, then sockets a previous coordinator gave it to hold ([`ToMember::Hold`]),
+    /// which the new coordinator holds as tombstones unless it holds them already (more
+    /// follow in [`Adopt`](Self::Adopt) records); `slot` 0 asks for a new slot, another
+    /// value re-claims it (after a failover); `listeners` are re-registered. (The layout
+    /// predates holders: members and coordinators of that version still register with
+    /// each other.)
     Hello { pid: u32, slot: u32, sockets: u32, listeners: Vec<u64> },
+    /// After a hello, when what the member holds did not fit in it: more sockets to adopt.
+    /// The member keeps holding them until told otherwise.
+    Adopt,
+    /// The set of that [`ToMember::Hold`] generation is complete, and what the member
+    /// held before it is closed.
+    Held { generation: u64 },
     /// Steer REQ/SIDR_REQ for `service` to me. Answered by `Reply { id }`.
     Listen { id: u64, service: u64 },
     /// Stop that.
@@ -39,9 +48,14 @@ pub(crate) enum ToMember {
     Steered,
     /// Result of request `id`: 0 or an errno.
     Reply { id: u64, errno: i32 },
-    /// Hold these sockets (as `SCM_RIGHTS`; they replace the ones held before): the
-    /// coordinator's own process's sockets, so that they stay in their groups, in place,
-    /// if that process dies. Handed to the next coordinator in the hello.
+    /// Part of the set of sockets to hold (as `SCM_RIGHTS`) of one generation: the
+    /// records of one generation add up; the one with `done` completes the set, which
+    /// then replaces the set held before (answered by [`ToCoord::Held`]). Holders keep
+    /// sockets in their groups, in place, if the coordinator's process dies; they hand
+    /// them to the next coordinator ([`ToCoord::Adopt`]).
+    Hold { generation: u64, done: bool },
+    /// What a coordinator of the version before holders sends instead: hold these
+    /// sockets (they replace the ones held before); not answered.
     Keep,
 }
 
@@ -86,6 +100,11 @@ impl ToCoord {
                 b.extend_from_slice(&index.to_le_bytes());
                 b.extend_from_slice(&nonce.to_le_bytes());
             }
+            Self::Adopt => b.push(5),
+            Self::Held { generation } => {
+                b.push(6);
+                b.extend_from_slice(&generation.to_le_bytes());
+            }
         }
         b
     }
@@ -105,6 +124,8 @@ impl ToCoord {
             2 => Self::Listen { id: r.u64()?, service: r.u64()? },
             3 => Self::Unlisten { id: r.u64()?, service: r.u64()? },
             4 => Self::ProbeAnswer { index: r.u32()?, nonce: r.u64()? },
+            5 => Self::Adopt,
+            6 => Self::Held { generation: r.u64()? },
             _ => return None,
         };
         r.0.is_empty().then_some(m)
@@ -122,6 +143,11 @@ impl ToMember {
             }
             Self::Steered => b.push(2),
             Self::Keep => b.push(4),
+            Self::Hold { generation, done } => {
+                b.push(5);
+                b.extend_from_slice(&generation.to_le_bytes());
+                b.push(u8::from(*done));
+            }
             Self::Reply { id, errno } => {
                 b.push(3);
                 b.extend_from_slice(&id.to_le_bytes());
@@ -138,6 +164,11 @@ impl ToMember {
             1 => Self::Welcome { slot: r.u32()?, errno: r.i32()? },
             2 => Self::Steered,
             4 => Self::Keep,
+            5 => {
+                let generation = r.u64()?;
+                let [done] = r.take::<1>()?;
+                Self::Hold { generation, done: done != 0 }
+            }
             3 => Self::Reply { id: r.u64()?, errno: r.i32()? },
             _ => return None,
         };
@@ -189,6 +220,8 @@ mod tests {
         for m in [
             ToCoord::Hello { pid: 7, slot: 0, sockets: 1, listeners: vec![] },
             ToCoord::Hello { pid: 7, slot: 3, sockets: 2, listeners: vec![1, u64::MAX] },
+            ToCoord::Adopt,
+            ToCoord::Held { generation: 9 },
             ToCoord::Listen { id: 1, service: 0x0106_0000_0000_1c06 },
             ToCoord::Unlisten { id: 2, service: 5 },
             ToCoord::ProbeAnswer { index: 4, nonce: 0xdead_beef_0000_0001 },
@@ -198,6 +231,8 @@ mod tests {
         for m in [
             ToMember::Welcome { slot: 9, errno: 0 },
             ToMember::Steered,
+            ToMember::Hold { generation: 2, done: false },
+            ToMember::Hold { generation: u64::MAX, done: true },
             ToMember::Keep,
             ToMember::Reply { id: 3, errno: libc::EADDRINUSE },
         ] {
