@@ -487,3 +487,104 @@ fn three_simultaneous_joins() {
 fn eight_simultaneous_joins() {
     simultaneous_joins(8, 15, Duration::from_secs(25));
 }
+
+/// Sends datagrams to `qpn` (tags `0xab << 32 | n`) every 500 µs until `stop`; returns how
+/// many it sent.
+fn stream(port: u16, qpn: u32, stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> std::thread::JoinHandle<u64> {
+    std::thread::spawn(move || {
+        let s = sender();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            s.send_to(&data_packet(qpn, 0xab << 32 | n), (LOCALHOST, port)).unwrap();
+            n += 1;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        n
+    })
+}
+
+/// SIGKILLs `a`, then `b` after `gap`.
+fn kill_two(a: &mut Proc, b: &mut Proc, gap: Duration) {
+    a.child.kill().unwrap();
+    std::thread::sleep(gap);
+    b.child.kill().unwrap();
+    a.child.wait().unwrap();
+    b.child.wait().unwrap();
+}
+
+/// A member receives a steady stream while other processes join and leave, coordinators
+/// included: a coordinator dies and another member right after (the member that dies
+/// second had its sockets held by the dead coordinator besides itself), the next
+/// coordinator dies with a newcomer, members die one after another, newcomers join. The
+/// member's socket must never move away from the index the program steers its QPNs to:
+/// every datagram of the stream reaches it, none reaches anyone else.
+#[test]
+fn a_member_keeps_its_stream_while_others_come_and_go() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let mut coordinator_deaths = 0;
+    for episode in 0..4u64 {
+        let (device, port) = group();
+        // The stream's member joins last: when a socket before it closes, the kernel
+        // moves the member's socket into that place.
+        let mut c0 = Proc::spawn(&device, port, &[]);
+        assert!(c0.coordinator);
+        let mut c1 = Proc::spawn(&device, port, &[]);
+        let mut q = Proc::spawn(&device, port, &[]);
+        let p = Proc::spawn(&device, port, &[]);
+        let s = sender();
+        wait_steered(&s, port, &[&c0, &c1, &q, &p], Duration::from_secs(2), episode << 20 | 1);
+        p.drain(Duration::ZERO);
+        let stop = Arc::new(AtomicBool::new(false));
+        let streamer = stream(port, p.slot << 13 | 7, stop.clone());
+        std::thread::sleep(Duration::from_millis(50));
+        // The coordinator dies, then a member whose sockets only it held besides itself.
+        let gap = Duration::from_millis([0, 1, 5, 20][episode as usize]);
+        kill_two(&mut c0, &mut c1, gap);
+        coordinator_deaths += 1;
+        std::thread::sleep(Duration::from_millis(400));
+        // Newcomers join after the member; the next coordinator (if not the member) dies
+        // with one of them, then the others leave one by one.
+        let mut c2 = Proc::spawn(&device, port, &[]);
+        let mut c3 = Proc::spawn(&device, port, &[]);
+        let mut c4 = Proc::spawn(&device, port, &[]);
+        std::thread::sleep(Duration::from_millis(100));
+        let q_coordinates = q.coordinator || q.drain(Duration::ZERO).iter().any(|l| l == "coord 1");
+        if q_coordinates {
+            kill_two(&mut q, &mut c2, gap);
+            coordinator_deaths += 1;
+        } else {
+            kill_two(&mut c2, &mut q, gap);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let c5 = Proc::spawn(&device, port, &[]);
+        kill_two(&mut c3, &mut c4, Duration::from_millis(2));
+        std::thread::sleep(Duration::from_millis(400));
+        stop.store(true, Ordering::Relaxed);
+        let sent = streamer.join().unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        let got: BTreeSet<u64> = tags_of(&p.drain(Duration::ZERO))
+            .into_iter()
+            .filter(|t| t >> 32 == 0xab)
+            .map(|t| t & 0xffff_ffff)
+            .collect();
+        let lost: Vec<u64> = (0..sent).filter(|n| !got.contains(n)).collect();
+        let mut astray = 0;
+        for c in [&c0, &c1, &q, &c2, &c3, &c4, &c5] {
+            astray += tags_of(&c.drain(Duration::ZERO)).into_iter().filter(|t| t >> 32 == 0xab).count();
+        }
+        println!(
+            "episode {episode} (second death {gap:?} after the first; the second coordinator died: {q_coordinates}): \
+             {sent} sent, {} lost, {astray} astray",
+            lost.len()
+        );
+        assert!(
+            lost.is_empty() && astray == 0,
+            "episode {episode}: {} of {sent} datagrams lost (numbers {:?} to {:?}), {astray} reached other members",
+            lost.len(),
+            lost.first(),
+            lost.last()
+        );
+    }
+    println!("{coordinator_deaths} coordinators died");
+}
