@@ -411,7 +411,6 @@ fn with_churn<T>(threads: usize, f: impl FnOnce() -> T + std::panic::UnwindSafe)
 /// drops none: its UDP RcvbufErrors do not move) even while other processes join and leave
 /// the device: the members' steering must not lose them.
 #[test]
-#[ignore = "bug: while other processes join and leave 127.0.0.1:4791, a process can get none of its UD datagrams for hundreds of ms"]
 fn ud_sends_arrive_while_other_processes_come_and_go() {
     let _serial = serial();
     with_churn(1, || {
@@ -427,7 +426,6 @@ fn ud_sends_arrive_while_other_processes_come_and_go() {
 /// An RC run survives other processes joining and leaving the device: its packets may be
 /// lost for a moment, and retransmission must outlast that.
 #[test]
-#[ignore = "bug: while other processes join and leave 127.0.0.1:4791, an RC run can fail with RetryExcErr on its first operation"]
 fn rc_survives_other_processes_coming_and_going() {
     let _serial = serial();
     with_churn(2, || {
