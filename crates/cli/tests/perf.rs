@@ -159,10 +159,10 @@ fn free_port() -> u16 {
     l.local_addr().expect("local_addr").port()
 }
 
-/// Tests that open devices run one at a time. Processes that join or leave a device on
-/// 127.0.0.1:4791 while another runs make its datagrams go astray for a while (see the
-/// ignored `*_while_other_processes_come_and_go` tests); until that is fixed, the tests do
-/// not make each other flaky that way. (Each test's own runs still come and go.)
+/// Tests that open devices run one at a time: each checks figures and counters (messages
+/// received, packets sent and resent) that runs beside it would disturb. That processes
+/// coming and going lose nobody's datagrams is the `*_while_other_processes_come_and_go`
+/// tests' to show.
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
     LOCK.lock().unwrap_or_else(PoisonError::into_inner)
@@ -291,8 +291,8 @@ fn check_report(r: Value, cmd: &str) -> Value {
                 if conn == "RC" {
                     assert_eq!(received, n, "{what}: RC delivers every SEND");
                 } else {
-                    // UC and UD may lose messages: none may be invented. (That any arrive at
-                    // all is `ud_sends_arrive_while_other_processes_come_and_go`'s, ignored.)
+                    // UC and UD may lose messages: none may be invented. (That they arrive
+                    // while others come and go is `ud_sends_arrive_while_other_processes_come_and_go`'s.)
                     assert!(received <= n, "{what}: {received} of {n} SENDs received");
                 }
             }
