@@ -39,6 +39,9 @@ fn main() {
     }
     // The provider-private node: ibv_devinfo imports ibv_query_gid_type from it.
     writeln!(text, "IBVERBS_PRIVATE_34 {{ }};").expect("writing to a Vec");
+    // softrdma's own: the rdma_* implementations librdmacm.so.1 (crates/rdmacm) jumps to,
+    // so that both libraries share this one runtime (softrdma_rdmacm_<name>).
+    writeln!(text, "SOFTRDMA_PRIVATE_1 {{ }};").expect("writing to a Vec");
     std::fs::write(&map, text).expect("writing the version script");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");

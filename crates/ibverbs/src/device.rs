@@ -152,45 +152,70 @@ unsafe extern "C" fn open_device(dev: *mut IbvDevice) -> *mut IbvContext {
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        let inner = match d.inner.open() {
-            Ok(c) => c,
+        match d.inner.open() {
+            Ok(c) => new_context(dev, c),
             Err(e) => {
                 errno::fail(&e);
-                return ptr::null_mut();
+                ptr::null_mut()
             }
-        };
-        let ops = IbvContextOps {
-            _before_poll: [0; 11],
-            poll_cq: Some(crate::post::poll_cq),
-            req_notify_cq: Some(crate::post::req_notify_cq),
-            _before_srq: [0; 7],
-            post_srq_recv: Some(crate::post::post_srq_recv),
-            _before_send: [0; 4],
-            post_send: Some(crate::post::post_send),
-            post_recv: Some(crate::post::post_recv),
-            _after: [0; 5],
-        };
-        let context = IbvContext {
-            device: dev,
-            ops,
-            cmd_fd: -1,
-            async_fd: inner.async_fd().as_raw_fd(),
-            num_comp_vectors: 1,
-            mutex: [0; 5],
-            abi_compat: usize::MAX as *mut c_void, // __VERBS_ABI_IS_EXTENDED
-        };
-        let vctx = VerbsContext {
-            query_port: Some(vctx_query_port),
-            _ops1: [0; 26],
-            query_device_ex: 0,
-            _ops2: [0; 11],
-            sz: size_of::<VerbsContext>(),
-            context,
-        };
-        let ctx = Box::into_raw(Box::new(Ctx { vctx, inner, qps: Mutex::new(HashMap::new()) }));
-        // SAFETY: ctx was just allocated; the pointer to its member lives as long as it.
-        unsafe { &raw mut (*ctx).vctx.context }
+        }
     })
+}
+
+/// Wraps an open softrdma context in a `verbs_context` and returns its `ibv_context`.
+pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut IbvContext {
+    let ops = IbvContextOps {
+        _before_poll: [0; 11],
+        poll_cq: Some(crate::post::poll_cq),
+        req_notify_cq: Some(crate::post::req_notify_cq),
+        _before_srq: [0; 7],
+        post_srq_recv: Some(crate::post::post_srq_recv),
+        _before_send: [0; 4],
+        post_send: Some(crate::post::post_send),
+        post_recv: Some(crate::post::post_recv),
+        _after: [0; 5],
+    };
+    let context = IbvContext {
+        device: dev,
+        ops,
+        cmd_fd: -1,
+        async_fd: inner.async_fd().as_raw_fd(),
+        num_comp_vectors: 1,
+        mutex: [0; 5],
+        abi_compat: usize::MAX as *mut c_void, // __VERBS_ABI_IS_EXTENDED
+    };
+    let vctx = VerbsContext {
+        query_port: Some(vctx_query_port),
+        _ops1: [0; 26],
+        query_device_ex: 0,
+        _ops2: [0; 11],
+        sz: size_of::<VerbsContext>(),
+        context,
+    };
+    let ctx = Box::into_raw(Box::new(Ctx { vctx, inner, qps: Mutex::new(HashMap::new()) }));
+    // SAFETY: ctx was just allocated; the pointer to its member lives as long as it.
+    unsafe { &raw mut (*ctx).vctx.context }
+}
+
+/// The `ibv_context` librdmacm hands out (`rdma_cm_id.verbs`) for the connection manager's
+/// context `inner`: one per device, made on first use and kept for the process's life, as
+/// librdmacm opens every device once and keeps it.
+pub(crate) fn cm_context(inner: &softrdma::Context) -> *mut IbvContext {
+    static CM: OnceLock<Mutex<HashMap<String, usize>>> = OnceLock::new();
+    let name = inner.device().name().to_string();
+    let mut map = CM.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(&p) = map.get(&name) {
+        return p as *mut IbvContext;
+    }
+    let dev = all_devices()
+        .iter()
+        .copied()
+        // SAFETY: every entry is a leaked DeviceC.
+        .find(|&d| unsafe { &*(d as *const DeviceC) }.inner.name() == name)
+        .map_or(ptr::null_mut(), |d| d as *mut IbvDevice);
+    let p = new_context(dev, inner.clone());
+    map.insert(name, p as usize);
+    p
 }
 export!("ibv_open_device", "IBVERBS_1.1", open_device);
 

@@ -28,12 +28,14 @@
 #![allow(unsafe_code)]
 
 pub mod abi;
+pub mod cma_abi;
 pub mod errno;
 #[macro_use]
 mod export;
 mod device;
 mod objects;
 mod post;
+mod rdmacm;
 mod stubs;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};

@@ -93,7 +93,7 @@ fn qp_state(raw: u32) -> Option<QpState> {
     u8::try_from(raw).ok().and_then(QpState::from_raw)
 }
 
-unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
+pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
     guard(ptr::null_mut(), || {
         // SAFETY: ctx is ours or NULL.
         let Some(c) = (unsafe { ctx_of(ctx) }) else {
@@ -111,7 +111,7 @@ unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
 }
 export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
 
-unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
+pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
     guard(libc::EIO, || {
         if pd.is_null() {
             return libc::EINVAL;
@@ -162,7 +162,7 @@ unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64
     }
 }
 
-unsafe extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, flags: c_int) -> *mut IbvMr {
+pub(crate) unsafe extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, flags: c_int) -> *mut IbvMr {
     // SAFETY: as reg_mr_common.
     guard(ptr::null_mut(), || unsafe { reg_mr_common(pd, addr, len, addr as u64, flags) })
 }
@@ -180,7 +180,7 @@ unsafe extern "C" fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize,
 }
 export!("ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
 
-unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
+pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
     guard(libc::EIO, || {
         if mr.is_null() {
             return libc::EINVAL;
@@ -192,7 +192,7 @@ unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
 }
 export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
 
-unsafe extern "C" fn create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
+pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
     guard(ptr::null_mut(), || {
         // SAFETY: ctx is ours or NULL.
         let Some(c) = (unsafe { ctx_of(ctx) }) else {
@@ -213,7 +213,7 @@ unsafe extern "C" fn create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompCh
 }
 export!("ibv_create_comp_channel", "IBVERBS_1.0", create_comp_channel);
 
-unsafe extern "C" fn destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: ch is ours or NULL.
         let Some(c) = (unsafe { obj::<IbvCompChannel, ChannelC>(ch) }) else {
@@ -230,7 +230,7 @@ unsafe extern "C" fn destroy_comp_channel(ch: *mut IbvCompChannel) -> c_int {
 }
 export!("ibv_destroy_comp_channel", "IBVERBS_1.0", destroy_comp_channel);
 
-unsafe extern "C" fn create_cq(
+pub(crate) unsafe extern "C" fn create_cq(
     ctx: *mut IbvContext,
     cqe: c_int,
     cq_context: *mut c_void,
@@ -273,7 +273,7 @@ unsafe extern "C" fn create_cq(
 }
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
 
-unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: cq is ours or NULL.
         let Some(c) = (unsafe { obj::<IbvCq, CqC>(cq) }) else {
@@ -465,39 +465,46 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut
             },
             sq_sig_all: init.sq_sig_all != 0,
         };
-        let inner = match p.inner.create_qp(&q) {
-            Ok(qp) => qp,
+        match p.inner.create_qp(&q) {
+            Ok(qp) => wrap_qp(pd, init, qp),
             Err(e) => {
                 errno::fail(&e);
-                return ptr::null_mut();
+                ptr::null_mut()
             }
-        };
-        if let Ok((_, cap)) = inner.query() {
-            init.cap = cap_c(&cap); // what the QP got, as rdma-core reports it
         }
-        let qpn = inner.qpn();
-        let qp = IbvQp {
-            context: p.pd.context,
-            qp_context: init.qp_context,
-            pd,
-            send_cq: init.send_cq,
-            recv_cq: init.recv_cq,
-            srq: init.srq,
-            handle: qpn,
-            qp_num: qpn,
-            state: 0,
-            qp_type: init.qp_type,
-            mutex: NULL_MUTEX,
-            cond: [0; 6],
-            events_completed: 0,
-        };
-        let out: *mut IbvQp = boxed(QpC { qp, inner, sq_sig_all: init.sq_sig_all != 0 });
-        // SAFETY: the context outlives its QPs.
-        if let Some(c) = unsafe { ctx_of(p.pd.context) } {
-            qps(c).insert(qpn, out as usize);
-        }
-        out
     })
+}
+
+/// Hands out QP `inner`, created in `pd` (ours) from `init`, as an `ibv_qp`; reports the
+/// capabilities it got in `init.cap`, as rdma-core does.
+pub(crate) fn wrap_qp(pd: *mut IbvPd, init: &mut IbvQpInitAttr, inner: softrdma::Qp) -> *mut IbvQp {
+    // SAFETY: pd is ours (the caller created inner in it).
+    let context = unsafe { (*pd).context };
+    if let Ok((_, cap)) = inner.query() {
+        init.cap = cap_c(&cap); // what the QP got, as rdma-core reports it
+    }
+    let qpn = inner.qpn();
+    let qp = IbvQp {
+        context,
+        qp_context: init.qp_context,
+        pd,
+        send_cq: init.send_cq,
+        recv_cq: init.recv_cq,
+        srq: init.srq,
+        handle: qpn,
+        qp_num: qpn,
+        state: inner.state().map_or(0, |s| s as u32),
+        qp_type: init.qp_type,
+        mutex: NULL_MUTEX,
+        cond: [0; 6],
+        events_completed: 0,
+    };
+    let out: *mut IbvQp = boxed(QpC { qp, inner, sq_sig_all: init.sq_sig_all != 0 });
+    // SAFETY: the context outlives its QPs.
+    if let Some(c) = unsafe { ctx_of(context) } {
+        qps(c).insert(qpn, out as usize);
+    }
+    out
 }
 export!("ibv_create_qp", "IBVERBS_1.1", create_qp);
 
@@ -505,7 +512,7 @@ fn qps(c: &Ctx) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usiz
     c.qps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours or NULL.
         let Some(q) = (unsafe { obj::<IbvQp, QpC>(qp) }) else {
@@ -534,7 +541,7 @@ fn av(a: &IbvAhAttr) -> Option<AddressVector> {
     })
 }
 
-fn ah_attr_c(av: Option<&AddressVector>) -> IbvAhAttr {
+pub(crate) fn ah_attr_c(av: Option<&AddressVector>) -> IbvAhAttr {
     match av {
         Some(v) => IbvAhAttr {
             grh: IbvGlobalRoute {

@@ -8,6 +8,7 @@ use std::mem::offset_of;
 use std::process::Command;
 
 use softrdma_ibverbs::abi::*;
+use softrdma_ibverbs::cma_abi::*;
 
 /// (C type, C member designator or "sizeof", Rust value).
 type Entry = (&'static str, String, usize);
@@ -109,17 +110,55 @@ fn entries() -> Vec<Entry> {
     v
 }
 
+/// The rdma_cm structs librdmacm hands out or reads (`softrdma_ibverbs::cma_abi`).
+fn cma_entries() -> Vec<Entry> {
+    let mut v: Vec<Entry> = Vec::new();
+    layout!(v, RdmaEventChannel, "struct rdma_event_channel", [fd => "fd"]);
+    layout!(v, RdmaIbAddr, "struct rdma_ib_addr", [sgid => "sgid", dgid => "dgid", pkey => "pkey"]);
+    layout!(v, RdmaAddr, "struct rdma_addr", [src_addr => "src_addr", dst_addr => "dst_addr",
+        ibaddr => "addr.ibaddr"]);
+    layout!(v, RdmaRoute, "struct rdma_route", [addr => "addr", path_rec => "path_rec", num_paths => "num_paths"]);
+    layout!(v, RdmaCmId, "struct rdma_cm_id", [verbs => "verbs", channel => "channel", context => "context",
+        qp => "qp", route => "route", ps => "ps", port_num => "port_num", event => "event",
+        send_cq_channel => "send_cq_channel", send_cq => "send_cq", recv_cq_channel => "recv_cq_channel",
+        recv_cq => "recv_cq", srq => "srq", pd => "pd", qp_type => "qp_type"]);
+    layout!(v, RdmaConnParam, "struct rdma_conn_param", [private_data => "private_data",
+        private_data_len => "private_data_len", responder_resources => "responder_resources",
+        initiator_depth => "initiator_depth", flow_control => "flow_control", retry_count => "retry_count",
+        rnr_retry_count => "rnr_retry_count", srq => "srq", qp_num => "qp_num"]);
+    layout!(v, RdmaUdParam, "struct rdma_ud_param", [private_data => "private_data",
+        private_data_len => "private_data_len", ah_attr => "ah_attr", qp_num => "qp_num", qkey => "qkey"]);
+    layout!(v, RdmaCmEvent, "struct rdma_cm_event", [id => "id", listen_id => "listen_id", event => "event",
+        status => "status", param => "param"]);
+    layout!(v, RdmaAddrinfo, "struct rdma_addrinfo", [ai_flags => "ai_flags", ai_family => "ai_family",
+        ai_qp_type => "ai_qp_type", ai_port_space => "ai_port_space", ai_src_len => "ai_src_len",
+        ai_dst_len => "ai_dst_len", ai_src_addr => "ai_src_addr", ai_dst_addr => "ai_dst_addr",
+        ai_src_canonname => "ai_src_canonname", ai_dst_canonname => "ai_dst_canonname",
+        ai_route_len => "ai_route_len", ai_route => "ai_route", ai_connect_len => "ai_connect_len",
+        ai_connect => "ai_connect", ai_next => "ai_next"]);
+    v
+}
+
 #[test]
 fn structs_match_rdma_core_headers() {
-    let header = std::path::Path::new("/usr/include/infiniband/verbs.h");
+    check("/usr/include/infiniband/verbs.h", "libibverbs-dev", &entries());
+}
+
+#[test]
+fn rdma_cm_structs_match_rdma_core_headers() {
+    check("/usr/include/rdma/rdma_cma.h", "librdmacm-dev", &cma_entries());
+}
+
+/// Compiles a program printing the C side of `entries` against `header` and compares.
+fn check(header: &str, package: &str, entries: &[Entry]) {
+    let header = std::path::Path::new(header);
     if !header.exists() {
-        eprintln!("SKIP: {} is missing (apt-get install libibverbs-dev)", header.display());
+        eprintln!("SKIP: {} is missing (apt-get install {package})", header.display());
         return;
     }
-    let entries = entries();
     let mut c =
-        String::from("#include <stdio.h>\n#include <stddef.h>\n#include <infiniband/verbs.h>\nint main(void) {\n");
-    for (ty, field, _) in &entries {
+        format!("#include <stdio.h>\n#include <stddef.h>\n#include <{}>\nint main(void) {{\n", header.display());
+    for (ty, field, _) in entries {
         if field == "sizeof" {
             c += &format!("  printf(\"%zu\\n\", sizeof({ty}));\n");
         } else {
@@ -127,7 +166,7 @@ fn structs_match_rdma_core_headers() {
         }
     }
     c += "  return 0;\n}\n";
-    let dir = std::env::temp_dir().join(format!("softrdma-layout-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("softrdma-layout-{}-{package}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (src, exe) = (dir.join("layout.c"), dir.join("layout"));
     std::fs::write(&src, c).unwrap();
@@ -149,6 +188,6 @@ fn structs_match_rdma_core_headers() {
         .filter(|((_, _, rust), c)| rust != *c)
         .map(|((ty, field, rust), c)| format!("{ty} {field}: C {c}, Rust {rust}"))
         .collect();
-    assert!(wrong.is_empty(), "layouts differ from <infiniband/verbs.h>:\n{}", wrong.join("\n"));
+    assert!(wrong.is_empty(), "layouts differ from {}:\n{}", header.display(), wrong.join("\n"));
     eprintln!("{} sizes and offsets equal rdma-core's", entries.len());
 }

@@ -1,0 +1,1094 @@
+//! librdmacm's `rdma_*` calls over softrdma's connection manager ([`softrdma::CmId`],
+//! [`softrdma::EventChannel`]).
+//!
+//! They live here, in `libibverbs.so.1`, because the objects librdmacm hands out must be
+//! this library's own: `rdma_cm_id.verbs` is an `ibv_context` of ours (one per device,
+//! [`cm_context`]), `id->pd`, `id->qp`, `id->send_cq`, ... are our `ibv_pd`, `ibv_qp`,
+//! `ibv_cq`, so `ibv_*` calls and the header inlines (`rdma_post_send`,
+//! `rdma_get_recv_comp`, ...) work on them. Each is exported as
+//! `softrdma_rdmacm_<name>@@SOFTRDMA_PRIVATE_1`; `librdmacm.so.1` (crates/rdmacm) is only a
+//! table of `rdma_<name>@@RDMACM_1.x` jumps to them, so one process has one softrdma runtime.
+//!
+//! What softrdma's CM does not do yet fails with `ENOSYS` (never aborts).
+
+use std::ffi::{CStr, c_char, c_int, c_long, c_void};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd};
+use std::ptr;
+use std::sync::{Mutex, PoisonError};
+
+use softrdma::{CmEvent, CmEventKind, CmId, CmStatus, ConnParam, EventChannel, PortSpace, QpCap, QpInit, QpType};
+
+use crate::abi::*;
+use crate::cma_abi::*;
+use crate::device::cm_context;
+use crate::errno;
+use crate::guard;
+use crate::objects::{self, CqC, PdC, SrqC, obj};
+
+/// An `rdma_event_channel` and the softrdma channel behind it.
+#[repr(C)]
+struct ChannelC {
+    ch: RdmaEventChannel,
+    inner: EventChannel,
+}
+
+/// An `rdma_cm_id` and what librdmacm keeps next to it.
+#[repr(C)]
+struct IdC {
+    id: RdmaCmId,
+    inner: CmId,
+    /// A synchronous ID's own channel (`rdma_create_id` with no channel, `rdma_create_ep`,
+    /// `rdma_get_request`): its calls wait for their event.
+    own_channel: *mut ChannelC,
+    /// Bound to a wildcard address: no device (`verbs` stays NULL).
+    wildcard: bool,
+    /// A passive endpoint's QP attributes, for the IDs `rdma_get_request` returns.
+    init_attr: Option<IbvQpInitAttr>,
+    owns_pd: bool,
+    owns_send_cq: bool,
+    owns_recv_cq: bool,
+}
+
+/// An `rdma_cm_event` and the private data it points at.
+#[repr(C)]
+struct EventC {
+    ev: RdmaCmEvent,
+    private_data: Vec<u8>,
+}
+
+/// Every live ID, to name the `rdma_cm_id` of a softrdma event.
+static IDS: Mutex<Vec<(CmId, usize)>> = Mutex::new(Vec::new());
+
+fn find(id: &CmId) -> Option<*mut IdC> {
+    let ids = IDS.lock().unwrap_or_else(PoisonError::into_inner);
+    ids.iter().find(|(i, _)| i.same(id)).map(|&(_, p)| p as *mut IdC)
+}
+
+fn fail(e: &softrdma::Error) -> c_int {
+    errno::fail(e);
+    -1
+}
+
+fn fail_with(n: c_int) -> c_int {
+    errno::set(n);
+    -1
+}
+
+/// `ibv_qp_type` of the QPs a port space carries.
+fn qp_type_of(ps: u32) -> (QpType, u32) {
+    if ps == u32::from(PortSpace::UDP.0) || ps == u32::from(PortSpace::IPOIB.0) {
+        (QpType::Ud, 4)
+    } else {
+        (QpType::Rc, 2)
+    }
+}
+
+/// A C socket address as Rust's.
+///
+/// # Safety
+/// `sa` must be NULL or point at a `sockaddr_in`/`sockaddr_in6` (as its family says).
+unsafe fn sockaddr_to(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    // SAFETY: per the contract.
+    let family = c_int::from(unsafe { sa.as_ref() }?.sa_family);
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a sockaddr_in.
+            let s = unsafe { &*(sa as *const libc::sockaddr_in) };
+            let ip = Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr));
+            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(s.sin_port)))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a sockaddr_in6.
+            let s = unsafe { &*(sa as *const libc::sockaddr_in6) };
+            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)), u16::from_be(s.sin6_port)))
+        }
+        _ => None,
+    }
+}
+
+/// `a` as a C socket address, with its length.
+fn sockaddr_from(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
+    // SAFETY: sockaddr_storage is plain data; all zeroes is a valid (empty) value.
+    let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v) => {
+            let s = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v.port().to_be(),
+                sin_addr: libc::in_addr { s_addr: u32::from(*v.ip()).to_be() },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a sockaddr_in fits in a sockaddr_storage, which is suitably aligned.
+            unsafe { ptr::write((&raw mut st).cast::<libc::sockaddr_in>(), s) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v) => {
+            let s = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v.port().to_be(),
+                sin6_flowinfo: v.flowinfo(),
+                sin6_addr: libc::in6_addr { s6_addr: v.ip().octets() },
+                sin6_scope_id: v.scope_id(),
+            };
+            // SAFETY: as above.
+            unsafe { ptr::write((&raw mut st).cast::<libc::sockaddr_in6>(), s) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (st, len as u32)
+}
+
+/// Fills what the application reads of an ID from softrdma's: `verbs`, `port_num`, the
+/// addresses.
+fn refresh(i: &mut IdC) {
+    if i.id.verbs.is_null() && !i.wildcard {
+        if let Some(ctx) = i.inner.context() {
+            i.id.verbs = cm_context(&ctx);
+            i.id.port_num = 1;
+        }
+    }
+    if let Some(a) = i.inner.local_addr() {
+        i.id.route.addr.src_addr = sockaddr_from(a).0;
+    }
+    if let Some(a) = i.inner.peer_addr() {
+        i.id.route.addr.dst_addr = sockaddr_from(a).0;
+    }
+}
+
+fn new_channel() -> Result<*mut ChannelC, softrdma::Error> {
+    let inner = EventChannel::new()?;
+    let ch = RdmaEventChannel { fd: inner.as_fd().as_raw_fd() };
+    Ok(Box::into_raw(Box::new(ChannelC { ch, inner })))
+}
+
+/// Registers a new `rdma_cm_id` for `inner`, its events on `channel`.
+fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, ps: u32) -> *mut IdC {
+    // SAFETY: the route is plain data (socket addresses, a NULL path); zero is its empty value.
+    let route: RdmaRoute = unsafe { std::mem::zeroed() };
+    let id = RdmaCmId {
+        verbs: ptr::null_mut(),
+        // SAFETY: channel is one of ours (the field is its first member).
+        channel: channel.cast(),
+        context,
+        qp: ptr::null_mut(),
+        route,
+        ps,
+        port_num: 0,
+        event: ptr::null_mut(),
+        send_cq_channel: ptr::null_mut(),
+        send_cq: ptr::null_mut(),
+        recv_cq_channel: ptr::null_mut(),
+        recv_cq: ptr::null_mut(),
+        srq: ptr::null_mut(),
+        pd: ptr::null_mut(),
+        qp_type: qp_type_of(ps).1,
+    };
+    let key = inner.clone();
+    let p = Box::into_raw(Box::new(IdC {
+        id,
+        inner,
+        own_channel: if own { channel } else { ptr::null_mut() },
+        wildcard: false,
+        init_attr: None,
+        owns_pd: false,
+        owns_send_cq: false,
+        owns_recv_cq: false,
+    }));
+    IDS.lock().unwrap_or_else(PoisonError::into_inner).push((key, p as usize));
+    p
+}
+
+/// `rdma_cm_event.status` for `s`.
+fn status_c(s: CmStatus) -> c_int {
+    match s {
+        CmStatus::Ok => 0,
+        CmStatus::TimedOut => -libc::ETIMEDOUT,
+        CmStatus::Rejected(r) => c_int::from(r.0),
+        CmStatus::Sidr(s) => c_int::from(s.0),
+        CmStatus::AddrNotAvailable => -libc::EADDRNOTAVAIL,
+        CmStatus::InvalidQkey => -libc::EINVAL,
+    }
+}
+
+/// A softrdma event as an `rdma_cm_event` (made the application's to ack), creating the ID
+/// of a connection request on `channel`. `None` for an event of an ID already destroyed.
+fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
+    let listen = ev.listen_id.as_ref().and_then(find);
+    let id = match find(&ev.id) {
+        Some(p) => p,
+        None => {
+            let l = listen?;
+            // SAFETY: l is a live ID of ours (it is registered).
+            let (context, ps) = unsafe { ((*l).id.context, (*l).id.ps) };
+            new_id(ev.id.clone(), channel, false, context, ps)
+        }
+    };
+    // SAFETY: id is a live ID of ours; the application does not use it concurrently with
+    // the call that delivers its event.
+    refresh(unsafe { &mut *id });
+    let private_data = ev.private_data.clone();
+    let pd_ptr = if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() };
+    let pd_len = u8::try_from(private_data.len()).unwrap_or(u8::MAX);
+    let param = match (&ev.ud, &ev.param) {
+        (Some(u), _) => RdmaCmEventParam {
+            ud: RdmaUdParam {
+                private_data: pd_ptr,
+                private_data_len: pd_len,
+                _pad: [0; 7],
+                ah_attr: objects::ah_attr_c(Some(&u.ah)),
+                qp_num: u.remote_qpn,
+                qkey: u.qkey,
+            },
+        },
+        (None, p) => {
+            let p = p.clone().unwrap_or_default();
+            RdmaCmEventParam {
+                conn: RdmaConnParam {
+                    private_data: pd_ptr,
+                    private_data_len: pd_len,
+                    responder_resources: p.responder_resources,
+                    initiator_depth: p.initiator_depth,
+                    flow_control: u8::from(p.flow_control),
+                    retry_count: p.retry_count,
+                    rnr_retry_count: p.rnr_retry_count,
+                    srq: u8::from(p.srq),
+                    qp_num: p.qp_num,
+                },
+            }
+        }
+    };
+    let e = RdmaCmEvent {
+        id: id.cast(),
+        listen_id: listen.map_or(ptr::null_mut(), |l| l.cast()),
+        event: ev.kind as u32,
+        status: status_c(ev.status),
+        param,
+    };
+    Some(Box::into_raw(Box::new(EventC { ev: e, private_data })).cast())
+}
+
+/// The next event of `ch` as an `rdma_cm_event`, waiting for it.
+fn next_event(ch: *mut ChannelC) -> Result<*mut RdmaCmEvent, softrdma::Error> {
+    // SAFETY: ch is one of ours, alive while its IDs use it.
+    let c = unsafe { &*ch };
+    loop {
+        if let Some(ev) = c.inner.get_cm_event(None)? {
+            if let Some(p) = event_c(ev, ch) {
+                return Ok(p);
+            }
+        }
+    }
+}
+
+/// Frees an event made by [`event_c`].
+///
+/// # Safety
+/// `e` must come from [`event_c`] and be freed once.
+unsafe fn free_event(e: *mut RdmaCmEvent) {
+    // SAFETY: per the contract.
+    drop(unsafe { Box::from_raw(e.cast::<EventC>()) });
+}
+
+/// librdmacm's `ucma_complete`: a synchronous ID waits for its next event (kept in
+/// `id->event`) and fails if the event does.
+fn complete(i: &mut IdC) -> c_int {
+    if i.own_channel.is_null() {
+        return 0;
+    }
+    if !i.id.event.is_null() {
+        // SAFETY: the previous event of this synchronous ID, ours.
+        unsafe { free_event(i.id.event) };
+        i.id.event = ptr::null_mut();
+    }
+    let e = match next_event(i.own_channel) {
+        Ok(e) => e,
+        Err(e) => return fail(&e),
+    };
+    i.id.event = e;
+    // SAFETY: e was just made.
+    let (kind, status) = unsafe { ((*e).event, (*e).status) };
+    if status == 0 {
+        0
+    } else if kind == CmEventKind::Rejected as u32 {
+        fail_with(libc::ECONNREFUSED)
+    } else {
+        fail_with(status.abs())
+    }
+}
+
+/// The ID behind an `rdma_cm_id` we handed out.
+///
+/// # Safety
+/// `id` must be NULL or a live ID of ours, not used concurrently by another call.
+unsafe fn id_mut<'a>(id: *mut RdmaCmId) -> Option<&'a mut IdC> {
+    // SAFETY: per the contract; the rdma_cm_id is the first member of its IdC.
+    unsafe { id.cast::<IdC>().as_mut() }
+}
+
+// ---- event channels --------------------------------------------------------------------
+
+unsafe extern "C" fn create_event_channel() -> *mut RdmaEventChannel {
+    guard(ptr::null_mut(), || match new_channel() {
+        Ok(c) => c.cast(),
+        Err(e) => {
+            errno::fail(&e);
+            ptr::null_mut()
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_create_event_channel", "SOFTRDMA_PRIVATE_1", create_event_channel);
+
+unsafe extern "C" fn destroy_event_channel(ch: *mut RdmaEventChannel) {
+    guard((), || {
+        if !ch.is_null() {
+            // SAFETY: made by rdma_create_event_channel, destroyed once.
+            drop(unsafe { Box::from_raw(ch.cast::<ChannelC>()) });
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_destroy_event_channel", "SOFTRDMA_PRIVATE_1", destroy_event_channel);
+
+unsafe extern "C" fn get_cm_event(ch: *mut RdmaEventChannel, out: *mut *mut RdmaCmEvent) -> c_int {
+    guard(-1, || {
+        if ch.is_null() || out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        match next_event(ch.cast()) {
+            Ok(e) => {
+                // SAFETY: the caller's out pointer.
+                unsafe { *out = e };
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_get_cm_event", "SOFTRDMA_PRIVATE_1", get_cm_event);
+
+unsafe extern "C" fn ack_cm_event(e: *mut RdmaCmEvent) -> c_int {
+    guard(-1, || {
+        if e.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        // SAFETY: made by rdma_get_cm_event, acked once.
+        unsafe { free_event(e) };
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_ack_cm_event", "SOFTRDMA_PRIVATE_1", ack_cm_event);
+
+unsafe extern "C" fn event_str(event: c_int) -> *const c_char {
+    const NAMES: [&CStr; 16] = [
+        c"RDMA_CM_EVENT_ADDR_RESOLVED",
+        c"RDMA_CM_EVENT_ADDR_ERROR",
+        c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+        c"RDMA_CM_EVENT_ROUTE_ERROR",
+        c"RDMA_CM_EVENT_CONNECT_REQUEST",
+        c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+        c"RDMA_CM_EVENT_CONNECT_ERROR",
+        c"RDMA_CM_EVENT_UNREACHABLE",
+        c"RDMA_CM_EVENT_REJECTED",
+        c"RDMA_CM_EVENT_ESTABLISHED",
+        c"RDMA_CM_EVENT_DISCONNECTED",
+        c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+        c"RDMA_CM_EVENT_MULTICAST_JOIN",
+        c"RDMA_CM_EVENT_MULTICAST_ERROR",
+        c"RDMA_CM_EVENT_ADDR_CHANGE",
+        c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
+    ];
+    usize::try_from(event).ok().and_then(|i| NAMES.get(i)).map_or(c"UNKNOWN EVENT".as_ptr(), |s| s.as_ptr())
+}
+export!("softrdma_rdmacm_rdma_event_str", "SOFTRDMA_PRIVATE_1", event_str);
+
+// ---- IDs ---------------------------------------------------------------------------------
+
+unsafe extern "C" fn create_id(
+    channel: *mut RdmaEventChannel,
+    out: *mut *mut RdmaCmId,
+    context: *mut c_void,
+    ps: u32,
+) -> c_int {
+    guard(-1, || {
+        if out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        let Ok(port_space) = u16::try_from(ps).map(PortSpace) else {
+            return fail_with(libc::EINVAL);
+        };
+        let (own, ch) = if channel.is_null() {
+            match new_channel() {
+                Ok(c) => (true, c),
+                Err(e) => return fail(&e),
+            }
+        } else {
+            (false, channel.cast::<ChannelC>())
+        };
+        // SAFETY: ch is one of ours.
+        let inner = match unsafe { &*ch }.inner.create_id(port_space, qp_type_of(ps).0) {
+            Ok(i) => i,
+            Err(e) => return fail(&e),
+        };
+        let p = new_id(inner, ch, own, context, ps);
+        // SAFETY: the caller's out pointer.
+        unsafe { *out = p.cast() };
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_create_id", "SOFTRDMA_PRIVATE_1", create_id);
+
+unsafe extern "C" fn destroy_id(id: *mut RdmaCmId) -> c_int {
+    guard(-1, || {
+        if id.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        IDS.lock().unwrap_or_else(PoisonError::into_inner).retain(|&(_, p)| p != id as usize);
+        // SAFETY: made by new_id, destroyed once.
+        let i = unsafe { Box::from_raw(id.cast::<IdC>()) };
+        if !i.id.event.is_null() {
+            // SAFETY: a synchronous ID's last event, ours.
+            unsafe { free_event(i.id.event) };
+        }
+        let own = i.own_channel;
+        drop(i);
+        if !own.is_null() {
+            // SAFETY: the ID's own channel, which only it used.
+            drop(unsafe { Box::from_raw(own) });
+        }
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_destroy_id", "SOFTRDMA_PRIVATE_1", destroy_id);
+
+unsafe extern "C" fn bind_addr(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; addr is the caller's.
+        let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { sockaddr_to(addr) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if let Err(e) = i.inner.bind_addr(a) {
+            return fail(&e);
+        }
+        i.wildcard = a.ip().is_unspecified();
+        refresh(i);
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_bind_addr", "SOFTRDMA_PRIVATE_1", bind_addr);
+
+unsafe extern "C" fn resolve_addr(
+    id: *mut RdmaCmId,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; the addresses are the caller's.
+        let (Some(i), src, Some(dst)) =
+            (unsafe { id_mut(id) }, unsafe { sockaddr_to(src) }, unsafe { sockaddr_to(dst) })
+        else {
+            return fail_with(libc::EINVAL);
+        };
+        if let Err(e) = i.inner.resolve_addr(src, dst) {
+            return fail(&e);
+        }
+        refresh(i);
+        complete(i)
+    })
+}
+export!("softrdma_rdmacm_rdma_resolve_addr", "SOFTRDMA_PRIVATE_1", resolve_addr);
+
+unsafe extern "C" fn resolve_route(id: *mut RdmaCmId, _timeout_ms: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        if let Err(e) = i.inner.resolve_route() {
+            return fail(&e);
+        }
+        complete(i)
+    })
+}
+export!("softrdma_rdmacm_rdma_resolve_route", "SOFTRDMA_PRIVATE_1", resolve_route);
+
+unsafe extern "C" fn listen(id: *mut RdmaCmId, backlog: c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        let backlog = u32::try_from(backlog).ok().filter(|&b| b > 0).unwrap_or(1024);
+        match i.inner.listen(backlog) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_listen", "SOFTRDMA_PRIVATE_1", listen);
+
+unsafe extern "C" fn migrate_id(id: *mut RdmaCmId, channel: *mut RdmaEventChannel) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        let (ch, own) = if channel.is_null() {
+            match new_channel() {
+                Ok(c) => (c, true),
+                Err(e) => return fail(&e),
+            }
+        } else {
+            (channel.cast::<ChannelC>(), false)
+        };
+        // SAFETY: ch is one of ours.
+        i.inner.migrate(&unsafe { &*ch }.inner);
+        let old = std::mem::replace(&mut i.own_channel, if own { ch } else { ptr::null_mut() });
+        i.id.channel = ch.cast();
+        if !old.is_null() {
+            // SAFETY: the ID's previous own channel, which only it used.
+            drop(unsafe { Box::from_raw(old) });
+        }
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_migrate_id", "SOFTRDMA_PRIVATE_1", migrate_id);
+
+// ---- QPs ---------------------------------------------------------------------------------
+
+/// A completion channel and a CQ of `depth` whose context is the ID, as librdmacm's
+/// `ucma_create_cqs` makes them.
+fn id_cq(i: &mut IdC, depth: u32) -> Option<(*mut IbvCompChannel, *mut IbvCq)> {
+    // SAFETY: verbs is our context.
+    let ch = unsafe { objects::create_comp_channel(i.id.verbs) };
+    if ch.is_null() {
+        return None;
+    }
+    let depth = c_int::try_from(depth.max(1)).unwrap_or(c_int::MAX);
+    let me: *mut RdmaCmId = &raw mut i.id;
+    // SAFETY: verbs and ch are ours.
+    let cq = unsafe { objects::create_cq(i.id.verbs, depth, me.cast(), ch, 0) };
+    if cq.is_null() {
+        // SAFETY: made above, unused.
+        unsafe { objects::destroy_comp_channel(ch) };
+        return None;
+    }
+    Some((ch, cq))
+}
+
+fn create_qp_for(i: &mut IdC, pd: *mut IbvPd, attr: &mut IbvQpInitAttr) -> c_int {
+    if i.id.verbs.is_null() {
+        return fail_with(libc::EINVAL);
+    }
+    let pd = if !pd.is_null() {
+        pd
+    } else {
+        if i.id.pd.is_null() {
+            // SAFETY: verbs is our context.
+            let p = unsafe { objects::alloc_pd(i.id.verbs) };
+            if p.is_null() {
+                return -1;
+            }
+            i.id.pd = p;
+            i.owns_pd = true;
+        }
+        i.id.pd
+    };
+    if attr.recv_cq.is_null() {
+        let Some((ch, cq)) = id_cq(i, attr.cap.max_recv_wr) else { return -1 };
+        (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
+        attr.recv_cq = cq;
+    }
+    if attr.send_cq.is_null() {
+        let Some((ch, cq)) = id_cq(i, attr.cap.max_send_wr) else { return -1 };
+        (i.id.send_cq_channel, i.id.send_cq, i.owns_send_cq) = (ch, cq, true);
+        attr.send_cq = cq;
+    }
+    if attr.qp_type == 0 {
+        attr.qp_type = i.id.qp_type;
+    }
+    let qp_type = match attr.qp_type {
+        2 => QpType::Rc,
+        3 => QpType::Uc,
+        4 => QpType::Ud,
+        _ => return fail_with(libc::EOPNOTSUPP),
+    };
+    // SAFETY: the PD, CQs and SRQ are ours (or NULL).
+    let (p, scq, rcq, srq) = unsafe {
+        (
+            obj::<IbvPd, PdC>(pd),
+            obj::<IbvCq, CqC>(attr.send_cq),
+            obj::<IbvCq, CqC>(attr.recv_cq),
+            obj::<IbvSrq, SrqC>(attr.srq),
+        )
+    };
+    let (Some(p), Some(scq), Some(rcq)) = (p, scq, rcq) else { return fail_with(libc::EINVAL) };
+    let c = attr.cap;
+    let init = QpInit {
+        qp_type,
+        send_cq: &scq.inner,
+        recv_cq: &rcq.inner,
+        srq: srq.map(|s| &s.inner),
+        cap: QpCap {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        },
+        sq_sig_all: attr.sq_sig_all != 0,
+    };
+    match i.inner.create_qp_with(&p.inner, &init) {
+        Ok(qp) => {
+            i.id.qp = objects::wrap_qp(pd, attr, qp);
+            i.id.srq = attr.srq;
+            0
+        }
+        Err(e) => fail(&e),
+    }
+}
+
+unsafe extern "C" fn create_qp(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvQpInitAttr) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; attr is the caller's.
+        let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { attr.as_mut() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        create_qp_for(i, pd, a)
+    })
+}
+export!("softrdma_rdmacm_rdma_create_qp", "SOFTRDMA_PRIVATE_1", create_qp);
+
+fn destroy_qp_of(i: &mut IdC) {
+    if !i.id.qp.is_null() {
+        // SAFETY: the ID's QP, ours, destroyed once.
+        unsafe { objects::destroy_qp(i.id.qp) };
+        i.id.qp = ptr::null_mut();
+    }
+    if std::mem::take(&mut i.owns_send_cq) {
+        // SAFETY: the CQ and channel this ID made, destroyed once, the CQ first.
+        unsafe { objects::destroy_cq(i.id.send_cq) };
+        // SAFETY: as above.
+        unsafe { objects::destroy_comp_channel(i.id.send_cq_channel) };
+        (i.id.send_cq, i.id.send_cq_channel) = (ptr::null_mut(), ptr::null_mut());
+    }
+    if std::mem::take(&mut i.owns_recv_cq) {
+        // SAFETY: the CQ and channel this ID made, destroyed once, the CQ first.
+        unsafe { objects::destroy_cq(i.id.recv_cq) };
+        // SAFETY: as above.
+        unsafe { objects::destroy_comp_channel(i.id.recv_cq_channel) };
+        (i.id.recv_cq, i.id.recv_cq_channel) = (ptr::null_mut(), ptr::null_mut());
+    }
+}
+
+unsafe extern "C" fn destroy_qp(id: *mut RdmaCmId) {
+    guard((), || {
+        // SAFETY: id is ours or NULL.
+        if let Some(i) = unsafe { id_mut(id) } {
+            destroy_qp_of(i);
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_destroy_qp", "SOFTRDMA_PRIVATE_1", destroy_qp);
+
+// ---- connections ---------------------------------------------------------------------
+
+/// A C `rdma_conn_param` (NULL: librdmacm's defaults).
+///
+/// # Safety
+/// `p` must be NULL or valid, its private data `private_data_len` bytes.
+unsafe fn conn_param(p: *const RdmaConnParam) -> ConnParam {
+    // SAFETY: per the contract.
+    let Some(c) = (unsafe { p.as_ref() }) else { return ConnParam::default() };
+    let private_data = if c.private_data.is_null() {
+        Vec::new()
+    } else {
+        // SAFETY: per the contract.
+        unsafe { std::slice::from_raw_parts(c.private_data.cast::<u8>(), usize::from(c.private_data_len)) }.to_vec()
+    };
+    ConnParam {
+        private_data,
+        responder_resources: c.responder_resources,
+        initiator_depth: c.initiator_depth,
+        flow_control: c.flow_control != 0,
+        retry_count: c.retry_count.min(7),
+        rnr_retry_count: c.rnr_retry_count.min(7),
+        srq: c.srq != 0,
+        qp_num: c.qp_num,
+        ..ConnParam::default()
+    }
+}
+
+unsafe extern "C" fn connect(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; param the caller's.
+        let (Some(i), p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if let Err(e) = i.inner.connect(&p) {
+            return fail(&e);
+        }
+        complete(i)
+    })
+}
+export!("softrdma_rdmacm_rdma_connect", "SOFTRDMA_PRIVATE_1", connect);
+
+unsafe extern "C" fn accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; param the caller's.
+        let (Some(i), p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if let Err(e) = i.inner.accept(&p) {
+            return fail(&e);
+        }
+        if i.id.qp_type == 4 { 0 } else { complete(i) }
+    })
+}
+export!("softrdma_rdmacm_rdma_accept", "SOFTRDMA_PRIVATE_1", accept);
+
+unsafe extern "C" fn reject(id: *mut RdmaCmId, data: *const c_void, len: u8) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        let data = if data.is_null() {
+            &[][..]
+        } else {
+            // SAFETY: the caller's len bytes.
+            unsafe { std::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }
+        };
+        match i.inner.reject(data) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_reject", "SOFTRDMA_PRIVATE_1", reject);
+
+unsafe extern "C" fn disconnect(id: *mut RdmaCmId) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        if let Err(e) = i.inner.disconnect() {
+            return fail(&e);
+        }
+        complete(i)
+    })
+}
+export!("softrdma_rdmacm_rdma_disconnect", "SOFTRDMA_PRIVATE_1", disconnect);
+
+// ---- endpoints (the synchronous API) -------------------------------------------------
+
+unsafe extern "C" fn create_ep(
+    out: *mut *mut RdmaCmId,
+    res: *mut RdmaAddrinfo,
+    pd: *mut IbvPd,
+    attr: *mut IbvQpInitAttr,
+) -> c_int {
+    guard(-1, || {
+        // SAFETY: res is the caller's rdma_addrinfo.
+        let Some(r) = (unsafe { res.as_ref() }) else { return fail_with(libc::EINVAL) };
+        if out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        let mut idp: *mut RdmaCmId = ptr::null_mut();
+        // SAFETY: a synchronous ID (no channel) into a local.
+        if unsafe { create_id(ptr::null_mut(), &mut idp, ptr::null_mut(), r.ai_port_space as u32) } != 0 {
+            return -1;
+        }
+        let done = |rc: c_int| {
+            if rc != 0 {
+                // SAFETY: the ID made above, not handed out.
+                unsafe { destroy_ep(idp) };
+            }
+            rc
+        };
+        // SAFETY: made above.
+        let i = unsafe { &mut *idp.cast::<IdC>() };
+        i.id.qp_type = r.ai_qp_type as u32;
+        if r.ai_flags & RAI_PASSIVE != 0 {
+            // SAFETY: the addrinfo's source address.
+            if unsafe { bind_addr(idp, r.ai_src_addr) } != 0 {
+                return done(-1);
+            }
+            // SAFETY: the caller's attributes, plain data copied for rdma_get_request.
+            i.init_attr = unsafe { attr.as_ref() }.map(|a| unsafe { ptr::read(a) });
+            i.id.pd = pd;
+        } else {
+            // SAFETY: the addrinfo's addresses.
+            if unsafe { resolve_addr(idp, r.ai_src_addr, r.ai_dst_addr, 2000) } != 0 {
+                return done(-1);
+            }
+            // SAFETY: the ID made above.
+            if unsafe { resolve_route(idp, 2000) } != 0 {
+                return done(-1);
+            }
+            // SAFETY: the caller's attributes.
+            if let Some(a) = unsafe { attr.as_mut() } {
+                a.qp_type = r.ai_qp_type as u32;
+                if create_qp_for(i, pd, a) != 0 {
+                    return done(-1);
+                }
+            }
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *out = idp };
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_create_ep", "SOFTRDMA_PRIVATE_1", create_ep);
+
+unsafe extern "C" fn destroy_ep(id: *mut RdmaCmId) {
+    guard((), || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return };
+        destroy_qp_of(i);
+        if std::mem::take(&mut i.owns_pd) {
+            // SAFETY: the PD this ID made, destroyed once, after its QP.
+            unsafe { objects::dealloc_pd(i.id.pd) };
+            i.id.pd = ptr::null_mut();
+        }
+        // SAFETY: ours, destroyed once.
+        unsafe { destroy_id(id) };
+    })
+}
+export!("softrdma_rdmacm_rdma_destroy_ep", "SOFTRDMA_PRIVATE_1", destroy_ep);
+
+unsafe extern "C" fn get_request(listen: *mut RdmaCmId, out: *mut *mut RdmaCmId) -> c_int {
+    guard(-1, || {
+        // SAFETY: listen is ours or NULL.
+        let Some(l) = (unsafe { id_mut(listen) }) else { return fail_with(libc::EINVAL) };
+        if l.own_channel.is_null() || out.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        let e = match next_event(l.own_channel) {
+            Ok(e) => e,
+            Err(e) => return fail(&e),
+        };
+        // SAFETY: e was just made.
+        let (kind, status, idp) = unsafe { ((*e).event, (*e).status, (*e).id) };
+        if status != 0 || kind != CmEventKind::ConnectRequest as u32 {
+            // SAFETY: ours, not handed out.
+            unsafe { free_event(e) };
+            return fail_with(if status != 0 { status.abs() } else { libc::EINVAL });
+        }
+        // The new ID is synchronous too, on a channel of its own.
+        // SAFETY: the event's new ID, ours.
+        if unsafe { migrate_id(idp, ptr::null_mut()) } != 0 {
+            return -1;
+        }
+        // SAFETY: as above.
+        let i = unsafe { &mut *idp.cast::<IdC>() };
+        if let Some(a) = &l.init_attr {
+            // SAFETY: plain data.
+            let mut a = unsafe { ptr::read(a) };
+            if create_qp_for(i, l.id.pd, &mut a) != 0 {
+                // SAFETY: ours.
+                unsafe { free_event(e) };
+                return -1;
+            }
+        }
+        i.id.event = e;
+        // SAFETY: the caller's out pointer.
+        unsafe { *out = idp };
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_get_request", "SOFTRDMA_PRIVATE_1", get_request);
+
+// ---- rdma_getaddrinfo ----------------------------------------------------------------
+
+#[repr(C)]
+struct AddrinfoC {
+    ai: RdmaAddrinfo,
+    src: libc::sockaddr_storage,
+    dst: libc::sockaddr_storage,
+}
+
+/// The address of `node` (a numeric address or a host name), of `family` if not 0.
+fn lookup(node: &str, port: u16, family: c_int) -> Option<SocketAddr> {
+    let want = |a: &SocketAddr| match family {
+        libc::AF_INET => a.is_ipv4(),
+        libc::AF_INET6 => a.is_ipv6(),
+        _ => true,
+    };
+    if let Ok(ip) = node.parse::<IpAddr>() {
+        return Some(SocketAddr::new(ip, port)).filter(want);
+    }
+    let all: Vec<SocketAddr> = (node, port).to_socket_addrs().ok()?.filter(want).collect();
+    all.iter().find(|a| a.is_ipv4()).or(all.first()).copied()
+}
+
+unsafe extern "C" fn getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const RdmaAddrinfo,
+    res: *mut *mut RdmaAddrinfo,
+) -> c_int {
+    guard(-1, || {
+        if res.is_null() || (node.is_null() && service.is_null()) {
+            return fail_with(libc::EINVAL);
+        }
+        // SAFETY: C strings or NULL, as the caller passes them.
+        let (node, service) = unsafe {
+            (
+                (!node.is_null()).then(|| CStr::from_ptr(node).to_string_lossy().into_owned()),
+                (!service.is_null()).then(|| CStr::from_ptr(service).to_string_lossy().into_owned()),
+            )
+        };
+        // SAFETY: the caller's hints or NULL.
+        let h = unsafe { hints.as_ref() };
+        let flags = h.map_or(0, |h| h.ai_flags);
+        let family = h.map_or(0, |h| if h.ai_flags & RAI_FAMILY != 0 || h.ai_family != 0 { h.ai_family } else { 0 });
+        let Ok(port) = service.as_deref().map_or(Ok(0), str::parse::<u16>) else {
+            return libc::EAI_SERVICE;
+        };
+        let passive = flags & RAI_PASSIVE != 0;
+        let addr = match &node {
+            Some(n) => match lookup(n, port, family) {
+                Some(a) => a,
+                None => return libc::EAI_NONAME,
+            },
+            None if passive => {
+                let any = if family == libc::AF_INET6 {
+                    IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+                } else {
+                    IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+                };
+                SocketAddr::new(any, port)
+            }
+            None => return libc::EAI_NONAME,
+        };
+        let mut ps = h.map_or(0, |h| h.ai_port_space);
+        let mut qp_type = h.map_or(0, |h| h.ai_qp_type);
+        if ps == 0 {
+            ps = if qp_type == 4 { i32::from(PortSpace::UDP.0) } else { i32::from(PortSpace::TCP.0) };
+        }
+        if qp_type == 0 {
+            qp_type = qp_type_of(ps as u32).1 as c_int;
+        }
+        // SAFETY: plain data; zero is empty.
+        let zero: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let mut out = Box::new(AddrinfoC {
+            ai: RdmaAddrinfo {
+                ai_flags: flags,
+                ai_family: if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 },
+                ai_qp_type: qp_type,
+                ai_port_space: ps,
+                ai_src_len: 0,
+                ai_dst_len: 0,
+                ai_src_addr: ptr::null_mut(),
+                ai_dst_addr: ptr::null_mut(),
+                ai_src_canonname: ptr::null_mut(),
+                ai_dst_canonname: ptr::null_mut(),
+                ai_route_len: 0,
+                ai_route: ptr::null_mut(),
+                ai_connect_len: 0,
+                ai_connect: ptr::null_mut(),
+                ai_next: ptr::null_mut(),
+            },
+            src: zero,
+            dst: zero,
+        });
+        let (sa, len) = sockaddr_from(addr);
+        if passive {
+            out.src = sa;
+            out.ai.ai_src_len = len;
+            out.ai.ai_src_addr = (&raw mut out.src).cast();
+        } else {
+            out.dst = sa;
+            out.ai.ai_dst_len = len;
+            out.ai.ai_dst_addr = (&raw mut out.dst).cast();
+            // SAFETY: the hints' source address, if any.
+            if let Some(src) = h.and_then(|h| unsafe { sockaddr_to(h.ai_src_addr) }) {
+                let (sa, len) = sockaddr_from(src);
+                out.src = sa;
+                out.ai.ai_src_len = len;
+                out.ai.ai_src_addr = (&raw mut out.src).cast();
+            }
+        }
+        // SAFETY: the caller's out pointer.
+        unsafe { *res = Box::into_raw(out).cast() };
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_getaddrinfo", "SOFTRDMA_PRIVATE_1", getaddrinfo);
+
+unsafe extern "C" fn freeaddrinfo(res: *mut RdmaAddrinfo) {
+    guard((), || {
+        let mut p = res;
+        while !p.is_null() {
+            // SAFETY: made by rdma_getaddrinfo, freed once.
+            let b = unsafe { Box::from_raw(p.cast::<AddrinfoC>()) };
+            p = b.ai.ai_next;
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_freeaddrinfo", "SOFTRDMA_PRIVATE_1", freeaddrinfo);
+
+// ---- not done yet ----------------------------------------------------------------------
+
+/// Not supported yet: -1 with `errno = ENOSYS` (for the calls returning `int`, `ssize_t`
+/// or `off_t`).
+unsafe extern "C" fn minus_one_enosys() -> c_long {
+    errno::set(libc::ENOSYS);
+    -1
+}
+
+/// Not supported yet: NULL with `errno = ENOSYS`.
+unsafe extern "C" fn null_enosys() -> *mut c_void {
+    errno::set(libc::ENOSYS);
+    ptr::null_mut()
+}
+
+/// Nothing to do (`rdma_free_devices` of the list `rdma_get_devices` never made), or 0
+/// (`rdma_get_src_port`/`rdma_get_dst_port` of an ID with no address).
+unsafe extern "C" fn zero() -> c_long {
+    0
+}
+
+macro_rules! enosys {
+    ($($name:literal),* $(,)?) => { $( export!($name, "SOFTRDMA_PRIVATE_1", minus_one_enosys); )* };
+}
+
+enosys!(
+    "softrdma_rdmacm_rdma_create_qp_ex",
+    "softrdma_rdmacm_rdma_create_srq",
+    "softrdma_rdmacm_rdma_create_srq_ex",
+    "softrdma_rdmacm_rdma_destroy_srq",
+    "softrdma_rdmacm_rdma_establish",
+    "softrdma_rdmacm_rdma_init_qp_attr",
+    "softrdma_rdmacm_rdma_join_multicast",
+    "softrdma_rdmacm_rdma_join_multicast_ex",
+    "softrdma_rdmacm_rdma_leave_multicast",
+    "softrdma_rdmacm_rdma_notify",
+    "softrdma_rdmacm_rdma_set_option",
+    "softrdma_rdmacm_rdma_get_remote_ece",
+    "softrdma_rdmacm_rdma_set_local_ece",
+    "softrdma_rdmacm_rdma_reject_ece",
+    "softrdma_rdmacm_raccept",
+    "softrdma_rdmacm_rbind",
+    "softrdma_rdmacm_rclose",
+    "softrdma_rdmacm_rconnect",
+    "softrdma_rdmacm_rfcntl",
+    "softrdma_rdmacm_rgetpeername",
+    "softrdma_rdmacm_rgetsockname",
+    "softrdma_rdmacm_rgetsockopt",
+    "softrdma_rdmacm_riomap",
+    "softrdma_rdmacm_riounmap",
+    "softrdma_rdmacm_riowrite",
+    "softrdma_rdmacm_rlisten",
+    "softrdma_rdmacm_rpoll",
+    "softrdma_rdmacm_rread",
+    "softrdma_rdmacm_rreadv",
+    "softrdma_rdmacm_rrecv",
+    "softrdma_rdmacm_rrecvfrom",
+    "softrdma_rdmacm_rrecvmsg",
+    "softrdma_rdmacm_rselect",
+    "softrdma_rdmacm_rsend",
+    "softrdma_rdmacm_rsendmsg",
+    "softrdma_rdmacm_rsendto",
+    "softrdma_rdmacm_rsetsockopt",
+    "softrdma_rdmacm_rshutdown",
+    "softrdma_rdmacm_rsocket",
+    "softrdma_rdmacm_rwrite",
+    "softrdma_rdmacm_rwritev",
+);
+export!("softrdma_rdmacm_rdma_get_devices", "SOFTRDMA_PRIVATE_1", null_enosys);
+export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", zero);
+export!("softrdma_rdmacm_rdma_get_src_port", "SOFTRDMA_PRIVATE_1", zero);
+export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", zero);
