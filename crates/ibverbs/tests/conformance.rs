@@ -18,15 +18,24 @@ fn debian_ibverbs_utils_run_over_softrdma() {
     // build`; the newer one is this build's.
     let exe = std::env::current_exe().unwrap();
     let deps = exe.parent().unwrap();
-    let built = [deps.join("libsoftrdma_ibverbs.so"), deps.parent().unwrap().join("libsoftrdma_ibverbs.so")]
-        .into_iter()
-        .filter_map(|p| std::fs::metadata(&p).and_then(|m| m.modified()).ok().map(|t| (t, p)))
-        .max()
-        .map(|(_, p)| p)
+    let newest = |name: &str| {
+        [deps.join(name), deps.parent().unwrap().join(name)]
+            .into_iter()
+            .filter_map(|p| std::fs::metadata(&p).and_then(|m| m.modified()).ok().map(|t| (t, p)))
+            .max()
+            .map(|(_, p)| p)
+    };
+    let built = newest("libsoftrdma_ibverbs.so")
         .unwrap_or_else(|| panic!("libsoftrdma_ibverbs.so was not built next to {}", exe.display()));
     let lib = std::env::temp_dir().join(format!("softrdma-ibverbs-{}", std::process::id()));
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::copy(&built, lib.join("libibverbs.so.1")).unwrap();
+    // librdmacm.so.1 (softrdma-rdmacm): built by `cargo test --workspace`, not by `cargo
+    // test -p softrdma-ibverbs`; without it the script says SKIP for the rdma_cm programs.
+    let rdmacm = newest("libsoftrdma_rdmacm.so");
+    if let Some(r) = &rdmacm {
+        std::fs::copy(r, lib.join("librdmacm.so.1")).unwrap();
+    }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance/run.sh");
     let out = Command::new("bash")
         .arg(&script)
@@ -44,6 +53,14 @@ fn debian_ibverbs_utils_run_over_softrdma() {
             // "pass", or "pass (attempt 2; ...)" for a UC/UD ping-pong the script retried.
             text.lines().any(|l| l.starts_with(program) && (l.ends_with(" pass") || l.contains(" pass (attempt 2"))),
             "{program} did not pass:\n{text}"
+        );
+    }
+    let rdmacm_utils =
+        Command::new("sh").args(["-c", "command -v rdma_server"]).output().is_ok_and(|o| o.status.success());
+    if rdmacm.is_some() && rdmacm_utils {
+        assert!(
+            text.lines().any(|l| l.starts_with("rdma_server/rdma_client") && l.ends_with(" pass")),
+            "rdma_server/rdma_client did not pass:\n{text}"
         );
     }
     assert!(out.status.success(), "a program failed:\n{text}");
