@@ -48,6 +48,10 @@ struct IdC {
     owns_pd: bool,
     owns_send_cq: bool,
     owns_recv_cq: bool,
+    /// A connection request's READ/atomic depths as this side sees them (responder
+    /// resources, initiator depth): what `rdma_accept(id, NULL)` accepts with, as
+    /// librdmacm's `ucma_process_conn_req` keeps them.
+    request_depths: Option<(u8, u8)>,
 }
 
 /// An `rdma_cm_event` and the private data it points at.
@@ -194,6 +198,7 @@ fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, 
         owns_pd: false,
         owns_send_cq: false,
         owns_recv_cq: false,
+        request_depths: None,
     }));
     IDS.lock().unwrap_or_else(PoisonError::into_inner).push((key, p as usize));
     p
@@ -227,6 +232,10 @@ fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
     // SAFETY: id is a live ID of ours; the application does not use it concurrently with
     // the call that delivers its event.
     refresh(unsafe { &mut *id });
+    if let (CmEventKind::ConnectRequest, Some(p)) = (ev.kind, &ev.param) {
+        // SAFETY: as above.
+        unsafe { (*id).request_depths = Some((p.responder_resources, p.initiator_depth)) };
+    }
     let private_data = ev.private_data.clone();
     let pd_ptr = if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() };
     let pd_len = u8::try_from(private_data.len()).unwrap_or(u8::MAX);
@@ -730,9 +739,17 @@ export!("softrdma_rdmacm_rdma_connect", "SOFTRDMA_PRIVATE_1", connect);
 unsafe extern "C" fn accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard(-1, || {
         // SAFETY: id is ours or NULL; param the caller's.
-        let (Some(i), p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
+        let (Some(i), mut p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
             return fail_with(libc::EINVAL);
         };
+        if param.is_null() {
+            // librdmacm's rdma_accept(id, NULL): the depths the request asked for, within
+            // what the device allows (rping accepts so, then READs the client's buffer).
+            let (responder_resources, initiator_depth) = i.request_depths.unwrap_or((0, 0));
+            let max = i.inner.context().map_or(0, |c| c.device().attributes().max_qp_rd_atom);
+            p.responder_resources = responder_resources.min(max);
+            p.initiator_depth = initiator_depth.min(max);
+        }
         if let Err(e) = i.inner.accept(&p) {
             return fail(&e);
         }

@@ -58,10 +58,12 @@ fn debian_ibverbs_utils_run_over_softrdma() {
     let rdmacm_utils =
         Command::new("sh").args(["-c", "command -v rdma_server"]).output().is_ok_and(|o| o.status.success());
     if rdmacm.is_some() && rdmacm_utils {
-        assert!(
-            text.lines().any(|l| l.starts_with("rdma_server/rdma_client") && l.ends_with(" pass")),
-            "rdma_server/rdma_client did not pass:\n{text}"
-        );
+        for program in ["rdma_server/rdma_client", "rping -s/-c -v -C 10"] {
+            assert!(
+                text.lines().any(|l| l.starts_with(program) && l.ends_with(" pass")),
+                "{program} did not pass:\n{text}"
+            );
+        }
     }
     assert!(out.status.success(), "a program failed:\n{text}");
 }
