@@ -431,6 +431,34 @@ fn cap_c(c: &QpCap) -> IbvQpCap {
     }
 }
 
+/// The QP a C `ibv_qp_init_attr` describes, its CQs and SRQ resolved to ours; the errno
+/// for one softrdma cannot create (EOPNOTSUPP: a QP type it lacks; EINVAL: no CQs).
+///
+/// # Safety
+/// The CQs and SRQ `init` names must be ours or NULL, and outlive the result.
+pub(crate) unsafe fn qp_init<'a>(init: &IbvQpInitAttr) -> Result<QpInit<'a>, c_int> {
+    let t = qp_type(init.qp_type).ok_or(libc::EOPNOTSUPP)?;
+    // SAFETY: per the contract.
+    let (scq, rcq, srq) =
+        unsafe { (obj::<IbvCq, CqC>(init.send_cq), obj::<IbvCq, CqC>(init.recv_cq), obj::<IbvSrq, SrqC>(init.srq)) };
+    let (Some(scq), Some(rcq)) = (scq, rcq) else { return Err(libc::EINVAL) };
+    let c = init.cap;
+    Ok(QpInit {
+        qp_type: t,
+        send_cq: &scq.inner,
+        recv_cq: &rcq.inner,
+        srq: srq.map(|s| &s.inner),
+        cap: QpCap {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        },
+        sq_sig_all: init.sq_sig_all != 0,
+    })
+}
+
 unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard(ptr::null_mut(), || {
         // SAFETY: pd is ours or NULL; init is the caller's.
@@ -438,32 +466,13 @@ unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        let Some(t) = qp_type(init.qp_type) else {
-            errno::set(libc::EOPNOTSUPP);
-            return ptr::null_mut();
-        };
         // SAFETY: the CQs and SRQ are ours or NULL.
-        let (scq, rcq, srq) = unsafe {
-            (obj::<IbvCq, CqC>(init.send_cq), obj::<IbvCq, CqC>(init.recv_cq), obj::<IbvSrq, SrqC>(init.srq))
-        };
-        let (Some(scq), Some(rcq)) = (scq, rcq) else {
-            errno::set(libc::EINVAL);
-            return ptr::null_mut();
-        };
-        let c = init.cap;
-        let q = QpInit {
-            qp_type: t,
-            send_cq: &scq.inner,
-            recv_cq: &rcq.inner,
-            srq: srq.map(|s| &s.inner),
-            cap: QpCap {
-                max_send_wr: c.max_send_wr,
-                max_recv_wr: c.max_recv_wr,
-                max_send_sge: c.max_send_sge,
-                max_recv_sge: c.max_recv_sge,
-                max_inline_data: c.max_inline_data,
-            },
-            sq_sig_all: init.sq_sig_all != 0,
+        let q = match unsafe { qp_init(init) } {
+            Ok(q) => q,
+            Err(n) => {
+                errno::set(n);
+                return ptr::null_mut();
+            }
         };
         match p.inner.create_qp(&q) {
             Ok(qp) => wrap_qp(pd, init, qp),

@@ -17,14 +17,14 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::ptr;
 use std::sync::{Mutex, PoisonError};
 
-use softrdma::{CmEvent, CmEventKind, CmId, CmStatus, ConnParam, EventChannel, PortSpace, QpCap, QpInit, QpType};
+use softrdma::{CmEvent, CmEventKind, CmId, CmStatus, ConnParam, EventChannel, PortSpace, QpType};
 
 use crate::abi::*;
 use crate::cma_abi::*;
 use crate::device::cm_context;
 use crate::errno;
 use crate::guard;
-use crate::objects::{self, CqC, PdC, SrqC, obj};
+use crate::objects::{self, PdC, obj};
 
 /// An `rdma_event_channel` and the softrdma channel behind it.
 #[repr(C)]
@@ -610,37 +610,13 @@ fn create_qp_for(i: &mut IdC, pd: *mut IbvPd, attr: &mut IbvQpInitAttr) -> c_int
     if attr.qp_type == 0 {
         attr.qp_type = i.id.qp_type;
     }
-    let qp_type = match attr.qp_type {
-        2 => QpType::Rc,
-        3 => QpType::Uc,
-        4 => QpType::Ud,
-        _ => return fail_with(libc::EOPNOTSUPP),
+    // SAFETY: the CQs and SRQ are ours (or NULL).
+    let init = match unsafe { objects::qp_init(attr) } {
+        Ok(init) => init,
+        Err(n) => return fail_with(n),
     };
-    // SAFETY: the PD, CQs and SRQ are ours (or NULL).
-    let (p, scq, rcq, srq) = unsafe {
-        (
-            obj::<IbvPd, PdC>(pd),
-            obj::<IbvCq, CqC>(attr.send_cq),
-            obj::<IbvCq, CqC>(attr.recv_cq),
-            obj::<IbvSrq, SrqC>(attr.srq),
-        )
-    };
-    let (Some(p), Some(scq), Some(rcq)) = (p, scq, rcq) else { return fail_with(libc::EINVAL) };
-    let c = attr.cap;
-    let init = QpInit {
-        qp_type,
-        send_cq: &scq.inner,
-        recv_cq: &rcq.inner,
-        srq: srq.map(|s| &s.inner),
-        cap: QpCap {
-            max_send_wr: c.max_send_wr,
-            max_recv_wr: c.max_recv_wr,
-            max_send_sge: c.max_send_sge,
-            max_recv_sge: c.max_recv_sge,
-            max_inline_data: c.max_inline_data,
-        },
-        sq_sig_all: attr.sq_sig_all != 0,
-    };
+    // SAFETY: the PD is ours (or NULL).
+    let Some(p) = (unsafe { obj::<IbvPd, PdC>(pd) }) else { return fail_with(libc::EINVAL) };
     match i.inner.create_qp_with(&p.inner, &init) {
         Ok(qp) => {
             i.id.qp = objects::wrap_qp(pd, attr, qp);
