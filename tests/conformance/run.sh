@@ -134,79 +134,68 @@ run_pair "ibv_uc_pingpong -g 0" 1 ibv_uc_pingpong -g 0
 run_pair "ibv_ud_pingpong -g 0" 1 ibv_ud_pingpong -g 0
 run_pair "ibv_srq_pingpong -g 0" 0 ibv_srq_pingpong -g 0
 
-# rdma_server/rdma_client: the synchronous endpoint API (rdma_getaddrinfo, rdma_create_ep,
-# rdma_get_request, rdma_accept/connect, the rdma_verbs.h inlines, rdma_disconnect). Both
-# print "<name>: end 0" on success.
-rdma_pair() {
-    if ! command -v rdma_server >/dev/null 2>&1; then
-        line "rdma_server/rdma_client" "SKIP rdma_server is not installed (apt-get install rdmacm-utils)"
-        return
-    fi
-    if [ ! -e "$lib/librdmacm.so.1" ]; then
-        line "rdma_server/rdma_client" "SKIP librdmacm.so.1 not built (cargo build -p softrdma-rdmacm)"
-        return
-    fi
-    port=$((port + 1))
-    timeout "$TIMEOUT" rdma_server -p "$port" >"$work/rdma.server" 2>&1 &
-    local server=$! crc=1 tries=0
-    # The client retries (bounded) while the server is not listening yet.
-    while [ $tries -lt 50 ]; do
-        tries=$((tries + 1))
-        timeout "$TIMEOUT" rdma_client -s 127.0.0.1 -p "$port" >"$work/rdma.client" 2>&1
-        crc=$?
-        grep -q "end 0" "$work/rdma.client" && break
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.1
-    done
-    wait "$server"
-    local src=$?
-    if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "rdma_server/rdma_client" "server exit $src, client exit $crc: $(tail -n 1 "$work/rdma.client")"
-    elif ! grep -q "rdma_server: end 0" "$work/rdma.server" || ! grep -q "rdma_client: end 0" "$work/rdma.client"; then
-        fail "rdma_server/rdma_client" "no 'end 0' line"
-    else
-        line "rdma_server/rdma_client" pass
-    fi
-}
-rdma_pair
-
-# rping: rdma_cm with event channels and completion channels, the server RDMA READs the
-# client's buffer and WRITEs back, 10 times with -v (each side prints "ping data: ...").
-rping_pair() {
-    local name="rping -s/-c -v -C 10"
-    if ! command -v rping >/dev/null 2>&1; then
-        line "$name" "SKIP rping is not installed (apt-get install rdmacm-utils)"
-        return
+# cm_pair NAME SERVER CLIENT: an rdmacm-utils pair (each a command line in a string) on a
+# fresh port: the server in the background, then the client, retried (bounded) while the
+# server is not listening yet. Returns 1, having printed the SKIP line, when the programs or
+# librdmacm.so.1 are missing; otherwise sets $src and $crc, and the output is in
+# $work/NAME.server and $work/NAME.client.
+cm_pair() {
+    local name=$1 server_cmd=$2 client_cmd=$3 tag
+    tag=$(echo "$name" | tr -c 'a-z_\n' '_')
+    if ! command -v "${server_cmd%% *}" >/dev/null 2>&1; then
+        line "$name" "SKIP ${server_cmd%% *} is not installed (apt-get install rdmacm-utils)"
+        return 1
     fi
     if [ ! -e "$lib/librdmacm.so.1" ]; then
         line "$name" "SKIP librdmacm.so.1 not built (cargo build -p softrdma-rdmacm)"
-        return
+        return 1
     fi
     port=$((port + 1))
-    timeout "$TIMEOUT" rping -s -a 127.0.0.1 -p "$port" -v -C 10 >"$work/rping.server" 2>&1 &
-    local server=$! crc=1 tries=0
-    # The client retries (bounded) while the server is not listening yet.
+    out="$work/$tag"
+    # shellcheck disable=SC2086 # the command lines are split into words on purpose
+    timeout "$TIMEOUT" ${server_cmd//PORT/$port} >"$out.server" 2>&1 &
+    local server=$! tries=0
+    crc=1
     while [ $tries -lt 50 ]; do
         tries=$((tries + 1))
-        timeout "$TIMEOUT" rping -c -a 127.0.0.1 -p "$port" -v -C 10 >"$work/rping.client" 2>&1
+        # shellcheck disable=SC2086
+        timeout "$TIMEOUT" ${client_cmd//PORT/$port} >"$out.client" 2>&1
         crc=$?
         [ $crc -eq 0 ] && break
         kill -0 "$server" 2>/dev/null || break
         sleep 0.1
     done
     wait "$server"
-    local src=$?
-    local pings
-    pings=$(grep -c "^ping data: rdma-ping-" "$work/rping.client")
+    src=$?
+}
+
+# rdma_server/rdma_client: the synchronous endpoint API (rdma_getaddrinfo, rdma_create_ep,
+# rdma_get_request, rdma_accept/connect, the rdma_verbs.h inlines, rdma_disconnect). Both
+# print "<name>: end 0" on success.
+name="rdma_server/rdma_client"
+if cm_pair "$name" "rdma_server -p PORT" "rdma_client -s 127.0.0.1 -p PORT"; then
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$work/rping.client")"
-    elif [ "$pings" -ne 10 ] || [ "$(grep -c "^server ping data: rdma-ping-" "$work/rping.server")" -ne 10 ]; then
+        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+    elif ! grep -q "rdma_server: end 0" "$out.server" || ! grep -q "rdma_client: end 0" "$out.client"; then
+        fail "$name" "no 'end 0' line"
+    else
+        line "$name" pass
+    fi
+fi
+
+# rping: rdma_cm with event channels and completion channels, the server RDMA READs the
+# client's buffer and WRITEs back, 10 times with -v (each side prints "ping data: ...").
+name="rping -s/-c -v -C 10"
+if cm_pair "$name" "rping -s -a 127.0.0.1 -p PORT -v -C 10" "rping -c -a 127.0.0.1 -p PORT -v -C 10"; then
+    pings=$(grep -c "^ping data: rdma-ping-" "$out.client")
+    if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+    elif [ "$pings" -ne 10 ] || [ "$(grep -c "^server ping data: rdma-ping-" "$out.server")" -ne 10 ]; then
         fail "$name" "$pings of 10 pings on the client"
     else
         line "$name" pass
     fi
-}
-rping_pair
+fi
 
 # --- not built yet ---------------------------------------------------------------------
 line "ibv_xsrq_pingpong" "SKIP not in scope yet (XRC: open_xrcd, create_srq_ex, create_qp_ex)"
