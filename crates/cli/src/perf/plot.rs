@@ -41,12 +41,7 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
                         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
                 }
             }
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.8))
-                .draw()
-                .map_err(|e| fail(e.to_string()))?;
+            legend(&mut chart).map_err(fail)?;
         }
         Mode::Lat if results.len() > 1 => {
             let med: Vec<(u64, f64)> =
@@ -62,12 +57,7 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
                     .label(name)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
             }
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.8))
-                .draw()
-                .map_err(|e| fail(e.to_string()))?;
+            legend(&mut chart).map_err(fail)?;
         }
         Mode::Lat => {
             let r = results.first().ok_or_else(|| fail("no results".into()))?;
@@ -116,16 +106,23 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
                 .map_err(|e| fail(e.to_string()))?
                 .label(format!("median {median:.2} us"))
                 .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-            chart
-                .configure_series_labels()
-                .border_style(BLACK)
-                .background_style(WHITE.mix(0.8))
-                .draw()
-                .map_err(|e| fail(e.to_string()))?;
+            legend(&mut chart).map_err(fail)?;
         }
     }
     root.present().map_err(|e| fail(e.to_string()))?;
     Ok(())
+}
+
+/// Draws the legend of `chart`'s labelled series, in its one style.
+fn legend<'a, 'b: 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, SVGBackend<'b>, CT>,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 /// A chart of some figure (0 to `top`, named `y_desc`) against message size on a log axis
