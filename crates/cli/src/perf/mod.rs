@@ -28,7 +28,7 @@ pub(crate) use baseline::BaselineArgs;
 use cm::CmConn;
 use control::{Control, Msg, SideInfo, SideStats};
 use progress::Progress;
-use report::{Ratio, Report, SizeResult, latency_is};
+use report::{Ratio, Report, SizeResult, Target, latency_is};
 use run::Side;
 use spec::{Mode, Op, Spec, TestArgs};
 
@@ -175,48 +175,31 @@ fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
     let write = report.spec.op == Op::Write;
     for r in &report.results {
         if let Some(l) = r.latency_us {
-            let name = format!("{} B median latency", r.bytes);
-            let mut add = |what: &str, limit: f64, like_for_like: bool, target: Option<f64>| {
-                let ratio = l.median / limit;
-                out.push(Ratio {
-                    figure: name.clone(),
-                    value: l.median,
-                    unit: "us",
-                    baseline: what.into(),
-                    baseline_value: limit,
-                    ratio,
-                    like_for_like,
-                    target: target.map(|t| format!("<= {t}")),
-                    met: target.map(|t| ratio <= t),
-                });
+            let lat = |what: &str, limit: f64, like_for_like: bool, target: Option<Target>| {
+                Ratio::new(format!("{} B median latency", r.bytes), l.median, "us", what, limit, like_for_like, target)
             };
-            let target = (write && r.bytes == 8).then_some(1.3);
-            add("busy-polled UDP one way", b.udp_busy_one_way_us.median, true, target);
-            add("blocking UDP one way", b.udp_blocking_one_way_us.median, false, None);
+            let target = (write && r.bytes == 8).then_some(Target::AtMost(1.3));
+            out.push(lat("busy-polled UDP one way", b.udp_busy_one_way_us.median, true, target));
+            out.push(lat("blocking UDP one way", b.udp_blocking_one_way_us.median, false, None));
         }
         if let Some(mbs) = r.bw_avg_mb_per_sec {
-            let gbs = mbs / 1e3;
-            let name = format!("{} B average bandwidth", r.bytes);
-            let mut add = |what: &str, limit: f64, like_for_like: bool, target: Option<f64>| {
-                let ratio = gbs / limit;
-                out.push(Ratio {
-                    figure: name.clone(),
-                    value: gbs,
-                    unit: "GB/s",
-                    baseline: what.into(),
-                    baseline_value: limit,
-                    ratio,
+            let bw = |what: &str, limit: f64, like_for_like: bool, target: Option<Target>| {
+                Ratio::new(
+                    format!("{} B average bandwidth", r.bytes),
+                    mbs / 1e3,
+                    "GB/s",
+                    what,
+                    limit,
                     like_for_like,
-                    target: target.map(|t| format!(">= {t}")),
-                    met: target.map(|t| ratio >= t),
-                });
+                    target,
+                )
             };
-            let target = (write && r.bytes == 65536).then_some(0.6);
-            add("UDP GSO+GRO goodput", b.udp_gso_gro_gbytes_per_sec, true, target);
+            let target = (write && r.bytes == 65536).then_some(Target::AtLeast(0.6));
+            out.push(bw("UDP GSO+GRO goodput", b.udp_gso_gro_gbytes_per_sec, true, target));
             if let Some(pvm) = b.process_vm_writev_gbytes_per_sec {
-                add("process_vm_writev", pvm, false, None);
+                out.push(bw("process_vm_writev", pvm, false, None));
             }
-            add("memcpy", b.memcpy_gbytes_per_sec, false, None);
+            out.push(bw("memcpy", b.memcpy_gbytes_per_sec, false, None));
         }
     }
     out
@@ -273,7 +256,7 @@ fn server(op: Op, a: &TestArgs) -> Result<(), PerfError> {
         listener.accept().map_err(|e| PerfError::Io(format!("accept: {e}")))?.0
     };
     let ctl = Control::new(stream)?;
-    let (version, spec, peer) = ctl.expect("Hello", HANDSHAKE, |m| match m {
+    let (version, spec, mut peer) = ctl.expect("Hello", HANDSHAKE, |m| match m {
         Msg::Hello { version, spec, side } => Some((version, spec, side)),
         _ => None,
     })?;
@@ -296,7 +279,6 @@ fn server(op: Op, a: &TestArgs) -> Result<(), PerfError> {
         ))));
     }
     run::check_peer(&spec, &peer).map_err(refuse)?;
-    let mut peer = peer;
     let (side, info, cm_conn) = if spec.rdma_cm {
         // rdma_cm listens on the TCP connection's address and port number.
         let mut conn = CmConn::listen(&spec, ctl.local()).map_err(refuse)?;

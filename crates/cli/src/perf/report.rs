@@ -200,6 +200,45 @@ pub(crate) struct Ratio {
     pub(crate) met: Option<bool>,
 }
 
+/// A target for a ratio: at most or at least this much of the limit.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Target {
+    AtMost(f64),
+    AtLeast(f64),
+}
+
+impl Ratio {
+    /// `value` (in `unit`) against `limit`, what `baseline` reached, with its `target`.
+    pub(crate) fn new(
+        figure: String,
+        value: f64,
+        unit: &'static str,
+        baseline: &str,
+        limit: f64,
+        like_for_like: bool,
+        target: Option<Target>,
+    ) -> Ratio {
+        let ratio = value / limit;
+        Ratio {
+            figure,
+            value,
+            unit,
+            baseline: baseline.into(),
+            baseline_value: limit,
+            ratio,
+            like_for_like,
+            target: target.map(|t| match t {
+                Target::AtMost(t) => format!("<= {t}"),
+                Target::AtLeast(t) => format!(">= {t}"),
+            }),
+            met: target.map(|t| match t {
+                Target::AtMost(t) => ratio <= t,
+                Target::AtLeast(t) => ratio >= t,
+            }),
+        }
+    }
+}
+
 const RULE: &str =
     "---------------------------------------------------------------------------------------------------------";
 
