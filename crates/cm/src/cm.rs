@@ -283,6 +283,9 @@ struct Id {
     last_reply: Option<Box<[u8; MAD_LEN]>>,
     /// An MRA for our REQ or REP came in: the retry timer was extended once.
     mra_received: bool,
+    /// Times our REQ was sent again after a same-host Invalid Service ID REJ
+    /// ([`CmConfig::same_host_rej_retries`]).
+    same_host_rejs: u8,
     disconnected_reported: bool,
     /// Made for an incoming REQ or SIDR_REQ.
     passive: bool,
@@ -318,6 +321,7 @@ impl Id {
             deadline: None,
             last_reply: None,
             mra_received: false,
+            same_host_rejs: 0,
             disconnected_reported: false,
             passive: false,
             peer_param: None,
@@ -1038,7 +1042,7 @@ impl Cm {
             CmMessage::Req(req) => self.on_req(now, src, dst, tid, &req),
             CmMessage::Rep(rep) => self.on_rep(src, &rep),
             CmMessage::Rtu(rtu) => self.on_rtu(src, rtu.remote_comm_id),
-            CmMessage::Rej(rej) => self.on_rej(src, &rej),
+            CmMessage::Rej(rej) => self.on_rej(now, src, &rej),
             CmMessage::Mra(mra) => self.on_mra(now, src, &mra),
             CmMessage::Dreq(dreq) => self.on_dreq(now, src, tid, &dreq),
             CmMessage::Drep(drep) => self.on_drep(now, src, drep.remote_comm_id),
@@ -1319,7 +1323,7 @@ impl Cm {
         true
     }
 
-    fn on_rej(&mut self, src: IpAddr, rej: &RejRepr<'_>) -> bool {
+    fn on_rej(&mut self, now: Instant, src: IpAddr, rej: &RejRepr<'_>) -> bool {
         // A REJ names our comm ID, unless its sender gave up on its own REQ before hearing
         // from us (reason TIMEOUT, remote comm ID 0): then it names only its own.
         let id = self
@@ -1329,6 +1333,23 @@ impl Cm {
         let Some(i) = self.ids.get_mut(&id) else { return false };
         if !matches!(i.state, State::ReqSent | State::RepRcvd | State::ReqRcvd | State::RepSent) {
             return false;
+        }
+        // Nobody listens yet on this very host: send the REQ again shortly (the pending
+        // REQ, resent by handle_timeout at the deadline) instead of reporting REJECTED.
+        let same_host = i.route.is_some_and(|r| self.config.addresses.contains(&r.dst));
+        if i.state == State::ReqSent
+            && rej.reason == RejReason::INVALID_SERVICE_ID
+            && same_host
+            && i.same_host_rejs < self.config.same_host_rej_retries
+            && i.pending.as_ref().is_some_and(|p| p.what == Sent::Req)
+        {
+            i.deadline = Some(now + Duration::from_millis(1 << i.same_host_rejs));
+            i.same_host_rejs += 1;
+            if let Some(p) = i.pending.as_mut() {
+                // This resend is not one of the REQ's timeout retries.
+                p.retries_left = p.retries_left.saturating_add(1);
+            }
+            return true;
         }
         i.state = State::Closed;
         i.pending = None;

@@ -76,6 +76,15 @@ pub struct CmConfig {
     pub max_queued_transmits: usize,
     /// The range ephemeral ports are drawn from (Linux `ip_local_port_range`).
     pub ephemeral_ports: (u16, u16),
+    /// How often a REQ to an address of this very device (the same host) that is
+    /// rejected with Invalid Service ID (nobody listens there yet) is sent again, after
+    /// 1, 2, 4, ... ms, before `REJECTED` is reported. The kernel's CM reports it at once
+    /// (0, the default); softrdma's runtime sets 6 (63 ms in all). Programs such as
+    /// perftest's `-R` tests call `rdma_listen` and `rdma_connect` at the same moment in
+    /// two processes, synchronised by their own handshake: in the kernel the listen is a
+    /// system call and wins by far; a user-space listen that opens a device and registers
+    /// with the host's port sharing may lose. Peers on other hosts are never retried.
+    pub same_host_rej_retries: u8,
 }
 
 impl Default for CmConfig {
@@ -97,6 +106,7 @@ impl Default for CmConfig {
             max_ids: 4096,
             max_queued_transmits: 1024,
             ephemeral_ports: (32768, 60999),
+            same_host_rej_retries: 0,
         }
     }
 }

@@ -154,6 +154,64 @@ fn req_to_nobody_is_rejected_with_reason_8() {
     assert_eq!(p.b.id_count(), 0, "a stateless REJ, as cm_issue_rej");
 }
 
+/// A's device also owns B's address: the same host, with `same_host_rej_retries` set.
+fn same_host_pair(retries: u8) -> Pair {
+    let mut ca = config(1, IP_A, 3 << 21);
+    ca.addresses.push(IP_B);
+    ca.same_host_rej_retries = retries;
+    Pair::with_configs(ca, config(2, IP_B, 5 << 21))
+}
+
+#[test]
+fn same_host_req_rejected_for_no_listener_is_resent_until_one_listens() {
+    let mut p = same_host_pair(6);
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    let t0 = p.now;
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    assert!(p.kinds_a().is_empty(), "no REJECTED yet: the REQ goes again in 1 ms");
+    assert_eq!(p.a.poll_timeout(), Some(t0 + Duration::from_millis(1)));
+    p.drive_for(Duration::from_millis(2)); // resent at 1 ms, rejected again; next at +2 ms
+    assert_eq!(p.sent(Side::A, "REQ").len(), 2);
+    // B listens now: the REQ at 3 ms finds it.
+    let listener = p.listen(PortSpace::TCP, QpType::Rc);
+    p.drive_for(Duration::from_millis(2));
+    let req = p.take_request();
+    assert_eq!(req.listen_id, Some(listener));
+    assert_eq!(p.sent(Side::A, "REQ").len(), 3);
+    assert_eq!(p.sent(Side::B, "REJ").len(), 2);
+    assert!(p.kinds_a().is_empty());
+    p.b.accept(p.now, req.id, &passive_param()).unwrap();
+    p.drive();
+    assert_eq!(p.kinds_a(), [ConnectResponse]);
+}
+
+#[test]
+fn same_host_req_to_nobody_is_rejected_after_the_retries() {
+    let mut p = same_host_pair(3);
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive_for(Duration::from_millis(6)); // resent at 1, 3 and 7 ms
+    assert!(p.kinds_a().is_empty());
+    p.drive_for(Duration::from_millis(2));
+    assert_eq!(p.kinds_a(), [Rejected]);
+    assert_eq!(p.events_a[0].status, CmStatus::Rejected(RejReason::INVALID_SERVICE_ID));
+    assert_eq!(p.sent(Side::A, "REQ").len(), 4);
+    assert_eq!(p.a.poll_timeout(), None);
+}
+
+#[test]
+fn req_to_another_host_is_rejected_at_once_even_with_same_host_retries() {
+    let mut ca = config(1, IP_A, 3 << 21);
+    ca.same_host_rej_retries = 6;
+    let mut p = Pair::with_configs(ca, config(2, IP_B, 5 << 21));
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    assert_eq!(p.kinds_a(), [Rejected]);
+    assert_eq!(p.sent(Side::A, "REQ").len(), 1);
+}
+
 #[test]
 fn lost_req_is_resent_after_exactly_the_timeout_and_connects_once() {
     let mut p = Pair::new();

@@ -323,6 +323,9 @@ impl Driver {
             response_timeout: options.cm_response_timeout,
             max_retries: options.cm_max_retries,
             node_guid: device.node_guid(),
+            // Listens on this host may lose a same-moment race with a connect (see the
+            // field): a REQ to this device is retried for up to 63 ms.
+            same_host_rej_retries: 6,
             ..CmConfig::default()
         });
         let state = State {
