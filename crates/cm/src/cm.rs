@@ -930,6 +930,11 @@ impl Cm {
         self.ids.len()
     }
 
+    /// Every ID alive, in creation order.
+    pub fn ids(&self) -> Vec<CmId> {
+        self.ids.keys().copied().collect()
+    }
+
     /// What the CM has done so far.
     pub fn counters(&self) -> CmCounters {
         self.out.counters

@@ -368,6 +368,7 @@ impl Driver {
             cm_graveyard: Mutex::new(Vec::new()),
             thread_id: OnceLock::new(),
         });
+        LIVE.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&shared));
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("softrdma-{}", device.interface()))
@@ -376,6 +377,33 @@ impl Driver {
         let _ = shared.thread_id.set(thread.thread().id());
         Ok(Driver { shared, device, thread: Some(thread) })
     }
+}
+
+/// Every device this process has open (the ones gone do not upgrade).
+static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
+
+/// Destroys every CM ID of every device this process has open, now: each sends what its
+/// state needs (a DREQ for an established connection, a REJ for one half made, a DREP for
+/// a DREQ received), as the kernel does for the `rdma_cm` file of a process that exits
+/// without destroying its IDs. The IDs' handles stay valid and report the ID destroyed.
+/// Returns how many IDs there were. The C libraries call it from `atexit`.
+pub fn disconnect_all() -> usize {
+    let live: Vec<Arc<Shared>> = {
+        let mut all = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|w| w.strong_count() > 0);
+        all.iter().filter_map(Weak::upgrade).collect()
+    };
+    let mut n = 0;
+    for shared in live {
+        let now = shared.now();
+        let mut st = shared.lock();
+        for id in st.cm.ids() {
+            n += 1;
+            st.destroy_cm_id(now, id);
+        }
+        st.flush_cm(&shared);
+    }
+    n
 }
 
 impl Drop for Driver {
@@ -577,10 +605,7 @@ impl State {
         let dead = std::mem::take(&mut *shared.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner));
         for id in dead {
             worked = true;
-            self.cm_ids.remove(&id.0);
-            self.cm_qps.retain(|_, cm| *cm != id.0);
-            self.cm_established_early.remove(&id.0);
-            let _ = self.cm.destroy_id(now, id);
+            self.destroy_cm_id(now, id);
         }
         let sockets = if sockets { shared.port.sockets() } else { &[] };
         self.rx_passes = self.rx_passes.wrapping_add(1);
@@ -828,6 +853,14 @@ impl State {
             self.flush(shared, now);
         }
         any
+    }
+
+    /// Destroys a CM ID and forgets what the driver kept about it.
+    fn destroy_cm_id(&mut self, now: Instant, id: softrdma_cm::CmId) {
+        self.cm_ids.remove(&id.0);
+        self.cm_qps.retain(|_, cm| *cm != id.0);
+        self.cm_established_early.remove(&id.0);
+        let _ = self.cm.destroy_id(now, id);
     }
 
     /// Sends the MADs the CM queued, each in a UD SEND_ONLY from QP1 to QP1.

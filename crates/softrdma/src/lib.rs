@@ -64,7 +64,7 @@ use std::time::Duration;
 pub use capture::CAPTURE_ENV;
 pub use cm::{CmEndpoint, CmEvent, CmId, EventChannel};
 pub use device::{AtomicCap, Device, DeviceAttr, PhysState, PortAttr, PortState, device, devices};
-pub use driver::APP_POLL_WINDOW;
+pub use driver::{APP_POLL_WINDOW, disconnect_all};
 pub use error::{Error, Result};
 pub use memory::MR_ALIGN;
 pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};

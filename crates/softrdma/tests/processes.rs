@@ -28,6 +28,7 @@ fn child_entry() {
         "initiator" => initiator(),
         "ud" => ud_peer(),
         "cm-server" => cm_server(),
+        "cm-server-exits" => cm_server_exits(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -542,13 +543,31 @@ fn cm_server() {
     say("SERVER done");
 }
 
-#[test]
-fn rdma_cm_connects_two_processes_echoes_and_disconnects() {
+/// A server that accepts one connection, then goes the way a C program's `exit` with the
+/// connection open goes (the C library's `atexit` calls `disconnect_all`).
+fn cm_server_exits() {
+    let service: u16 = env("SOFTRDMA_TEST_SERVICE").parse().unwrap();
+    let ch = cm_channel();
+    let listen = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    listen.bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
+    listen.listen(4).unwrap();
+    say("LISTENING");
+    let id = ch.expect(CmEventKind::ConnectRequest, WAIT).unwrap().id;
+    let pd = id.context().unwrap().alloc_pd().unwrap();
+    id.create_qp(&pd, cm_cap()).unwrap();
+    id.accept(&ConnParam::default()).unwrap();
+    ch.expect(CmEventKind::Established, WAIT).unwrap();
+    say(&format!("GONE {}", softrdma::disconnect_all()));
+    std::process::exit(0);
+}
+
+/// An active side whose connection is established with the `cm-server` role of `role`.
+fn connect_to_child(role: &str) -> (ChildProc, EventChannel, CmId) {
     let port = test_port();
     let service = 7000 + (port % 1000);
     let mut env = target_env("127.0.0.1", port, 4096);
     env.push(("SOFTRDMA_TEST_SERVICE", service.to_string()));
-    let mut server = ChildProc::spawn(ENTRY, "cm-server", &env, None);
+    let mut server = ChildProc::spawn(ENTRY, role, &env, None);
     server.expect_line("LISTENING", WAIT);
     let ch = EventChannel::with_options(ContextOptions { port, cm_response_timeout: 14, ..ContextOptions::default() })
         .unwrap();
@@ -559,10 +578,27 @@ fn rdma_cm_connects_two_processes_echoes_and_disconnects() {
     ch.expect(CmEventKind::RouteResolved, WAIT).unwrap();
     let pd = id.context().unwrap().alloc_pd().unwrap();
     id.create_qp(&pd, cm_cap()).unwrap();
-    let msgs = id.reg_msgs(256).unwrap();
-    id.post_recv(1, &msgs, 128..256).unwrap();
     id.connect(&ConnParam::default()).unwrap();
     ch.expect(CmEventKind::Established, WAIT).unwrap();
+    (server, ch, id)
+}
+
+#[test]
+fn a_process_that_drops_its_connections_at_exit_disconnects_its_peer() {
+    let (mut server, ch, id) = connect_to_child("cm-server-exits");
+    // The listener and the connection.
+    assert_eq!(server.expect_line("GONE", WAIT), "GONE 2");
+    // Without the DREQ nothing would ever tell this side (no keepalive in RC).
+    ch.expect(CmEventKind::Disconnected, Duration::from_secs(5)).unwrap();
+    assert_eq!(id.qp().unwrap().state(), Some(QpState::Err));
+    assert!(server.wait_success(WAIT));
+}
+
+#[test]
+fn rdma_cm_connects_two_processes_echoes_and_disconnects() {
+    let (mut server, ch, id) = connect_to_child("cm-server");
+    let msgs = id.reg_msgs(256).unwrap();
+    id.post_recv(1, &msgs, 128..256).unwrap();
     msgs.write(0, b"echo me across processes").unwrap();
     id.post_send(2, &msgs, 0..24, SendFlags::SIGNALED).unwrap();
     assert_eq!(id.get_send_comp(WAIT).unwrap().status, WcStatus::Success);
