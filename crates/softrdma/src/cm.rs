@@ -294,17 +294,39 @@ impl CmId {
         } else {
             vec![device_of(addr.ip())?]
         };
+        // All devices or none: a wildcard bind that fails on one leaves no binding behind.
+        let mut made: Vec<(Context, softrdma_cm::CmId)> = Vec::new();
+        let undo = |made: Vec<(Context, softrdma_cm::CmId)>| {
+            for (ctx, id) in made {
+                let _ = ctx.drv.shared.lock().cm.destroy_id(ctx.drv.shared.now(), id);
+            }
+        };
         for device in devices {
-            let ctx = cm_context(&device, &self.inner.options)?;
-            let id = {
-                let mut st = ctx.drv.shared.lock();
+            let bound = cm_context(&device, &self.inner.options).and_then(|ctx| {
+                let sh = &ctx.drv.shared;
+                let mut st = sh.lock();
+                // An ID just destroyed on this port must not hold it (EADDRINUSE) until
+                // the progress thread's next pass.
+                if st.bury_dead_cm_ids(sh, sh.now()) {
+                    sh.after_verb(&mut st); // their DREQs and REJs
+                }
                 let id = st.cm.create_id(self.inner.ps, self.inner.qp_type)?;
                 if let Err(e) = st.cm.bind_addr(id, addr) {
-                    let _ = st.cm.destroy_id(ctx.drv.shared.now(), id);
+                    let _ = st.cm.destroy_id(sh.now(), id);
                     return Err(e.into());
                 }
-                id
-            };
+                drop(st);
+                Ok((ctx, id))
+            });
+            match bound {
+                Ok(b) => made.push(b),
+                Err(e) => {
+                    undo(made);
+                    return Err(e);
+                }
+            }
+        }
+        for (ctx, id) in made {
             self.attach(&ctx, id);
         }
         Ok(())

@@ -602,11 +602,7 @@ impl State {
     /// Receives what the sockets hold (with `sockets`) and fires due timers; sends nothing.
     fn receive(&mut self, shared: &Shared, now: Instant, sockets: bool) -> bool {
         let mut worked = false;
-        let dead = std::mem::take(&mut *shared.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner));
-        for id in dead {
-            worked = true;
-            self.destroy_cm_id(now, id);
-        }
+        worked |= self.bury_dead_cm_ids(shared, now);
         let sockets = if sockets { shared.port.sockets() } else { &[] };
         self.rx_passes = self.rx_passes.wrapping_add(1);
         let all = self.rx_passes % IDLE_SOCKET_EVERY == 0 || self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER);
@@ -851,6 +847,17 @@ impl State {
             any = true;
             // Driving attached QPs may have queued packets and MADs.
             self.flush(shared, now);
+        }
+        any
+    }
+
+    /// Destroys the CM IDs the application dropped ([`Shared::bury_cm_id`]). Returns
+    /// whether there were any.
+    pub(crate) fn bury_dead_cm_ids(&mut self, shared: &Shared, now: Instant) -> bool {
+        let dead = std::mem::take(&mut *shared.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner));
+        let any = !dead.is_empty();
+        for id in dead {
+            self.destroy_cm_id(now, id);
         }
         any
     }

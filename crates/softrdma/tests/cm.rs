@@ -318,3 +318,24 @@ fn synchronous_endpoints_create_ep_and_get_request() {
     client.disconnect().unwrap();
     assert_eq!(server.join().unwrap(), b"over a synchronous endpoint");
 }
+
+#[test]
+#[allow(clippy::print_stderr)] // says why it skips
+fn a_wildcard_bind_that_fails_on_one_device_binds_none() {
+    let Some(other) = devices()
+        .unwrap()
+        .into_iter()
+        .find_map(|d| d.addresses().iter().copied().find(|a| a.is_ipv4() && !a.is_loopback()))
+    else {
+        eprintln!("skipped: no device with a non-loopback IPv4 address to make the wildcard bind fail on");
+        return;
+    };
+    let port = test_port();
+    let ch = channel(port);
+    let holder = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    holder.bind_addr(SocketAddr::new(other, 7481)).unwrap();
+    let id = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    // Binds on lo, then fails on `other`'s device: the lo binding is undone.
+    id.bind_addr(SocketAddr::from(([0, 0, 0, 0], 7481))).unwrap_err();
+    id.bind_addr(SocketAddr::from(([127, 0, 0, 1], 7481))).expect("nothing left bound by the failed wildcard bind");
+}
