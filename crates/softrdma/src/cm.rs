@@ -409,7 +409,8 @@ impl CmId {
 
     /// `rdma_create_qp` with the caller's CQs (and SRQ) in `init`, as librdmacm does when
     /// `ibv_qp_init_attr` names them: one CQ may serve many IDs' QPs. `init.qp_type` must
-    /// be the ID's; the QP moves to INIT with the attributes the connection dictates.
+    /// be the ID's; the QP moves to INIT with the attributes the connection dictates (a UD
+    /// QP on to RTS, as librdmacm's).
     pub fn create_qp_with(&self, pd: &Pd, init: &QpInit<'_>) -> Result<Qp> {
         let b = self.binding("create_qp (resolve or accept first)")?;
         if !Arc::ptr_eq(&pd.context().drv, &b.ctx.drv) {
@@ -425,8 +426,14 @@ impl CmId {
         {
             let sh = &b.ctx.drv.shared;
             let mut st = sh.lock();
-            let (attr, mask) = st.cm.qp_attr(b.id, QpState::Init)?;
-            st.engine.modify_qp(Qpn::from_u24_truncating(qp.qpn()), &attr, mask)?;
+            // librdmacm (ucma_init_ud_qp) takes a UD QP to RTS at once: it has no
+            // connection to wait for, and programs post to it as soon as they have an AH.
+            let states: &[QpState] = if init.qp_type == QpType::Ud {
+                &[QpState::Init, QpState::Rtr, QpState::Rts]
+            } else {
+                &[QpState::Init]
+            };
+            move_qp(&mut st, b.id, qp.qpn(), states)?;
             st.cm_qps.insert(qp.qpn(), b.id.0);
         }
         *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) =

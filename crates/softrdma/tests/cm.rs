@@ -262,9 +262,10 @@ fn ud_service_resolution_then_a_datagram_with_the_grh() {
     let sid = req.id.clone();
     let spd = sid.context().unwrap().alloc_pd().unwrap();
     let sqp = sid.create_qp(&spd, cap()).unwrap();
-    // A UD QP goes to RTS by itself (no connection); the Q_Key is rdma_cm's for UDP.
-    sqp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
-    sqp.modify(&QpAttr { qp_state: QpState::Rts, ..QpAttr::default() }, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+    // rdma_create_qp takes a UD QP to RTS itself (no connection to wait for), as
+    // librdmacm's ucma_init_ud_qp; the Q_Key is rdma_cm's for UDP.
+    assert_eq!(sqp.state(), Some(QpState::Rts));
+    assert_eq!(sqp.query().unwrap().0.qkey, QKey(0x0123_4567));
     let smsgs = sid.reg_msgs(4096).unwrap();
     sid.post_recv(5, &smsgs, 0..1024).unwrap();
     sid.accept(&ConnParam::default()).unwrap();
@@ -272,9 +273,7 @@ fn ud_service_resolution_then_a_datagram_with_the_grh() {
     let est = cch.expect(CmEventKind::Established, T).unwrap();
     let ud = est.ud.expect("UD parameters in ESTABLISHED");
     assert_eq!(ud.remote_qpn, sqp.qpn());
-    let cqp = cid.qp().unwrap();
-    cqp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
-    cqp.modify(&QpAttr { qp_state: QpState::Rts, ..QpAttr::default() }, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+    assert_eq!(cid.qp().unwrap().state(), Some(QpState::Rts));
     let ah = cpd.create_ah(ud.ah).unwrap();
     let cmsgs = cid.reg_msgs(4096).unwrap();
     cmsgs.write(0, b"udaddy says hi").unwrap();

@@ -14,9 +14,8 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, AddressVector, Ah, AttrMask, CmId, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd, QKey,
-    Qp, QpAttr, QpCap, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc,
-    WcStatus,
+    Access, AddressVector, Ah, CmId, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd, QKey, Qp,
+    QpCap, QpInit, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
 };
 
 use super::PerfError;
@@ -151,21 +150,13 @@ impl Side {
     }
 
     /// `--rdma-cm`: creates the next QP on `id` (`rdma_create_qp` with this side's CQ), in
-    /// INIT with the attributes rdma_cm dictates. Its first PSN is rdma_cm's.
+    /// INIT with the attributes rdma_cm dictates (UD: in RTS). Its first PSN is rdma_cm's.
     pub(crate) fn add_cm_qp(&mut self, id: &CmId) -> Result<(), PerfError> {
         let qp = id.create_qp_with(&self._pd, &self.qp_init()).map_err(rdma("rdma_create_qp"))?;
         let (attr, _) = qp.query().map_err(rdma("ibv_query_qp"))?;
         if self.spec.conn == Conn::Ud {
-            // A UD QP needs no peer: the application takes it from INIT to RTS.
+            // rdma_create_qp took the UD QP to RTS (it needs no peer).
             self.qkey = attr.qkey.0;
-            qp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE)
-                .and_then(|()| {
-                    qp.modify(
-                        &QpAttr { qp_state: QpState::Rts, ..QpAttr::default() },
-                        AttrMask::STATE | AttrMask::SQ_PSN,
-                    )
-                })
-                .map_err(rdma("readying the UD QP (ibv_modify_qp)"))?;
         }
         self.psns.push(attr.sq_psn);
         self.qps.push(qp);
