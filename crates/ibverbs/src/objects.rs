@@ -724,8 +724,9 @@ unsafe extern "C" fn destroy_ah(ah: *mut IbvAh) -> c_int {
 }
 export!("ibv_destroy_ah", "IBVERBS_1.1", destroy_ah);
 
-/// `ibv_init_ah_from_wc`: the AH attributes that answer a UD receive, from the GRH in the
-/// first 40 bytes of its buffer (source GID → destination GID).
+/// `ibv_init_ah_from_wc`: the AH attributes that answer a UD receive, from the network
+/// header in the first 40 bytes of its buffer (`Device::reply_av`). Without `IBV_WC_GRH`
+/// the attributes have no GRH, as rdma-core's (and a RoCE AH needs one).
 unsafe extern "C" fn init_ah_from_wc(
     ctx: *mut IbvContext,
     port: u8,
@@ -734,34 +735,32 @@ unsafe extern "C" fn init_ah_from_wc(
     attr: *mut IbvAhAttr,
 ) -> c_int {
     guard(-1, || {
-        // SAFETY: ctx is ours or NULL; wc, grh and attr are the caller's.
+        // SAFETY: ctx is ours or NULL; wc and attr are the caller's.
         let (Some(c), Some(wc)) = (unsafe { ctx_of(ctx) }, unsafe { wc.as_ref() }) else {
             errno::set(libc::EINVAL);
             return -1;
         };
-        if grh.is_null() || attr.is_null() || wc.wc_flags & 1 == 0 {
+        if attr.is_null() {
             errno::set(libc::EINVAL);
             return -1;
         }
-        let mut b = [0u8; 40];
-        // SAFETY: a UD receive buffer starts with the 40-byte GRH (IBV_WC_GRH is set).
-        unsafe { ptr::copy_nonoverlapping(grh.cast::<u8>(), b.as_mut_ptr(), 40) };
-        let (mut sgid, mut dgid) = ([0u8; 16], [0u8; 16]);
-        sgid.copy_from_slice(&b[8..24]);
-        dgid.copy_from_slice(&b[24..40]);
-        let sgid_index = c.inner.device().gid_index(Gid(dgid).to_ip()).unwrap_or(0);
-        let a = IbvAhAttr {
-            grh: IbvGlobalRoute {
-                dgid: IbvGid { raw: sgid },
-                flow_label: 0,
-                sgid_index,
-                hop_limit: 0xff,
-                traffic_class: 0,
-            },
-            is_global: 1,
-            port_num: port,
-            ..IbvAhAttr::default()
-        };
+        let mut a = IbvAhAttr { port_num: port, ..IbvAhAttr::default() };
+        if wc.wc_flags & 1 != 0 {
+            if grh.is_null() {
+                errno::set(libc::EINVAL);
+                return -1;
+            }
+            let mut b = [0u8; 40];
+            // SAFETY: a UD receive buffer starts with the 40-byte GRH area (IBV_WC_GRH).
+            unsafe { ptr::copy_nonoverlapping(grh.cast::<u8>(), b.as_mut_ptr(), 40) };
+            match c.inner.device().reply_av(&b) {
+                Ok(av) => a = IbvAhAttr { port_num: port, ..ah_attr_c(Some(&av)) },
+                Err(e) => {
+                    errno::fail(&e);
+                    return -1;
+                }
+            }
+        }
         // SAFETY: the caller's struct ibv_ah_attr.
         unsafe { attr.write(a) };
         0

@@ -15,8 +15,9 @@
 
 use std::net::IpAddr;
 
-use softrdma_engine::{DeviceConfig, Mtu};
+use softrdma_engine::{AddressVector, DeviceConfig, Mtu, VerbsError};
 use softrdma_wire::Gid;
+use softrdma_wire::grh::GrhRepr;
 
 use crate::Error;
 
@@ -110,6 +111,29 @@ impl Device {
     pub fn gid_index(&self, ip: IpAddr) -> Option<u8> {
         let ip = ip.to_canonical();
         self.addresses.iter().position(|a| *a == ip).and_then(|i| u8::try_from(i).ok())
+    }
+
+    /// `ibv_init_ah_from_wc`: the address vector that answers a UD receive, from the 40
+    /// bytes its buffer starts with (the IPv4 or IPv6 header standing in for the GRH):
+    /// the sender's address as destination, the address it was sent to as source GID,
+    /// the received hop limit and traffic class (and IPv6 flow label).
+    pub fn reply_av(&self, grh: &[u8]) -> Result<AddressVector, Error> {
+        let invalid = |why: String| Error::Verbs(VerbsError::Invalid(why));
+        let h = GrhRepr::parse(grh).map_err(|e| {
+            invalid(format!("the receive buffer's first 40 bytes are no IPv4 or IPv6 header ({e}); pass the buffer of a UD receive whose completion has IBV_WC_GRH"))
+        })?;
+        let to = h.dgid().to_ip();
+        let sgid_index = self.gid_index(to).ok_or_else(|| {
+            invalid(format!(
+                "the datagram was sent to {to}, which is not an address of {} ({:?})",
+                self.name, self.addresses
+            ))
+        })?;
+        let (hop_limit, traffic_class, flow_label) = match &h {
+            GrhRepr::V4(ip) => (ip.time_to_live, ip.dscp.value() << 2 | ip.ecn.value(), 0),
+            GrhRepr::V6(ip) => (ip.hop_limit, ip.traffic_class, ip.flow_label.value()),
+        };
+        Ok(AddressVector { dgid: h.sgid(), sgid_index, hop_limit, traffic_class, flow_label })
     }
 
     /// The interface MTU in bytes (`/sys/class/net/<if>/mtu`).

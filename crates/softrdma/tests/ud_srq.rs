@@ -44,6 +44,37 @@ fn ud_receive_starts_with_the_grh_of_the_sender() {
     assert_eq!(IpAddr::from(Ipv4Addr::new(got[32], got[33], got[34], got[35])), IpAddr::from([127, 0, 0, 1]));
     assert_eq!(IpAddr::from(Ipv4Addr::new(got[36], got[37], got[38], got[39])), IpAddr::from([127, 0, 0, 2]));
     assert_eq!(&got[40..], b"a datagram");
+
+    // ibv_create_ah_from_wc: the header answers with the sender as destination, the
+    // address it was sent to as source; the reply reaches A.
+    let reply = b.ctx.device().reply_av(&got[..40]).unwrap();
+    assert_eq!((reply.dgid, reply.sgid_index), (a.ctx.gid(0).unwrap(), 0));
+    assert_eq!(reply.hop_limit, 64, "the received TTL");
+    let rah = b.pd.create_ah(reply).unwrap();
+    a.qp.post_recv(&[RecvWr { wr_id: 5, sg_list: &[a.mr.sge(4096..6144).unwrap()] }]).unwrap();
+    b.mr.write(100, b"the reply").unwrap();
+    let dest = UdDest { ah: rah.id(), remote_qpn: wc.src_qp, remote_qkey: QKey(0x1111_2222) };
+    let sge = [b.mr.sge(100..109).unwrap()];
+    b.qp.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])
+        .unwrap();
+    assert_eq!(b.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    assert_eq!(a.cq.wait(WAIT).unwrap().byte_len, 40 + 9);
+    let mut got = [0u8; 9];
+    a.mr.read(4096 + 40, &mut got).unwrap();
+    assert_eq!(&got, b"the reply");
+
+    // A header that is no IP header, and one sent to an address of another device.
+    let err = b.ctx.device().reply_av(&[0xee; 40]).unwrap_err().to_string();
+    assert!(err.contains("no IPv4 or IPv6 header"), "{err}");
+    let err = a.ctx.device().reply_av(&got_header(&b)).unwrap_err().to_string();
+    assert!(err.contains("127.0.0.2") && err.contains("not an address of"), "{err}");
+}
+
+/// The first 40 bytes of B's receive buffer (the GRH of A's datagram to 127.0.0.2).
+fn got_header(b: &Side) -> [u8; 40] {
+    let mut h = [0u8; 40];
+    b.mr.read(0, &mut h).unwrap();
+    h
 }
 
 #[test]
