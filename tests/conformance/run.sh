@@ -3,10 +3,11 @@
 #
 #   tests/conformance/run.sh            # installs what is missing, builds, runs everything
 #
-# Builds libibverbs.so.1 and librdmacm.so.1 into $CARGO_TARGET_DIR/softrdma-lib (target/softrdma-lib by
-# default), runs each program (both sides as separate processes on 127.0.0.1 for the
-# ping-pongs) with LD_LIBRARY_PATH pointing there, under a time bound, and prints one line
-# per program: "pass", "FAIL <reason>" or "SKIP <reason>". Exits 1 if any line is FAIL.
+# Builds libibverbs.so.1, librdmacm.so.1 and the libmlx5.so.1/libefa.so.1 stand-ins into
+# $CARGO_TARGET_DIR/softrdma-lib (target/softrdma-lib by default; scripts/build-libs), runs
+# each program (both sides as separate processes on 127.0.0.1 for the pairs) with
+# LD_LIBRARY_PATH pointing there, under a time bound, and prints one line per program:
+# "pass", "FAIL <reason>" or "SKIP <reason>". Exits 1 if any line is FAIL.
 # Environment: SOFTRDMA_CONFORMANCE_NO_INSTALL=1 skips apt-get; SOFTRDMA_LIB_DIR=<dir>
 # uses an already-built library directory instead of building.
 set -uo pipefail
@@ -18,30 +19,25 @@ line() { printf '%-28s %s\n' "$1" "$2"; }
 fail() { line "$1" "FAIL $2"; failed=1; }
 
 # --- packages --------------------------------------------------------------------------
-if { ! command -v ibv_rc_pingpong >/dev/null 2>&1 || ! command -v rdma_server >/dev/null 2>&1; } &&
-    [ -z "${SOFTRDMA_CONFORMANCE_NO_INSTALL:-}" ]; then
-    sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
+if { ! command -v ibv_rc_pingpong >/dev/null 2>&1 || ! command -v rdma_server >/dev/null 2>&1 ||
+    ! command -v ib_write_bw >/dev/null 2>&1; } && [ -z "${SOFTRDMA_CONFORMANCE_NO_INSTALL:-}" ]; then
     export DEBIAN_FRONTEND=noninteractive
     { sudo_if_needed apt-get update -qq &&
         sudo_if_needed apt-get install -y -qq --no-install-recommends ibverbs-utils libibverbs-dev \
-            rdmacm-utils librdmacm-dev; } \
-        >/dev/null 2>&1 || echo "note: could not install ibverbs-utils/rdmacm-utils (not Debian, or no root)" >&2
+            rdmacm-utils librdmacm-dev perftest; } \
+        >/dev/null 2>&1 || echo "note: could not install ibverbs-utils/rdmacm-utils/perftest (not Debian, or no root)" >&2
 fi
 
-# --- the library -----------------------------------------------------------------------
+# --- the libraries ---------------------------------------------------------------------
 if [ -n "${SOFTRDMA_LIB_DIR:-}" ]; then
     lib=$SOFTRDMA_LIB_DIR
 else
-    target=${CARGO_TARGET_DIR:-target}
-    lib=$target/softrdma-lib
-    if ! cargo build --release -q -p softrdma-ibverbs -p softrdma-rdmacm; then
-        echo "FAIL: cargo build -p softrdma-ibverbs -p softrdma-rdmacm" >&2
+    lib=${CARGO_TARGET_DIR:-target}/softrdma-lib
+    if ! scripts/build-libs "$lib" >/dev/null; then
+        echo "FAIL: scripts/build-libs (cargo build -p softrdma-ibverbs -p softrdma-rdmacm -p softrdma-dv)" >&2
         exit 1
     fi
-    mkdir -p "$lib"
-    cp -f "$target/release/libsoftrdma_ibverbs.so" "$lib/libibverbs.so.1"
-    # librdmacm.so.1 only jumps into libibverbs.so.1 (one runtime): the pair goes together.
-    cp -f "$target/release/libsoftrdma_rdmacm.so" "$lib/librdmacm.so.1"
 fi
 lib=$(cd "$lib" && pwd)
 export LD_LIBRARY_PATH=$lib
@@ -197,14 +193,75 @@ if cm_pair "$name" "rping -s -a 127.0.0.1 -p PORT -v -C 10" "rping -c -a 127.0.0
     fi
 fi
 
-# --- not built yet ---------------------------------------------------------------------
-line "ibv_xsrq_pingpong" "SKIP not in scope yet (XRC: open_xrcd, create_srq_ex, create_qp_ex)"
+# udaddy: UD over RDMA_PS_UDP (SIDR, a UD QP rdma_create_qp readies, the server's reply AH
+# from ibv_create_ah_from_wc); ucmatose: RC with rdma_migrate_id-free defaults. Both print
+# "test complete" and "return status 0" on each side.
 for p in udaddy ucmatose; do
-    line "$p" "SKIP not built yet (librdmacm: UD over RDMA_PS_UDP, rdma_migrate_id paths untested)"
+    case $p in
+    udaddy) server="udaddy" client="udaddy -s 127.0.0.1" ;; # its port is fixed (7174)
+    ucmatose) server="ucmatose -p PORT" client="ucmatose -p PORT -s 127.0.0.1" ;;
+    esac
+    if cm_pair "$p" "$server" "$client"; then
+        if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+            fail "$p" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+        elif ! grep -q "return status 0" "$out.server" || ! grep -q "return status 0" "$out.client"; then
+            fail "$p" "no 'return status 0' line"
+        else
+            line "$p" pass
+        fi
+    fi
 done
+
+# perftest: each test plain (TCP exchange of QP numbers) and with -R (rdma_cm makes the
+# QPs), then ib_write_bw -a over every size from 2 B to 8 MiB. Each side must exit 0 and
+# the client print the result table; the BW servers print it too.
+PERFTEST_ITERS=${SOFTRDMA_CONFORMANCE_PERFTEST_ITERS:-500}
+perftest_pair() {
+    local name=$1 prog=$2 expect=$3
+    shift 3
+    if ! command -v "$prog" >/dev/null 2>&1; then
+        line "$name" "SKIP $prog is not installed (apt-get install perftest)"
+        return
+    fi
+    if [ ! -e "$lib/librdmacm.so.1" ] || [ ! -e "$lib/libmlx5.so.1" ] || [ ! -e "$lib/libefa.so.1" ]; then
+        line "$name" "SKIP librdmacm.so.1, libmlx5.so.1 or libefa.so.1 not built (scripts/build-libs)"
+        return
+    fi
+    port=$((port + 1))
+    local tag
+    tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
+    out="$work/$tag"
+    timeout "$TIMEOUT" "$prog" -p "$port" "$@" >"$out.server" 2>&1 &
+    local server=$! tries=0
+    while [ $tries -lt 50 ]; do
+        tries=$((tries + 1))
+        timeout "$TIMEOUT" "$prog" -p "$port" "$@" 127.0.0.1 >"$out.client" 2>&1
+        crc=$?
+        grep -q "Couldn't connect" "$out.client" || break
+        kill -0 "$server" 2>/dev/null || break
+        sleep 0.1
+    done
+    wait "$server"
+    src=$?
+    if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+        local why="server exit $src, client exit $crc"
+        if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
+        fail "$name" "$why: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+    elif ! grep -Eq "$expect" "$out.client"; then
+        fail "$name" "the client's output lacks /$expect/"
+    else
+        line "$name" pass
+    fi
+}
+# A result row: the message size, then the iterations.
+row="^ *[0-9]+ +[0-9]+ +[0-9.]+"
 for p in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw ib_read_lat ib_atomic_bw ib_atomic_lat; do
-    line "$p (plain, -R)" "SKIP not built yet (libmlx5/libefa stand-ins)"
+    perftest_pair "$p" "$p" "$row" -n "$PERFTEST_ITERS"
+    perftest_pair "$p -R" "$p" "$row" -n "$PERFTEST_ITERS" -R
 done
-line "ib_write_bw -a" "SKIP not built yet (libmlx5/libefa stand-ins)"
+perftest_pair "ib_write_bw -a" ib_write_bw "^ *8388608 +100 " -a -n 100
+
+# --- not in scope yet ------------------------------------------------------------------
+line "ibv_xsrq_pingpong" "SKIP not in scope yet (XRC: open_xrcd, create_srq_ex, create_qp_ex)"
 
 exit $failed

@@ -1,7 +1,9 @@
-//! Runs tests/conformance/run.sh against the library this test build produced: Debian's
+//! Runs tests/conformance/run.sh against the libraries this test build produced: Debian's
 //! unmodified `ibv_devices`, `ibv_devinfo -v` and the four ping-pongs (two processes each on
-//! 127.0.0.1) over our `libibverbs.so.1`. Skips, saying why, where ibverbs-utils is not
-//! installed (`apt-get install ibverbs-utils`; .ci/run installs it).
+//! 127.0.0.1) over our `libibverbs.so.1`; with `librdmacm.so.1` and the `libmlx5.so.1` /
+//! `libefa.so.1` stand-ins (built by `cargo test --workspace`) also rdmacm-utils and
+//! perftest. Skips, saying why, where ibverbs-utils is not installed (`apt-get install
+//! ibverbs-utils`; .ci/run installs it and the others).
 #![allow(clippy::print_stderr)]
 
 use std::path::PathBuf;
@@ -30,11 +32,28 @@ fn debian_ibverbs_utils_run_over_softrdma() {
     let lib = std::env::temp_dir().join(format!("softrdma-ibverbs-{}", std::process::id()));
     std::fs::create_dir_all(&lib).unwrap();
     std::fs::copy(&built, lib.join("libibverbs.so.1")).unwrap();
-    // librdmacm.so.1 (softrdma-rdmacm): built by `cargo test --workspace`, not by `cargo
-    // test -p softrdma-ibverbs`; without it the script says SKIP for the rdma_cm programs.
+    // librdmacm.so.1 (softrdma-rdmacm) and the provider stand-ins (softrdma-dv) are
+    // cdylibs no test depends on: `cargo test` does not build them, so this does, with the
+    // same profile (its output lands next to the libibverbs.so.1 found above).
+    let profile_dir = built.parent().unwrap();
+    let profile_dir = if profile_dir.ends_with("deps") { profile_dir.parent().unwrap() } else { profile_dir };
+    let release = profile_dir.ends_with("release");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.args(["build", "-q", "-p", "softrdma-rdmacm", "-p", "softrdma-dv"]);
+    if release {
+        cargo.arg("--release");
+    }
+    let status = cargo.status().expect("running cargo build -p softrdma-rdmacm -p softrdma-dv");
+    assert!(status.success(), "cargo build -p softrdma-rdmacm -p softrdma-dv failed");
     let rdmacm = newest("libsoftrdma_rdmacm.so");
     if let Some(r) = &rdmacm {
         std::fs::copy(r, lib.join("librdmacm.so.1")).unwrap();
+    }
+    // The provider stand-ins perftest links (softrdma-dv): one object, two names.
+    let dv = newest("libsoftrdma_dv.so");
+    if let Some(d) = &dv {
+        std::fs::copy(d, lib.join("libmlx5.so.1")).unwrap();
+        std::os::unix::fs::symlink("libmlx5.so.1", lib.join("libefa.so.1")).unwrap();
     }
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/conformance/run.sh");
     let out = Command::new("bash")
@@ -57,13 +76,23 @@ fn debian_ibverbs_utils_run_over_softrdma() {
     }
     let rdmacm_utils =
         Command::new("sh").args(["-c", "command -v rdma_server"]).output().is_ok_and(|o| o.status.success());
+    let passed = |program: &str| text.lines().any(|l| l.starts_with(&format!("{program} ")) && l.ends_with(" pass"));
     if rdmacm.is_some() && rdmacm_utils {
-        for program in ["rdma_server/rdma_client", "rping -s/-c -v -C 10"] {
-            assert!(
-                text.lines().any(|l| l.starts_with(program) && l.ends_with(" pass")),
-                "{program} did not pass:\n{text}"
-            );
+        for program in ["rdma_server/rdma_client", "rping -s/-c -v -C 10", "udaddy", "ucmatose"] {
+            assert!(passed(program), "{program} did not pass:\n{text}");
         }
+    }
+    let perftest = Command::new("sh").args(["-c", "command -v ib_write_bw"]).output().is_ok_and(|o| o.status.success());
+    if rdmacm.is_some() && dv.is_some() && perftest {
+        for test in ["send", "write", "read", "atomic"] {
+            for kind in ["bw", "lat"] {
+                for cm in ["", " -R"] {
+                    let program = format!("ib_{test}_{kind}{cm}");
+                    assert!(passed(&program), "{program} did not pass:\n{text}");
+                }
+            }
+        }
+        assert!(passed("ib_write_bw -a"), "ib_write_bw -a did not pass:\n{text}");
     }
     assert!(out.status.success(), "a program failed:\n{text}");
 }
