@@ -18,7 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use softrdma::{AttrMask, CmEndpoint, ConnParam, ContextOptions, QpAttr, QpCap, QpState, QpType, SendFlags, WcStatus};
+use softrdma::{CmEndpoint, ConnParam, ContextOptions, QpCap, QpType, SendFlags, WcStatus};
 
 const SERVICE: u16 = 7175;
 const COUNT: usize = 4;
@@ -28,16 +28,8 @@ fn cap() -> QpCap {
     QpCap { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 }
 }
 
-/// A UD QP needs no peer: INIT (done by create_qp), then RTR and RTS.
-fn ready(ep: &CmEndpoint) -> softrdma::Result<()> {
-    let qp = ep.qp().expect("the endpoint has a QP");
-    qp.modify(&QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE)?;
-    qp.modify(&QpAttr { qp_state: QpState::Rts, ..QpAttr::default() }, AttrMask::STATE | AttrMask::SQ_PSN)
-}
-
 fn server(listen: CmEndpoint) -> softrdma::Result<bool> {
     let (ep, _request) = listen.get_request()?;
-    ready(&ep)?;
     let msgs = ep.reg_msgs(COUNT * 256)?;
     for i in 0..COUNT {
         ep.post_recv(i as u64, &msgs, i * 256..(i + 1) * 256)?;
@@ -60,7 +52,6 @@ fn server(listen: CmEndpoint) -> softrdma::Result<bool> {
 
 fn client(server: IpAddr, options: ContextOptions) -> softrdma::Result<bool> {
     let ep = CmEndpoint::connect_to(SocketAddr::new(server, SERVICE), QpType::Ud, cap(), options, T)?;
-    ready(&ep)?;
     let est = ep.connect(&ConnParam::default())?; // SIDR_REQ; ESTABLISHED carries the answer
     let ud = est.ud.expect("a UD ESTABLISHED carries the remote QP");
     println!("client: {server}:{SERVICE} is UD QP {} with Q_Key {:#x}", ud.remote_qpn, ud.qkey);
