@@ -40,6 +40,15 @@ mod stubs;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
+/// Whether the file descriptor of a channel (completion or CM event) is in non-blocking
+/// mode, which the application sets with `fcntl(fd, F_SETFL, O_NONBLOCK)` to use it in an
+/// event loop.
+pub(crate) fn would_block(fd: std::ffi::c_int) -> bool {
+    // SAFETY: F_GETFL reads the flags of a descriptor; an invalid one gives -1 (blocking).
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    flags != -1 && flags & libc::O_NONBLOCK != 0
+}
+
 /// Runs `f`, turning a panic into `on_panic` with `errno` set to `EIO`: a panic must never
 /// unwind into C.
 pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {

@@ -297,9 +297,16 @@ unsafe extern "C" fn get_cq_event(ch: *mut IbvCompChannel, cq: *mut *mut IbvCq, 
             errno::set(libc::EINVAL);
             return -1;
         };
+        // rdma-core reads the channel's fd: made non-blocking (fcntl O_NONBLOCK, for an
+        // event loop), an empty channel fails with EAGAIN instead of waiting.
+        let wait = crate::would_block(c.ch.fd).then_some(std::time::Duration::ZERO);
         loop {
-            let got = match c.inner.get_cq_event(None) {
+            let got = match c.inner.get_cq_event(wait) {
                 Ok(Some(got)) => got,
+                Ok(None) if wait.is_some() => {
+                    errno::set(libc::EAGAIN);
+                    return -1;
+                }
                 Ok(None) => continue,
                 Err(e) => {
                     errno::fail(&e);

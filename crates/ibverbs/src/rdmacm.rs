@@ -294,14 +294,22 @@ fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
 }
 
 /// The next event of `ch` as an `rdma_cm_event`, waiting for it.
-fn next_event(ch: *mut ChannelC) -> Result<*mut RdmaCmEvent, softrdma::Error> {
+fn next_event(ch: *mut ChannelC) -> Result<*mut RdmaCmEvent, c_int> {
     // SAFETY: ch is one of ours, alive while its IDs use it.
     let c = unsafe { &*ch };
+    // librdmacm reads the channel's fd: made non-blocking (fcntl O_NONBLOCK, for an event
+    // loop), an empty channel fails with EAGAIN instead of waiting.
+    let wait = crate::would_block(c.ch.fd).then_some(std::time::Duration::ZERO);
     loop {
-        if let Some(ev) = c.inner.get_cm_event(None)? {
-            if let Some(p) = event_c(ev, ch) {
-                return Ok(p);
+        match c.inner.get_cm_event(wait) {
+            Ok(Some(ev)) => {
+                if let Some(p) = event_c(ev, ch) {
+                    return Ok(p);
+                }
             }
+            Ok(None) if wait.is_some() => return Err(libc::EAGAIN),
+            Ok(None) => {}
+            Err(e) => return Err(crate::errno::of(&e)),
         }
     }
 }
@@ -328,7 +336,7 @@ fn complete(i: &mut IdC) -> c_int {
     }
     let e = match next_event(i.own_channel) {
         Ok(e) => e,
-        Err(e) => return fail(&e),
+        Err(n) => return fail_with(n),
     };
     i.id.event = e;
     // SAFETY: e was just made.
@@ -385,7 +393,7 @@ unsafe extern "C" fn get_cm_event(ch: *mut RdmaEventChannel, out: *mut *mut Rdma
                 unsafe { *out = e };
                 0
             }
-            Err(e) => fail(&e),
+            Err(n) => fail_with(n),
         }
     })
 }
@@ -866,7 +874,7 @@ unsafe extern "C" fn get_request(listen: *mut RdmaCmId, out: *mut *mut RdmaCmId)
         }
         let e = match next_event(l.own_channel) {
             Ok(e) => e,
-            Err(e) => return fail(&e),
+            Err(n) => return fail_with(n),
         };
         // SAFETY: e was just made.
         let (kind, status, idp) = unsafe { ((*e).event, (*e).status, (*e).id) };

@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -107,7 +107,7 @@ pub struct EventChannel {
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
-    fd: OwnedFd,
+    fd: driver::Notifier,
     queue: Mutex<VecDeque<CmEvent>>,
     options: ContextOptions,
 }
@@ -115,7 +115,7 @@ pub(crate) struct ChannelInner {
 impl ChannelInner {
     fn push(&self, event: CmEvent) {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner).push_back(event);
-        driver::ring(&self.fd);
+        self.fd.notify();
     }
 }
 
@@ -127,9 +127,7 @@ impl EventChannel {
 
     /// An event channel whose IDs open devices with `options` (a test's own port, say).
     pub fn with_options(options: ContextOptions) -> Result<EventChannel> {
-        let fd =
-            rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC)
-                .map_err(|e| Error::io("creating an event channel", e.into()))?;
+        let fd = driver::Notifier::new("an event channel")?;
         Ok(EventChannel { inner: Arc::new(ChannelInner { fd, queue: Mutex::new(VecDeque::new()), options }) })
     }
 
@@ -153,8 +151,8 @@ impl EventChannel {
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }
-            driver::wait_readable(&self.inner.fd, left);
-            driver::drain(&self.inner.fd);
+            driver::wait_readable(self.inner.fd.fd(), left);
+            self.inner.fd.drain();
         }
     }
 
@@ -170,7 +168,7 @@ impl EventChannel {
 
 impl AsFd for EventChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.fd.as_fd()
+        self.inner.fd.fd().as_fd()
     }
 }
 

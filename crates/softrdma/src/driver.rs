@@ -275,6 +275,46 @@ pub(crate) fn drain(fd: &OwnedFd) -> bool {
     rustix::io::read(fd, &mut b).is_ok()
 }
 
+/// What a channel's file descriptor is: one end of a Unix stream socket pair, readable
+/// while a notification is pending, the other end written to notify. Blocking, as
+/// rdma-core's channel descriptors are, so an application may make it non-blocking
+/// (`fcntl(fd, F_SETFL, O_NONBLOCK)`) for its event loop and the C libraries see that it
+/// did; softrdma itself never blocks on it (`MSG_DONTWAIT` both ways, `poll` to wait).
+#[derive(Debug)]
+pub(crate) struct Notifier {
+    rx: OwnedFd,
+    tx: OwnedFd,
+}
+
+impl Notifier {
+    pub(crate) fn new(what: &str) -> Result<Notifier, Error> {
+        use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
+        let (rx, tx) = socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+            .map_err(|e| Error::io(format!("creating {what}"), e.into()))?;
+        Ok(Notifier { rx, tx })
+    }
+
+    /// The descriptor the application polls.
+    pub(crate) fn fd(&self) -> &OwnedFd {
+        &self.rx
+    }
+
+    /// Makes the descriptor readable. A full socket buffer means it is readable already.
+    pub(crate) fn notify(&self) {
+        let _ = rustix::net::send(&self.tx, &[1], rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+    }
+
+    /// Empties the descriptor; returns whether it was readable.
+    pub(crate) fn drain(&self) -> bool {
+        let mut buf = [0u8; 64];
+        let mut any = false;
+        while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0) {
+            any = true;
+        }
+        any
+    }
+}
+
 /// Waits until `fd` is readable or `timeout` passes (`None`: forever).
 pub(crate) fn wait_readable(fd: &OwnedFd, timeout: Option<Duration>) -> bool {
     let mut fds = [PollFd::new(fd, PollFlags::IN)];

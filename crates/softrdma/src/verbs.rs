@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -85,9 +85,7 @@ impl Context {
 
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
-        let fd =
-            rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK | rustix::event::EventfdFlags::CLOEXEC)
-                .map_err(|e| Error::io("creating a completion channel", e.into()))?;
+        let fd = driver::Notifier::new("a completion channel")?;
         let shared = Arc::downgrade(&self.drv.shared);
         Ok(CompChannel { inner: Arc::new(ChannelInner { fd, fired: Mutex::new(VecDeque::new()), shared }) })
     }
@@ -663,7 +661,7 @@ pub struct CompChannel {
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
-    fd: OwnedFd,
+    fd: driver::Notifier,
     fired: Mutex<VecDeque<Weak<CqInner>>>,
     /// The device, to tell it the application sleeps.
     shared: Weak<driver::Shared>,
@@ -673,7 +671,7 @@ impl ChannelInner {
     /// An armed CQ of this channel got its completion.
     pub(crate) fn fire(&self, cq: Weak<CqInner>) {
         self.fired.lock().unwrap_or_else(PoisonError::into_inner).push_back(cq);
-        driver::ring(&self.fd);
+        self.fd.notify();
     }
 }
 
@@ -696,12 +694,12 @@ impl CompChannel {
                 return Ok(None);
             }
             match self.inner.shared.upgrade() {
-                Some(sh) => sh.wait_channel(&self.inner.fd, left),
+                Some(sh) => sh.wait_channel(self.inner.fd.fd(), left),
                 None => {
-                    driver::wait_readable(&self.inner.fd, left);
+                    driver::wait_readable(self.inner.fd.fd(), left);
                 }
             }
-            driver::drain(&self.inner.fd);
+            self.inner.fd.drain();
         }
     }
 }
@@ -710,7 +708,7 @@ impl AsFd for CompChannel {
     /// Polls readable when an event may be waiting; then call
     /// [`get_cq_event`](CompChannel::get_cq_event) (with a zero timeout, say).
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.fd.as_fd()
+        self.inner.fd.fd().as_fd()
     }
 }
 
