@@ -137,6 +137,86 @@ impl TxQueue {
         Self { arena: vec![0u8; TX_BATCH * DATAGRAM_MAX].into_boxed_slice(), meta: Vec::new(), deltas: Vec::new(), gso }
     }
 
+    /// An ACK (any response) queued just before a request of the same QP to the same
+    /// same-host destination trades places with it in the arena, so that the two leave as
+    /// one GSO datagram (the request first, the ACK, no longer, last) and arrive together.
+    /// That is a ping-pong's answer and the ACK it owes: sent one after the other, the
+    /// peer, which waits for both (its signaled send's completion, then the answer), was
+    /// woken by the first and waited again for the second: 2.5 µs more per message here,
+    /// in every program that signals its sends (`ib_send_lat`, `ib_write_lat`,
+    /// `ibv_rc_pingpong`), against 0.15 µs that the GSO path costs one that does not.
+    fn pair_answers(&mut self) {
+        if !self.gso {
+            return;
+        }
+        let mut i = 0;
+        while i + 1 < self.meta.len() {
+            let ((oa, a), (ob, b)) = (self.meta[i], self.meta[i + 1]);
+            let pair = is_response(self.arena[oa])
+                && !is_response(self.arena[ob])
+                && ob == oa + a.len
+                && b.len >= a.len
+                && a.envelope == b.envelope
+                && a.envelope.dst_ip().is_loopback()
+                && self.arena[oa + 5..oa + 8] == self.arena[ob + 5..ob + 8];
+            if pair {
+                self.arena[oa..ob + b.len].rotate_left(a.len);
+                self.meta[i] = (oa, b);
+                self.meta[i + 1] = (oa + b.len, a);
+                i += 2;
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Splits the batch into send units: single packets, or GSO runs (equal-sized packets,
+    /// the last possibly shorter, consecutive in the arena, to one QP on this host), each
+    /// `(first, count, segment)`. IPv4 segments after the first get their ICRC corrected
+    /// for the identification the kernel will give them.
+    fn gso_runs(&mut self) -> [(usize, usize, usize); TX_BATCH] {
+        let mut units = [(0usize, 0usize, 0usize); TX_BATCH];
+        let n = self.meta.len();
+        let mut u = 0;
+        let mut i = 0;
+        while i < n {
+            let (off, first) = self.meta[i];
+            let qpn = &self.arena[off + 5..off + 8];
+            let mut count = 1;
+            let mut total = first.len;
+            if self.gso && first.envelope.dst_ip().is_loopback() {
+                while i + count < n && count < GSO_MAX_SEGMENTS {
+                    let (o, t) = self.meta[i + count];
+                    let previous_full = self.meta[i + count - 1].1.len == first.len;
+                    if t.envelope != first.envelope
+                        || t.len > first.len
+                        || !previous_full
+                        || total + t.len > 65_000
+                        || self.arena[o + 5..o + 8] != *qpn
+                    {
+                        break;
+                    }
+                    total += t.len;
+                    count += 1;
+                }
+            }
+            if count > 1 && matches!(first.envelope, Envelope::V4(_)) {
+                for k in 1..count {
+                    let (o, t) = self.meta[i + k];
+                    let d = self.deltas(t.len - 4).delta(k as u16);
+                    let icrc = &mut self.arena[o + t.len - 4..o + t.len];
+                    let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ d;
+                    icrc.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            units[u] = (i, count, if count > 1 { first.len } else { 0 });
+            u += 1;
+            i += count;
+        }
+        units[u..].iter_mut().for_each(|x| *x = (0, 0, 0));
+        units
+    }
+
     fn deltas(&mut self, covered_len: usize) -> Ipv4IdentificationDeltas {
         if let Some(d) = self.deltas.iter().find(|d| d.covered_len() == covered_len) {
             return *d;
@@ -747,59 +827,13 @@ impl State {
             }
             any = true;
             let full = self.tx.meta.len() == TX_BATCH;
-            let units = self.gso_runs();
+            self.tx.pair_answers();
+            let units = self.tx.gso_runs();
             self.send_units(port, &units);
             if !full {
                 return any;
             }
         }
-    }
-
-    /// Splits the batch into send units: single packets, or GSO runs (equal-sized packets,
-    /// the last possibly shorter, consecutive in the arena, to one QP on this host), each
-    /// `(first, count, segment)`. IPv4 segments after the first get their ICRC corrected
-    /// for the identification the kernel will give them.
-    fn gso_runs(&mut self) -> [(usize, usize, usize); TX_BATCH] {
-        let mut units = [(0usize, 0usize, 0usize); TX_BATCH];
-        let n = self.tx.meta.len();
-        let mut u = 0;
-        let mut i = 0;
-        while i < n {
-            let (off, first) = self.tx.meta[i];
-            let qpn = &self.tx.arena[off + 5..off + 8];
-            let mut count = 1;
-            let mut total = first.len;
-            if self.tx.gso && first.envelope.dst_ip().is_loopback() {
-                while i + count < n && count < GSO_MAX_SEGMENTS {
-                    let (o, t) = self.tx.meta[i + count];
-                    let previous_full = self.tx.meta[i + count - 1].1.len == first.len;
-                    if t.envelope != first.envelope
-                        || t.len > first.len
-                        || !previous_full
-                        || total + t.len > 65_000
-                        || self.tx.arena[o + 5..o + 8] != *qpn
-                    {
-                        break;
-                    }
-                    total += t.len;
-                    count += 1;
-                }
-            }
-            if count > 1 && matches!(first.envelope, Envelope::V4(_)) {
-                for k in 1..count {
-                    let (o, t) = self.tx.meta[i + k];
-                    let d = self.tx.deltas(t.len - 4).delta(k as u16);
-                    let icrc = &mut self.tx.arena[o + t.len - 4..o + t.len];
-                    let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ d;
-                    icrc.copy_from_slice(&v.to_le_bytes());
-                }
-            }
-            units[u] = (i, count, if count > 1 { first.len } else { 0 });
-            u += 1;
-            i += count;
-        }
-        units[u..].iter_mut().for_each(|x| *x = (0, 0, 0));
-        units
     }
 
     /// Sends the units: requests before responses (a QP that answers a message at once
@@ -1001,7 +1035,59 @@ mod tests {
     use std::sync::atomic::Ordering;
     use std::time::Duration;
 
+    use softrdma_engine::Transmit;
+    use softrdma_wire::Envelope;
+
     use crate::*;
+
+    /// A queue holding `packets` (first byte the opcode, bytes 5..8 the destination QPN,
+    /// the rest a fill byte naming the packet), all from 127.0.0.1 to `dst`.
+    fn queue(gso: bool, dst: [u8; 4], packets: &[(u8, u8, usize)]) -> super::TxQueue {
+        let mut q = super::TxQueue::new(gso);
+        let envelope = Envelope::rocev2([127, 0, 0, 1].into(), 4791, dst.into()).unwrap();
+        let mut at = 0;
+        for (i, &(opcode, qpn, len)) in packets.iter().enumerate() {
+            let p = &mut q.arena[at..at + len];
+            p.fill(b'a' + i as u8);
+            p[0] = opcode;
+            p[5..8].copy_from_slice(&[0, qpn, 0]);
+            q.meta.push((at, Transmit { envelope, len }));
+            at += len;
+        }
+        q
+    }
+
+    /// The packets of a queue in send order: (opcode, fill byte, length, contiguous).
+    fn order(q: &super::TxQueue) -> Vec<(u8, u8, usize)> {
+        q.meta.iter().map(|&(o, t)| (q.arena[o], q.arena[o + 8], t.len)).collect()
+    }
+
+    #[test]
+    fn an_ack_before_a_request_of_the_same_qp_trades_places_with_it() {
+        const ACK: u8 = 0x11;
+        const SEND: u8 = 0x04;
+        // [ACK, SEND] to QP 0x40 on this host: the SEND first, then the ACK, bytes moved.
+        let mut q = queue(true, [127, 0, 0, 1], &[(ACK, 0x40, 20), (SEND, 0x40, 28), (ACK, 0x40, 20)]);
+        q.pair_answers();
+        assert_eq!(order(&q), [(SEND, b'b', 28), (ACK, b'a', 20), (ACK, b'c', 20)]);
+        assert_eq!(q.meta.iter().map(|m| m.0).collect::<Vec<_>>(), [0, 28, 48], "still back to back");
+        // Then they form one GSO run: the request full, the ACK the shorter last segment.
+        let units = q.gso_runs();
+        assert_eq!(units[0], (0, 2, 28));
+
+        // Left alone: another QP, a response longer than the request, another host, no GSO.
+        for (gso, dst, packets) in [
+            (true, [127, 0, 0, 1], [(ACK, 0x40, 20), (SEND, 0x41, 28)]),
+            (true, [127, 0, 0, 1], [(ACK, 0x40, 40), (SEND, 0x40, 28)]),
+            (true, [192, 0, 2, 9], [(ACK, 0x40, 20), (SEND, 0x40, 28)]),
+            (false, [127, 0, 0, 1], [(ACK, 0x40, 20), (SEND, 0x40, 28)]),
+        ] {
+            let mut q = queue(gso, dst, &packets);
+            let before = order(&q);
+            q.pair_answers();
+            assert_eq!(order(&q), before, "{gso} {dst:?} {packets:?}");
+        }
+    }
 
     /// A thread blocked on a completion channel receives the device's datagrams itself;
     /// meanwhile the progress thread keeps off the sockets (both waking for every datagram
