@@ -17,6 +17,12 @@ TIMEOUT=${SOFTRDMA_CONFORMANCE_TIMEOUT:-20}
 failed=0
 line() { printf '%-28s %s\n' "$1" "$2"; }
 fail() { line "$1" "FAIL $2"; failed=1; }
+# installed NAME PROGRAM PACKAGE: whether PROGRAM is there; if not, NAME's line says SKIP.
+installed() {
+    command -v "$2" >/dev/null 2>&1 && return
+    line "$1" "SKIP $2 is not installed (apt-get install $3)"
+    return 1
+}
 
 # --- packages --------------------------------------------------------------------------
 sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
@@ -49,10 +55,7 @@ trap 'rm -rf "$work"' EXIT
 run_one() {
     local name=$1 expect=$2
     shift 2
-    if ! command -v "$1" >/dev/null 2>&1; then
-        line "$name" "SKIP $1 is not installed (apt-get install ibverbs-utils)"
-        return
-    fi
+    installed "$name" "$1" ibverbs-utils || return
     timeout "$TIMEOUT" "$@" >"$work/$name.out" 2>&1
     local rc=$?
     if [ $rc -ne 0 ]; then
@@ -66,25 +69,35 @@ run_one() {
 
 # --- server/client pairs ---------------------------------------------------------------
 port=$((18600 + $$ % 1000))
-# attempt NAME PROGRAM ARGS...: a server, then a client to 127.0.0.1; both must exit 0 and
-# print the program's result line ("... iters in ... seconds"). Sets $why on failure.
-attempt() {
-    local name=$1 prog=$2
+# tcp_pair OUT PROGRAM ARGS...: `PROGRAM ARGS -p PORT` in the background (the server), then
+# `PROGRAM ARGS -p PORT 127.0.0.1` (the client), retried for a bounded time while the server
+# is not listening yet ("Couldn't connect"), on a fresh port; output in OUT.server and
+# OUT.client, exit statuses in $src and $crc.
+tcp_pair() {
+    local out=$1 prog=$2
     shift 2
     port=$((port + 1))
-    timeout "$TIMEOUT" "$prog" "$@" -p "$port" >"$work/$name.server" 2>&1 &
-    local server=$!
-    # The client retries its TCP connect for a bounded time while the server starts.
-    local crc=1 tries=0
+    timeout "$TIMEOUT" "$prog" "$@" -p "$port" >"$out.server" 2>&1 &
+    local server=$! tries=0
+    crc=1
     while [ $tries -lt 50 ]; do
         tries=$((tries + 1))
-        timeout "$TIMEOUT" "$prog" "$@" -p "$port" 127.0.0.1 >"$work/$name.client" 2>&1
+        timeout "$TIMEOUT" "$prog" "$@" -p "$port" 127.0.0.1 >"$out.client" 2>&1
         crc=$?
-        grep -q "Couldn't connect" "$work/$name.client" || break
+        grep -q "Couldn't connect" "$out.client" || break
+        kill -0 "$server" 2>/dev/null || break
         sleep 0.1
     done
     wait "$server"
-    local src=$?
+    src=$?
+}
+
+# attempt NAME PROGRAM ARGS...: a server, then a client to 127.0.0.1; both must exit 0 and
+# print the program's result line ("... iters in ... seconds"). Sets $why on failure.
+attempt() {
+    local name=$1
+    shift
+    tcp_pair "$work/$name" "$@"
     local ok='iters in [0-9.]+ seconds'
     why=
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
@@ -103,10 +116,7 @@ attempt() {
 run_pair() {
     local name=$1 retries=$2 prog=$3
     shift 3
-    if ! command -v "$prog" >/dev/null 2>&1; then
-        line "$name" "SKIP $prog is not installed (apt-get install ibverbs-utils)"
-        return
-    fi
+    installed "$name" "$prog" ibverbs-utils || return
     local n=0 first=
     while ! attempt "$name" "$prog" "$@"; do
         [ -z "$first" ] && first=$why
@@ -138,10 +148,7 @@ run_pair "ibv_srq_pingpong -g 0" 0 ibv_srq_pingpong -g 0
 cm_pair() {
     local name=$1 server_cmd=$2 client_cmd=$3 tag
     tag=$(echo "$name" | tr -c 'a-z_\n' '_')
-    if ! command -v "${server_cmd%% *}" >/dev/null 2>&1; then
-        line "$name" "SKIP ${server_cmd%% *} is not installed (apt-get install rdmacm-utils)"
-        return 1
-    fi
+    installed "$name" "${server_cmd%% *}" rdmacm-utils || return
     if [ ! -e "$lib/librdmacm.so.1" ]; then
         line "$name" "SKIP librdmacm.so.1 not built (cargo build -p softrdma-rdmacm)"
         return 1
@@ -168,16 +175,21 @@ cm_pair() {
 # rdma_server/rdma_client: the synchronous endpoint API (rdma_getaddrinfo, rdma_create_ep,
 # rdma_get_request, rdma_accept/connect, the rdma_verbs.h inlines, rdma_disconnect). Both
 # print "<name>: end 0" on success.
-name="rdma_server/rdma_client"
-if cm_pair "$name" "rdma_server -p PORT" "rdma_client -s 127.0.0.1 -p PORT"; then
+# cm_run NAME SERVER CLIENT SERVER_SAYS CLIENT_SAYS: cm_pair, then both sides must exit 0
+# and print their line.
+cm_run() {
+    local name=$1 server_says=$4 client_says=$5
+    cm_pair "$name" "$2" "$3" || return
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
-    elif ! grep -q "rdma_server: end 0" "$out.server" || ! grep -q "rdma_client: end 0" "$out.client"; then
-        fail "$name" "no 'end 0' line"
+    elif ! grep -q "$server_says" "$out.server" || ! grep -q "$client_says" "$out.client"; then
+        fail "$name" "no '$server_says' / '$client_says' line"
     else
         line "$name" pass
     fi
-fi
+}
+cm_run "rdma_server/rdma_client" "rdma_server -p PORT" "rdma_client -s 127.0.0.1 -p PORT" \
+    "rdma_server: end 0" "rdma_client: end 0"
 
 # rping: rdma_cm with event channels and completion channels, the server RDMA READs the
 # client's buffer and WRITEs back, 10 times with -v (each side prints "ping data: ...").
@@ -196,21 +208,8 @@ fi
 # udaddy: UD over RDMA_PS_UDP (SIDR, a UD QP rdma_create_qp readies, the server's reply AH
 # from ibv_create_ah_from_wc); ucmatose: RC with rdma_migrate_id-free defaults. Both print
 # "test complete" and "return status 0" on each side.
-for p in udaddy ucmatose; do
-    case $p in
-    udaddy) server="udaddy" client="udaddy -s 127.0.0.1" ;; # its port is fixed (7174)
-    ucmatose) server="ucmatose -p PORT" client="ucmatose -p PORT -s 127.0.0.1" ;;
-    esac
-    if cm_pair "$p" "$server" "$client"; then
-        if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-            fail "$p" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
-        elif ! grep -q "return status 0" "$out.server" || ! grep -q "return status 0" "$out.client"; then
-            fail "$p" "no 'return status 0' line"
-        else
-            line "$p" pass
-        fi
-    fi
-done
+cm_run udaddy "udaddy" "udaddy -s 127.0.0.1" "return status 0" "return status 0" # its port is fixed (7174)
+cm_run ucmatose "ucmatose -p PORT" "ucmatose -p PORT -s 127.0.0.1" "return status 0" "return status 0"
 
 # perftest: each test plain (TCP exchange of QP numbers) and with -R (rdma_cm makes the
 # QPs), then ib_write_bw -a over every size from 2 B to 8 MiB. Each side must exit 0 and
@@ -219,30 +218,15 @@ PERFTEST_ITERS=${SOFTRDMA_CONFORMANCE_PERFTEST_ITERS:-500}
 perftest_pair() {
     local name=$1 prog=$2 expect=$3
     shift 3
-    if ! command -v "$prog" >/dev/null 2>&1; then
-        line "$name" "SKIP $prog is not installed (apt-get install perftest)"
-        return
-    fi
+    installed "$name" "$prog" perftest || return
     if [ ! -e "$lib/librdmacm.so.1" ] || [ ! -e "$lib/libmlx5.so.1" ] || [ ! -e "$lib/libefa.so.1" ]; then
         line "$name" "SKIP librdmacm.so.1, libmlx5.so.1 or libefa.so.1 not built (scripts/build-libs)"
         return
     fi
-    port=$((port + 1))
     local tag
     tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
     out="$work/$tag"
-    timeout "$TIMEOUT" "$prog" -p "$port" "$@" >"$out.server" 2>&1 &
-    local server=$! tries=0
-    while [ $tries -lt 50 ]; do
-        tries=$((tries + 1))
-        timeout "$TIMEOUT" "$prog" -p "$port" "$@" 127.0.0.1 >"$out.client" 2>&1
-        crc=$?
-        grep -q "Couldn't connect" "$out.client" || break
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.1
-    done
-    wait "$server"
-    src=$?
+    tcp_pair "$out" "$prog" "$@"
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         local why="server exit $src, client exit $crc"
         if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
