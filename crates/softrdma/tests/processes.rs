@@ -516,23 +516,34 @@ fn cm_cap() -> QpCap {
     QpCap { max_send_wr: 8, max_recv_wr: 8, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 }
 }
 
-/// rdma_server's shape: listen, accept one connection, echo one message, wait for the
-/// peer's disconnect.
-fn cm_server() {
+/// Listens on 127.0.0.1:$SOFTRDMA_TEST_SERVICE, says LISTENING, and takes the first
+/// connection request: its ID gets a QP, then `before_accept` (posting receives, say),
+/// then the accept; returns when the connection is established, with what
+/// `before_accept` made.
+fn accept_one<T>(before_accept: impl FnOnce(&CmId) -> T) -> (EventChannel, CmId, T) {
     let service: u16 = env("SOFTRDMA_TEST_SERVICE").parse().unwrap();
     let ch = cm_channel();
     let listen = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
     listen.bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
     listen.listen(4).unwrap();
     say("LISTENING");
-    let req = ch.expect(CmEventKind::ConnectRequest, WAIT).unwrap();
-    let id = req.id;
+    let id = ch.expect(CmEventKind::ConnectRequest, WAIT).unwrap().id;
     let pd = id.context().unwrap().alloc_pd().unwrap();
     id.create_qp(&pd, cm_cap()).unwrap();
-    let msgs = id.reg_msgs(256).unwrap();
-    id.post_recv(1, &msgs, 0..256).unwrap();
+    let made = before_accept(&id);
     id.accept(&ConnParam::default()).unwrap();
     ch.expect(CmEventKind::Established, WAIT).unwrap();
+    (ch, id, made)
+}
+
+/// rdma_server's shape: listen, accept one connection, echo one message, wait for the
+/// peer's disconnect.
+fn cm_server() {
+    let (ch, id, msgs) = accept_one(|id| {
+        let msgs = id.reg_msgs(256).unwrap();
+        id.post_recv(1, &msgs, 0..256).unwrap();
+        msgs
+    });
     let wc = id.get_recv_comp(WAIT).unwrap();
     assert_eq!(wc.status, WcStatus::Success);
     id.post_send(2, &msgs, 0..wc.byte_len as usize, SendFlags::SIGNALED).unwrap();
@@ -546,17 +557,7 @@ fn cm_server() {
 /// A server that accepts one connection, then goes the way a C program's `exit` with the
 /// connection open goes (the C library's `atexit` calls `disconnect_all`).
 fn cm_server_exits() {
-    let service: u16 = env("SOFTRDMA_TEST_SERVICE").parse().unwrap();
-    let ch = cm_channel();
-    let listen = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
-    listen.bind_addr(std::net::SocketAddr::from(([127, 0, 0, 1], service))).unwrap();
-    listen.listen(4).unwrap();
-    say("LISTENING");
-    let id = ch.expect(CmEventKind::ConnectRequest, WAIT).unwrap().id;
-    let pd = id.context().unwrap().alloc_pd().unwrap();
-    id.create_qp(&pd, cm_cap()).unwrap();
-    id.accept(&ConnParam::default()).unwrap();
-    ch.expect(CmEventKind::Established, WAIT).unwrap();
+    let (_ch, _id, ()) = accept_one(|_| ());
     say(&format!("GONE {}", softrdma::disconnect_all()));
     std::process::exit(0);
 }
