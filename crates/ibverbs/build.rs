@@ -6,8 +6,6 @@
 //! symbols (they would stay unversioned); a symbol named `name@@NODE` by the assembler keeps
 //! its version.
 
-use std::io::Write;
-
 /// rdma-core's libibverbs version nodes, oldest first, each inheriting the one before.
 const NODES: &[&str] = &[
     "IBVERBS_1.0",
@@ -24,26 +22,19 @@ const NODES: &[&str] = &[
     "IBVERBS_1.14",
 ];
 
+#[path = "nodes.rs"]
+mod nodes;
+
 fn main() {
     let out = std::path::PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let map = out.join("libibverbs.map");
-    let mut text = Vec::new();
-    let mut prev: Option<&str> = None;
-    for node in NODES {
-        match prev {
-            None => writeln!(text, "{node} {{ }};"),
-            Some(p) => writeln!(text, "{node} {{ }} {p};"),
-        }
-        .expect("writing to a Vec");
-        prev = Some(node);
-    }
     // The provider-private node: ibv_devinfo imports ibv_query_gid_type from it.
-    writeln!(text, "IBVERBS_PRIVATE_34 {{ }};").expect("writing to a Vec");
     // softrdma's own: the rdma_* implementations librdmacm.so.1 (crates/rdmacm) jumps to,
     // so that both libraries share this one runtime (softrdma_rdmacm_<name>).
-    writeln!(text, "SOFTRDMA_PRIVATE_1 {{ }};").expect("writing to a Vec");
+    let text = nodes::declare(&[NODES], &["IBVERBS_PRIVATE_34", "SOFTRDMA_PRIVATE_1"]);
     std::fs::write(&map, text).expect("writing the version script");
     println!("cargo:rustc-cdylib-link-arg=-Wl,--version-script={}", map.display());
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
     println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=nodes.rs");
 }

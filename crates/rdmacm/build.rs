@@ -19,6 +19,9 @@ use std::process::Command;
 
 const NODES: &[&str] = &["RDMACM_1.0", "RDMACM_1.1", "RDMACM_1.2", "RDMACM_1.3"];
 
+#[path = "../ibverbs/nodes.rs"]
+mod nodes;
+
 fn main() {
     let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let list = std::fs::read_to_string("symbols.txt").expect("reading symbols.txt");
@@ -29,16 +32,7 @@ fn main() {
         .collect();
 
     // This library's version nodes, each inheriting the one before.
-    let mut map = String::new();
-    let mut prev: Option<&str> = None;
-    for node in NODES {
-        match prev {
-            None => writeln!(map, "{node} {{ }};"),
-            Some(p) => writeln!(map, "{node} {{ }} {p};"),
-        }
-        .expect("writing to a String");
-        prev = Some(node);
-    }
+    let map = nodes::declare(&[NODES], &[]);
     std::fs::write(out.join("librdmacm.map"), map).expect("writing the version script");
 
     // The forwarders.
@@ -89,4 +83,5 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-libverbs");
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=symbols.txt");
+    println!("cargo:rerun-if-changed=../ibverbs/nodes.rs");
 }

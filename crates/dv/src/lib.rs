@@ -20,20 +20,10 @@
 
 use std::ffi::{c_int, c_void};
 
-/// Exports `$name@@$node` as a jump to `$f` (the `.symver` route of crates/ibverbs).
-macro_rules! export {
-    ($name:literal, $node:literal, $f:path) => {
-        ::core::arch::global_asm!(
-            concat!(".globl ", $name),
-            concat!(".type ", $name, ",@function"),
-            concat!($name, ":"),
-            "jmp {f}",
-            concat!(".size ", $name, ", . - ", $name),
-            concat!(".symver ", $name, ", ", $name, "@@", $node),
-            f = sym $f,
-        );
-    };
-}
+// `export!("name", "NODE", f)`: crates/ibverbs's macro, one definition for both libraries.
+#[path = "../../ibverbs/src/export.rs"]
+#[macro_use]
+mod export;
 
 /// For functions returning a pointer: `NULL` with `errno = EOPNOTSUPP`.
 extern "C" fn null_not_supported() -> *mut c_void {
