@@ -889,6 +889,40 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// `ibv_wr_complete` (the `ibv_wr_*` API): posts all of `wrs` or, if any of them could
+    /// not be posted, none (the error's index names the first that could not).
+    pub fn post_send_all<M: Memory + ?Sized>(
+        &mut self,
+        qpn: Qpn,
+        wrs: &[SendWr<'_>],
+        mem: &M,
+    ) -> Result<(), PostError> {
+        let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
+        let qp = self.qps.get(&qpn.value()).ok_or_else(|| bad(0, format!("no such QP {qpn}")))?;
+        let flushing = matches!(qp.state, QpState::Err | QpState::Sqe);
+        let mut scratch = Vec::new();
+        for (index, wr) in wrs.iter().enumerate() {
+            validate_send(qp, wr, &self.shared).map_err(|m| bad(index, m))?;
+            if !flushing && qp.sq.len() as usize + index >= qp.sq.capacity() as usize {
+                return Err(PostError { index, kind: PostErrorKind::QueueFull { depth: qp.sq.capacity() } });
+            }
+            if wr.flags.contains(SendFlags::INLINE) {
+                for (i, sge) in wr.sg_list.iter().enumerate() {
+                    scratch.resize(sge.length as usize, 0);
+                    if mem.read(sge.addr, &mut scratch).is_err() {
+                        return Err(bad(
+                            index,
+                            format!("inline SGE {i} at {:#x} (+{}) is not readable", sge.addr, sge.length),
+                        ));
+                    }
+                }
+            }
+        }
+        self.post_send(qpn, wrs, mem)
+    }
+}
+
 /// The loop of [`Engine::post_send`], which schedules the QP whatever it returns.
 fn post_sends<M: Memory + ?Sized>(
     qp: &mut Qp,

@@ -667,3 +667,37 @@ fn qpns_stay_in_the_configured_range_and_wrap_inside_it() {
     // The allocator wraps to the start of the range, skipping live QPNs.
     assert_eq!(e.create_qp(&init).unwrap().value(), (3 << 13) + 1);
 }
+
+/// `ibv_wr_complete` posts all of a batch or none of it (ibv_wr_post(3): "the entire
+/// posting will be aborted").
+#[test]
+fn post_send_all_posts_a_whole_batch_or_nothing() {
+    let cap = QpCap { max_send_wr: 3, ..QpCap::default() };
+    let mut pair = Pair::connected_with(QpType::Rc, Mtu::Mtu1024, cap);
+    for i in 0..3 {
+        pair.b.post_recv(i, 0x1000 * (i + 1), 256);
+    }
+    let good = [pair.a.sge(0, 8)];
+    let five = [pair.a.sge(0, 8); 5]; // max_send_sge is 4
+    let long = [Sge { addr: BASE, length: 65, lkey: LKey(0) }]; // max_inline_data is 64
+    let (qp, engine) = (pair.a.qp, &mut pair.a.engine);
+    let mem = &pair.a.mem;
+    let err = engine.post_send_all(qp, &[wr(0, SendOp::Send, &good), wr(1, SendOp::Send, &five)], mem).unwrap_err();
+    assert_eq!(err.index, 1);
+    let inline = wr_with(1, SendOp::Send, &long, SendFlags::SIGNALED | SendFlags::INLINE);
+    assert_eq!(engine.post_send_all(qp, &[wr(0, SendOp::Send, &good), inline], mem).unwrap_err().index, 1);
+    let four = [0, 1, 2, 3].map(|i| wr(10 + i, SendOp::Send, &good));
+    let err = engine.post_send_all(qp, &four, mem).unwrap_err();
+    assert_eq!(err, PostError { index: 3, kind: PostErrorKind::QueueFull { depth: 3 } });
+    pair.drive();
+    assert!(pair.a.poll_all().is_empty(), "nothing of the refused batches was posted");
+    assert!(pair.b.poll_all().is_empty());
+
+    // Three fit: all go.
+    pair.a.engine.post_send_all(pair.a.qp, &four[..3], &pair.a.mem).unwrap();
+    pair.drive();
+    assert_eq!(
+        outcomes(&pair.a.poll_all()),
+        [(10, WcStatus::Success), (11, WcStatus::Success), (12, WcStatus::Success)]
+    );
+}

@@ -1072,6 +1072,18 @@ impl Qp {
         Ok(posted?)
     }
 
+    /// `ibv_wr_complete`: posts all of `wrs`, or none of them if one could not be posted
+    /// (the error's index names it).
+    pub fn post_send_all(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        let posted = st.engine.post_send_all(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
+        if posted.is_ok() {
+            sh.after_verb(&mut st);
+        }
+        Ok(posted?)
+    }
+
     /// `ibv_post_recv`: posts `wrs` in order, stopping at the first bad one.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = self.shared();
