@@ -139,6 +139,8 @@ run_pair "ibv_rc_pingpong -g 0" 0 ibv_rc_pingpong -g 0
 run_pair "ibv_uc_pingpong -g 0" 1 ibv_uc_pingpong -g 0
 run_pair "ibv_ud_pingpong -g 0" 1 ibv_ud_pingpong -g 0
 run_pair "ibv_srq_pingpong -g 0" 0 ibv_srq_pingpong -g 0
+# -N: the extended send API (ibv_create_qp_ex, ibv_qp_to_qp_ex, ibv_wr_*).
+run_pair "ibv_rc_pingpong -g 0 -N" 0 ibv_rc_pingpong -g 0 -N
 
 # cm_pair NAME SERVER CLIENT: an rdmacm-utils pair (each a command line in a string) on a
 # fresh port: the server in the background, then the client, retried (bounded) while the

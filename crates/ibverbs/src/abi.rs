@@ -41,6 +41,8 @@ pub type PollCqFn = unsafe extern "C" fn(*mut IbvCq, c_int, *mut IbvWc) -> c_int
 pub type ReqNotifyFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
 /// `verbs_context.query_port`.
 pub type QueryPortFn = unsafe extern "C" fn(*mut IbvContext, u8, *mut IbvPortAttr, usize) -> c_int;
+/// `verbs_context.create_qp_ex`.
+pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
 
 /// `struct ibv_context_ops`: the header inlines (`ibv_post_send`, `ibv_poll_cq`, ...) call
 /// these without a NULL check.
@@ -96,8 +98,12 @@ pub struct VerbsContext {
     /// `query_device_ex` (216): NULL, so `ibv_query_device_ex` falls back to
     /// `ibv_query_device`.
     pub query_device_ex: usize,
-    /// `ibv_destroy_flow` .. `_ABI_placeholder3`.
-    pub _ops2: [usize; 11],
+    /// `ibv_destroy_flow` .. `open_qp`.
+    pub _ops2: [usize; 5],
+    /// `create_qp_ex` (264), which the `ibv_create_qp_ex` inline calls.
+    pub create_qp_ex: Option<CreateQpExFn>,
+    /// `get_srq_num` .. `_ABI_placeholder3`.
+    pub _ops3: [usize; 5],
     /// `sz`: `sizeof(struct verbs_context)`, never more (see the crate docs).
     pub sz: usize,
     /// `context`.
@@ -388,6 +394,77 @@ pub struct IbvQpInitAttr {
     pub cap: IbvQpCap,
     pub qp_type: u32,
     pub sq_sig_all: c_int,
+}
+
+/// `struct ibv_rx_hash_conf` (RSS; softrdma has none).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvRxHashConf {
+    pub rx_hash_function: u8,
+    pub rx_hash_key_len: u8,
+    pub rx_hash_key: *mut u8,
+    pub rx_hash_fields_mask: u64,
+}
+
+/// `struct ibv_qp_init_attr_ex`: `ibv_qp_init_attr`, then what `comp_mask` says is set.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvQpInitAttrEx {
+    pub qp_context: *mut c_void,
+    pub send_cq: *mut IbvCq,
+    pub recv_cq: *mut IbvCq,
+    pub srq: *mut IbvSrq,
+    pub cap: IbvQpCap,
+    pub qp_type: u32,
+    pub sq_sig_all: c_int,
+    pub comp_mask: u32,
+    pub pd: *mut IbvPd,
+    pub xrcd: *mut c_void,
+    pub create_flags: u32,
+    pub max_tso_header: u16,
+    pub rwq_ind_tbl: *mut c_void,
+    pub rx_hash_conf: IbvRxHashConf,
+    pub source_qpn: u32,
+    pub send_ops_flags: u64,
+}
+
+/// `struct ibv_data_buf` (`ibv_wr_set_inline_data_list`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvDataBuf {
+    pub addr: *mut c_void,
+    pub length: usize,
+}
+
+/// `struct ibv_qp_ex`: an `ibv_qp`, then the state and the builders of the `ibv_wr_*`
+/// API (the header's inlines call the builders unchecked).
+#[repr(C)]
+pub struct IbvQpEx {
+    pub qp_base: IbvQp,
+    pub comp_mask: u64,
+    pub wr_id: u64,
+    pub wr_flags: u32,
+    pub wr_atomic_cmp_swp: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64, u64),
+    pub wr_atomic_fetch_add: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u64),
+    pub wr_bind_mw: unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u32, *const c_void),
+    pub wr_local_inv: unsafe extern "C" fn(*mut IbvQpEx, u32),
+    pub wr_rdma_read: unsafe extern "C" fn(*mut IbvQpEx, u32, u64),
+    pub wr_rdma_write: unsafe extern "C" fn(*mut IbvQpEx, u32, u64),
+    pub wr_rdma_write_imm: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32),
+    pub wr_send: unsafe extern "C" fn(*mut IbvQpEx),
+    pub wr_send_imm: unsafe extern "C" fn(*mut IbvQpEx, u32),
+    pub wr_send_inv: unsafe extern "C" fn(*mut IbvQpEx, u32),
+    pub wr_send_tso: unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, u16, u16),
+    pub wr_set_ud_addr: unsafe extern "C" fn(*mut IbvQpEx, *mut IbvAh, u32, u32),
+    pub wr_set_xrc_srqn: unsafe extern "C" fn(*mut IbvQpEx, u32),
+    pub wr_set_inline_data: unsafe extern "C" fn(*mut IbvQpEx, *mut c_void, usize),
+    pub wr_set_inline_data_list: unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvDataBuf),
+    pub wr_set_sge: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, u32),
+    pub wr_set_sge_list: unsafe extern "C" fn(*mut IbvQpEx, usize, *const IbvSge),
+    pub wr_start: unsafe extern "C" fn(*mut IbvQpEx),
+    pub wr_complete: unsafe extern "C" fn(*mut IbvQpEx) -> c_int,
+    pub wr_abort: unsafe extern "C" fn(*mut IbvQpEx),
+    pub wr_atomic_write: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, *const c_void),
 }
 
 /// `struct ibv_global_route`.

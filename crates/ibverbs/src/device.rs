@@ -188,7 +188,9 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         query_port: Some(vctx_query_port),
         _ops1: [0; 26],
         query_device_ex: 0,
-        _ops2: [0; 11],
+        _ops2: [0; 5],
+        create_qp_ex: Some(crate::wr::create_qp_ex),
+        _ops3: [0; 5],
         sz: size_of::<VerbsContext>(),
         context,
     };

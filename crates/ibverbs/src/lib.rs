@@ -37,6 +37,7 @@ mod objects;
 mod post;
 mod rdmacm;
 mod stubs;
+mod wr;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

@@ -45,9 +45,15 @@ pub(crate) struct CqC {
 
 #[repr(C)]
 pub(crate) struct QpC {
-    pub(crate) qp: IbvQp,
+    /// Its `qp_base` is the `ibv_qp` programs get; the rest serves `ibv_qp_to_qp_ex`.
+    pub(crate) qpx: IbvQpEx,
     pub(crate) inner: softrdma::Qp,
     pub(crate) sq_sig_all: bool,
+    /// The `ibv_wr_*` operations the QP was created for (`ibv_create_qp_ex`); 0: none, and
+    /// `ibv_qp_to_qp_ex` gives NULL.
+    pub(crate) send_ops: u64,
+    /// The work requests between `ibv_wr_start` and `ibv_wr_complete`.
+    pub(crate) builder: Mutex<crate::wr::Builder>,
 }
 
 #[repr(C)]
@@ -466,7 +472,7 @@ pub(crate) unsafe fn qp_init<'a>(init: &IbvQpInitAttr) -> Result<QpInit<'a>, c_i
     })
 }
 
-unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut IbvQp {
+pub(crate) unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAttr) -> *mut IbvQp {
     guard(ptr::null_mut(), || {
         // SAFETY: pd is ours or NULL; init is the caller's.
         let (Some(p), Some(init)) = (unsafe { obj::<IbvPd, PdC>(pd) }, unsafe { init.as_mut() }) else {
@@ -515,7 +521,13 @@ pub(crate) fn wrap_qp(pd: *mut IbvPd, init: &mut IbvQpInitAttr, inner: softrdma:
         cond: [0; 6],
         events_completed: 0,
     };
-    let out: *mut IbvQp = boxed(QpC { qp, inner, sq_sig_all: init.sq_sig_all != 0 });
+    let out: *mut IbvQp = boxed(QpC {
+        qpx: crate::wr::qp_ex(qp),
+        inner,
+        sq_sig_all: init.sq_sig_all != 0,
+        send_ops: 0,
+        builder: Mutex::default(),
+    });
     // SAFETY: the context outlives its QPs.
     if let Some(c) = unsafe { ctx_of(context) } {
         qps(c).insert(qpn, out as usize);
@@ -535,8 +547,8 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
             return libc::EINVAL;
         };
         // SAFETY: the context outlives its QPs.
-        if let Some(c) = unsafe { ctx_of(q.qp.context) } {
-            qps(c).remove(&q.qp.qp_num);
+        if let Some(c) = unsafe { ctx_of(q.qpx.qp_base.context) } {
+            qps(c).remove(&q.qpx.qp_base.qp_num);
         }
         // SAFETY: made by ibv_create_qp, destroyed once.
         unsafe { free::<IbvQp, QpC>(qp) };
@@ -681,10 +693,10 @@ unsafe extern "C" fn query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _mask: c_int
         }
         if !init.is_null() {
             let i = IbvQpInitAttr {
-                qp_context: q.qp.qp_context,
-                send_cq: q.qp.send_cq,
-                recv_cq: q.qp.recv_cq,
-                srq: q.qp.srq,
+                qp_context: q.qpx.qp_base.qp_context,
+                send_cq: q.qpx.qp_base.send_cq,
+                recv_cq: q.qpx.qp_base.recv_cq,
+                srq: q.qpx.qp_base.srq,
                 cap: cap_c(&cap),
                 qp_type: qp_type_raw(q.inner.qp_type()),
                 sq_sig_all: c_int::from(q.sq_sig_all),

@@ -103,7 +103,7 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
         let Some(q) = (unsafe { obj::<IbvQp, QpC>(qp) }) else {
             return libc::EINVAL;
         };
-        let ud = q.qp.qp_type == 4;
+        let ud = q.qpx.qp_base.qp_type == 4;
         let mut sg = Vec::new();
         let mut ops = Vec::new();
         let mut stop = None;

@@ -145,7 +145,6 @@ unsafe extern "C" fn null_eopnotsupp() -> *mut c_void {
     errno::set(libc::EOPNOTSUPP);
     ptr::null_mut()
 }
-export!("ibv_qp_to_qp_ex", "IBVERBS_1.6", null_eopnotsupp);
 export!("ibv_import_device", "IBVERBS_1.10", null_eopnotsupp);
 export!("ibv_import_mr", "IBVERBS_1.10", null_eopnotsupp);
 export!("ibv_import_pd", "IBVERBS_1.10", null_eopnotsupp);

@@ -50,3 +50,12 @@ fn channels_in_an_event_loop_nonblocking_and_pollable() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == "ok", "{stdout}{stderr}");
 }
+
+#[test]
+fn the_wr_api_posts_whole_batches_or_nothing() {
+    let lib = lib_dir("capi-wr");
+    assert!(lib.rdmacm, "librdmacm.so.1 was not built");
+    let Some(out) = run_c("wr_api", &lib.path) else { return };
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "ok", "{stdout}{stderr}");
+}

@@ -28,9 +28,15 @@ fn debian_ibverbs_utils_run_over_softrdma() {
         .expect("running tests/conformance/run.sh");
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
-    for program in
-        ["ibv_devices", "ibv_devinfo -v", "ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_ud_pingpong", "ibv_srq_pingpong"]
-    {
+    for program in [
+        "ibv_devices",
+        "ibv_devinfo -v",
+        "ibv_rc_pingpong -g 0 ",
+        "ibv_rc_pingpong -g 0 -N",
+        "ibv_uc_pingpong",
+        "ibv_ud_pingpong",
+        "ibv_srq_pingpong",
+    ] {
         assert!(
             // "pass", or "pass (attempt 2; ...)" for a UC/UD ping-pong the script retried.
             text.lines().any(|l| l.starts_with(program) && (l.ends_with(" pass") || l.contains(" pass (attempt 2"))),

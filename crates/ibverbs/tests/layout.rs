@@ -29,7 +29,24 @@ fn entries() -> Vec<Entry> {
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
     layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", query_device_ex => "query_device_ex",
-        sz => "sz", context => "context"]);
+        create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
+    layout!(v, IbvQpEx, "struct ibv_qp_ex", [qp_base => "qp_base", comp_mask => "comp_mask", wr_id => "wr_id",
+        wr_flags => "wr_flags", wr_atomic_cmp_swp => "wr_atomic_cmp_swp", wr_atomic_fetch_add => "wr_atomic_fetch_add",
+        wr_bind_mw => "wr_bind_mw", wr_local_inv => "wr_local_inv", wr_rdma_read => "wr_rdma_read",
+        wr_rdma_write => "wr_rdma_write", wr_rdma_write_imm => "wr_rdma_write_imm", wr_send => "wr_send",
+        wr_send_imm => "wr_send_imm", wr_send_inv => "wr_send_inv", wr_send_tso => "wr_send_tso",
+        wr_set_ud_addr => "wr_set_ud_addr", wr_set_xrc_srqn => "wr_set_xrc_srqn",
+        wr_set_inline_data => "wr_set_inline_data", wr_set_inline_data_list => "wr_set_inline_data_list",
+        wr_set_sge => "wr_set_sge", wr_set_sge_list => "wr_set_sge_list", wr_start => "wr_start",
+        wr_complete => "wr_complete", wr_abort => "wr_abort", wr_atomic_write => "wr_atomic_write"]);
+    layout!(v, IbvQpInitAttrEx, "struct ibv_qp_init_attr_ex", [qp_context => "qp_context", send_cq => "send_cq",
+        recv_cq => "recv_cq", srq => "srq", cap => "cap", qp_type => "qp_type", sq_sig_all => "sq_sig_all",
+        comp_mask => "comp_mask", pd => "pd", xrcd => "xrcd", create_flags => "create_flags",
+        max_tso_header => "max_tso_header", rwq_ind_tbl => "rwq_ind_tbl", rx_hash_conf => "rx_hash_conf",
+        source_qpn => "source_qpn", send_ops_flags => "send_ops_flags"]);
+    layout!(v, IbvRxHashConf, "struct ibv_rx_hash_conf", [rx_hash_function => "rx_hash_function",
+        rx_hash_key_len => "rx_hash_key_len", rx_hash_key => "rx_hash_key", rx_hash_fields_mask => "rx_hash_fields_mask"]);
+    layout!(v, IbvDataBuf, "struct ibv_data_buf", [addr => "addr", length => "length"]);
     layout!(v, IbvDeviceAttr, "struct ibv_device_attr", [fw_ver => "fw_ver", node_guid => "node_guid",
         sys_image_guid => "sys_image_guid", max_mr_size => "max_mr_size", page_size_cap => "page_size_cap",
         vendor_id => "vendor_id", vendor_part_id => "vendor_part_id", hw_ver => "hw_ver", max_qp => "max_qp",
