@@ -28,6 +28,9 @@ pub(crate) struct Ctx {
     pub(crate) inner: softrdma::Context,
     /// QPN → `ibv_qp` (as an address), to name the QP of an asynchronous event.
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
+    /// The same for CQs (`CqId` → `ibv_cq`) and SRQs (`SrqId` → `ibv_srq`).
+    pub(crate) cqs: Mutex<HashMap<u32, usize>>,
+    pub(crate) srqs: Mutex<HashMap<u32, usize>>,
 }
 
 /// The devices, made once per process and never freed: a device pointer stays valid after
@@ -194,7 +197,13 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         sz: size_of::<VerbsContext>(),
         context,
     };
-    let ctx = Box::into_raw(Box::new(Ctx { vctx, inner, qps: Mutex::new(HashMap::new()) }));
+    let ctx = Box::into_raw(Box::new(Ctx {
+        vctx,
+        inner,
+        qps: Mutex::default(),
+        cqs: Mutex::default(),
+        srqs: Mutex::default(),
+    }));
     // SAFETY: ctx was just allocated; the pointer to its member lives as long as it.
     unsafe { &raw mut (*ctx).vctx.context }
 }

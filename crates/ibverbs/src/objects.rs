@@ -264,7 +264,9 @@ pub(crate) unsafe extern "C" fn create_cq(
                     async_events_completed: 0,
                 };
                 let keep = inner.clone();
+                let id = inner.id().0;
                 let p: *mut IbvCq = boxed(CqC { cq, inner, events: AtomicU32::new(0) });
+                elements(&c.cqs).insert(id, p as usize);
                 if let Some(ch) = ch {
                     ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((keep, p as usize));
                 }
@@ -288,6 +290,10 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
         // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses while any is left).
         if let Some(ch) = unsafe { obj::<IbvCompChannel, ChannelC>(c.cq.channel) } {
             ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(_, p)| *p != cq as usize);
+        }
+        // SAFETY: the context outlives its CQs.
+        if let Some(ctx) = unsafe { ctx_of(c.cq.context) } {
+            elements(&ctx.cqs).remove(&c.inner.id().0);
         }
         // SAFETY: made by ibv_create_cq, destroyed once.
         unsafe { free::<IbvCq, CqC>(cq) };
@@ -369,7 +375,13 @@ unsafe extern "C" fn create_srq(pd: *mut IbvPd, init: *mut IbvSrqInitAttr) -> *m
                     cond: [0; 6],
                     events_completed: 0,
                 };
-                boxed(SrqC { srq, inner })
+                let id = inner.id().0;
+                let out: *mut IbvSrq = boxed(SrqC { srq, inner });
+                // SAFETY: the PD's context is ours.
+                if let Some(c) = unsafe { ctx_of(p.pd.context) } {
+                    elements(&c.srqs).insert(id, out as usize);
+                }
+                out
             }
             Err(e) => {
                 errno::fail(&e);
@@ -407,8 +419,13 @@ export!("ibv_query_srq", "IBVERBS_1.1", query_srq);
 
 unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
     guard(libc::EIO, || {
-        if srq.is_null() {
+        // SAFETY: srq is ours or NULL.
+        let Some(s) = (unsafe { obj::<IbvSrq, SrqC>(srq) }) else {
             return libc::EINVAL;
+        };
+        // SAFETY: the context outlives its SRQs.
+        if let Some(c) = unsafe { ctx_of(s.srq.context) } {
+            elements(&c.srqs).remove(&s.inner.id().0);
         }
         // SAFETY: made by ibv_create_srq; QPs using it hold it alive inside.
         unsafe { free::<IbvSrq, SrqC>(srq) };
@@ -537,7 +554,14 @@ pub(crate) fn wrap_qp(pd: *mut IbvPd, init: &mut IbvQpInitAttr, inner: softrdma:
 export!("ibv_create_qp", "IBVERBS_1.1", create_qp);
 
 fn qps(c: &Ctx) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
-    c.qps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    elements(&c.qps)
+}
+
+/// One of a context's maps from softrdma's handles to the C objects.
+fn elements(
+    m: &Mutex<std::collections::HashMap<u32, usize>>,
+) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
@@ -824,15 +848,16 @@ unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncE
         };
         use softrdma::AsyncEvent as A;
         let qp = |n: softrdma::Qpn| qps(c).get(&n.value()).copied().unwrap_or(0) as *mut c_void;
-        // CQ and SRQ events name no object yet: softrdma's handles do not lead back to ours.
+        let cq = |id: softrdma::CqId| elements(&c.cqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
+        let srq = |id: softrdma::SrqId| elements(&c.srqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
         let (element, event_type) = match e {
-            A::CqError(_) => (ptr::null_mut(), 0),
+            A::CqError(id) => (cq(id), 0),
             A::QpFatal(n) => (qp(n), 1),
             A::QpRequestError(n) => (qp(n), 2),
             A::QpAccessError(n) => (qp(n), 3),
             A::CommEstablished(n) => (qp(n), 4),
             A::SqDrained(n) => (qp(n), 5),
-            A::SrqLimitReached(_) => (ptr::null_mut(), 15),
+            A::SrqLimitReached(id) => (srq(id), 15),
             A::QpLastWqeReached(n) => (qp(n), 16),
         };
         // SAFETY: the caller's struct ibv_async_event.

@@ -59,3 +59,11 @@ fn the_wr_api_posts_whole_batches_or_nothing() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == "ok", "{stdout}{stderr}");
 }
+
+#[test]
+fn async_events_name_their_cq_and_srq() {
+    let lib = lib_dir("capi-async");
+    let Some(out) = run_c("async_events", &lib.path) else { return };
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "ok", "{stdout}{stderr}");
+}

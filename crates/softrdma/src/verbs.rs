@@ -536,6 +536,11 @@ impl Drop for CqInner {
 }
 
 impl Cq {
+    /// The device's handle of this CQ, which an [`AsyncEvent::CqError`] names.
+    pub fn id(&self) -> CqId {
+        self.inner.id
+    }
+
     /// Entries asked for at creation.
     pub fn cqe(&self) -> u32 {
         self.inner.cqe
@@ -748,6 +753,11 @@ impl Drop for SrqInner {
 }
 
 impl Srq {
+    /// The device's handle of this SRQ, which an [`AsyncEvent::SrqLimitReached`] names.
+    pub fn id(&self) -> SrqId {
+        self.inner.id
+    }
+
     /// `ibv_post_srq_recv`: posts `wrs` in order, stopping at the first bad one.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = &self.inner.pd.ctx.drv.shared;

@@ -2,24 +2,13 @@
  * made non-blocking with fcntl, an empty channel fails with EAGAIN at once (rdma-core reads
  * the fd), poll(2) reports it readable when an event is there, and the event is then
  * returned. Prints "ok" and exits 0, or names the check that failed and exits 1. */
-#include <errno.h>
 #include <fcntl.h>
-#include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
-#include <stdio.h>
-#include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#define CHECK(cond, what)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "FAILED: %s (errno %d: %s)\n", what, errno, strerror(errno)); \
-            return 1;                                                                      \
-        }                                                                                  \
-    } while (0)
+#include "common.h"
 
 static double ms_since(struct timespec *t0) {
     struct timespec t;

@@ -4,74 +4,10 @@
  * with an operation the QP was not created for, or a setter before any builder, fails in
  * ibv_wr_complete and posts nothing; ibv_wr_abort discards; creation refuses operations
  * softrdma does not do. Prints "ok" and exits 0, or names the failed check and exits 1. */
-#include <errno.h>
-#include <infiniband/verbs.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
-#include <time.h>
 #include <unistd.h>
 
-#define CHECK(cond, what)                                                                  \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            fprintf(stderr, "FAILED: %s (errno %d: %s)\n", what, errno, strerror(errno)); \
-            return 1;                                                                      \
-        }                                                                                  \
-    } while (0)
-
-static struct ibv_cq *cq;
-
-/* Waits up to 2 s for `n` completions; how many came, all successful or -1. */
-static int completions(int n, struct ibv_wc *wc) {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int got = 0;
-    while (got < n) {
-        int k = ibv_poll_cq(cq, n - got, wc + got);
-        if (k < 0)
-            return -1;
-        for (int i = got; i < got + k; i++)
-            if (wc[i].status != IBV_WC_SUCCESS)
-                return -1;
-        got += k;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        if (t.tv_sec - t0.tv_sec >= 2)
-            break;
-    }
-    return got;
-}
-
-static int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-                            .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = 0;
-    a.max_rd_atomic = 4;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
-}
+#include "common.h"
 
 int main(void) {
     alarm(20); /* a call that blocks instead of failing ends the test, not the suite */
@@ -83,7 +19,7 @@ int main(void) {
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "ibv_query_gid");
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     CHECK(pd, "ibv_alloc_pd");
-    cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+    struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
     CHECK(cq, "ibv_create_cq");
     char *mem = aligned_alloc(4096, 8192);
     memset(mem, 0, 8192);
@@ -136,7 +72,7 @@ int main(void) {
     ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)(local + 512), 8);
     CHECK(ibv_wr_complete(qx) == 0, "ibv_wr_complete of four work requests");
     struct ibv_wc wc[8];
-    CHECK(completions(4, wc) == 4, "four successful completions");
+    CHECK(completions(cq, 4, wc) == 4, "four successful completions");
     CHECK(wc[0].wr_id == 1 && wc[1].wr_id == 2 && wc[2].wr_id == 3 && wc[3].wr_id == 4, "in order, with their wr_ids");
     CHECK(wc[0].opcode == IBV_WC_RDMA_WRITE && wc[2].opcode == IBV_WC_RDMA_READ && wc[3].opcode == IBV_WC_FETCH_ADD,
           "with their opcodes");
@@ -163,7 +99,7 @@ int main(void) {
     ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)local, 8);
     ibv_wr_abort(qx);
     usleep(100000);
-    CHECK(completions(1, wc) == 0, "nothing of the failed or aborted batches was posted");
+    CHECK(completions(cq, 1, wc) == 0, "nothing of the failed or aborted batches was posted");
     CHECK(remote[2048] == 0, "... and nothing was written");
 
     /* The QP still works. */
@@ -171,7 +107,7 @@ int main(void) {
     qx->wr_id = 7;
     ibv_wr_rdma_write(qx, mr->rkey, (uintptr_t)(remote + 3000));
     ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)local, 8);
-    CHECK(ibv_wr_complete(qx) == 0 && completions(1, wc) == 1 && wc[0].wr_id == 7, "a later batch completes");
+    CHECK(ibv_wr_complete(qx) == 0 && completions(cq, 1, wc) == 1 && wc[0].wr_id == 7, "a later batch completes");
 
     CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "ibv_destroy_qp");
     ibv_dereg_mr(mr);

@@ -1,0 +1,70 @@
+/* What the C tests share: CHECK, waiting for completions, connecting two RC QPs of one
+ * context to each other through GID 0. */
+#ifndef SOFTRDMA_TEST_COMMON_H
+#define SOFTRDMA_TEST_COMMON_H
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define CHECK(cond, what)                                                                  \
+    do {                                                                                   \
+        if (!(cond)) {                                                                     \
+            fprintf(stderr, "FAILED: %s (errno %d: %s)\n", what, errno, strerror(errno)); \
+            return 1;                                                                      \
+        }                                                                                  \
+    } while (0)
+
+/* Waits up to 2 s for `n` completions of `cq`; how many came, all successful or -1. */
+static inline int completions(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int got = 0;
+    while (got < n) {
+        int k = ibv_poll_cq(cq, n - got, wc + got);
+        if (k < 0)
+            return -1;
+        for (int i = got; i < got + k; i++)
+            if (wc[i].status != IBV_WC_SUCCESS)
+                return -1;
+        got += k;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec >= 2)
+            break;
+    }
+    return got;
+}
+
+static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+                            .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC};
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+        return -1;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_1024;
+    a.dest_qp_num = dest;
+    a.rq_psn = 0;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 12;
+    a.ah_attr.is_global = 1;
+    a.ah_attr.grh.dgid = *gid;
+    a.ah_attr.grh.hop_limit = 64;
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+        return -1;
+    memset(&a, 0, sizeof a);
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = 0;
+    a.max_rd_atomic = 4;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+#endif
