@@ -8,6 +8,7 @@
 use std::ffi::c_int;
 use std::ptr;
 
+use smallvec::SmallVec;
 use softrdma::{LKey, QKey, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcOpcode};
 
 use crate::abi::*;
@@ -15,11 +16,18 @@ use crate::errno;
 use crate::guard;
 use crate::objects::{AhC, CqC, QpC, SrqC, obj};
 
+/// Work requests and SGEs of one post are converted on the stack up to these counts (a
+/// post is mostly one WR of one or two SGEs): no allocation on the data path.
+const INLINE_WRS: usize = 4;
+type Sges = SmallVec<[Sge; 8]>;
+/// A receive list: each WR's id and its SGEs' range in the [`Sges`].
+type RecvList = SmallVec<[(u64, std::ops::Range<usize>); INLINE_WRS]>;
+
 /// The SGEs of a C list as softrdma's.
 ///
 /// # Safety
 /// `sg` must point at `n` SGEs when `n > 0`.
-unsafe fn sges(sg: *const IbvSge, n: c_int, out: &mut Vec<Sge>) -> Option<()> {
+unsafe fn sges(sg: *const IbvSge, n: c_int, out: &mut Sges) -> Option<()> {
     let n = usize::try_from(n).ok()?;
     if n > 0 && sg.is_null() {
         return None;
@@ -104,8 +112,8 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
             return libc::EINVAL;
         };
         let ud = q.qpx.qp_base.qp_type == 4;
-        let mut sg = Vec::new();
-        let mut ops = Vec::new();
+        let mut sg = Sges::new();
+        let mut ops = SmallVec::<[_; INLINE_WRS]>::new();
         let mut stop = None;
         let mut w = wr;
         // SAFETY: the WR list is the caller's, NULL-terminated; each WR's SGE list has num_sge entries.
@@ -121,7 +129,7 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
             }
             w = c.next;
         }
-        let wrs: Vec<SendWr<'_>> = ops
+        let wrs: SmallVec<[SendWr<'_>; INLINE_WRS]> = ops
             .iter()
             .map(|(wr_id, op, flags, ud, r)| SendWr {
                 wr_id: *wr_id,
@@ -150,8 +158,8 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
 ///
 /// # Safety
 /// `wr` must be a valid NULL-terminated list.
-unsafe fn recv_list(wr: *mut IbvRecvWr, sg: &mut Vec<Sge>) -> (Vec<(u64, std::ops::Range<usize>)>, Option<c_int>) {
-    let mut out = Vec::new();
+unsafe fn recv_list(wr: *mut IbvRecvWr, sg: &mut Sges) -> (RecvList, Option<c_int>) {
+    let mut out = SmallVec::new();
     let mut w = wr;
     // SAFETY: per the contract.
     while let Some(c) = unsafe { w.as_ref() } {
@@ -175,10 +183,11 @@ unsafe fn post_recv_with(
     bad: *mut *mut IbvRecvWr,
     post: impl FnOnce(&[RecvWr<'_>]) -> Result<(), softrdma::Error>,
 ) -> c_int {
-    let mut sg = Vec::new();
+    let mut sg = Sges::new();
     // SAFETY: per the contract.
     let (list, stop) = unsafe { recv_list(wr, &mut sg) };
-    let wrs: Vec<RecvWr<'_>> = list.iter().map(|(id, r)| RecvWr { wr_id: *id, sg_list: &sg[r.clone()] }).collect();
+    let wrs: SmallVec<[RecvWr<'_>; INLINE_WRS]> =
+        list.iter().map(|(id, r)| RecvWr { wr_id: *id, sg_list: &sg[r.clone()] }).collect();
     let posted = if wrs.is_empty() { Ok(()) } else { post(&wrs) };
     match finish(posted, wrs.len(), stop) {
         Ok(()) => 0,
