@@ -67,3 +67,12 @@ fn async_events_name_their_cq_and_srq() {
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.trim() == "ok", "{stdout}{stderr}");
 }
+
+#[test]
+fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
+    let lib = lib_dir("capi-fork");
+    assert!(lib.rdmacm, "librdmacm.so.1 was not built");
+    let Some(out) = run_c("fork_exit", &lib.path) else { return };
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.trim() == "ok", "{stdout}{stderr}");
+}

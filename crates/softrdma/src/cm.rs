@@ -16,7 +16,7 @@
 //! `rdma_reg_msgs`/`_read`/`_write`, `rdma_get_send_comp`/`_recv_comp`) are methods of
 //! [`CmId`].
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -107,15 +107,13 @@ pub struct EventChannel {
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
-    fd: driver::Notifier,
-    queue: Mutex<VecDeque<CmEvent>>,
+    events: driver::EventQueue<CmEvent>,
     options: ContextOptions,
 }
 
 impl ChannelInner {
     fn push(&self, event: CmEvent) {
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner).push_back(event);
-        self.fd.notify();
+        self.events.push(event);
     }
 }
 
@@ -127,8 +125,8 @@ impl EventChannel {
 
     /// An event channel whose IDs open devices with `options` (a test's own port, say).
     pub fn with_options(options: ContextOptions) -> Result<EventChannel> {
-        let fd = driver::Notifier::new("an event channel")?;
-        Ok(EventChannel { inner: Arc::new(ChannelInner { fd, queue: Mutex::new(VecDeque::new()), options }) })
+        let events = driver::EventQueue::new("an event channel")?;
+        Ok(EventChannel { inner: Arc::new(ChannelInner { events, options }) })
     }
 
     /// `rdma_create_id`: an unbound ID of port space `ps` (TCP for RC, UDP for UD) whose
@@ -144,15 +142,14 @@ impl EventChannel {
     pub fn get_cm_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
         let deadline = timeout.map(|t| StdInstant::now() + t);
         loop {
-            if let Some(e) = self.inner.queue.lock().unwrap_or_else(PoisonError::into_inner).pop_front() {
+            if let Some(e) = self.inner.events.pop() {
                 return Ok(Some(e));
             }
             let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }
-            driver::wait_readable(self.inner.fd.fd(), left);
-            self.inner.fd.drain();
+            driver::wait_readable(self.inner.events.fd(), left);
         }
     }
 
@@ -168,7 +165,7 @@ impl EventChannel {
 
 impl AsFd for EventChannel {
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.fd.fd().as_fd()
+        self.inner.events.fd().as_fd()
     }
 }
 

@@ -329,6 +329,8 @@ pub(crate) struct Shared {
     /// CM IDs dropped by the application, for the next pass to destroy.
     cm_graveyard: Mutex<Vec<softrdma_cm::CmId>>,
     pub(crate) thread_id: OnceLock<std::thread::ThreadId>,
+    /// The process that opened the device (a child of `fork` is another).
+    pid: u32,
 }
 
 /// An open device: the engine, its sockets and its progress thread.
@@ -355,23 +357,26 @@ pub(crate) fn drain(fd: &OwnedFd) -> bool {
     rustix::io::read(fd, &mut b).is_ok()
 }
 
-/// What a channel's file descriptor is: one end of a Unix stream socket pair, readable
-/// while a notification is pending, the other end written to notify. Blocking, as
-/// rdma-core's channel descriptors are, so an application may make it non-blocking
-/// (`fcntl(fd, F_SETFL, O_NONBLOCK)`) for its event loop and the C libraries see that it
-/// did; softrdma itself never blocks on it (`MSG_DONTWAIT` both ways, `poll` to wait).
+/// A channel's queue of events and its file descriptor: one end of a Unix stream socket
+/// pair, readable exactly while the queue holds an event (as the kernel's `rdma_cm` and
+/// completion-channel files are), the other end written when the queue stops being empty.
+/// Blocking, as rdma-core's channel descriptors are, so an application may make it
+/// non-blocking (`fcntl(fd, F_SETFL, O_NONBLOCK)`) for its event loop and the C libraries
+/// see that it did; softrdma itself never blocks on it (`MSG_DONTWAIT` both ways, `poll`
+/// to wait). The queue's lock orders every push and pop with the descriptor's state.
 #[derive(Debug)]
-pub(crate) struct Notifier {
+pub(crate) struct EventQueue<T> {
+    queue: Mutex<VecDeque<T>>,
     rx: OwnedFd,
     tx: OwnedFd,
 }
 
-impl Notifier {
-    pub(crate) fn new(what: &str) -> Result<Notifier, Error> {
+impl<T> EventQueue<T> {
+    pub(crate) fn new(what: &str) -> Result<EventQueue<T>, Error> {
         use rustix::net::{AddressFamily, SocketFlags, SocketType, socketpair};
         let (rx, tx) = socketpair(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
             .map_err(|e| Error::io(format!("creating {what}"), e.into()))?;
-        Ok(Notifier { rx, tx })
+        Ok(EventQueue { queue: Mutex::new(VecDeque::new()), rx, tx })
     }
 
     /// The descriptor the application polls.
@@ -379,19 +384,28 @@ impl Notifier {
         &self.rx
     }
 
-    /// Makes the descriptor readable. A full socket buffer means it is readable already.
-    pub(crate) fn notify(&self) {
-        let _ = rustix::net::send(&self.tx, &[1], rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+    /// Queues an event; the descriptor turns readable if it was not.
+    pub(crate) fn push(&self, event: T) {
+        let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.push_back(event);
+        if q.len() == 1 {
+            // A full socket buffer would mean it is readable already.
+            let _ =
+                rustix::net::send(&self.tx, &[1], rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+        }
     }
 
-    /// Empties the descriptor; returns whether it was readable.
-    pub(crate) fn drain(&self) -> bool {
-        let mut buf = [0u8; 64];
-        let mut any = false;
-        while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0) {
-            any = true;
+    /// The next event; the descriptor stops being readable when it was the last.
+    pub(crate) fn pop(&self) -> Option<T> {
+        let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        let event = q.pop_front()?;
+        if q.is_empty() {
+            let mut buf = [0u8; 64];
+            while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0)
+            {
+            }
         }
-        any
+        Some(event)
     }
 }
 
@@ -487,6 +501,7 @@ impl Driver {
             driver: OnceLock::new(),
             cm_graveyard: Mutex::new(Vec::new()),
             thread_id: OnceLock::new(),
+            pid: std::process::id(),
         });
         LIVE.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&shared));
         let for_thread = Arc::clone(&shared);
@@ -507,11 +522,20 @@ static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// a DREQ received), as the kernel does for the `rdma_cm` file of a process that exits
 /// without destroying its IDs. The IDs' handles stay valid and report the ID destroyed.
 /// Returns how many IDs there were. The C libraries call it from `atexit`.
+///
+/// In a child of `fork` it does nothing to the parent's devices (their IDs are the
+/// parent's, as the kernel's `rdma_cm` file stays open in the parent), and it never waits
+/// for a lock another thread held when the process forked or exits.
 pub fn disconnect_all() -> usize {
+    let me = std::process::id();
     let live: Vec<Arc<Shared>> = {
-        let mut all = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut all = match LIVE.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return 0,
+        };
         all.retain(|w| w.strong_count() > 0);
-        all.iter().filter_map(Weak::upgrade).collect()
+        all.iter().filter_map(Weak::upgrade).filter(|sh| sh.pid == me).collect()
     };
     let mut n = 0;
     for shared in live {

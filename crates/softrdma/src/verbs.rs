@@ -5,10 +5,9 @@
 //! CQs and SRQ; an MR its PD; everything its context), so a parent can never be destroyed
 //! under a child, and dropping an object destroys it on the device.
 
-use std::collections::VecDeque;
 use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 use softrdma_engine::{
@@ -85,9 +84,9 @@ impl Context {
 
     /// `ibv_create_comp_channel`.
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
-        let fd = driver::Notifier::new("a completion channel")?;
+        let fired = driver::EventQueue::new("a completion channel")?;
         let shared = Arc::downgrade(&self.drv.shared);
-        Ok(CompChannel { inner: Arc::new(ChannelInner { fd, fired: Mutex::new(VecDeque::new()), shared }) })
+        Ok(CompChannel { inner: Arc::new(ChannelInner { fired, shared }) })
     }
 
     /// `ibv_create_cq`: a CQ of at least `cqe` entries, whose completion events (once
@@ -666,8 +665,8 @@ pub struct CompChannel {
 
 #[derive(Debug)]
 pub(crate) struct ChannelInner {
-    fd: driver::Notifier,
-    fired: Mutex<VecDeque<Weak<CqInner>>>,
+    /// The armed CQs that got a completion, in order.
+    fired: driver::EventQueue<Weak<CqInner>>,
     /// The device, to tell it the application sleeps.
     shared: Weak<driver::Shared>,
 }
@@ -675,8 +674,7 @@ pub(crate) struct ChannelInner {
 impl ChannelInner {
     /// An armed CQ of this channel got its completion.
     pub(crate) fn fire(&self, cq: Weak<CqInner>) {
-        self.fired.lock().unwrap_or_else(PoisonError::into_inner).push_back(cq);
-        self.fd.notify();
+        self.fired.push(cq);
     }
 }
 
@@ -687,7 +685,7 @@ impl CompChannel {
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<Cq>> {
         let deadline = timeout.map(|t| StdInstant::now() + t);
         loop {
-            let next = self.inner.fired.lock().unwrap_or_else(PoisonError::into_inner).pop_front();
+            let next = self.inner.fired.pop();
             if let Some(weak) = next {
                 if let Some(inner) = weak.upgrade() {
                     return Ok(Some(Cq { inner }));
@@ -699,12 +697,11 @@ impl CompChannel {
                 return Ok(None);
             }
             match self.inner.shared.upgrade() {
-                Some(sh) => sh.wait_channel(self.inner.fd.fd(), left),
+                Some(sh) => sh.wait_channel(self.inner.fired.fd(), left),
                 None => {
-                    driver::wait_readable(self.inner.fd.fd(), left);
+                    driver::wait_readable(self.inner.fired.fd(), left);
                 }
             }
-            self.inner.fd.drain();
         }
     }
 }
@@ -713,7 +710,7 @@ impl AsFd for CompChannel {
     /// Polls readable when an event may be waiting; then call
     /// [`get_cq_event`](CompChannel::get_cq_event) (with a zero timeout, say).
     fn as_fd(&self) -> BorrowedFd<'_> {
-        self.inner.fd.fd().as_fd()
+        self.inner.fired.fd().as_fd()
     }
 }
 

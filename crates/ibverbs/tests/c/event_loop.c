@@ -59,6 +59,7 @@ int main(void) {
     CHECK(rdma_get_cm_event(ech, &ev) == 0, "rdma_get_cm_event after poll");
     CHECK(ev->event == RDMA_CM_EVENT_ADDR_RESOLVED && ev->id == id, "the event is ADDR_RESOLVED for the ID");
     CHECK(rdma_ack_cm_event(ev) == 0, "rdma_ack_cm_event");
+    CHECK(poll(&pfd, 1, 0) == 0, "poll: the channel is not readable once its last event is taken");
     errno = 0;
     CHECK(rdma_get_cm_event(ech, &ev) == -1 && errno == EAGAIN, "then the channel is empty again: EAGAIN");
     CHECK(rdma_destroy_id(id) == 0, "rdma_destroy_id");
