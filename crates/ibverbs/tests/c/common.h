@@ -67,4 +67,16 @@ static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gi
                                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+/* The first device, opened, its GID 0 and a PD; 0, or nonzero having said what failed. */
+static inline int open_first(struct ibv_context **ctx, union ibv_gid *gid, struct ibv_pd **pd) {
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    CHECK(list && list[0], "ibv_get_device_list gives a device");
+    *ctx = ibv_open_device(list[0]);
+    ibv_free_device_list(list);
+    CHECK(*ctx, "ibv_open_device");
+    CHECK(ibv_query_gid(*ctx, 1, 0, gid) == 0, "ibv_query_gid");
+    *pd = ibv_alloc_pd(*ctx);
+    CHECK(*pd, "ibv_alloc_pd");
+    return 0;
+}
 #endif
