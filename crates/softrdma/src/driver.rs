@@ -42,6 +42,9 @@ use crate::device::Device;
 use crate::memory::ProcessMemory;
 use crate::{ContextOptions, Error};
 
+/// The most asynchronous events a device keeps for the application to read.
+const ASYNC_EVENTS_MAX: usize = 4096;
+
 /// How long after the application's last poll the progress thread leaves the sockets to it.
 pub const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
 
@@ -152,13 +155,22 @@ impl TxQueue {
         let mut i = 0;
         while i + 1 < self.meta.len() {
             let ((oa, a), (ob, b)) = (self.meta[i], self.meta[i + 1]);
+            let qpn = &self.arena[oa + 5..oa + 8];
+            // The pair leaves with the requests (send_units sends requests first): only
+            // the QP's first response of the batch may, or its responses would reorder.
+            let first_response = || {
+                self.meta[..i].iter().all(|&(o, t)| {
+                    !(is_response(self.arena[o]) && t.envelope == a.envelope && self.arena[o + 5..o + 8] == *qpn)
+                })
+            };
             let pair = is_response(self.arena[oa])
                 && !is_response(self.arena[ob])
                 && ob == oa + a.len
                 && b.len >= a.len
                 && a.envelope == b.envelope
                 && a.envelope.dst_ip().is_loopback()
-                && self.arena[oa + 5..oa + 8] == self.arena[ob + 5..ob + 8];
+                && self.arena[ob + 5..ob + 8] == *qpn
+                && first_response();
             if pair {
                 self.arena[oa..ob + b.len].rotate_left(a.len);
                 self.meta[i] = (oa, b);
@@ -243,7 +255,6 @@ pub(crate) struct State {
     /// CQ objects by id, for completion events.
     pub(crate) cqs: BTreeMap<u32, Weak<crate::verbs::CqInner>>,
     /// Asynchronous events not yet taken.
-    pub(crate) async_events: VecDeque<AsyncEvent>,
     capture: Option<Capture>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
@@ -306,7 +317,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) port: Port,
     doorbell: OwnedFd,
-    pub(crate) async_fd: OwnedFd,
+    /// Asynchronous events (`ibv_get_async_event`), at most [`ASYNC_EVENTS_MAX`] queued.
+    pub(crate) async_events: EventQueue<AsyncEvent>,
     stop: AtomicBool,
     epoch: std::time::Instant,
     /// When the application last polled a CQ (ns since `epoch`).
@@ -384,15 +396,34 @@ impl<T> EventQueue<T> {
         &self.rx
     }
 
-    /// Queues an event; the descriptor turns readable if it was not.
+    /// Queues an event; the descriptor turns readable, with a new edge for each event as
+    /// the kernel's wake-ups give an edge-triggered `epoll` loop.
     pub(crate) fn push(&self, event: T) {
         let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         q.push_back(event);
-        if q.len() == 1 {
-            // A full socket buffer would mean it is readable already.
-            let _ =
-                rustix::net::send(&self.tx, &[1], rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+        // A full socket buffer would mean it is readable already.
+        let _ = rustix::net::send(&self.tx, &[1], rustix::net::SendFlags::DONTWAIT | rustix::net::SendFlags::NOSIGNAL);
+    }
+
+    /// How many events are queued.
+    pub(crate) fn len(&self) -> usize {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Drops the queued events `keep` refuses (those of an object being destroyed, whose
+    /// handle may soon name another).
+    pub(crate) fn retain(&self, keep: impl FnMut(&T) -> bool) {
+        let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
+        q.retain(keep);
+        if q.is_empty() {
+            self.drain();
         }
+    }
+
+    /// Empties the descriptor (with the queue's lock held, the queue empty).
+    fn drain(&self) {
+        let mut buf = [0u8; 64];
+        while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0) {}
     }
 
     /// The next event; the descriptor stops being readable when it was the last.
@@ -400,10 +431,7 @@ impl<T> EventQueue<T> {
         let mut q = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
         let event = q.pop_front()?;
         if q.is_empty() {
-            let mut buf = [0u8; 64];
-            while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0)
-            {
-            }
+            self.drain();
         }
         Some(event)
     }
@@ -469,7 +497,6 @@ impl Driver {
             tx: TxQueue::new(gro),
             channels: BTreeMap::new(),
             cqs: BTreeMap::new(),
-            async_events: VecDeque::new(),
             capture,
             send_errors: 0,
             cm,
@@ -488,7 +515,7 @@ impl Driver {
             state: Mutex::new(state),
             port,
             doorbell: eventfd()?,
-            async_fd: eventfd()?,
+            async_events: EventQueue::new("the asynchronous event queue")?,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
             app_polled: AtomicU64::new(0),
@@ -503,7 +530,11 @@ impl Driver {
             thread_id: OnceLock::new(),
             pid: std::process::id(),
         });
-        LIVE.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::downgrade(&shared));
+        {
+            let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
+            live.retain(|w| w.strong_count() > 0);
+            live.push(Arc::downgrade(&shared));
+        }
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("softrdma-{}", device.interface()))
@@ -539,8 +570,18 @@ pub fn disconnect_all() -> usize {
     };
     let mut n = 0;
     for shared in live {
+        // `exit` from a signal handler may interrupt a thread inside a verb, holding the
+        // device: wait a little for it, then leave that device alone rather than hang.
+        let deadline = std::time::Instant::now() + Duration::from_millis(100);
+        let locked = loop {
+            match shared.try_lock() {
+                Some(st) => break Some(st),
+                None if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(1)),
+                None => break None,
+            }
+        };
+        let Some(mut st) = locked else { continue };
         let now = shared.now();
-        let mut st = shared.lock();
         for id in st.cm.ids() {
             n += 1;
             st.destroy_cm_id(now, id);
@@ -572,6 +613,15 @@ impl Shared {
     /// panic; the device carries on rather than poison every later call.
     pub(crate) fn lock(&self) -> Locked<'_> {
         Locked { guard: Some(self.state.lock().unwrap_or_else(PoisonError::into_inner)) }
+    }
+
+    /// The device lock, if nobody holds it.
+    fn try_lock(&self) -> Option<Locked<'_>> {
+        match self.state.try_lock() {
+            Ok(g) => Some(Locked { guard: Some(g) }),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(Locked { guard: Some(p.into_inner()) }),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// The engine's clock.
@@ -933,10 +983,9 @@ impl State {
                     if let AsyncEvent::CommEstablished(qpn) = e {
                         crate::cm::comm_established(self, qpn.value(), now);
                     }
-                    if self.async_events.len() < 4096 {
-                        self.async_events.push_back(e);
+                    if shared.async_events.len() < ASYNC_EVENTS_MAX {
+                        shared.async_events.push(e);
                     }
-                    ring(&shared.async_fd);
                 }
             }
         }
@@ -1099,7 +1148,13 @@ mod tests {
         let units = q.gso_runs();
         assert_eq!(units[0], (0, 2, 28));
 
-        // Left alone: another QP, a response longer than the request, another host, no GSO.
+        // Left alone: another QP, a response longer than the request, another host, no GSO,
+        // and an ACK after another response of its QP (paired, it would leave before it).
+        const READ_RESP: u8 = 0x10;
+        let mut q = queue(true, [127, 0, 0, 1], &[(READ_RESP, 0x40, 84), (ACK, 0x40, 20), (SEND, 0x40, 200)]);
+        let before = order(&q);
+        q.pair_answers();
+        assert_eq!(order(&q), before, "the READ response stays ahead of the later ACK");
         for (gso, dst, packets) in [
             (true, [127, 0, 0, 1], [(ACK, 0x40, 20), (SEND, 0x41, 28)]),
             (true, [127, 0, 0, 1], [(ACK, 0x40, 40), (SEND, 0x40, 28)]),
