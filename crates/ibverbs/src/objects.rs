@@ -54,6 +54,8 @@ pub(crate) struct QpC {
     pub(crate) send_ops: u64,
     /// The work requests between `ibv_wr_start` and `ibv_wr_complete`.
     pub(crate) builder: Mutex<crate::wr::Builder>,
+    /// Who is between `ibv_wr_start` and `ibv_wr_complete`/`ibv_wr_abort`.
+    pub(crate) section: crate::wr::Section,
 }
 
 #[repr(C)]
@@ -294,6 +296,8 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
         // SAFETY: the context outlives its CQs.
         if let Some(ctx) = unsafe { ctx_of(c.cq.context) } {
             elements(&ctx.cqs).remove(&c.inner.id().0);
+            // An event still queued for it would name whatever CQ gets its handle next.
+            ctx.inner.forget_async_events_of_cq(c.inner.id());
         }
         // SAFETY: made by ibv_create_cq, destroyed once.
         unsafe { free::<IbvCq, CqC>(cq) };
@@ -426,6 +430,7 @@ unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
         // SAFETY: the context outlives its SRQs.
         if let Some(c) = unsafe { ctx_of(s.srq.context) } {
             elements(&c.srqs).remove(&s.inner.id().0);
+            c.inner.forget_async_events_of_srq(s.inner.id());
         }
         // SAFETY: made by ibv_create_srq; QPs using it hold it alive inside.
         unsafe { free::<IbvSrq, SrqC>(srq) };
@@ -544,6 +549,7 @@ pub(crate) fn wrap_qp(pd: *mut IbvPd, init: &mut IbvQpInitAttr, inner: softrdma:
         sq_sig_all: init.sq_sig_all != 0,
         send_ops: 0,
         builder: Mutex::default(),
+        section: crate::wr::Section::default(),
     });
     // SAFETY: the context outlives its QPs.
     if let Some(c) = unsafe { ctx_of(context) } {
@@ -836,9 +842,15 @@ unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncE
             errno::set(libc::EINVAL);
             return -1;
         };
+        // rdma-core reads the fd: made non-blocking, an empty queue gives EAGAIN.
+        let wait = crate::would_block(c.vctx.context.async_fd).then_some(std::time::Duration::ZERO);
         let e = loop {
-            match c.inner.get_async_event(None) {
+            match c.inner.get_async_event(wait) {
                 Ok(Some(e)) => break e,
+                Ok(None) if wait.is_some() => {
+                    errno::set(libc::EAGAIN);
+                    return -1;
+                }
                 Ok(None) => continue,
                 Err(e) => {
                     errno::fail(&e);

@@ -109,22 +109,32 @@ impl Context {
         let sh = &self.drv.shared;
         let deadline = timeout.map(|t| StdInstant::now() + t);
         loop {
-            if let Some(e) = sh.lock().async_events.pop_front() {
+            if let Some(e) = sh.async_events.pop() {
                 return Ok(Some(e));
             }
             let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
             if left.is_some_and(|l| l.is_zero()) {
                 return Ok(None);
             }
-            driver::wait_readable(&sh.async_fd, left);
-            driver::drain(&sh.async_fd);
+            driver::wait_readable(sh.async_events.fd(), left);
         }
     }
 
-    /// A descriptor that polls readable when an asynchronous event may be waiting
+    /// A descriptor that polls readable while an asynchronous event is waiting
     /// (`ibv_context::async_fd`).
     pub fn async_fd(&self) -> BorrowedFd<'_> {
-        self.drv.shared.async_fd.as_fd()
+        self.drv.shared.async_events.fd().as_fd()
+    }
+
+    /// Drops the asynchronous events waiting for `cq` (`ibv_destroy_cq`: its handle may
+    /// name another CQ next).
+    pub fn forget_async_events_of_cq(&self, cq: CqId) {
+        self.drv.shared.async_events.retain(|e| *e != AsyncEvent::CqError(cq));
+    }
+
+    /// The same for `srq` (`ibv_destroy_srq`).
+    pub fn forget_async_events_of_srq(&self, srq: SrqId) {
+        self.drv.shared.async_events.retain(|e| *e != AsyncEvent::SrqLimitReached(srq));
     }
 
     /// The device's packet and error counters (like rxe's `hw_counters`). Other processes
@@ -621,6 +631,10 @@ impl Cq {
         let sh = &self.inner.ctx.drv.shared;
         let mut st = sh.lock();
         st.engine.req_notify_cq(self.inner.id, solicited_only)?;
+        drop(st);
+        // The application is about to wait for the event, perhaps in its own epoll loop
+        // rather than in get_cq_event: the sockets go back to the progress thread now.
+        sh.app_sleeps();
         Ok(())
     }
 
