@@ -4,7 +4,7 @@
 //! Every QP's wrapper starts with a whole `struct ibv_qp_ex` (its `qp_base` is the
 //! `ibv_qp` programs hold), whose builder pointers the header's inlines call unchecked.
 //! Between `ibv_wr_start` and `ibv_wr_complete` the builders collect work requests in the
-//! QP's [`Builder`]; a builder or setter that cannot do what it is asked (an operation the
+//! QP's [`Builder`], one thread at a time ([`Section`]); a builder or setter that cannot do what it is asked (an operation the
 //! QP was not created for, a setter with no work request to set, an AH not ours) records
 //! the error, and `ibv_wr_complete` returns it having posted nothing. `ibv_wr_complete`
 //! posts the batch with [`softrdma::Qp::post_send_all`]: all of it, or none ("the entire
@@ -116,7 +116,14 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
             return ptr::null_mut();
         }
         let send_ops = if a.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0 { a.send_ops_flags } else { 0 };
-        if send_ops & !SUPPORTED != 0 {
+        // What each transport can post (IBA: UC has no READ or atomics, UD only SENDs).
+        let possible = match a.qp_type {
+            2 => SUPPORTED,                                                                   // RC
+            3 => WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM, // UC
+            4 => WITH_SEND | WITH_SEND_WITH_IMM,                                              // UD
+            _ => 0,
+        };
+        if send_ops & !possible != 0 {
             errno::set(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }
@@ -157,6 +164,30 @@ unsafe extern "C" fn qp_to_qp_ex(qp: *mut IbvQp) -> *mut IbvQpEx {
 }
 export!("ibv_qp_to_qp_ex", "IBVERBS_1.6", qp_to_qp_ex);
 
+/// `ibv_wr_start` .. `ibv_wr_complete`/`ibv_wr_abort` is a per-QP critical section
+/// (ibv_wr_post(3), CONCURRENCY): a second thread's `ibv_wr_start` waits for the first
+/// thread's section to end, and only the thread in the section builds.
+#[derive(Default)]
+pub(crate) struct Section {
+    busy: std::sync::Mutex<bool>,
+    free: std::sync::Condvar,
+}
+
+impl Section {
+    fn enter(&self) {
+        let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
+        while *busy {
+            busy = self.free.wait(busy).unwrap_or_else(PoisonError::into_inner);
+        }
+        *busy = true;
+    }
+
+    fn leave(&self) {
+        *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = false;
+        self.free.notify_one();
+    }
+}
+
 /// Runs `f` on the builder of `qpx` (ours: the start of a `QpC`).
 fn with_builder(qpx: *mut IbvQpEx, f: impl FnOnce(&QpC, &mut Builder)) {
     guard((), || {
@@ -194,17 +225,27 @@ impl Builder {
 }
 
 unsafe extern "C" fn wr_start(qpx: *mut IbvQpEx) {
+    guard((), || {
+        // SAFETY: qpx is the ibv_qp_ex at the start of one of our QpCs, or NULL.
+        if let Some(q) = unsafe { obj::<IbvQpEx, QpC>(qpx) } {
+            q.section.enter(); // not under the builder's lock: a waiter must not hold it
+        }
+    });
     with_builder(qpx, |_, b| *b = Builder::default());
 }
 
 unsafe extern "C" fn wr_abort(qpx: *mut IbvQpEx) {
-    with_builder(qpx, |_, b| *b = Builder::default());
+    with_builder(qpx, |q, b| {
+        *b = Builder::default();
+        q.section.leave();
+    });
 }
 
 unsafe extern "C" fn wr_complete(qpx: *mut IbvQpEx) -> c_int {
     let mut rc = libc::EIO;
     with_builder(qpx, |q, b| {
         let batch = std::mem::take(b);
+        q.section.leave(); // the batch is this call's now
         if let Some(n) = batch.error {
             rc = n;
             return;

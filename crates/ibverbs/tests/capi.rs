@@ -25,7 +25,7 @@ fn run_c(name: &str, lib: &Path) -> Option<std::process::Output> {
     // and then run with LD_LIBRARY_PATH would.
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let status = match Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .args(["-std=gnu11", "-Wall", "-Werror", "-pthread", "-o"])
         .arg(&exe)
         .arg(&src)
         .arg(format!("-L{}", lib.display()))

@@ -42,6 +42,14 @@ int main(void) {
     CHECK(poll(&pfd, 1, 0) == 0, "poll: an empty completion channel is not readable");
     CHECK(ibv_destroy_cq(cq) == 0 && ibv_destroy_comp_channel(ch) == 0, "destroying the CQ and channel");
 
+    /* The asynchronous event queue likewise. */
+    CHECK(fcntl(ctx->async_fd, F_SETFL, fcntl(ctx->async_fd, F_GETFL) | O_NONBLOCK) == 0, "fcntl O_NONBLOCK (async_fd)");
+    struct ibv_async_event aev;
+    errno = 0;
+    CHECK(ibv_get_async_event(ctx, &aev) == -1 && errno == EAGAIN, "ibv_get_async_event on an empty queue: EAGAIN");
+    pfd.fd = ctx->async_fd;
+    CHECK(poll(&pfd, 1, 0) == 0, "poll: an empty async_fd is not readable");
+
     /* A CM event channel: address resolution to 127.0.0.1 raises ADDR_RESOLVED. */
     struct rdma_event_channel *ech = rdma_create_event_channel();
     CHECK(ech, "rdma_create_event_channel");

@@ -4,10 +4,35 @@
  * with an operation the QP was not created for, or a setter before any builder, fails in
  * ibv_wr_complete and posts nothing; ibv_wr_abort discards; creation refuses operations
  * softrdma does not do. Prints "ok" and exits 0, or names the failed check and exits 1. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
 #include "common.h"
+
+/* Two threads building on one QP: each section is the thread's alone (ibv_wr_post(3),
+ * CONCURRENCY), even when a thread pauses inside it. */
+struct poster {
+    struct ibv_qp_ex *qx;
+    struct ibv_mr *mr;
+    char *local, *remote;
+    uint64_t first_id;
+};
+
+static void *post_four(void *arg) {
+    struct poster *p = arg;
+    for (int i = 0; i < 4; i++) {
+        ibv_wr_start(p->qx);
+        p->qx->wr_id = p->first_id + i;
+        p->qx->wr_flags = IBV_SEND_SIGNALED;
+        ibv_wr_rdma_write(p->qx, p->mr->rkey, (uintptr_t)(p->remote + 3500));
+        usleep(2000); /* the other thread's wr_start waits meanwhile */
+        ibv_wr_set_sge(p->qx, p->mr->lkey, (uintptr_t)p->local, 8);
+        if (ibv_wr_complete(p->qx))
+            return "ibv_wr_complete failed";
+    }
+    return NULL;
+}
 
 int main(void) {
     alarm(20); /* a call that blocks instead of failing ends the test, not the suite */
@@ -105,6 +130,18 @@ int main(void) {
     ibv_wr_rdma_write(qx, mr->rkey, (uintptr_t)(remote + 3000));
     ibv_wr_set_sge(qx, mr->lkey, (uintptr_t)local, 8);
     CHECK(ibv_wr_complete(qx) == 0 && completions(cq, 1, wc) == 1 && wc[0].wr_id == 7, "a later batch completes");
+
+    pthread_t t1, t2;
+    struct poster p1 = {qx, mr, local, remote, 100}, p2 = {qx, mr, local, remote, 200};
+    void *r1, *r2;
+    CHECK(pthread_create(&t1, NULL, post_four, &p1) == 0 && pthread_create(&t2, NULL, post_four, &p2) == 0,
+          "two posting threads");
+    CHECK(pthread_join(t1, &r1) == 0 && pthread_join(t2, &r2) == 0 && !r1 && !r2, "both threads posted");
+    CHECK(completions(cq, 8, wc) == 8, "eight completions from two threads' sections");
+    int seen = 0;
+    for (int i = 0; i < 8; i++)
+        seen |= 1 << ((wc[i].wr_id >= 200 ? 4 : 0) + (int)(wc[i].wr_id % 100));
+    CHECK(seen == 0xff, "every work request of both threads, none lost to the other");
 
     CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "ibv_destroy_qp");
     ibv_dereg_mr(mr);
