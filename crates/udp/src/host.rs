@@ -202,7 +202,9 @@ impl Member {
             if left.is_zero() {
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "not steered within 5 s: no coordinator answered, or the coordinator's probes are not answered",
+                    "not steered within 5 s: no coordinator answered, or its probes were not answered; \
+                     the usual cause is a process of another softrdma version on this device and port \
+                     (processes of different versions cannot share one): stop it, or use another port",
                 ));
             }
             state = member.shared.cond.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
