@@ -518,9 +518,9 @@ fn cm_cap() -> QpCap {
 
 /// Listens on 127.0.0.1:$SOFTRDMA_TEST_SERVICE, says LISTENING, and takes the first
 /// connection request: its ID gets a QP, then `before_accept` (posting receives, say),
-/// then the accept; returns when the connection is established, with what
-/// `before_accept` made.
-fn accept_one<T>(before_accept: impl FnOnce(&CmId) -> T) -> (EventChannel, CmId, T) {
+/// then the accept; returns when the connection is established: the channel, the
+/// listener (still listening), the connection's ID and what `before_accept` made.
+fn accept_one<T>(before_accept: impl FnOnce(&CmId) -> T) -> (EventChannel, CmId, CmId, T) {
     let service: u16 = env("SOFTRDMA_TEST_SERVICE").parse().unwrap();
     let ch = cm_channel();
     let listen = ch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
@@ -533,13 +533,13 @@ fn accept_one<T>(before_accept: impl FnOnce(&CmId) -> T) -> (EventChannel, CmId,
     let made = before_accept(&id);
     id.accept(&ConnParam::default()).unwrap();
     ch.expect(CmEventKind::Established, WAIT).unwrap();
-    (ch, id, made)
+    (ch, listen, id, made)
 }
 
 /// rdma_server's shape: listen, accept one connection, echo one message, wait for the
 /// peer's disconnect.
 fn cm_server() {
-    let (ch, id, msgs) = accept_one(|id| {
+    let (ch, _listen, id, msgs) = accept_one(|id| {
         let msgs = id.reg_msgs(256).unwrap();
         id.post_recv(1, &msgs, 0..256).unwrap();
         msgs
@@ -557,7 +557,7 @@ fn cm_server() {
 /// A server that accepts one connection, then goes the way a C program's `exit` with the
 /// connection open goes (the C library's `atexit` calls `disconnect_all`).
 fn cm_server_exits() {
-    let (_ch, _id, ()) = accept_one(|_| ());
+    let (_ch, _listen, _id, ()) = accept_one(|_| ());
     say(&format!("GONE {}", softrdma::disconnect_all()));
     std::process::exit(0);
 }
