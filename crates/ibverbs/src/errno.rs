@@ -37,6 +37,18 @@ pub fn fail(e: &Error) -> c_int {
     n
 }
 
+/// What a verb that makes an object returns: `ok`'s pointer, or NULL with `errno` set
+/// for the error.
+pub fn or_null<T, P>(r: Result<T, Error>, ok: impl FnOnce(T) -> *mut P) -> *mut P {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => {
+            fail(&e);
+            std::ptr::null_mut()
+        }
+    }
+}
+
 /// `enum ibv_wc_status` for `s`.
 pub fn wc_status(s: WcStatus) -> u32 {
     match s {

@@ -108,13 +108,7 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        match c.inner.alloc_pd() {
-            Ok(inner) => boxed(PdC { pd: IbvPd { context: ctx, handle: 0 }, inner }),
-            Err(e) => {
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+        errno::or_null(c.inner.alloc_pd(), |inner| boxed(PdC { pd: IbvPd { context: ctx, handle: 0 }, inner }))
     })
 }
 export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
@@ -150,24 +144,19 @@ unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64
     }
     // SAFETY: the C contract of ibv_reg_mr: the application keeps addr..addr+len allocated
     // until ibv_dereg_mr, and accepts that the device writes there at any time.
-    match unsafe { p.inner.reg_mr_raw(addr.cast(), len, access(flags)) } {
-        Ok(inner) => {
-            let mr = IbvMr {
-                context: p.pd.context,
-                pd,
-                addr,
-                length: len,
-                handle: inner.lkey(),
-                lkey: inner.lkey(),
-                rkey: inner.rkey(),
-            };
-            boxed(MrC { mr, inner })
-        }
-        Err(e) => {
-            errno::fail(&e);
-            ptr::null_mut()
-        }
-    }
+    let registered = unsafe { p.inner.reg_mr_raw(addr.cast(), len, access(flags)) };
+    errno::or_null(registered, |inner| {
+        let mr = IbvMr {
+            context: p.pd.context,
+            pd,
+            addr,
+            length: len,
+            handle: inner.lkey(),
+            lkey: inner.lkey(),
+            rkey: inner.rkey(),
+        };
+        boxed(MrC { mr, inner })
+    })
 }
 
 pub(crate) unsafe extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, flags: c_int) -> *mut IbvMr {
@@ -207,16 +196,10 @@ pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut IbvContext) -> *mu
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        match c.inner.create_comp_channel() {
-            Ok(inner) => {
-                let ch = IbvCompChannel { context: ctx, fd: inner.as_fd().as_raw_fd(), refcnt: 0 };
-                boxed(ChannelC { ch, inner, cqs: Mutex::new(Vec::new()) })
-            }
-            Err(e) => {
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+        errno::or_null(c.inner.create_comp_channel(), |inner| {
+            let ch = IbvCompChannel { context: ctx, fd: inner.as_fd().as_raw_fd(), refcnt: 0 };
+            boxed(ChannelC { ch, inner, cqs: Mutex::new(Vec::new()) })
+        })
     })
 }
 export!("ibv_create_comp_channel", "IBVERBS_1.0", create_comp_channel);
@@ -252,33 +235,27 @@ pub(crate) unsafe extern "C" fn create_cq(
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        match c.inner.create_cq(n.max(1), ch.map(|ch| &ch.inner)) {
-            Ok(inner) => {
-                let cq = IbvCq {
-                    context: ctx,
-                    channel,
-                    cq_context,
-                    handle: 0,
-                    cqe,
-                    mutex: NULL_MUTEX,
-                    cond: [0; 6],
-                    comp_events_completed: 0,
-                    async_events_completed: 0,
-                };
-                let keep = inner.clone();
-                let id = inner.id().0;
-                let p: *mut IbvCq = boxed(CqC { cq, inner, events: AtomicU32::new(0) });
-                elements(&c.cqs).insert(id, p as usize);
-                if let Some(ch) = ch {
-                    ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((keep, p as usize));
-                }
-                p
+        errno::or_null(c.inner.create_cq(n.max(1), ch.map(|ch| &ch.inner)), |inner| {
+            let cq = IbvCq {
+                context: ctx,
+                channel,
+                cq_context,
+                handle: 0,
+                cqe,
+                mutex: NULL_MUTEX,
+                cond: [0; 6],
+                comp_events_completed: 0,
+                async_events_completed: 0,
+            };
+            let keep = inner.clone();
+            let id = inner.id().0;
+            let p: *mut IbvCq = boxed(CqC { cq, inner, events: AtomicU32::new(0) });
+            elements(&c.cqs).insert(id, p as usize);
+            if let Some(ch) = ch {
+                ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((keep, p as usize));
             }
-            Err(e) => {
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+            p
+        })
     })
 }
 export!("ibv_create_cq", "IBVERBS_1.1", create_cq);
@@ -368,30 +345,24 @@ unsafe extern "C" fn create_srq(pd: *mut IbvPd, init: *mut IbvSrqInitAttr) -> *m
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        match p.inner.create_srq(init.attr.max_wr, init.attr.max_sge) {
-            Ok(inner) => {
-                let srq = IbvSrq {
-                    context: p.pd.context,
-                    srq_context: init.srq_context,
-                    pd,
-                    handle: 0,
-                    mutex: NULL_MUTEX,
-                    cond: [0; 6],
-                    events_completed: 0,
-                };
-                let id = inner.id().0;
-                let out: *mut IbvSrq = boxed(SrqC { srq, inner });
-                // SAFETY: the PD's context is ours.
-                if let Some(c) = unsafe { ctx_of(p.pd.context) } {
-                    elements(&c.srqs).insert(id, out as usize);
-                }
-                out
+        errno::or_null(p.inner.create_srq(init.attr.max_wr, init.attr.max_sge), |inner| {
+            let srq = IbvSrq {
+                context: p.pd.context,
+                srq_context: init.srq_context,
+                pd,
+                handle: 0,
+                mutex: NULL_MUTEX,
+                cond: [0; 6],
+                events_completed: 0,
+            };
+            let id = inner.id().0;
+            let out: *mut IbvSrq = boxed(SrqC { srq, inner });
+            // SAFETY: the PD's context is ours.
+            if let Some(c) = unsafe { ctx_of(p.pd.context) } {
+                elements(&c.srqs).insert(id, out as usize);
             }
-            Err(e) => {
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+            out
+        })
     })
 }
 export!("ibv_create_srq", "IBVERBS_1.1", create_srq);
@@ -509,13 +480,7 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAt
                 return ptr::null_mut();
             }
         };
-        match p.inner.create_qp(&q) {
-            Ok(qp) => wrap_qp(pd, init, qp),
-            Err(e) => {
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+        errno::or_null(p.inner.create_qp(&q), |qp| wrap_qp(pd, init, qp))
     })
 }
 
@@ -750,13 +715,9 @@ unsafe extern "C" fn create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut Ibv
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        match p.inner.create_ah(v) {
-            Ok(inner) => boxed(AhC { ah: IbvAh { context: p.pd.context, pd, handle: inner.id().0 }, inner }),
-            Err(e) => {
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+        errno::or_null(p.inner.create_ah(v), |inner| {
+            boxed(AhC { ah: IbvAh { context: p.pd.context, pd, handle: inner.id().0 }, inner })
+        })
     })
 }
 export!("ibv_create_ah", "IBVERBS_1.1", create_ah);

@@ -362,13 +362,7 @@ unsafe fn id_mut<'a>(id: *mut RdmaCmId) -> Option<&'a mut IdC> {
 // ---- event channels --------------------------------------------------------------------
 
 unsafe extern "C" fn create_event_channel() -> *mut RdmaEventChannel {
-    guard(ptr::null_mut(), || match new_channel() {
-        Ok(c) => c.cast(),
-        Err(e) => {
-            errno::fail(&e);
-            ptr::null_mut()
-        }
-    })
+    guard(ptr::null_mut(), || errno::or_null(new_channel(), |c| c.cast()))
 }
 export!("softrdma_rdmacm_rdma_create_event_channel", "SOFTRDMA_PRIVATE_1", create_event_channel);
 
