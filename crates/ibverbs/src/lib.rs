@@ -50,6 +50,16 @@ pub(crate) fn would_block(fd: std::ffi::c_int) -> bool {
     flags != -1 && flags & libc::O_NONBLOCK != 0
 }
 
+/// The `*_str` functions: `names[i]` as a C string that lives for the program, or
+/// `unknown` for a value outside the table.
+pub(crate) fn name_in(
+    names: &[&'static std::ffi::CStr],
+    i: std::ffi::c_int,
+    unknown: &'static std::ffi::CStr,
+) -> *const std::ffi::c_char {
+    usize::try_from(i).ok().and_then(|i| names.get(i)).unwrap_or(&unknown).as_ptr()
+}
+
 /// Runs `f`, turning a panic into `on_panic` with `errno` set to `EIO`: a panic must never
 /// unwind into C.
 pub(crate) fn guard<T>(on_panic: T, f: impl FnOnce() -> T) -> T {

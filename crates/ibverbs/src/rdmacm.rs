@@ -424,7 +424,7 @@ unsafe extern "C" fn event_str(event: c_int) -> *const c_char {
         c"RDMA_CM_EVENT_ADDR_CHANGE",
         c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
     ];
-    usize::try_from(event).ok().and_then(|i| NAMES.get(i)).map_or(c"UNKNOWN EVENT".as_ptr(), |s| s.as_ptr())
+    crate::name_in(&NAMES, event, c"UNKNOWN EVENT")
 }
 export!("softrdma_rdmacm_rdma_event_str", "SOFTRDMA_PRIVATE_1", event_str);
 

@@ -9,7 +9,7 @@ use std::ptr;
 use crate::errno;
 
 unsafe extern "C" fn wc_status_str(status: c_int) -> *const c_char {
-    usize::try_from(status).ok().and_then(|i| errno::WC_STATUS_STR.get(i)).map_or(c"unknown".as_ptr(), |s| s.as_ptr())
+    crate::name_in(&errno::WC_STATUS_STR, status, c"unknown")
 }
 export!("ibv_wc_status_str", "IBVERBS_1.1", wc_status_str);
 
@@ -65,7 +65,7 @@ unsafe extern "C" fn event_type_str(e: c_int) -> *const c_char {
         c"GID table change",
         c"WQ fatal",
     ];
-    usize::try_from(e).ok().and_then(|i| NAMES.get(i)).map_or(c"unknown".as_ptr(), |s| s.as_ptr())
+    crate::name_in(&NAMES, e, c"unknown")
 }
 export!("ibv_event_type_str", "IBVERBS_1.1", event_type_str);
 
