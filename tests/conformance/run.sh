@@ -69,27 +69,40 @@ run_one() {
 
 # --- server/client pairs ---------------------------------------------------------------
 port=$((18600 + $$ % 1000))
-# tcp_pair OUT PROGRAM ARGS...: `PROGRAM ARGS -p PORT` in the background (the server), then
-# `PROGRAM ARGS -p PORT 127.0.0.1` (the client), retried for a bounded time while the server
-# is not listening yet ("Couldn't connect"), on a fresh port; output in OUT.server and
+# serve OUT RETRY SERVER CLIENT: the SERVER command line (split into words) in the
+# background, then CLIENT, run again for a bounded time while `RETRY STATUS OUTFILE` says
+# the server was not listening yet and the server still runs; output in OUT.server and
 # OUT.client, exit statuses in $src and $crc.
-tcp_pair() {
-    local out=$1 prog=$2
-    shift 2
-    port=$((port + 1))
-    timeout "$TIMEOUT" "$prog" "$@" -p "$port" >"$out.server" 2>&1 &
+serve() {
+    local out=$1 retry=$2 server_cmd=$3 client_cmd=$4
+    # shellcheck disable=SC2086 # the command lines are split into words on purpose
+    timeout "$TIMEOUT" $server_cmd >"$out.server" 2>&1 &
     local server=$! tries=0
     crc=1
     while [ $tries -lt 50 ]; do
         tries=$((tries + 1))
-        timeout "$TIMEOUT" "$prog" "$@" -p "$port" 127.0.0.1 >"$out.client" 2>&1
+        # shellcheck disable=SC2086
+        timeout "$TIMEOUT" $client_cmd >"$out.client" 2>&1
         crc=$?
-        grep -q "Couldn't connect" "$out.client" || break
+        "$retry" "$crc" "$out.client" || break
         kill -0 "$server" 2>/dev/null || break
         sleep 0.1
     done
     wait "$server"
     src=$?
+}
+# The client's connect was refused (ibverbs-utils, perftest: a TCP exchange).
+not_listening() { grep -q "Couldn't connect" "$2"; }
+# The client failed (rdmacm-utils: a REJ or an address error looks like any other failure).
+failed() { [ "$1" -ne 0 ]; }
+
+# tcp_pair OUT PROGRAM ARGS...: `PROGRAM ARGS -p PORT` (the server), then
+# `PROGRAM ARGS -p PORT 127.0.0.1` (the client), on a fresh port, through serve.
+tcp_pair() {
+    local out=$1 prog=$2
+    shift 2
+    port=$((port + 1))
+    serve "$out" not_listening "$prog $* -p $port" "$prog $* -p $port 127.0.0.1"
 }
 
 # attempt NAME PROGRAM ARGS...: a server, then a client to 127.0.0.1; both must exit 0 and
@@ -157,26 +170,9 @@ cm_pair() {
     fi
     port=$((port + 1))
     out="$work/$tag"
-    # shellcheck disable=SC2086 # the command lines are split into words on purpose
-    timeout "$TIMEOUT" ${server_cmd//PORT/$port} >"$out.server" 2>&1 &
-    local server=$! tries=0
-    crc=1
-    while [ $tries -lt 50 ]; do
-        tries=$((tries + 1))
-        # shellcheck disable=SC2086
-        timeout "$TIMEOUT" ${client_cmd//PORT/$port} >"$out.client" 2>&1
-        crc=$?
-        [ $crc -eq 0 ] && break
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.1
-    done
-    wait "$server"
-    src=$?
+    serve "$out" failed "${server_cmd//PORT/$port}" "${client_cmd//PORT/$port}"
 }
 
-# rdma_server/rdma_client: the synchronous endpoint API (rdma_getaddrinfo, rdma_create_ep,
-# rdma_get_request, rdma_accept/connect, the rdma_verbs.h inlines, rdma_disconnect). Both
-# print "<name>: end 0" on success.
 # cm_run NAME SERVER CLIENT SERVER_SAYS CLIENT_SAYS: cm_pair, then both sides must exit 0
 # and print their line.
 cm_run() {
@@ -190,6 +186,9 @@ cm_run() {
         line "$name" pass
     fi
 }
+# rdma_server/rdma_client: the synchronous endpoint API (rdma_getaddrinfo, rdma_create_ep,
+# rdma_get_request, rdma_accept/connect, the rdma_verbs.h inlines, rdma_disconnect). Both
+# print "<name>: end 0" on success.
 cm_run "rdma_server/rdma_client" "rdma_server -p PORT" "rdma_client -s 127.0.0.1 -p PORT" \
     "rdma_server: end 0" "rdma_client: end 0"
 
