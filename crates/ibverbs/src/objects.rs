@@ -88,6 +88,22 @@ unsafe fn free<C, W>(p: *mut C) {
     drop(unsafe { Box::from_raw(p as *mut W) });
 }
 
+/// An `ibv_dealloc_pd`/`ibv_dereg_mr`/`ibv_destroy_ah`: `EINVAL` for NULL, else the
+/// wrapper freed, 0. What the object holds keeps what it needs alive inside.
+///
+/// # Safety
+/// `p` must be NULL or come from [`boxed`] for this `W`, and be freed once.
+unsafe fn destroy<C, W>(p: *mut C) -> c_int {
+    guard(libc::EIO, || {
+        if p.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: per the contract.
+        unsafe { free::<C, W>(p) };
+        0
+    })
+}
+
 /// Moves a wrapper to the heap and returns the pointer C gets: its first member.
 fn boxed<C, W>(w: W) -> *mut C {
     Box::into_raw(Box::new(w)) as *mut C
@@ -114,14 +130,8 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
 export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
 
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
-    guard(libc::EIO, || {
-        if pd.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: pd came from ibv_alloc_pd; objects made from it hold the PD alive inside.
-        unsafe { free::<IbvPd, PdC>(pd) };
-        0
-    })
+    // SAFETY: pd came from ibv_alloc_pd; objects made from it hold the PD alive inside.
+    unsafe { destroy::<IbvPd, PdC>(pd) }
 }
 export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
 
@@ -178,14 +188,8 @@ unsafe extern "C" fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize,
 export!("ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
 
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
-    guard(libc::EIO, || {
-        if mr.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.
-        unsafe { free::<IbvMr, MrC>(mr) };
-        0
-    })
+    // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.
+    unsafe { destroy::<IbvMr, MrC>(mr) }
 }
 export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
 
@@ -723,14 +727,8 @@ unsafe extern "C" fn create_ah(pd: *mut IbvPd, attr: *mut IbvAhAttr) -> *mut Ibv
 export!("ibv_create_ah", "IBVERBS_1.1", create_ah);
 
 unsafe extern "C" fn destroy_ah(ah: *mut IbvAh) -> c_int {
-    guard(libc::EIO, || {
-        if ah.is_null() {
-            return libc::EINVAL;
-        }
-        // SAFETY: made by ibv_create_ah, destroyed once.
-        unsafe { free::<IbvAh, AhC>(ah) };
-        0
-    })
+    // SAFETY: made by ibv_create_ah, destroyed once.
+    unsafe { destroy::<IbvAh, AhC>(ah) }
 }
 export!("ibv_destroy_ah", "IBVERBS_1.1", destroy_ah);
 
