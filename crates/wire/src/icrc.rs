@@ -233,61 +233,117 @@ pub fn compute(envelope: &Envelope, covered: &[u8]) -> u32 {
 }
 
 /// How the ICRC of an IPv4 packet depends on its identification field, which the ICRC
-/// covers and which the kernel may set after the ICRC was computed (UDP GSO gives segment
-/// *i* of a send identification *i*).
+/// covers, which the kernel may set after the ICRC was computed (UDP GSO gives segment *i*
+/// of a send identification *i*), and which a UDP socket never shows its receiver.
 ///
 /// A CRC is affine: for two inputs of one length, `crc(a) ^ crc(b)` is a linear function of
 /// `a ^ b` alone. So the ICRC with identification `id` is the ICRC with identification 0
 /// XOR [`delta`](Self::delta)`(id)`, a linear function of the 16 bits of `id` that depends
-/// only on the packet's length. This type holds its 16 basis values for one length.
+/// only on the packet's length. In GF(2)\[x\] modulo the CRC polynomial P it is
+/// `m(x) · x^(32 + 8·n)`, where `m(x)` is the identification as a 16-bit message and `n`
+/// the number of bytes the ICRC covers after it. Since P has a constant term, `x` is
+/// invertible modulo P, so the map is one-to-one and can be run backwards:
+/// [`solve`](Self::solve) finds the one identification (if any) that explains a
+/// mismatch. Of the 2^32 possible mismatches 2^16 are explained by some identification,
+/// so a receiver that accepts any solution lets a random corruption through with
+/// probability 2^-16; one that accepts only identifications it predicted (a window of *w*
+/// after the sender's previous one) keeps a probability of *w*·2^-32.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Ipv4IdentificationDeltas {
     covered_len: usize,
-    basis: [u32; 16],
+    /// `x^(32 + 8·n)` and its inverse, in the reflected representation.
+    shift: u32,
+    unshift: u32,
 }
 
 impl Ipv4IdentificationDeltas {
-    /// The basis for UDP payloads whose covered part is `covered_len` bytes (17 CRCs over
-    /// that many bytes: compute once per length and keep it).
+    /// The map for UDP payloads whose covered part is `covered_len` bytes (a few dozen
+    /// multiplications modulo P: compute once per length and keep it).
     pub fn new(covered_len: usize) -> Self {
         // The identification is bytes 4..6 of the IPv4 header, which the ICRC input starts
         // 8 bytes in; what follows it: the rest of the IP header (14), UDP (8), payload.
-        let after = IPV4_HEADER_LEN - 6 + UDP_HEADER_LEN + covered_len;
-        let crc_of = |prefix: [u8; 2]| {
-            let zeros = [0u8; 256];
-            let mut h = crc32fast::Hasher::new();
-            h.update(&prefix);
-            let mut left = after;
-            while left > 0 {
-                let n = left.min(zeros.len());
-                h.update(&zeros[..n]);
-                left -= n;
-            }
-            h.finalize()
-        };
-        let zero = crc_of([0, 0]);
-        let mut basis = [0u32; 16];
-        for (bit, b) in basis.iter_mut().enumerate() {
-            *b = crc_of((1u16 << bit).to_be_bytes()) ^ zero;
-        }
-        Self { covered_len, basis }
+        let after = (IPV4_HEADER_LEN - 6 + UDP_HEADER_LEN + covered_len) as u64;
+        let degree = 32 + 8 * after;
+        Self { covered_len, shift: gf2::pow(gf2::X, degree), unshift: gf2::pow(gf2::X_INVERSE, degree) }
     }
 
-    /// The covered length this basis is for.
+    /// The covered length this map is for.
     pub fn covered_len(&self) -> usize {
         self.covered_len
     }
 
     /// `icrc(identification = id) ^ icrc(identification = 0)`.
     pub fn delta(&self, id: u16) -> u32 {
-        let mut d = 0;
-        for (bit, b) in self.basis.iter().enumerate() {
-            if id & (1 << bit) != 0 {
-                d ^= b;
-            }
-        }
-        d
+        gf2::mul(self.shift, message(id))
     }
+
+    /// The identification `id` with `delta(id) == syndrome`, if there is one (there is for
+    /// 2^16 of the 2^32 syndromes). `syndrome` is the ICRC a packet carries XOR the ICRC
+    /// computed for identification 0.
+    pub fn solve(&self, syndrome: u32) -> Option<u16> {
+        let m = gf2::mul(self.unshift, syndrome);
+        // A 16-bit message has no term of degree 16 or more: bits 15..0 of the
+        // reflected representation.
+        (m & 0xffff == 0).then(|| ((m >> 16) as u16).swap_bytes())
+    }
+}
+
+/// The identification as a message polynomial in the reflected representation (x^0 at bit
+/// 31). The CRC reads the high byte first, least significant bit first, as the highest
+/// degree: its bit 0 is x^15 (bit 16), the low byte's bit 7 is x^0 (bit 31).
+fn message(id: u16) -> u32 {
+    u32::from(id.swap_bytes()) << 16
+}
+
+/// Arithmetic in GF(2)\[x\] modulo the CRC-32 polynomial, in the reflected representation
+/// zlib uses (`crc32.c`: `multmodp`): bit 31 is x^0, bit 0 is x^31.
+mod gf2 {
+    /// P without its x^32 term, reflected.
+    const POLY: u32 = 0xedb8_8320;
+    /// x^0.
+    pub(super) const ONE: u32 = 1 << 31;
+    /// x^1.
+    pub(super) const X: u32 = 1 << 30;
+    /// x^-1: P = x^32 + q(x) + 1, so x · (x^31 + q(x)/x) = P - 1 ≡ 1. In the reflected
+    /// representation dividing by x is a shift left, and x^31 is bit 0.
+    pub(super) const X_INVERSE: u32 = ((POLY & 0x7fff_ffff) << 1) | 1;
+
+    /// `a · b mod P`.
+    pub(super) const fn mul(a: u32, mut b: u32) -> u32 {
+        let mut product = 0;
+        let mut m = ONE;
+        while m != 0 {
+            if a & m != 0 {
+                product ^= b;
+            }
+            b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+            m >>= 1;
+        }
+        product
+    }
+
+    /// `base^exponent mod P`.
+    pub(super) fn pow(mut base: u32, mut exponent: u64) -> u32 {
+        let mut result = ONE;
+        while exponent != 0 {
+            if exponent & 1 != 0 {
+                result = mul(result, base);
+            }
+            base = mul(base, base);
+            exponent >>= 1;
+        }
+        result
+    }
+}
+
+/// The IPv4 identification that makes `icrc` the ICRC of `covered` sent inside
+/// `envelope` (whose own identification is ignored), if one does. Computes the map for
+/// this length afresh; a receiver that sees many packets keeps [`Ipv4IdentificationDeltas`]
+/// per length. `None` for IPv6, which has no identification.
+pub fn recover_identification(envelope: &Envelope, covered: &[u8], icrc: u32) -> Option<u16> {
+    let Envelope::V4(e) = envelope else { return None };
+    let zero = Envelope::V4(Ipv4Envelope { identification: 0, ..*e });
+    Ipv4IdentificationDeltas::new(covered.len()).solve(icrc ^ compute(&zero, covered))
 }
 
 #[cfg(test)]
@@ -386,6 +442,77 @@ mod tests {
         let swapped = Envelope::rocev2(dst.into(), 0xc000, src.into()).unwrap();
         assert_ne!(compute(&swapped, &packet), base);
         assert!(Envelope::rocev2(src.into(), 1, Ipv4Addr::LOCALHOST.into()).is_none());
+    }
+
+    #[test]
+    fn x_inverse_is_the_inverse_of_x() {
+        assert_eq!(gf2::mul(gf2::X, gf2::X_INVERSE), gf2::ONE);
+        assert_eq!(gf2::mul(gf2::pow(gf2::X, 40_000), gf2::pow(gf2::X_INVERSE, 40_000)), gf2::ONE);
+        assert_eq!(gf2::pow(gf2::X, 0), gf2::ONE);
+    }
+
+    /// The map built by algebra equals the one built the slow way: CRCs over zeros with one
+    /// identification bit set, minus the CRC with none.
+    #[test]
+    fn deltas_agree_with_crcs_over_zeros() {
+        for covered_len in [0usize, 1, 12, 28, 1036, 4124, 9000] {
+            let after = IPV4_HEADER_LEN - 6 + UDP_HEADER_LEN + covered_len;
+            let crc_of = |prefix: [u8; 2]| {
+                let mut h = crc32fast::Hasher::new();
+                h.update(&prefix);
+                h.update(&std::vec![0u8; after]);
+                h.finalize()
+            };
+            let deltas = Ipv4IdentificationDeltas::new(covered_len);
+            for bit in 0..16 {
+                let id = 1u16 << bit;
+                assert_eq!(deltas.delta(id), crc_of(id.to_be_bytes()) ^ crc_of([0, 0]), "len {covered_len} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn solve_inverts_delta_for_every_identification() {
+        for covered_len in [12usize, 1036, 4124] {
+            let deltas = Ipv4IdentificationDeltas::new(covered_len);
+            for id in 0..=u16::MAX {
+                assert_eq!(deltas.solve(deltas.delta(id)), Some(id), "len {covered_len}");
+            }
+        }
+    }
+
+    #[test]
+    fn exactly_one_syndrome_in_two_to_the_sixteen_is_solvable() {
+        // The image of a one-to-one linear map of 16 bits: 2^16 of 2^32 syndromes. Count
+        // over a stride that visits 2^24 syndromes spread over the whole space.
+        let deltas = Ipv4IdentificationDeltas::new(1036);
+        let solvable = (0..1u32 << 24).filter(|i| deltas.solve(i.wrapping_mul(0x9e37_79b1)).is_some()).count();
+        // Expected 2^24 / 2^16 = 256 for a random sample; the stride is not random, so
+        // allow for it, but far from "often".
+        assert!(solvable < 1024, "{solvable} of 2^24 syndromes solvable");
+    }
+
+    #[test]
+    fn recover_identification_finds_the_identification_a_packet_was_sent_with() {
+        let payload: std::vec::Vec<u8> = (0..300u32).map(|i| (i * 13 + 1) as u8).collect();
+        let env = |id| {
+            Envelope::V4(Ipv4Envelope {
+                src: Ipv4Addr::new(198, 18, 0, 2),
+                dst: Ipv4Addr::new(198, 18, 0, 3),
+                identification: id,
+                dont_fragment: true,
+                src_port: 0xc123,
+                dst_port: 4791,
+            })
+        };
+        for id in [0u16, 1, 0x89db, 0xffff] {
+            let icrc = compute(&env(id), &payload);
+            assert_eq!(recover_identification(&env(0), &payload, icrc), Some(id));
+            assert_eq!(recover_identification(&env(7), &payload, icrc), Some(id), "the envelope's own id is ignored");
+        }
+        let v6 =
+            Envelope::rocev2("::1".parse::<Ipv6Addr>().unwrap().into(), 1, "::1".parse::<Ipv6Addr>().unwrap().into());
+        assert_eq!(recover_identification(&v6.unwrap(), &payload, 0), None);
     }
 
     #[test]
