@@ -26,6 +26,7 @@ use slab::Slab;
 use softrdma_wire::{Envelope, Gid, Psn, Qpn, RKey};
 
 use crate::Instant;
+use crate::identification::Identifications;
 use crate::memory::Memory;
 use crate::qp::{Qp, RecvWqe, Ring};
 use crate::qp_state::{self, AttrMask};
@@ -100,7 +101,17 @@ pub struct Counters {
     pub rcvd_packets: u64,
     /// Received datagrams that failed to parse (bad ICRC, malformed), dropped.
     pub rcvd_malformed: u64,
-    /// Received datagrams whose ICRC did not match, dropped (also in `rcvd_malformed`).
+    /// Received datagrams whose ICRC matched the envelope as given (every IPv6 one, and
+    /// IPv4 with the identification expected: 0, or a same-host GSO segment's index).
+    pub rcvd_icrc_exact: u64,
+    /// Received IPv4 datagrams whose ICRC matched an identification predicted from the
+    /// peer's previous ones ([`crate::identification`]).
+    pub rcvd_icrc_predicted: u64,
+    /// Received IPv4 datagrams whose ICRC matched an identification solved for, not
+    /// predicted (a peer's first packets, or a peer whose identifications are random).
+    pub rcvd_icrc_solved: u64,
+    /// Received datagrams whose ICRC did not match, or matched only an identification a
+    /// trusted peer should not have sent, dropped (also in `rcvd_malformed`).
     pub rcvd_icrc_errors: u64,
     /// Datagrams for a QP that does not exist or is in the wrong state, or from the wrong
     /// peer, or with the wrong Q_Key, dropped.
@@ -187,6 +198,8 @@ pub(crate) struct Shared {
     pub(crate) timers: BTreeSet<(Instant, u32)>,
     pub(crate) events: VecDeque<Event>,
     pub(crate) counters: Counters,
+    /// Who sends which IPv4 identifications: the ICRC check's memory.
+    pub(crate) identifications: Identifications,
     /// Gather lists of finished receive WQEs, swapped back into ring slots as receives are
     /// taken, so that posting a receive never allocates in steady state.
     pub(crate) sge_pool: Vec<Vec<Sge>>,
@@ -398,6 +411,7 @@ impl Engine {
                 timers: BTreeSet::new(),
                 events: VecDeque::new(),
                 counters: Counters::default(),
+                identifications: Identifications::default(),
                 sge_pool: Vec::new(),
             },
             qps: BTreeMap::new(),

@@ -10,6 +10,7 @@
 
 mod completer;
 mod engine;
+pub mod identification;
 pub mod memory;
 mod qp;
 pub mod qp_state;
@@ -19,6 +20,7 @@ mod transmit;
 pub mod verbs;
 
 pub use engine::{Counters, DeviceConfig, Engine, Transmit, udp_source_port};
+pub use identification::IcrcCheck;
 pub use memory::{Memory, MemoryFault, VecMemory};
 pub use responder::{IpInfo, grh_for};
 pub use time::Instant;

@@ -850,20 +850,22 @@ impl State {
                 shared.port.member.answer_probe(d.payload);
                 continue;
             }
-            // A GSO train from this host (a loopback source: where senders use GSO) arrives
-            // whole, its IPv4 segment i with identification i, for which its sender
-            // computed the ICRC. From elsewhere, a NIC's GRO may have merged datagrams
-            // that were sent one by one (identification 0), so the index says nothing.
-            let envelope = match u16::try_from(d.segment_index) {
+            // The IPv4 identification is not shown by the socket: the first guess is 0
+            // (what softrdma sends), or for a GSO train from this host (a loopback
+            // source) segment i's index, which the kernel gave it. The engine recovers any
+            // other from the ICRC.
+            let guess = match u16::try_from(d.segment_index) {
                 Ok(i) if i > 0 && d.envelope().src_ip().is_loopback() => d.envelope_with_id(i),
                 _ => d.envelope(),
             };
+            let checked = engine.check_icrc(now, &guess, d.payload);
             if let Some(c) = capture {
-                c.write(&envelope, d.payload);
+                c.write(&checked.unwrap_or(guess), d.payload);
             }
-            if RocePacket::new_checked(d.payload).is_ok_and(|p| p.bth().dest_qp() == Qpn::GSI) {
+            let Some(envelope) = checked else { continue };
+            if RocePacket::new_unchecked(d.payload).bth().dest_qp() == Qpn::GSI {
                 // QP1: a CM MAD in a UD SEND_ONLY with the GSI Q_Key, or nothing.
-                match RoceRepr::parse(&RocePacket::new_unchecked(d.payload), &envelope) {
+                match RoceRepr::parse_ignoring_icrc(&RocePacket::new_unchecked(d.payload)) {
                     Ok(r)
                         if r.bth.opcode == Opcode::UD_SEND_ONLY && r.ext.deth.is_some_and(|x| x.qkey == QKey::GSI) =>
                     {
@@ -875,7 +877,7 @@ impl State {
             }
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            engine.handle_datagram_with(now, &envelope, info, d.payload, &mut ProcessMemory);
+            engine.handle_checked_datagram(now, &envelope, info, d.payload, &mut ProcessMemory);
         }
     }
 

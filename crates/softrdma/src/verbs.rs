@@ -178,12 +178,15 @@ impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
     /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 21] {
+    pub fn named(&self) -> [(&'static str, u64); 24] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
             rcvd_packets,
             rcvd_malformed,
+            rcvd_icrc_exact,
+            rcvd_icrc_predicted,
+            rcvd_icrc_solved,
             rcvd_icrc_errors,
             rcvd_dropped,
             duplicate_requests,
@@ -207,6 +210,9 @@ impl Counters {
             ("sent_packets", sent_packets),
             ("rcvd_packets", rcvd_packets),
             ("rcvd_malformed", rcvd_malformed),
+            ("rcvd_icrc_exact", rcvd_icrc_exact),
+            ("rcvd_icrc_predicted", rcvd_icrc_predicted),
+            ("rcvd_icrc_solved", rcvd_icrc_solved),
             ("rcvd_icrc_errors", rcvd_icrc_errors),
             ("rcvd_dropped", rcvd_dropped),
             ("duplicate_requests", duplicate_requests),
