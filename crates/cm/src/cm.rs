@@ -1049,7 +1049,7 @@ impl Cm {
             CmMessage::Rtu(rtu) => self.on_rtu(src, rtu.remote_comm_id),
             CmMessage::Rej(rej) => self.on_rej(now, src, &rej),
             CmMessage::Mra(mra) => self.on_mra(now, src, &mra),
-            CmMessage::Dreq(dreq) => self.on_dreq(now, src, tid, &dreq),
+            CmMessage::Dreq(dreq) => self.on_dreq(now, src, dst, tid, &dreq),
             CmMessage::Drep(drep) => self.on_drep(now, src, drep.remote_comm_id),
             CmMessage::SidrReq(sreq) => self.on_sidr_req(src, dst, tid, &sreq),
             CmMessage::SidrRep(srep) => self.on_sidr_rep(src, &srep),
@@ -1395,8 +1395,10 @@ impl Cm {
         true
     }
 
-    fn on_dreq(&mut self, now: Instant, src: IpAddr, tid: u64, dreq: &DreqRepr<'_>) -> bool {
-        let Some(id) = self.by_local(dreq.remote_comm_id, src) else { return false };
+    fn on_dreq(&mut self, now: Instant, src: IpAddr, dst: IpAddr, tid: u64, dreq: &DreqRepr<'_>) -> bool {
+        let Some(id) = self.by_local(dreq.remote_comm_id, src) else {
+            return self.drep_unknown(src, dst, tid, dreq);
+        };
         let timewait = self.config.timewait;
         let Some(i) = self.ids.get_mut(&id) else { return false };
         // cm.c: cm_dreq_handler drops a DREQ for another QP.
@@ -1438,6 +1440,25 @@ impl Cm {
             State::DreqRcvd => self.out.counters.duplicates += 1,
             _ => return false,
         }
+        true
+    }
+
+    /// A DREQ for a comm ID of ours that no ID holds (destroyed, or an earlier process's on
+    /// this host slot: one that died connected) gets a DREP, as cm.c's cm_dreq_handler answers
+    /// one it cannot match (cm_issue_drep). Unanswered, the peer keeps the connection through
+    /// every DREQ retry, and Linux meanwhile rejects a new REQ from the same QPN as a stale
+    /// connection (REJ reason 10): a restarted process whose QPNs start where its
+    /// predecessor's did could not connect to that peer for a minute. A comm ID of another
+    /// member's prefix (a MAD the steering could not place) is left alone.
+    fn drep_unknown(&mut self, src: IpAddr, dst: IpAddr, tid: u64, dreq: &DreqRepr<'_>) -> bool {
+        if dreq.remote_comm_id & !COMM_ID_COUNTER_MASK != self.config.comm_id_prefix & !COMM_ID_COUNTER_MASK {
+            return false;
+        }
+        let drep =
+            DrepRepr { local_comm_id: dreq.remote_comm_id, remote_comm_id: dreq.local_comm_id, private_data: &[] };
+        // cm.c counts it as a duplicate DREQ.
+        self.out.counters.duplicates += 1;
+        self.out.send(dst, src, emit_mad(&CmMessage::Drep(drep), tid));
         true
     }
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use common::*;
-use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, ib_timeout};
+use softrdma_cm::{Cm, CmError, CmEventKind, CmStatus, ConnParam, ib_timeout};
 use softrdma_engine::{Access, AttrMask, Mtu, QpState, QpType};
 use softrdma_wire::cm::{RejReason, SidrStatus};
 use softrdma_wire::cma::PortSpace;
@@ -399,6 +399,33 @@ fn repeated_dreq_in_timewait_is_answered_again() {
     assert_eq!(p.sent(Side::B, "DREP").len(), 2, "the repeated DREQ gets the DREP again");
     assert_eq!(p.kinds_a(), [Disconnected]);
     assert_eq!(p.b.counters().duplicates, 1);
+}
+
+/// B's process dies connected and a new one takes its host slot (the same comm ID prefix):
+/// A's DREQ names a comm ID the new CM never made, which answers with a DREP as Linux does
+/// (cm_issue_drep), so A leaves DREQ_SENT at once instead of after its retries. A comm ID of
+/// another prefix gets no answer.
+#[test]
+fn dreq_for_a_comm_id_nobody_holds_is_answered() {
+    let (mut p, a, _b) = connected();
+    p.b = Cm::new(config(7, IP_B, 5 << 21)); // B's successor on the same slot
+    p.a.disconnect(p.now, a).unwrap();
+    p.drive();
+    assert_eq!(p.sent(Side::A, "DREQ").len(), 1);
+    assert_eq!(p.sent(Side::B, "DREP").len(), 1);
+    assert_eq!(p.kinds_a(), [Disconnected]);
+    assert_eq!(p.events_a[0].status, CmStatus::Ok, "a DREP, not a timeout");
+    assert_eq!((p.b.counters().duplicates, p.b.counters().mads_dropped), (1, 0));
+    p.settle();
+    assert_eq!(p.sent(Side::A, "DREQ").len(), 1, "no retry");
+    assert_eq!(p.kinds_a(), [Disconnected, TimewaitExit]);
+
+    let (mut p, a, _b) = connected();
+    p.b = Cm::new(config(7, IP_B, 6 << 21)); // a member of another slot
+    p.a.disconnect(p.now, a).unwrap();
+    p.drive();
+    assert!(p.sent(Side::B, "DREP").is_empty());
+    assert_eq!(p.b.counters().mads_dropped, 1);
 }
 
 #[test]
