@@ -52,7 +52,8 @@ die() { printf 'interop: %s\n' "$*" >&2; exit 2; }
 for p in ibv_rc_pingpong rping ib_write_bw; do
     command -v $p >/dev/null || die "$p is not installed (apt-get install ibverbs-utils rdmacm-utils perftest)"
 done
-ns() { "$RXEVM/host-ns.sh" "$@"; }
+NS=$RXEVM/host-ns.sh # exec's the command: a background one's $! is the program's own PID
+ns() { "$NS" "$@"; }
 guest() { # guest BOUND CMD: CMD in the guest, killed there after BOUND s (and here 60 s later)
     timeout $(($1 + 60)) "$RXEVM/run-guest.sh" -g $G -t "$1" "$2"
 }
@@ -75,6 +76,12 @@ guest_up() {
     [ -s "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null && [ -f "$SHARE/ready" ]
 }
 cleanup() {
+    local j
+    for j in $(jobs -p); do kill "$j" 2>/dev/null; done # an interrupted case's programs
+    if [ -n "${guest_pidfile:-}" ] && [ -s "$guest_pidfile" ]; then
+        guest 20 "kill $(cat "$guest_pidfile")" >/dev/null 2>&1
+        rm -f "$guest_pidfile"
+    fi
     ns nft delete table inet $LOSS_TABLE 2>/dev/null
     if [ $added6 -eq 1 ]; then
         ns ip addr del $HOST_IP6/64 dev rxebr0 2>/dev/null
@@ -185,7 +192,9 @@ ok_rping() {
     [ "$c" -eq 20 ] && [ "$s" -eq 20 ] || echo "$s server / $c client pings of 20"
 }
 ok_cmatose() { grep -q "return status 0" "$1" && grep -q "return status 0" "$2" || echo "no 'return status 0'"; }
-ok_perftest() { grep -Eq "^ *[0-9]+ +[0-9]+ +[0-9.]+" "$2" || echo "no result row on the client"; }
+# A result row: the size, the iterations, then figures ("inf" when perftest's clock calibration
+# fails in the emulated guest: "Correlation coefficient r^2: ... < 0.9").
+ok_perftest() { grep -Eq "^ *[0-9]+ +[0-9]+ +([0-9.]+|inf|-?nan) " "$2" || echo "no result row on the client"; }
 
 # last FILE: its last non-empty line, short.
 last() { grep -v '^[[:space:]]*$' "$1" | tail -n 1 | cut -c1-110; }
@@ -199,18 +208,55 @@ stats_loop() {
     done
 }
 
-# run NAME FAMILY READY CHECK BOUND SERVER CLIENT: the case on $DIR; READY is tcp or cm (how
-# to tell that the server listens).
+# run NAME FAMILY READY CHECK BOUND SERVER CLIENT: the case on $DIR, one line; READY tells how
+# to see that the server listens: tcp (its TCP port), cm (an rdma_cm listener on its port),
+# cm:PORT (on a fixed port). A failure that RETRY_ON[NAME] explains (a race of the program's
+# own, matched in either side's output) is tried again, at most twice, and the line says so.
 run() {
-    local name=$1 f=$2 ready=$3 check=$4 bound=$5 stpl=$6 ctpl=$7
-    local tag out scmd ccmd spid cpid src crc why= cap capid sside cside statpid
-    port=$((port + 1))
+    local name=$1 f=$2 tag n=1
     tag=$(echo "$name-$DIR-$f" | tr -c 'a-zA-Z0-9_.\n-' '_')
-    out=$work/$tag
     if [ -z "${HGID[$f]}" ] || [ -z "${GGID[$f]}" ]; then
         line "$name" "$DIR" "$f" "SKIP no $f GID (softrdma: ${HGID[$f]:-none}, rxe0: ${GGID[$f]:-none})"
         return
     fi
+    if [ "$f" != ipv4 ] && [ -n "${IPV4_ONLY[$name]:-}" ]; then
+        line "$name" "$DIR" "$f" "SKIP ${IPV4_ONLY[$name]}"
+        return
+    fi
+    while :; do
+        attempt "$tag" "$@"
+        [ -z "$why" ] && break
+        local retry=${RETRY_ON[$name]:-}
+        if [ $n -lt 3 ] && [ -n "$retry" ] && cat "$work/$tag.server" "$work/$tag.client" | grep -Eq "${retry%%|*}"; then
+            n=$((n + 1))
+            continue
+        fi
+        break
+    done
+    if [ -z "$why" ] && [ $n -eq 1 ]; then
+        line "$name" "$DIR" "$f" pass
+    elif [ -z "$why" ]; then
+        line "$name" "$DIR" "$f" "pass (attempt $n; before: ${retry#*|})"
+    else
+        line "$name" "$DIR" "$f" "FAIL $why"
+        failed=1
+        local x
+        for x in cmds server client pcap stats; do
+            [ -e "$work/$tag.$x" ] && cp -f "$work/$tag.$x" "$KEEP/$tag.$x"
+        done
+    fi
+    rm -f "$work/$tag".*
+}
+
+# attempt TAG NAME FAMILY READY CHECK BOUND SERVER CLIENT: one try; $why is empty if it passed,
+# else the reason; output, capture and counters in $work/TAG.*
+attempt() {
+    local tag=$1 name=$2 f=$3 ready=$4 check=$5 bound=$6 stpl=$7 ctpl=$8
+    local out scmd ccmd spid cpid src crc cap capid sside cside statpid lport
+    why=
+    port=$((port + 1)) lport=$port
+    case $ready in *:*) lport=${ready#*:} ready=${ready%%:*} ;; esac
+    out=$work/$tag
     if [ "$DIR" = softrdma-server ]; then sside=host cside=guest; else sside=guest cside=host; fi
     scmd=$(fill "$stpl" $sside "$f")
     ccmd=$(fill "$ctpl" $cside "$f")
@@ -220,7 +266,8 @@ run() {
     # capture RoCE (UDP 4791) on the bridge while the case runs
     cap=$out.pcap capid=
     if command -v tcpdump >/dev/null; then
-        ns tcpdump -i rxebr0 -s 256 -U -w "$cap" udp port 4791 2>"$out.tcpdump" &
+        : >"$out.tcpdump"
+        "$NS" tcpdump -i rxebr0 -U -w "$cap" udp port 4791 2>"$out.tcpdump" &
         capid=$!
         for _ in $(seq 50); do grep -q "listening on" "$out.tcpdump" && break; sleep 0.1; done
     fi
@@ -228,13 +275,13 @@ run() {
     rm -f "$SHARE/interop-$tag".*
     if [ $sside = host ]; then
         # shellcheck disable=SC2086 # command lines are split into words on purpose
-        ns timeout "$bound" env LD_LIBRARY_PATH="$lib" $scmd >"$out.server" 2>&1 &
+        "$NS" timeout "$bound" env LD_LIBRARY_PATH="$lib" $scmd >"$out.server" 2>&1 &
         spid=$!
         stats_loop $spid "$out.stats" &
         statpid=$!
         if [ "$ready" = tcp ]; then
             for _ in $(seq 100); do
-                ns ss -Hltn "sport = :$port" | grep -q . && break
+                ns ss -Hltn "sport = :$lport" | grep -q . && break
                 kill -0 $spid 2>/dev/null || break
                 sleep 0.1
             done
@@ -249,11 +296,13 @@ run() {
     else
         local check_cmd
         if [ "$ready" = tcp ]; then
-            check_cmd="ss -Hltn 'sport = :$port' | grep -q ."
+            check_cmd="ss -Hltn 'sport = :$lport' | grep -q ."
         else
-            check_cmd="rdma res show cm_id | grep -Eq 'state LISTEN .*[]:]$port( |\$)'"
+            check_cmd="rdma res show cm_id | grep -Eq 'state LISTEN .*[]:]$lport( |\$)'"
         fi
-        guest "$bound" "cd /tmp && timeout $bound $scmd & p=\$!; echo \$p >/mnt/host/interop-$tag.pid
+        guest_pidfile=$SHARE/interop-$tag.pid
+        timeout $((bound + 60)) "$RXEVM/run-guest.sh" -g $G -t "$bound" \
+            "cd /tmp && timeout $bound $scmd & p=\$!; echo \$p >/mnt/host/interop-$tag.pid
             for i in \$(seq $((bound * 5))); do kill -0 \$p 2>/dev/null || break
                 if $check_cmd; then touch /mnt/host/interop-$tag.ready; break; fi; sleep 0.2; done
             wait \$p" >"$out.server" 2>&1 &
@@ -264,7 +313,7 @@ run() {
             sleep 0.1
         done
         # shellcheck disable=SC2086
-        ns timeout "$bound" env LD_LIBRARY_PATH="$lib" $ccmd >"$out.client" 2>&1 &
+        "$NS" timeout "$bound" env LD_LIBRARY_PATH="$lib" $ccmd >"$out.client" 2>&1 &
         cpid=$!
         stats_loop $cpid "$out.stats" &
         statpid=$!
@@ -276,6 +325,7 @@ run() {
         fi
         wait $spid
         src=$?
+        guest_pidfile=
     fi
     wait $statpid
     [ -n "$capid" ] && { kill "$capid" 2>/dev/null; wait "$capid" 2>/dev/null; }
@@ -291,13 +341,6 @@ run() {
         [ $crc -ne 0 ] && why="$why: $(last "$out.client")"
     else
         why=$($check "$out.server" "$out.client")
-    fi
-    if [ -z "$why" ]; then
-        line "$name" "$DIR" "$f" pass
-    else
-        line "$name" "$DIR" "$f" "FAIL $why"
-        failed=1
-        for x in cmds server client pcap stats; do [ -e "$out.$x" ] && cp -f "$out.$x" "$KEEP/$tag.$x"; done
     fi
 }
 
@@ -326,6 +369,16 @@ case_() { # case_ NAME READY CHECK BOUND SERVER CLIENT, over every family and di
         for DIR in $DIRECTIONS; do run "$1" "$f" "$2" "$3" "$4" "$5" "$6"; done
     done
 }
+declare -A IPV4_ONLY=(
+    ["ib_send_lat -R"]="perftest's rdma_cm exchange resolves IPv4 only (\"Address family for hostname not supported\")"
+)
+# perftest -R: after the parameter exchange the client connects at once while the server only
+# then calls rdma_listen; a client that wins gets a REJ, and perftest 4.5's retry then uses the
+# rdma_cm IDs it has just destroyed (SIGSEGV with rdma-core's own librdmacm in the guest too;
+# fixed upstream in perftest 3d9d8d0, "Fix crashes and logical flaws in RDMA CM connection retry").
+declare -A RETRY_ON=(
+    ["ib_send_lat -R"]="RDMA_CM_EVENT_REJECTED|perftest -R's REQ before rdma_listen race, REJ, perftest 4.5's retry crashed"
+)
 PP="-d @DEV@ -g @GID@ -p @PORT@"
 PERF="-d @DEV@ -x @GID@ -p @PORT@ -F @U@"
 # ibverbs-utils: a TCP exchange of QPN/PSN/GID, then the QPs over the GIDs given.
@@ -336,7 +389,7 @@ case_ ibv_srq_pingpong tcp ok_pingpong "$T" "ibv_srq_pingpong $PP -n 100" "ibv_s
 # rdmacm-utils: the address picks the GID.
 case_ "rping -v -C 20" cm ok_rping "$T" "rping -s -a @ADDR@ -p @PORT@ -v -C 20" "rping -c -a @PEER@ -p @PORT@ -v -C 20"
 case_ ucmatose cm ok_cmatose "$T" "ucmatose -b @ADDR@ -p @PORT@" "ucmatose -b @ADDR@ -s @PEER@ -p @PORT@"
-case_ udaddy cm ok_cmatose "$T" "udaddy -b @ADDR@" "udaddy -b @ADDR@ -s @PEER@" # port 7174, fixed
+case_ udaddy cm:7174 ok_cmatose "$T" "udaddy -b @ADDR@" "udaddy -b @ADDR@ -s @PEER@" # its port is fixed
 # perftest: a TCP exchange (or rdma_cm with -R), the guest side with a longer QP timeout.
 case_ ib_write_bw tcp ok_perftest "$T" "ib_write_bw $PERF -n 2000" "ib_write_bw $PERF -n 2000 @OOB@"
 case_ ib_read_bw tcp ok_perftest "$T" "ib_read_bw $PERF -n 2000" "ib_read_bw $PERF -n 2000 @OOB@"
