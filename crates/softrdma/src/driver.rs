@@ -168,7 +168,6 @@ impl TxQueue {
                 && ob == oa + a.len
                 && b.len >= a.len
                 && a.envelope == b.envelope
-                && a.envelope.dst_ip().is_loopback()
                 && self.arena[ob + 5..ob + 8] == *qpn
                 && first_response();
             if pair {
@@ -196,7 +195,7 @@ impl TxQueue {
             let qpn = &self.arena[off + 5..off + 8];
             let mut count = 1;
             let mut total = first.len;
-            if self.gso && first.envelope.dst_ip().is_loopback() {
+            if self.gso {
                 while i + count < n && count < GSO_MAX_SEGMENTS {
                     let (o, t) = self.meta[i + count];
                     let previous_full = self.meta[i + count - 1].1.len == first.len;

@@ -40,12 +40,12 @@
 //!
 //! The ICRC covers the IPv4 ID, and a UDP socket does not report it. [`Received::envelope`]
 //! **assumes ID 0 and DF**, which is what every softrdma sender puts on the wire (tests in
-//! `tests/loopback.rs` prove it on loopback, by ICRC and by capture). Kernel rxe peers use
-//! a pseudo-random ID (`__ip_select_ident`), so the ICRC of their IPv4 packets does not
-//! verify against this envelope. Verifying them needs the ID: capture it (AF_PACKET /
-//! AF_XDP), or solve for it, since the CRC is affine in the 16 ID bits, which leaves 16 bits
-//! of check. Neither is done here yet. IPv6 has no ID, and every IPv6 field the ICRC covers
-//! is known to the receiver, so IPv6 ICRCs verify in full.
+//! `tests/loopback.rs` prove it on loopback, by ICRC and by capture), and
+//! [`Received::envelope_with_id`] takes another guess. Kernel rxe and NICs send other
+//! identifications (rxe: `__ip_select_ident`); the engine recovers them from the ICRC and
+//! its memory of each peer (`softrdma_engine::identification`: exact, predicted or solved,
+//! each counted). IPv6 has no ID, and every IPv6 field the ICRC covers is known to the
+//! receiver, so IPv6 ICRCs verify in full.
 //!
 //! # GSO: segment *i* carries IPv4 ID *i*
 //!
@@ -53,12 +53,12 @@
 //! (`UDP_SEGMENT`): one syscall and one trip through the stack for up to
 //! [`MAX_GSO_SEGMENTS`] packets to one destination. With `IP_PMTUDISC_DO`, segment *i* of
 //! one send gets **IPv4 ID *i*** (0, 1, 2, …), not 0, so the sender must compute segment
-//! *i*'s ICRC with `identification = i`, and a receiver that assumes 0 rejects every segment
-//! but the first. Until receivers solve for the ID (above), softrdma senders should use GSO
-//! only over IPv6 (no ID) or towards receivers that know the segment index. On loopback
-//! with [`Config::gro`] on, a GSO send arrives whole and [`Received::segment_index`] equals
-//! the ID; that is a property of loopback, not a promise: GRO on a real NIC coalesces
-//! whatever arrives together. `send_batch` never uses GSO unless asked.
+//! *i*'s ICRC with `identification = i`. Any receiver that sees the IP header (kernel rxe,
+//! a NIC) verifies it as it is; a softrdma receiver recovers the identification (segment
+//! *i* follows segment *i − 1*: predicted). On loopback with [`Config::gro`] on, a GSO send
+//! arrives whole and [`Received::segment_index`] equals the ID; that is a property of
+//! loopback, not a promise: GRO on a real NIC coalesces whatever arrives together.
+//! `send_batch` never uses GSO unless asked.
 //!
 //! # Why not `quinn-udp`, `nix` or `rustix`
 //!
