@@ -272,7 +272,7 @@ impl RoceSocket {
     /// with `IP_PKTINFO`/`IPV6_PKTINFO` from the envelope, and each receive reports the
     /// address it was sent to. An IPv6 socket is IPv6-only (`IPV6_V6ONLY`): bind one socket
     /// per family. A link-local IPv6 address is bound in [`Config::scope_id`], which it
-    /// needs.
+    /// needs, even while it is tentative (`IPV6_FREEBIND`).
     pub fn bind_with(ip: IpAddr, config: &Config) -> io::Result<Self> {
         let addr = match ip {
             IpAddr::V6(v6) if v6.is_unicast_link_local() => {
@@ -337,6 +337,16 @@ impl RoceSocket {
         }
         if config.gro {
             sys::set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1)?;
+        }
+        if let SocketAddr::V6(a) = addr {
+            if a.ip().is_unicast_link_local() {
+                // Every interface with IPv6 has a link-local address, and it is tentative
+                // (duplicate address detection) for a second or so after the link comes up,
+                // or for good where detection failed: binding it then would fail with
+                // EADDRNOTAVAIL, and the whole device would not open. It receives once the
+                // kernel has it.
+                socket.set_freebind_v6(true)?;
+            }
         }
         socket.bind(&addr.into())?;
         let local = socket.local_addr()?.as_socket().ok_or_else(|| invalid("bound to a non-IP address"))?;

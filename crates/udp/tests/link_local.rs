@@ -44,12 +44,14 @@ struct Netns {
 }
 
 impl Netns {
-    fn create_or_skip() -> Option<Netns> {
+    /// The namespaces of test `tag` (tests run in parallel), or `None` having said why
+    /// they cannot be made.
+    fn create_or_skip(tag: &str) -> Option<Netns> {
         if !rustix::process::geteuid().is_root() {
             eprintln!("skipped: creating network namespaces needs root");
             return None;
         }
-        let names = ["a", "b"].map(|s| format!("srdma-udp-{}-{s}", std::process::id() % 100_000));
+        let names = ["a", "b"].map(|s| format!("srdma-udp{}-{tag}-{s}", std::process::id() % 100_000));
         if let Err(e) = run(&["ip", "netns", "add", &names[0]]) {
             eprintln!("skipped: `ip netns add` is not possible here: {e}");
             return None;
@@ -124,7 +126,7 @@ fn send_only(payload: &[u8]) -> RoceRepr<'_> {
 
 #[test]
 fn link_local_sockets_talk_in_their_interfaces_scope() {
-    let Some(ns) = Netns::create_or_skip() else { return };
+    let Some(ns) = Netns::create_or_skip("tx") else { return };
     let scope = [ns.ifindex(0), ns.ifindex(1)];
     let ll = LINK_LOCAL.map(|a| a.parse::<Ipv6Addr>().unwrap());
     let bind = |i: usize| {
@@ -154,4 +156,18 @@ fn link_local_sockets_talk_in_their_interfaces_scope() {
         let repr = RoceRepr::parse(&packet, &d.envelope()).expect("the ICRC verifies");
         assert_eq!(repr.payload, b"over fe80");
     }
+}
+
+#[test]
+fn a_tentative_link_local_address_binds() {
+    let Some(ns) = Netns::create_or_skip("dad") else { return };
+    // With duplicate address detection: tentative for a second after it is added (the
+    // state of every link-local address of a link that just came up).
+    let tentative = "fe80::d:1";
+    run(&["ip", "-n", &ns.names[0], "addr", "add", &format!("{tentative}/64"), "dev", IFACE[0]]).unwrap();
+    let shown = run(&["ip", "-n", &ns.names[0], "-o", "addr", "show", "dev", IFACE[0]]).unwrap();
+    assert!(shown.lines().any(|l| l.contains(tentative) && l.contains("tentative")), "{shown}");
+    let config = Config { scope_id: Some(ns.ifindex(0)), ..Config::default() };
+    let s = ns.within(0, || RoceSocket::bind_with(tentative.parse().unwrap(), &config));
+    assert!(s.is_ok(), "binding tentative {tentative}: {:?}", s.err());
 }
