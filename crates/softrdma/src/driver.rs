@@ -92,6 +92,8 @@ impl Port {
                     recv_buffer_size: Some(SOCKET_BUFFER),
                     send_buffer_size: Some(SOCKET_BUFFER),
                     gro,
+                    // The scope of the link-local GIDs: the device is one interface.
+                    scope_id: Some(device.interface_index()),
                     ..softrdma_udp::Config::default()
                 },
             };
@@ -480,6 +482,7 @@ impl Driver {
             seed: u64::from_ne_bytes(cm_seed),
             comm_id_prefix: port.member.comm_id_prefix(),
             addresses: device.addresses().to_vec(),
+            scope_id: device.interface_index(),
             port_mtu: device.active_mtu(),
             response_timeout: options.cm_response_timeout,
             max_retries: options.cm_max_retries,
