@@ -11,7 +11,7 @@
 mod common;
 
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -110,6 +110,36 @@ impl Drop for Netns {
             let _ = Command::new("ip").args(["netns", "del", n]).output();
         }
     }
+}
+
+/// Compiles `tests/c/<name>.c` against rdma-core's headers and the libraries in `lib`
+/// (by their sonames, as a program built against rdma-core and run with LD_LIBRARY_PATH);
+/// the program's path, or `None` having said why not (no compiler, no headers).
+fn compile_c(name: &str, lib: &Path) -> Option<PathBuf> {
+    let header = "/usr/include/infiniband/verbs.h";
+    if !Path::new(header).exists() {
+        eprintln!("SKIP: {header} is missing (apt-get install libibverbs-dev)");
+        return None;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = lib.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = match Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .arg("-l:libibverbs.so.1")
+        .status()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("SKIP: no C compiler ({cc}: {e})");
+            return None;
+        }
+    };
+    assert!(status.success(), "{cc} failed to build {}", src.display());
+    Some(exe)
 }
 
 fn is_root() -> bool {

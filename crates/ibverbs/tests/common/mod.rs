@@ -78,34 +78,3 @@ pub(crate) fn installed(program: &str) -> bool {
 pub(crate) fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
-
-/// Compiles `tests/c/<name>.c` against rdma-core's headers and the libraries in `lib`
-/// (by their sonames, as a program built against rdma-core and run with LD_LIBRARY_PATH);
-/// the program's path, or `None` having said why not (no compiler, no headers).
-pub(crate) fn compile_c(name: &str, lib: &Path) -> Option<PathBuf> {
-    for header in ["/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"] {
-        if !Path::new(header).exists() {
-            eprintln!("SKIP: {header} is missing (apt-get install libibverbs-dev librdmacm-dev)");
-            return None;
-        }
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = lib.join(name);
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = match Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", lib.display()))
-        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
-        .status()
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("SKIP: no C compiler ({cc}: {e})");
-            return None;
-        }
-    };
-    assert!(status.success(), "{cc} failed to build {}", src.display());
-    Some(exe)
-}
