@@ -472,7 +472,7 @@ impl Cm {
             addr.port()
         };
         let i = self.ids.get_mut(&id).ok_or(CmError::NoSuchId { op: OP, id })?;
-        i.local = Some(SocketAddr::new(addr.ip(), port));
+        i.local = Some(self.config.socket_addr(addr.ip(), port));
         i.bound = true;
         i.state = State::AddrBound;
         Ok(())
@@ -513,8 +513,8 @@ impl Cm {
             }
         };
         let i = self.ids.get_mut(&id).ok_or(CmError::NoSuchId { op: OP, id })?;
-        i.local = Some(SocketAddr::new(ip, port));
-        i.peer = Some(dst);
+        i.local = Some(self.config.socket_addr(ip, port));
+        i.peer = Some(self.config.socket_addr(dst.ip(), dst.port()));
         i.state = State::AddrResolved;
         self.out.event(id, CmEventKind::AddrResolved, CmStatus::Ok);
         Ok(())
@@ -1194,8 +1194,8 @@ impl Cm {
         i.passive = true;
         i.cm_timeout = req.local_cm_response_timeout;
         i.cm_retries = req.max_cm_retries;
-        i.local = Some(SocketAddr::new(hdst, port));
-        i.peer = Some(SocketAddr::new(hsrc, hdr.port));
+        i.local = Some(self.config.socket_addr(hdst, port));
+        i.peer = Some(self.config.socket_addr(hsrc, hdr.port));
         i.route = Some(Route {
             src: dst,
             dst: src,
@@ -1527,8 +1527,8 @@ impl Cm {
         let mut i = Id::new(ps, QpType::Ud, seq_num, &self.config);
         i.state = State::SidrReqRcvd;
         i.passive = true;
-        i.local = Some(SocketAddr::new(hdst, port));
-        i.peer = Some(SocketAddr::new(hsrc, hdr.port));
+        i.local = Some(self.config.socket_addr(hdst, port));
+        i.peer = Some(self.config.socket_addr(hsrc, hdr.port));
         i.route = Some(Route {
             src: dst,
             dst: src,

@@ -2,7 +2,7 @@
 //! parameters, events, transmissions, counters and errors.
 
 use core::fmt;
-use core::net::{IpAddr, SocketAddr};
+use core::net::{IpAddr, SocketAddr, SocketAddrV6};
 use core::time::Duration;
 
 use softrdma_engine::{AddressVector, Mtu, QpState, QpType};
@@ -40,6 +40,11 @@ pub struct CmConfig {
     pub comm_id_prefix: u32,
     /// The device's GID table as IP addresses: index = `sgid_index`.
     pub addresses: Vec<IpAddr>,
+    /// The device's interface index: the scope (`sin6_scope_id`) of the link-local
+    /// addresses the CM reports ([`Cm::local_addr`](crate::Cm::local_addr),
+    /// [`Cm::peer_addr`](crate::Cm::peer_addr)), so that a program can use them as they
+    /// are. 0: none.
+    pub scope_id: u32,
     /// The port's active MTU; goes into the REQ as the path MTU (`iboe_get_mtu` of a 1500
     /// byte netdev gives 1024).
     pub port_mtu: Mtu,
@@ -93,6 +98,7 @@ impl Default for CmConfig {
             seed: 0,
             comm_id_prefix: 0,
             addresses: Vec::new(),
+            scope_id: 0,
             port_mtu: Mtu::Mtu1024,
             response_timeout: CMA_CM_RESPONSE_TIMEOUT,
             max_retries: CMA_MAX_CM_RETRIES,
@@ -107,6 +113,17 @@ impl Default for CmConfig {
             max_queued_transmits: 1024,
             ephemeral_ports: (32768, 60999),
             same_host_rej_retries: 0,
+        }
+    }
+}
+
+impl CmConfig {
+    /// `ip` and `port` as the CM reports them: a link-local IPv6 address with the device's
+    /// scope ([`scope_id`](Self::scope_id)).
+    pub(crate) fn socket_addr(&self, ip: IpAddr, port: u16) -> SocketAddr {
+        match ip {
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => SocketAddrV6::new(v6, port, 0, self.scope_id).into(),
+            _ => SocketAddr::new(ip, port),
         }
     }
 }

@@ -3,11 +3,11 @@
 
 mod common;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
 use common::*;
-use softrdma_cm::{Cm, CmError, CmEventKind, CmStatus, ConnParam, ib_timeout};
+use softrdma_cm::{Cm, CmConfig, CmError, CmEventKind, CmStatus, ConnParam, ib_timeout};
 use softrdma_engine::{Access, AttrMask, Mtu, QpState, QpType};
 use softrdma_wire::cm::{RejReason, SidrStatus};
 use softrdma_wire::cma::PortSpace;
@@ -814,4 +814,30 @@ fn the_passive_side_retries_on_the_reqs_timeout() {
     let reps = p.sent(Side::B, "REP");
     assert_eq!(reps.len(), 4, "A's max_retries (3), not B's (9)");
     assert_eq!(reps[1].at - reps[0].at, ib_timeout(RESPONSE_TIMEOUT));
+}
+
+#[test]
+fn link_local_addresses_are_reported_in_each_devices_scope() {
+    let (ll_a, ll_b): (Ipv6Addr, Ipv6Addr) = ("fe80::a".parse().unwrap(), "fe80::b".parse().unwrap());
+    // The same link, seen from two hosts: interface 5 on A, 7 on B.
+    let scoped = |seed, ip: Ipv6Addr, scope_id| CmConfig { scope_id, ..config(seed, ip.into(), (seed as u32) << 21) };
+    let mut p = Pair::with_configs(scoped(1, ll_a, 5), scoped(2, ll_b, 7));
+    let at = |ip, port, scope| SocketAddr::V6(SocketAddrV6::new(ip, port, 0, scope));
+    let listener = p.b.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    p.b.bind_addr(listener, at(ll_b, PORT, 7)).unwrap();
+    p.b.listen(listener, 8).unwrap();
+    assert_eq!(p.b.local_addr(listener), Some(at(ll_b, PORT, 7)));
+
+    // The runtime's route lookup may hand over the source without its scope.
+    let a = p.a.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    p.a.resolve_addr(p.now, a, Some(SocketAddr::new(ll_a.into(), 0)), at(ll_b, PORT, 5)).unwrap();
+    p.a.resolve_route(p.now, a).unwrap();
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    let local_a = p.a.local_addr(a).unwrap();
+    assert_eq!(local_a, at(ll_a, local_a.port(), 5), "A's address in A's scope");
+    assert_eq!(p.a.peer_addr(a), Some(at(ll_b, PORT, 5)));
+    let b = p.take_request().id;
+    assert_eq!(p.b.local_addr(b), Some(at(ll_b, PORT, 7)), "B's address in B's scope");
+    assert_eq!(p.b.peer_addr(b), Some(at(ll_a, local_a.port(), 7)), "A's address in B's scope");
 }

@@ -115,7 +115,7 @@ proptest! {
 #[test]
 fn corrupted_packets_from_unknown_peers_get_through_at_two_to_the_minus_sixteen() {
     const TRIALS: u64 = 1 << 20;
-    let mut rng = SimRng::new(0x1c_2c_0001);
+    let mut rng = SimRng::new(0x1c2c_0001);
     let mut e = engine();
     let mut accepted = 0u64;
     for t in 0..TRIALS {
@@ -140,7 +140,7 @@ fn corrupted_packets_from_unknown_peers_get_through_at_two_to_the_minus_sixteen(
 #[test]
 fn corrupted_packets_from_a_trusted_peer_almost_never_get_through() {
     const TRIALS: u64 = 1 << 20;
-    let mut rng = SimRng::new(0x1c_2c_0002);
+    let mut rng = SimRng::new(0x1c2c_0002);
     let mut e = engine();
     let src = Ipv4Addr::new(198, 18, 0, 2);
     let mut id: u16 = 0x89db;
@@ -177,7 +177,7 @@ fn corrupted_packets_from_a_trusted_peer_almost_never_get_through() {
 /// byte there. From a trusted peer none gets through.
 #[test]
 fn single_bytes() {
-    let mut rng = SimRng::new(0x1c_2c_0003);
+    let mut rng = SimRng::new(0x1c2c_0003);
     let src = Ipv4Addr::new(198, 18, 0, 2);
     let id = 0x1234;
     let p = packet(&mut rng, src, id, 1024);

@@ -411,18 +411,16 @@ unsafe extern "C" fn query_gid_type(ctx: *mut IbvContext, port: u8, index: u32, 
 }
 export!("ibv_query_gid_type", "IBVERBS_PRIVATE_34", query_gid_type);
 
-/// One GID entry (`IBV_GID_TYPE_ROCE_V2`), or `None` past the table.
+/// One GID entry (`IBV_GID_TYPE_ROCE_V2`, on the device's interface), or `None` past the
+/// table.
 fn gid_entry(c: &Ctx, port: u8, index: u32) -> Option<IbvGidEntry> {
     let gid = c.inner.gid(u8::try_from(index).ok()?)?;
-    let ifname = std::ffi::CString::new(c.inner.device().interface()).ok()?;
-    // SAFETY: ifname is a valid C string.
-    let ifindex = unsafe { libc::if_nametoindex(ifname.as_ptr()) };
     Some(IbvGidEntry {
         gid: IbvGid { raw: gid.0 },
         gid_index: index,
         port_num: u32::from(port),
         gid_type: 2,
-        ndev_ifindex: ifindex,
+        ndev_ifindex: c.inner.device().interface_index(),
     })
 }
 
@@ -448,7 +446,9 @@ unsafe extern "C" fn query_gid_ex(
                 unsafe { entry.write(e) };
                 0
             }
-            None => libc::ENODATA,
+            // Past the table, as the kernel's rdma_get_gid_attr (ENODATA is for an empty
+            // entry inside it, which softrdma's compact table does not have).
+            None => libc::EINVAL,
         }
     })
 }
@@ -470,9 +470,13 @@ unsafe extern "C" fn query_gid_table(
             return -(libc::EINVAL as isize);
         }
         let mut n = 0;
-        while n < max_entries {
-            let Some(e) = gid_entry(c, 1, n as u32) else { break };
-            // SAFETY: entries has max_entries elements of entry_size bytes.
+        while let Some(e) = gid_entry(c, 1, n as u32) {
+            // As the kernel's (rdma_query_gid_table): a table that does not fit is an
+            // error, not a prefix of it.
+            if n == max_entries {
+                return -(libc::EINVAL as isize);
+            }
+            // SAFETY: entries has max_entries elements of entry_size bytes, and n < max_entries.
             unsafe { entries.cast::<u8>().add(n * entry_size).cast::<IbvGidEntry>().write(e) };
             n += 1;
         }

@@ -12,7 +12,7 @@
 //! What softrdma's CM does not do yet fails with `ENOSYS` (never aborts).
 
 use std::ffi::{CStr, c_char, c_int, c_long, c_void};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd};
 use std::ptr;
 use std::sync::{Mutex, PoisonError};
@@ -105,7 +105,11 @@ unsafe fn sockaddr_to(sa: *const libc::sockaddr) -> Option<SocketAddr> {
         libc::AF_INET6 => {
             // SAFETY: an AF_INET6 address is a sockaddr_in6.
             let s = unsafe { &*(sa as *const libc::sockaddr_in6) };
-            Some(SocketAddr::new(IpAddr::V6(Ipv6Addr::from(s.sin6_addr.s6_addr)), u16::from_be(s.sin6_port)))
+            // The scope too: a link-local address names its interface (device) by it.
+            let ip = Ipv6Addr::from(s.sin6_addr.s6_addr);
+            Some(
+                SocketAddrV6::new(ip, u16::from_be(s.sin6_port), u32::from_be(s.sin6_flowinfo), s.sin6_scope_id).into(),
+            )
         }
         _ => None,
     }
@@ -131,7 +135,7 @@ fn sockaddr_from(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
             let s = libc::sockaddr_in6 {
                 sin6_family: libc::AF_INET6 as libc::sa_family_t,
                 sin6_port: v.port().to_be(),
-                sin6_flowinfo: v.flowinfo(),
+                sin6_flowinfo: v.flowinfo().to_be(),
                 sin6_addr: libc::in6_addr { s6_addr: v.ip().octets() },
                 sin6_scope_id: v.scope_id(),
             };

@@ -17,7 +17,7 @@
 //! [`CmId`].
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{SocketAddr, UdpSocket};
 use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
@@ -47,14 +47,35 @@ fn cm_context(device: &Device, options: &ContextOptions) -> Result<Context> {
     Ok(ctx)
 }
 
-/// The device that owns `ip` (an address of one of its GIDs).
-fn device_of(ip: IpAddr) -> Result<Device> {
-    let ip = ip.to_canonical();
+/// The device that owns `addr`'s IP (an address of one of its GIDs). A link-local
+/// address is an interface's only in its scope (`sin6_scope_id`): the device of that
+/// interface; without one, the only device with that address.
+fn device_of(addr: SocketAddr) -> Result<Device> {
+    let ip = addr.ip().to_canonical();
+    let scope = match addr {
+        SocketAddr::V6(a) if a.ip().is_unicast_link_local() => a.scope_id(),
+        _ => 0,
+    };
     let all = crate::devices()?;
     let names: Vec<String> = all.iter().map(|d| format!("{} {:?}", d.name(), d.addresses())).collect();
-    all.into_iter()
-        .find(|d| d.addresses().contains(&ip))
-        .ok_or_else(|| Error::NoDevice { name: format!("(the device with address {ip})"), available: names.join(", ") })
+    let mut owners: Vec<Device> = all
+        .into_iter()
+        .filter(|d| d.addresses().contains(&ip) && (scope == 0 || d.interface_index() == scope))
+        .collect();
+    match owners.len() {
+        0 => {
+            let name = match scope {
+                0 => format!("(the device with address {ip})"),
+                s => format!("(the device with address {ip} on interface index {s})"),
+            };
+            Err(Error::NoDevice { name, available: names.join(", ") })
+        }
+        1 => Ok(owners.remove(0)),
+        _ => Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+            "link-local {ip} is an address of {}: name the interface in sin6_scope_id (\"{ip}%eth0\")",
+            owners.iter().map(|d| d.name()).collect::<Vec<_>>().join(" and ")
+        )))),
+    }
 }
 
 impl From<CmError> for Error {
@@ -287,7 +308,7 @@ impl CmId {
                 .filter(|d| d.addresses().iter().any(|a| a.is_ipv4() == addr.is_ipv4()))
                 .collect()
         } else {
-            vec![device_of(addr.ip())?]
+            vec![device_of(addr)?]
         };
         // All devices or none: a wildcard bind that fails on one leaves no binding behind.
         let mut made: Vec<(Context, softrdma_cm::CmId)> = Vec::new();
@@ -330,14 +351,15 @@ impl CmId {
     /// `rdma_resolve_addr`: finds the local address that reaches `dst` (the kernel's route,
     /// or `src`), binds to its device; `ADDR_RESOLVED` or `ADDR_ERROR` follows.
     pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<()> {
-        let src_ip = match src {
-            Some(s) if !s.ip().is_unspecified() => s.ip(),
+        let src_addr = match src {
+            Some(s) if !s.ip().is_unspecified() => s,
             _ => route_source(dst)?,
         };
+        let src_ip = src_addr.ip();
         let binding = match self.inner.bindings().into_iter().next() {
             Some(b) => b,
             None => {
-                let ctx = cm_context(&device_of(src_ip)?, &self.inner.options)?;
+                let ctx = cm_context(&device_of(src_addr)?, &self.inner.options)?;
                 let id = ctx.drv.shared.lock().cm.create_id(self.inner.ps, self.inner.qp_type)?;
                 self.attach(&ctx, id);
                 self.binding("resolve_addr")?
@@ -650,12 +672,22 @@ impl CmId {
     }
 }
 
-/// The source address the kernel's routing table picks for `dst`.
-fn route_source(dst: SocketAddr) -> Result<IpAddr> {
+/// The source address the kernel's routing table picks for `dst` (a link-local one with
+/// its scope: that of `dst`, which a link-local destination needs).
+fn route_source(dst: SocketAddr) -> Result<SocketAddr> {
+    if let SocketAddr::V6(d) = dst {
+        if d.ip().is_unicast_link_local() && d.scope_id() == 0 {
+            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "link-local {} names no interface: set sin6_scope_id to the interface's index (\"{}%eth0\")",
+                d.ip(),
+                d.ip()
+            ))));
+        }
+    }
     let any: SocketAddr = if dst.is_ipv4() { "0.0.0.0:0".parse() } else { "[::]:0".parse() }.expect("a literal");
     let probe = UdpSocket::bind(any).map_err(|e| Error::io("route lookup", e))?;
     probe.connect(dst).map_err(|e| Error::io(format!("no route to {dst}"), e))?;
-    Ok(probe.local_addr().map_err(|e| Error::io("route lookup", e))?.ip())
+    probe.local_addr().map_err(|e| Error::io("route lookup", e))
 }
 
 /// Moves QP `qpn` through `states` with the attributes the CM gives for `id`.

@@ -7,11 +7,18 @@
 //!
 //! 1. the interface's IPv4 addresses, as IPv4-mapped GIDs (`::ffff:a.b.c.d`), in the
 //!    kernel's order (the primary address first), so `-g 0` is the IPv4 address;
-//! 2. then its global IPv6 addresses, in the kernel's order.
+//! 2. then its global IPv6 addresses, in the kernel's order;
+//! 3. then its link-local IPv6 addresses (`fe80::/10`), in the kernel's order. They come
+//!    last so that the indexes of 1 and 2 are the ones they were before softrdma listed
+//!    link-local GIDs (and stay put when the kernel adds a link-local address).
 //!
-//! Link-local IPv6 addresses (`fe80::/10`) are left out: a RoCEv2 packet to one needs a
-//! scope, which a GID cannot carry. Every GID is RoCEv2 (rxe lists a RoCE v1 twin of each;
-//! softrdma speaks only v2).
+//! rxe and RoCE NICs list link-local GIDs too, and peers use them. A link-local address
+//! names no interface, so packets from and to one need a scope; the device is one
+//! interface, so its scope is the interface's index ([`Device::interface_index`]): its
+//! sockets on link-local addresses are bound in it, its datagrams to link-local GIDs
+//! leave in it, and rdma_cm picks a link-local address's device by it (a `sockaddr_in6`'s
+//! `sin6_scope_id`). Every GID is RoCEv2 (rxe lists a RoCE v1 twin of each; softrdma
+//! speaks only v2).
 
 use std::net::IpAddr;
 
@@ -26,6 +33,8 @@ use crate::Error;
 pub struct Device {
     name: String,
     interface: String,
+    /// The interface index (`if_nametoindex`); 0 when the interface is gone.
+    index: u32,
     addresses: Vec<IpAddr>,
     mtu: u32,
     mac: [u8; 6],
@@ -34,29 +43,36 @@ pub struct Device {
 /// Every device of this host (network namespace), one per interface that has an address,
 /// `lo` included, in interface-index order.
 pub fn devices() -> Result<Vec<Device>, Error> {
-    let mut found: Vec<(u32, Device)> = Vec::new();
+    let mut found: Vec<Device> = Vec::new();
     let interfaces =
         if_addrs::get_if_addrs().map_err(|e| Error::Io { what: "listing network interfaces".into(), source: e })?;
     for iface in interfaces {
         let ip = iface.ip();
-        if let IpAddr::V6(v6) = ip {
-            if v6.segments()[0] & 0xffc0 == 0xfe80 {
-                continue;
+        match found.iter_mut().find(|d| d.interface == iface.name) {
+            Some(d) => d.addresses.push(ip),
+            None => {
+                let mut d = Device::for_interface(&iface.name, vec![ip]);
+                d.index = iface.index.unwrap_or(d.index);
+                found.push(d);
             }
         }
-        let index = iface.index.unwrap_or(u32::MAX);
-        match found.iter_mut().find(|(_, d)| d.interface == iface.name) {
-            Some((_, d)) => d.addresses.push(ip),
-            None => found.push((index, Device::for_interface(&iface.name, vec![ip]))),
-        }
     }
-    found.sort_by_key(|(index, _)| *index);
-    let mut out: Vec<Device> = found.into_iter().map(|(_, d)| d).collect();
-    for d in &mut out {
-        // IPv4 first, each family in the kernel's order (a stable sort keeps it).
-        d.addresses.sort_by_key(|a| a.is_ipv6());
+    found.sort_by_key(|d| d.index);
+    for d in &mut found {
+        d.addresses = gid_order(std::mem::take(&mut d.addresses));
     }
-    Ok(out)
+    Ok(found)
+}
+
+/// An interface's addresses in GID order (module documentation): IPv4, global IPv6,
+/// link-local IPv6, each group in the order given (the kernel's: a stable sort keeps it).
+fn gid_order(mut addresses: Vec<IpAddr>) -> Vec<IpAddr> {
+    addresses.sort_by_key(|a| match a {
+        IpAddr::V4(_) => 0,
+        IpAddr::V6(v6) if v6.is_unicast_link_local() => 2,
+        IpAddr::V6(_) => 1,
+    });
+    addresses
 }
 
 /// The device of interface `interface` (`lo`, `eth0`) or named `name` (`softrdma_lo`).
@@ -78,11 +94,13 @@ impl Device {
                 *slot = u8::from_str_radix(part, 16).unwrap_or(0);
             }
         }
-        Device { name: format!("softrdma_{interface}"), interface: interface.to_string(), addresses, mtu, mac }
+        let index = sys("ifindex").and_then(|s| s.trim().parse().ok()).unwrap_or(0);
+        Device { name: format!("softrdma_{interface}"), interface: interface.to_string(), index, addresses, mtu, mac }
     }
 
     /// A device on `interface` with exactly these addresses as its GID table, in this
     /// order. For tests and for programs that want a subset of an interface's addresses.
+    /// Link-local addresses are bound in `interface`'s scope, which must exist then.
     pub fn with_addresses(interface: &str, addresses: Vec<IpAddr>) -> Device {
         Device::for_interface(interface, addresses)
     }
@@ -95,6 +113,21 @@ impl Device {
     /// The network interface.
     pub fn interface(&self) -> &str {
         &self.interface
+    }
+
+    /// The interface's index (`if_nametoindex`, `ibv_gid_entry.ndev_ifindex`): the scope
+    /// (`sin6_scope_id`) of the device's link-local GIDs. 0 if the interface was not there
+    /// when the device was made.
+    pub fn interface_index(&self) -> u32 {
+        self.index
+    }
+
+    /// `ip` as a socket address on `port`: a link-local address in this device's scope.
+    pub fn socket_addr(&self, ip: IpAddr, port: u16) -> std::net::SocketAddr {
+        match ip {
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => std::net::SocketAddrV6::new(v6, port, 0, self.index).into(),
+            _ => std::net::SocketAddr::new(ip, port),
+        }
     }
 
     /// The GID table as IP addresses, in index order (module documentation).
@@ -397,6 +430,29 @@ mod tests {
         assert_eq!(lo.gid_index(IpAddr::from([127, 0, 0, 1])), Some(0));
         assert_eq!(lo.gid(0), Some(Gid::from_ip(IpAddr::from([127, 0, 0, 1]))));
         assert_eq!(device("softrdma_lo").unwrap(), lo);
+    }
+
+    #[test]
+    fn gid_order_is_ipv4_then_global_ipv6_then_link_local_each_in_kernel_order() {
+        // As getifaddrs may list them: families mixed, link-local between global addresses.
+        let kernel = ["fe80::2", "fd00::1", "10.0.0.1", "fe80::1", "2001:db8::1", "10.0.0.2", "febf::9"];
+        let order = gid_order(kernel.iter().map(|s| ip(s)).collect());
+        let want = ["10.0.0.1", "10.0.0.2", "fd00::1", "2001:db8::1", "fe80::2", "fe80::1", "febf::9"];
+        assert_eq!(order, want.iter().map(|s| ip(s)).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_link_local_socket_address_carries_the_interface_index() {
+        let lo = device("lo").unwrap();
+        assert!(lo.interface_index() > 0, "lo has an index");
+        let ll = lo.socket_addr(ip("fe80::1"), 4791);
+        assert_eq!(ll, std::net::SocketAddrV6::new("fe80::1".parse().unwrap(), 4791, 0, lo.interface_index()).into());
+        assert_eq!(lo.socket_addr(ip("fd00::1"), 7), "[fd00::1]:7".parse().unwrap(), "no scope off the link");
+        assert_eq!(lo.socket_addr(IpAddr::from([127, 0, 0, 1]), 7), "127.0.0.1:7".parse().unwrap());
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
     }
 
     #[test]

@@ -96,9 +96,9 @@ pub struct ContextOptions {
     pub cm_response_timeout: u8,
     /// How many times the CM resends before giving up (`UNREACHABLE`); the kernel's 15.
     pub cm_max_retries: u8,
-    /// UDP GSO and GRO: runs of equal packets to one QP on this host leave in one send,
-    /// each IPv4 segment with the ICRC for the identification the kernel gives it, and
-    /// arrive coalesced. Off, or where the kernel lacks `UDP_GRO`, every packet is a
+    /// UDP GSO and GRO: runs of equal packets to one QP leave in one send, each IPv4
+    /// segment with the ICRC for the identification the kernel gives it (receivers that
+    /// cannot see it recover it, as softrdma's do), and arrive coalesced. Off, or where the kernel lacks `UDP_GRO`, every packet is a
     /// datagram of its own.
     pub gso: bool,
 }

@@ -17,6 +17,11 @@
 //!   starts with). Linux's automatic IPv6 flow labels (`net.ipv6.auto_flowlabels`) stay on:
 //!   our IPv6 datagrams carry a hashed label where rxe writes 0; the ICRC masks it. [`Received::envelope`] rebuilds the [`Envelope`] the ICRC needs and
 //!   [`Received::ip`] the variant fields as an [`IpInfo`].
+//! - **Link-local IPv6.** An `fe80::/10` address means something only on one interface, so
+//!   a socket on one is bound with the interface's index as `sin6_scope_id`
+//!   ([`Config::scope_id`]), every datagram to a link-local address leaves in that scope,
+//!   and a receive reports link-local addresses with the scope they arrived in. The ICRC
+//!   covers only the 16 address bytes, which are the same either way.
 //! - **rxe's zero UDP checksums.** Kernel rxe sends UDP checksum 0, also over IPv6, where
 //!   Linux drops such datagrams unless the socket sets `UDP_NO_CHECK6_RX`, which IPv6
 //!   sockets here always do.
@@ -40,12 +45,12 @@
 //!
 //! The ICRC covers the IPv4 ID, and a UDP socket does not report it. [`Received::envelope`]
 //! **assumes ID 0 and DF**, which is what every softrdma sender puts on the wire (tests in
-//! `tests/loopback.rs` prove it on loopback, by ICRC and by capture). Kernel rxe peers use
-//! a pseudo-random ID (`__ip_select_ident`), so the ICRC of their IPv4 packets does not
-//! verify against this envelope. Verifying them needs the ID: capture it (AF_PACKET /
-//! AF_XDP), or solve for it, since the CRC is affine in the 16 ID bits, which leaves 16 bits
-//! of check. Neither is done here yet. IPv6 has no ID, and every IPv6 field the ICRC covers
-//! is known to the receiver, so IPv6 ICRCs verify in full.
+//! `tests/loopback.rs` prove it on loopback, by ICRC and by capture), and
+//! [`Received::envelope_with_id`] takes another guess. Kernel rxe and NICs send other
+//! identifications (rxe: `__ip_select_ident`); the engine recovers them from the ICRC and
+//! its memory of each peer (`softrdma_engine::identification`: exact, predicted or solved,
+//! each counted). IPv6 has no ID, and every IPv6 field the ICRC covers is known to the
+//! receiver, so IPv6 ICRCs verify in full.
 //!
 //! # GSO: segment *i* carries IPv4 ID *i*
 //!
@@ -53,12 +58,12 @@
 //! (`UDP_SEGMENT`): one syscall and one trip through the stack for up to
 //! [`MAX_GSO_SEGMENTS`] packets to one destination. With `IP_PMTUDISC_DO`, segment *i* of
 //! one send gets **IPv4 ID *i*** (0, 1, 2, …), not 0, so the sender must compute segment
-//! *i*'s ICRC with `identification = i`, and a receiver that assumes 0 rejects every segment
-//! but the first. Until receivers solve for the ID (above), softrdma senders should use GSO
-//! only over IPv6 (no ID) or towards receivers that know the segment index. On loopback
-//! with [`Config::gro`] on, a GSO send arrives whole and [`Received::segment_index`] equals
-//! the ID; that is a property of loopback, not a promise: GRO on a real NIC coalesces
-//! whatever arrives together. `send_batch` never uses GSO unless asked.
+//! *i*'s ICRC with `identification = i`. Any receiver that sees the IP header (kernel rxe,
+//! a NIC) verifies it as it is; a softrdma receiver recovers the identification (segment
+//! *i* follows segment *i − 1*: predicted). On loopback with [`Config::gro`] on, a GSO send
+//! arrives whole and [`Received::segment_index`] equals the ID; that is a property of
+//! loopback, not a promise: GRO on a real NIC coalesces whatever arrives together.
+//! `send_batch` never uses GSO unless asked.
 //!
 //! # Why not `quinn-udp`, `nix` or `rustix`
 //!
@@ -125,7 +130,7 @@ mod sys;
 pub mod host;
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -171,6 +176,12 @@ pub struct Config {
     /// that are not rxe or a [`RoceSocket`] drop such datagrams, and GSO refuses them, so
     /// this is for imitating rxe in tests.
     pub udp6_zero_checksum_tx: bool,
+    /// The index of the interface the socket serves: the scope (`sin6_scope_id`) of
+    /// link-local IPv6 addresses (`fe80::/10`), which name no interface themselves. A
+    /// socket on a link-local address is bound in this scope (binding one without it
+    /// fails), and every datagram to a link-local address goes out in it. `None` for
+    /// sockets that use no link-local address.
+    pub scope_id: Option<u32>,
 }
 
 impl Default for Config {
@@ -184,6 +195,7 @@ impl Default for Config {
             traffic_class: None,
             gro: false,
             udp6_zero_checksum_tx: false,
+            scope_id: None,
         }
     }
 }
@@ -234,6 +246,8 @@ pub struct RoceSocket {
     socket: Socket,
     local: SocketAddr,
     gro: bool,
+    /// [`Config::scope_id`]: the scope of link-local destinations.
+    scope_id: Option<u32>,
 }
 
 fn invalid(msg: &'static str) -> io::Error {
@@ -257,9 +271,24 @@ impl RoceSocket {
     /// `ip` may be a wildcard (`0.0.0.0`, `::`); then each send names its source address
     /// with `IP_PKTINFO`/`IPV6_PKTINFO` from the envelope, and each receive reports the
     /// address it was sent to. An IPv6 socket is IPv6-only (`IPV6_V6ONLY`): bind one socket
-    /// per family.
+    /// per family. A link-local IPv6 address is bound in [`Config::scope_id`], which it
+    /// needs, even while it is tentative (`IPV6_FREEBIND`).
     pub fn bind_with(ip: IpAddr, config: &Config) -> io::Result<Self> {
-        let addr = SocketAddr::new(ip, config.port);
+        let addr = match ip {
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                let scope = config.scope_id.filter(|&s| s != 0).ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!(
+                            "binding link-local {v6} needs the index of its interface as Config::scope_id \
+                             (a link-local address names no interface)"
+                        ),
+                    )
+                })?;
+                SocketAddr::V6(SocketAddrV6::new(v6, config.port, 0, scope))
+            }
+            _ => SocketAddr::new(ip, config.port),
+        };
         let v4 = ip.is_ipv4();
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_nonblocking(true)?;
@@ -309,14 +338,36 @@ impl RoceSocket {
         if config.gro {
             sys::set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1)?;
         }
+        if let SocketAddr::V6(a) = addr {
+            if a.ip().is_unicast_link_local() {
+                // Every interface with IPv6 has a link-local address, and it is tentative
+                // (duplicate address detection) for a second or so after the link comes up,
+                // or for good where detection failed: binding it then would fail with
+                // EADDRNOTAVAIL, and the whole device would not open. It receives once the
+                // kernel has it.
+                socket.set_freebind_v6(true)?;
+            }
+        }
         socket.bind(&addr.into())?;
         let local = socket.local_addr()?.as_socket().ok_or_else(|| invalid("bound to a non-IP address"))?;
-        Ok(Self { socket, local, gro: config.gro })
+        Ok(Self { socket, local, gro: config.gro, scope_id: config.scope_id.filter(|&s| s != 0) })
     }
 
-    /// The bound address and port (the real port when [`Config::port`] was 0).
+    /// The bound address and port (the real port when [`Config::port`] was 0), with its
+    /// scope when the address is link-local.
     pub fn local_addr(&self) -> SocketAddr {
         self.local
+    }
+
+    /// `dst` as the kernel needs it: a link-local IPv6 destination in this socket's scope
+    /// ([`Config::scope_id`]); any other as it is.
+    fn scoped(&self, ip: IpAddr, port: u16) -> SocketAddr {
+        match (ip, self.scope_id) {
+            (IpAddr::V6(v6), Some(scope)) if v6.is_unicast_link_local() => {
+                SocketAddr::V6(SocketAddrV6::new(v6, port, 0, scope))
+            }
+            _ => SocketAddr::new(ip, port),
+        }
     }
 
     /// Whether `UDP_GRO` is on.
@@ -386,7 +437,7 @@ impl RoceSocket {
         // A buffer that fits in one segment is simply one datagram.
         let segment_size = out.segment_size.filter(|&seg| out.payload.len() > usize::from(seg));
         Ok(sys::SendMsg {
-            dst: SocketAddr::new(e.dst_ip(), e.dst_port()),
+            dst: self.scoped(e.dst_ip(), e.dst_port()),
             payload: out.payload,
             src_ip,
             traffic_class: out.traffic_class,
@@ -596,7 +647,7 @@ impl<'a> Iterator for Datagrams<'a> {
                 let item = Received {
                     payload: &b.storage[base + start..base + end],
                     source: m.source.unwrap_or_else(|| SocketAddr::new(unspecified_like(b.local.ip()), 0)),
-                    destination: SocketAddr::new(m.dst_ip.unwrap_or(b.local.ip()), b.local.port()),
+                    destination: destination(m.dst_ip.unwrap_or(b.local.ip()), b.local, m.ifindex),
                     hop_limit: m.hop_limit.unwrap_or(0),
                     traffic_class: m.traffic_class.unwrap_or(0),
                     flow_label: m.flow_label.unwrap_or(0),
@@ -621,6 +672,18 @@ impl<'a> Iterator for Datagrams<'a> {
     }
 }
 
+/// The address a datagram was sent to, on `local`'s port: a link-local one in the scope of
+/// the interface it arrived on (or the socket's own scope, if the kernel did not say).
+fn destination(ip: IpAddr, local: SocketAddr, ifindex: u32) -> SocketAddr {
+    match (ip, local) {
+        (IpAddr::V6(v6), SocketAddr::V6(l)) if v6.is_unicast_link_local() => {
+            let scope = if ifindex != 0 { ifindex } else { l.scope_id() };
+            SocketAddr::V6(SocketAddrV6::new(v6, l.port(), 0, scope))
+        }
+        _ => SocketAddr::new(ip, local.port()),
+    }
+}
+
 fn unspecified_like(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
@@ -633,10 +696,12 @@ fn unspecified_like(ip: IpAddr) -> IpAddr {
 pub struct Received<'a> {
     /// The UDP payload (cut to the slot if [`truncated`](Self::truncated)).
     pub payload: &'a [u8],
-    /// Sender's address and UDP port.
+    /// Sender's address and UDP port (a link-local one with its scope, the interface it
+    /// came in on).
     pub source: SocketAddr,
     /// The address the datagram was sent to (`IP_PKTINFO`/`IPV6_PKTINFO`; the bound
-    /// address if the kernel did not say) and this socket's port.
+    /// address if the kernel did not say) and this socket's port; a link-local one with
+    /// its scope.
     pub destination: SocketAddr,
     /// IPv4 TTL / IPv6 hop limit (0 if the kernel did not say; it always does on Linux).
     pub hop_limit: u8,

@@ -709,7 +709,10 @@ impl Server {
                     IpAddr::V6(ip) if ip.is_unspecified() => Ipv6Addr::LOCALHOST.into(),
                     ip => ip,
                 };
-                probes.push((SocketAddr::new(ip, addr.port()), steer::probe(index, nonce)));
+                // set_ip keeps a link-local group's scope, without which it is unreachable.
+                let mut dst = addr;
+                dst.set_ip(ip);
+                probes.push((dst, steer::probe(index, nonce)));
             }
         }
         self.round = Some(round);
