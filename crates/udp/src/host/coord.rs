@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::event::PollFlags;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use super::proto::{self, MAX_RECORD, ToCoord, ToMember};
+use super::proto::{self, Envelope, MAX_RECORD, Speaks, ToCoord, ToMember};
 use super::steer::{self, Table};
 use super::{MAX_SLOTS, random_u64};
 
@@ -104,6 +104,9 @@ struct Conn {
     awaiting: bool,
     /// A hello waiting for the failover grace period to end.
     deferred: Option<(ToCoord, Vec<OwnedFd>)>,
+    /// Refused (a process of a version this coordinator does not speak): what it sends
+    /// next is ignored.
+    refused: bool,
 }
 
 struct Round {
@@ -136,6 +139,9 @@ impl Round {
 pub(crate) struct Server {
     listener: OwnedFd,
     port: u16,
+    /// The versions it speaks, and what it tells a process it refuses.
+    speaks: Speaks,
+    me: Envelope,
     conns: Vec<Conn>,
     next_conn: u64,
     next_fresh: u32,
@@ -168,7 +174,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Binds the coordinator's name; `Ok(None)` when another process holds it.
-    pub(crate) fn bind(name: &[u8], port: u16, failover: bool) -> io::Result<Option<Self>> {
+    pub(crate) fn bind(name: &[u8], port: u16, failover: bool, speaks: Speaks) -> io::Result<Option<Self>> {
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -184,6 +190,8 @@ impl Server {
         Ok(Some(Self {
             listener: fd,
             port,
+            speaks,
+            me: Envelope::me(speaks.newest()),
             conns: Vec::new(),
             next_conn: 1,
             next_fresh: 1,
@@ -306,6 +314,7 @@ impl Server {
                         hold_acked: 0,
                         awaiting: false,
                         deferred: None,
+                        refused: false,
                     });
                 }
                 Err(rustix::io::Errno::INTR) => {}
@@ -319,8 +328,14 @@ impl Server {
             let Some(conn) = self.conns.iter().find(|c| c.id == id) else { return };
             match proto::recv(&conn.fd, &mut self.buf) {
                 Ok(Some((len, fds))) => match ToCoord::decode(&self.buf[..len]) {
+                    // Protocol 2's hello, to a coordinator (a test's) that does not speak it.
+                    Some(ToCoord::Hello { .. }) if !self.speaks.legacy() => self.refuse(id, fds, false),
                     Some(m) => self.message(id, m, fds),
-                    None => return self.remove(id),
+                    // A first record this build cannot read comes from a process of another
+                    // version: refused.
+                    None if conn.slot == 0 && !conn.refused => self.refuse(id, fds, true),
+                    // A registered member's record of a later version: ignored.
+                    None => {}
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -506,9 +521,43 @@ impl Server {
         self.conns.iter().find(|c| c.listeners.contains(&service)).map(|c| c.id)
     }
 
+    /// Refuses a process of a version this coordinator does not speak, in words its
+    /// version reads (`versioned`: a [`ToMember::Refused`]; otherwise a `Welcome` without a
+    /// slot, which protocols 1 and 2 report as an error at once). The connection stays
+    /// open: a process of protocol 1 or 2 would only say hello again.
+    fn refuse(&mut self, id: u64, fds: Vec<OwnedFd>, versioned: bool) {
+        let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        drop(fds);
+        self.conns[pos].refused = true;
+        let answer = if versioned {
+            ToMember::Refused { oldest: self.speaks.oldest(), envelope: self.me.clone() }
+        } else {
+            ToMember::Welcome { slot: 0, errno: libc::EPROTONOSUPPORT }
+        };
+        self.send(id, &answer);
+    }
+
     fn message(&mut self, id: u64, m: ToCoord, fds: Vec<OwnedFd>) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        if self.conns[pos].refused {
+            return;
+        }
         match m {
+            ToCoord::Join { .. } if self.speaks.join_version().is_none() => {
+                // A coordinator of protocol 2 (a test's) cannot decode it: it hangs up.
+                self.remove(id);
+            }
+            ToCoord::Join { envelope, body } => {
+                if self.conns[pos].slot != 0 {
+                    return;
+                }
+                let hello = ToCoord::hello_of(envelope.pid, &body);
+                match hello.filter(|_| Some(envelope.version) == self.speaks.join_version()) {
+                    Some(hello) => self.message(id, hello, fds),
+                    None => self.refuse(id, fds, true),
+                }
+            }
+            ToCoord::HelloV1 { .. } => self.refuse(id, fds, false),
             ToCoord::Hello { sockets: n, .. } if fds.len() > n as usize => {
                 let mut fds = fds;
                 let kept = fds.split_off(n as usize);
