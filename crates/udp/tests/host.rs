@@ -675,6 +675,21 @@ fn hello_of_protocol_1() -> Vec<u8> {
     b
 }
 
+/// A versioned hello of a version this build does not know.
+fn join_of_version_99() -> Vec<u8> {
+    let mut b = vec![7u8];
+    b.extend_from_slice(&99u32.to_le_bytes());
+    b.extend_from_slice(&4243u32.to_le_bytes());
+    b.extend_from_slice(&[0, 0, 0, 0]); // build and program: empty
+    b.extend_from_slice(&[0xa5; 40]); // whatever version 99 says next
+    b
+}
+
+fn signal(p: &Proc, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(p.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
 /// A process of a version this build does not speak joins a group: it fails at once,
 /// naming the coordinator and both sides' versions; the group keeps working and takes
 /// newcomers.
@@ -784,4 +799,37 @@ fn a_member_of_protocol_1_is_refused_at_once() {
 
 fn libc_eprotonosupport() -> i32 {
     93
+}
+
+/// Processes that stopped answering, of this build or of others, beside a group: a member
+/// stopped after it joined (SIGSTOP, a debugger), a process of an older build (its hello in
+/// the layout of host protocol 1) and one of a newer build (a versioned hello of a version
+/// this build does not know), each with its socket in the group and its connection open,
+/// never reading; and a connection that never says anything. Newcomers still join within
+/// 1.5 s each, and every member gets exactly its own datagrams.
+#[test]
+fn stuck_processes_do_not_block_joins() {
+    let (device, port) = group();
+    let a = Proc::spawn(&device, port, &[]);
+    assert!(a.coordinator);
+    let b = Proc::spawn(&device, port, &[]);
+    let stopped = Proc::spawn(&device, port, &[]);
+    signal(&stopped, rustix::process::Signal::STOP);
+    let _older = RawMember::new(&device, port, Some(&hello_of_protocol_1()));
+    let _newer = RawMember::new(&device, port, Some(&join_of_version_99()));
+    let _silent = RawMember::new(&device, port, None);
+    let mut joined = Vec::new();
+    for _ in 0..2 {
+        let start = Instant::now();
+        let mut p = Proc::start(&device, port, &[], false);
+        p.await_ready(0, Duration::from_secs(3));
+        println!("joined beside the stuck processes in {:?}", start.elapsed());
+        assert!(start.elapsed() < Duration::from_millis(1500), "joined in {:?}", start.elapsed());
+        joined.push(p);
+    }
+    let s = sender();
+    let live: Vec<&Proc> = [&a, &b].into_iter().chain(&joined).collect();
+    wait_steered(&s, port, &live, Duration::from_secs(2), 1);
+    assert!(data_round(&s, port, &live, 100, 20));
+    signal(&stopped, rustix::process::Signal::CONT);
 }

@@ -107,6 +107,9 @@ struct Conn {
     /// Refused (a process of a version this coordinator does not speak): what it sends
     /// next is ignored.
     refused: bool,
+    /// The sockets a refused process sent: in their groups as long as it lives, each at
+    /// an index the probes must count; tombstones once it hangs up.
+    foreign: Vec<Sock>,
 }
 
 struct Round {
@@ -315,6 +318,7 @@ impl Server {
                         awaiting: false,
                         deferred: None,
                         refused: false,
+                        foreign: Vec::new(),
                     });
                 }
                 Err(rustix::io::Errno::INTR) => {}
@@ -332,7 +336,7 @@ impl Server {
                     Some(ToCoord::Hello { .. }) if !self.speaks.legacy() => self.refuse(id, fds, false),
                     Some(m) => self.message(id, m, fds),
                     // A first record this build cannot read comes from a process of another
-                    // version: refused.
+                    // version, which may have joined a group: refused, its sockets held.
                     None if conn.slot == 0 && !conn.refused => self.refuse(id, fds, true),
                     // A registered member's record of a later version: ignored.
                     None => {}
@@ -359,6 +363,12 @@ impl Server {
     fn remove(&mut self, id: u64) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
         let conn = self.conns.swap_remove(pos);
+        if !conn.foreign.is_empty() {
+            // Its process closed them, or is gone: they stay in place until compacted.
+            self.tombstones.extend(conn.foreign.into_iter().map(|s| (s, Tomb::Other)));
+            self.dirty = true;
+            self.holders_dirty = true;
+        }
         if conn.slot != 0 {
             self.free.push_back(conn.slot);
             for map in self.index_of.values_mut() {
@@ -396,8 +406,9 @@ impl Server {
                 continue;
             }
             let top = map.values().map(|&i| i as usize + 1).max().unwrap_or(0);
-            let mut held = self.conns.iter().flat_map(|c| &c.sockets).filter(|s| s.addr == addr).count()
-                + self.tombstones.iter().filter(|t| t.0.addr == addr).count();
+            let mut held =
+                self.conns.iter().flat_map(|c| c.sockets.iter().chain(&c.foreign)).filter(|s| s.addr == addr).count()
+                    + self.tombstones.iter().filter(|t| t.0.addr == addr).count();
             while held > top {
                 let Some(pos) = self.tombstones.iter().position(|t| t.0.addr == addr) else { break };
                 drop(self.tombstones.swap_remove(pos));
@@ -496,7 +507,7 @@ impl Server {
     /// Whether this coordinator holds the socket `ino` already (a member's or a
     /// tombstone).
     fn holds(&self, ino: Ino) -> bool {
-        self.conns.iter().flat_map(|c| &c.sockets).any(|s| s.ino == ino)
+        self.conns.iter().flat_map(|c| c.sockets.iter().chain(&c.foreign)).any(|s| s.ino == ino)
             || self.tombstones.iter().any(|t| t.0.ino == ino)
     }
 
@@ -523,11 +534,22 @@ impl Server {
 
     /// Refuses a process of a version this coordinator does not speak, in words its
     /// version reads (`versioned`: a [`ToMember::Refused`]; otherwise a `Welcome` without a
-    /// slot, which protocols 1 and 2 report as an error at once). The connection stays
-    /// open: a process of protocol 1 or 2 would only say hello again.
+    /// slot, which protocols 1 and 2 report as an error at once), and holds the sockets it
+    /// sent for as long as its connection is open: it joined their groups before its hello,
+    /// so each takes an index there, which the probes must count (a member that joins after
+    /// it would otherwise never be probed), and when it closes them, the held copies keep
+    /// every other socket in place. The connection stays open: hanging up would not close
+    /// its sockets, and a process of protocol 1 or 2 would only say hello again.
     fn refuse(&mut self, id: u64, fds: Vec<OwnedFd>, versioned: bool) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
-        drop(fds);
+        for fd in fds {
+            if let Some(sock) = Sock::new(fd, self.port) {
+                if !self.holds(sock.ino) {
+                    self.conns[pos].foreign.push(sock);
+                    self.dirty = true;
+                }
+            }
+        }
         self.conns[pos].refused = true;
         let answer = if versioned {
             ToMember::Refused { oldest: self.speaks.oldest(), envelope: self.me.clone() }
@@ -719,8 +741,9 @@ impl Server {
                 members.entry(s.addr).or_default().insert(c.slot);
             }
         }
-        for (t, _) in &self.tombstones {
-            if let Some(n) = expected.get_mut(&t.addr) {
+        // Tombstones and refused processes' sockets take indices too (never answered).
+        for s in self.tombstones.iter().map(|t| &t.0).chain(self.conns.iter().flat_map(|c| &c.foreign)) {
+            if let Some(n) = expected.get_mut(&s.addr) {
                 *n += 1;
             }
         }
