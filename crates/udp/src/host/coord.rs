@@ -102,6 +102,11 @@ struct Conn {
     hold_acked: u64,
     /// Registered, waiting to hear that its slot is steered.
     awaiting: bool,
+    /// A steered member that did not answer the probes of a round that timed out (its
+    /// process is stopped, or stuck): the rounds after it complete without its answers,
+    /// keeping its last known index, so that it does not hold up every change by a round
+    /// timeout, until it says anything again.
+    silent: bool,
     /// A hello waiting for the failover grace period to end.
     deferred: Option<(ToCoord, Vec<OwnedFd>)>,
     /// Refused (a process of a version this coordinator does not speak): what it sends
@@ -316,6 +321,7 @@ impl Server {
                         hold_sent: Some((0, Vec::new())),
                         hold_acked: 0,
                         awaiting: false,
+                        silent: false,
                         deferred: None,
                         refused: false,
                         foreign: Vec::new(),
@@ -564,6 +570,10 @@ impl Server {
         if self.conns[pos].refused {
             return;
         }
+        if std::mem::take(&mut self.conns[pos].silent) {
+            // It runs again: a round finds where its socket is now.
+            self.dirty = true;
+        }
         match m {
             ToCoord::Join { .. } if self.speaks.join_version().is_none() => {
                 // A coordinator of protocol 2 (a test's) cannot decode it: it hangs up.
@@ -738,7 +748,9 @@ impl Server {
         for c in self.conns.iter().filter(|c| c.slot != 0) {
             for s in &c.sockets {
                 *expected.entry(s.addr).or_default() += 1;
-                members.entry(s.addr).or_default().insert(c.slot);
+                if !c.silent {
+                    members.entry(s.addr).or_default().insert(c.slot);
+                }
             }
         }
         // Tombstones and refused processes' sockets take indices too (never answered).
@@ -806,19 +818,26 @@ impl Server {
             let mut found = round.found.get(&addr).cloned().unwrap_or_default();
             found.retain(|_, s| !round.conflicts.contains(&(addr, *s)));
             let mut map: BTreeMap<u32, u32> = found.iter().map(|(&i, &s)| (s, i)).collect();
-            if !complete {
-                // Keep the last known index of members that did not answer, where no one
-                // else answered for it: the best guess until the next round.
-                let taken: BTreeSet<u32> = found.keys().copied().collect();
-                if let Some(old) = self.index_of.get(&addr) {
-                    for (&s, &i) in old {
-                        if live.contains(&s) && !map.contains_key(&s) && !taken.contains(&i) && (i as usize) < n {
-                            map.insert(s, i);
-                        }
+            // Keep the last known index of members that did not answer (a round that timed
+            // out, or silent members), where no one else answered for it: the best guess
+            // until they answer.
+            let taken: BTreeSet<u32> = found.keys().copied().collect();
+            if let Some(old) = self.index_of.get(&addr) {
+                for (&s, &i) in old {
+                    if live.contains(&s) && !map.contains_key(&s) && !taken.contains(&i) && (i as usize) < n {
+                        map.insert(s, i);
                     }
                 }
             }
             index_of.insert(addr, map);
+        }
+        if !complete {
+            // Steered members that answered nothing are silent from now on; a joining one
+            // keeps the rounds going instead (its probes may have been lost).
+            let answered: BTreeSet<u32> = round.found.values().flat_map(|f| f.values().copied()).collect();
+            for c in self.conns.iter_mut().filter(|c| c.slot != 0 && !c.awaiting && !answered.contains(&c.slot)) {
+                c.silent = round.members.values().any(|m| m.contains(&c.slot)) || c.silent;
+            }
         }
         self.index_of = index_of;
         self.install();
