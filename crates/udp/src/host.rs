@@ -59,6 +59,11 @@ pub const MAX_SLOTS: u32 = 2048;
 
 /// How long [`Member::join`], [`Member::listen`] and [`Member::unlisten`] wait.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a joining member waits for the coordinator to answer its hello (it answers at
+/// once, or after the failover grace period of 300 ms) before it gives up and names it.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long it waits before it looks whether an unanswering coordinator is stopped.
+const STOPPED_AFTER: Duration = Duration::from_millis(100);
 
 /// The host protocol this build speaks: members of builds that speak another (and no
 /// version in common) cannot share a port; a join fails at once and says which process
@@ -110,6 +115,9 @@ struct Shared {
     wake_rx: UnixDatagram,
     slot: AtomicU32,
     coordinator: AtomicBool,
+    /// The process of the coordinator this member is connected to (0: none yet, or one in
+    /// a PID namespace this process cannot see).
+    coordinator_pid: AtomicU32,
     /// Datagrams the background thread read and dropped while joining.
     dropped: AtomicU64,
     /// Sockets the coordinator gave this member to hold ([`ToMember::Hold`]), so that
@@ -162,7 +170,8 @@ pub(crate) fn random_u64() -> u64 {
 impl Member {
     /// Binds `addresses` (each `address:port` with `SO_REUSEPORT`), registers with the
     /// device's coordinator (becoming it if there is none) and returns once this member's
-    /// slot is steered to its sockets; `TimedOut` after 5 s; `ConnectionRefused` at
+    /// slot is steered to its sockets; `TimedOut` after 5 s, or after 1 s when the
+    /// coordinator does not answer (at once when it is stopped); `ConnectionRefused` at
     /// once when the coordinator is a process of a softrdma build that speaks another
     /// [host protocol](PROTOCOL_VERSION). Each error names the coordinator's process.
     pub fn join(addresses: &[IpAddr], config: &HostConfig) -> io::Result<Member> {
@@ -206,6 +215,7 @@ impl Member {
             wake_rx,
             slot: AtomicU32::new(0),
             coordinator: AtomicBool::new(false),
+            coordinator_pid: AtomicU32::new(0),
             dropped: AtomicU64::new(0),
             held: Mutex::new(Held::default()),
         });
@@ -225,11 +235,18 @@ impl Member {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                let coordinator = member.shared.coordinator_pid.load(Ordering::Relaxed);
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "not steered within 5 s: no coordinator answered, or its probes were not answered; \
-                     the usual cause is a process of another softrdma version on this device and port \
-                     (processes of different versions cannot share one): stop it, or use another port",
+                    format!(
+                        "not steered within 5 s: the coordinator of {} ({}) registered this process but its \
+                         probes did not reach its sockets; a process that bound the port without registering \
+                         takes an index in the group the coordinator does not know: `ss -uapn 'sport = :{}'` \
+                         lists the processes on the port",
+                        member.shared.port_name(),
+                        process(coordinator),
+                        member.shared.port,
+                    ),
                 ));
             }
             state = member.shared.cond.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
@@ -417,6 +434,7 @@ fn run(shared: &Shared) {
                 Err(e) => return fail(shared, e.kind(), format!("connecting to our own coordinator: {e}")),
             };
             let coordinator = crate::sys::peer_pid(c.as_fd()).unwrap_or(0);
+            shared.coordinator_pid.store(coordinator, Ordering::Relaxed);
             // The same process hung up on the last hello, alive (it still holds the name):
             // it does not speak that layout.
             let layout = match hung_up {
@@ -432,7 +450,7 @@ fn run(shared: &Shared) {
                     let c = Arc::new(c);
                     *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
                     conn = Some(c);
-                    link = Some(Link { coordinator, layout, welcomed: false });
+                    link = Some(Link { coordinator, layout, since: Instant::now(), welcomed: false });
                 }
                 Err(_) if server.is_none() => {
                     std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
@@ -442,6 +460,15 @@ fn run(shared: &Shared) {
             }
         }
         let Some(c) = conn.clone() else { continue };
+        // A coordinator that does not answer a joining member's hello (stopped, or stuck)
+        // holds the name, so no other process can coordinate: say so instead of waiting.
+        if let Some(l) = link.as_ref().filter(|l| !l.welcomed && !shared.state().steered) {
+            let waited = l.since.elapsed();
+            let stopped = waited >= STOPPED_AFTER && process_stopped(l.coordinator);
+            if stopped || waited >= HELLO_TIMEOUT {
+                return fail(shared, io::ErrorKind::TimedOut, unanswered(shared, l.coordinator, waited, stopped));
+            }
+        }
         // Requests from the API.
         {
             let mut state = shared.state();
@@ -466,11 +493,15 @@ fn run(shared: &Shared) {
         for fd in &server_fds {
             fds.push(PollFd::from_borrowed_fd(*fd, PollFlags::IN));
         }
-        let timeout = server
+        let mut timeout = server
             .as_ref()
             .and_then(|s| s.deadline())
             .map(|d| d.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::from_secs(1));
+        if link.as_ref().is_some_and(|l| !l.welcomed) {
+            // Look again soon whether the coordinator answers.
+            timeout = timeout.min(STOPPED_AFTER / 2);
+        }
         let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: i64::from(timeout.subsec_nanos()) };
         if let Err(e) = rustix::event::poll(&mut fds, Some(&ts)) {
             if e != rustix::io::Errno::INTR {
@@ -578,6 +609,7 @@ struct Link {
     /// The coordinator's process (0: unknown).
     coordinator: u32,
     layout: Layout,
+    since: Instant,
     welcomed: bool,
 }
 
@@ -593,6 +625,15 @@ fn process(pid: u32) -> String {
         Ok(exe) => format!("process {pid} ({exe})"),
         Err(_) => format!("process {pid}"),
     }
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, or a debugger holds it): `/proc/PID/stat`'s
+/// state `T` or `t`.
+fn process_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (in parentheses) may hold spaces; the state follows it.
+    let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
+    matches!(state, Some('T' | 't'))
 }
 
 /// "host protocol 3", "host protocols 2 to 3", for messages.
@@ -631,6 +672,22 @@ fn hung_up_on(shared: &Shared, pid: u32, last: Layout) -> String {
         shared.port_name(),
         process(pid),
         versions(shared.speaks.oldest(), shared.speaks.newest()),
+    )
+}
+
+/// The join error when the coordinator does not answer this member's hello.
+fn unanswered(shared: &Shared, pid: u32, waited: Duration, stopped: bool) -> String {
+    let why = if stopped {
+        format!("it is stopped (SIGSTOP, or a debugger holds it); resume it (kill -CONT {pid}) or stop it")
+    } else {
+        format!("it runs but does not answer (stuck, or not a softrdma process); stop it (kill {pid})")
+    };
+    format!(
+        "{} is coordinated by {}, which has not answered this process's hello in {} ms, and no other process \
+         can coordinate the port while it holds the coordinator's name: {why}",
+        shared.port_name(),
+        process(pid),
+        waited.as_millis(),
     )
 }
 

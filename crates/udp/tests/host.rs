@@ -833,3 +833,24 @@ fn stuck_processes_do_not_block_joins() {
     assert!(data_round(&s, port, &live, 100, 20));
     signal(&stopped, rustix::process::Signal::CONT);
 }
+
+/// A coordinator that stops answering (SIGSTOP, a debugger) holds the name: nobody else
+/// can coordinate the port. A newcomer fails within a second, naming the process and its
+/// state, instead of waiting 5 s; once it runs again, newcomers join.
+#[test]
+fn a_stopped_coordinator_fails_joins_fast_and_names_itself() {
+    let (device, port) = group();
+    let c = Proc::spawn(&device, port, &[]);
+    assert!(c.coordinator);
+    let m = Proc::spawn(&device, port, &[]);
+    signal(&c, rustix::process::Signal::STOP);
+    let (err, took) = Proc::refused_as(&device, port, None);
+    println!("{err} ({took:?} from the start of the process)");
+    assert!(err.contains(&format!("is coordinated by process {} (", c.child.id())), "{err}");
+    assert!(err.contains("it is stopped"), "{err}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    signal(&c, rustix::process::Signal::CONT);
+    let late = Proc::spawn(&device, port, &[]);
+    let s = sender();
+    wait_steered(&s, port, &[&c, &m, &late], Duration::from_secs(2), 1);
+}
