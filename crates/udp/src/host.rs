@@ -101,6 +101,9 @@ struct State {
 }
 
 struct Shared {
+    /// Declared before `conn`, so dropped first: when a member goes, its sockets close
+    /// while the coordinator still counts them as its own (it keeps them in place as
+    /// tombstones when the connection hangs up).
     sockets: Vec<RoceSocket>,
     name: Vec<u8>,
     device: String,
@@ -592,7 +595,7 @@ fn run(shared: &Shared) {
             s.handle(&revents[2 + data..]);
         }
     }
-    *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    // The connection stays in `shared.conn` until the member's sockets have closed.
 }
 
 /// The layout of a member's hello.
