@@ -226,9 +226,12 @@ impl Proc {
     }
 }
 
+/// A device name and port of the test's own. The port is below the kernel's ephemeral
+/// range (32768 up), where the tests' senders and coordinators' probe sockets bind: one of
+/// those on the port made a member's bind fail (`EADDRINUSE`).
 fn group() -> (String, u16) {
     let r = random();
-    (format!("test{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 40_000)
+    (format!("test{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 12_000)
 }
 
 fn data_packet(qpn: u32, tag: u64) -> Vec<u8> {
