@@ -30,6 +30,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant as StdInstant};
 
 use common::child::{ChildProc, ROLE_ENV, pattern, read_stdin_line, say};
+use common::netns::NetnsPair;
 use pcap_file::pcap::PcapReader;
 use softrdma::*;
 use softrdma_engine::{DeviceConfig, Engine, Instant, MrKeys, QpInitAttr, VecMemory};
@@ -628,71 +629,14 @@ fn rxe_like() {
 
 // --- the test ---------------------------------------------------------------------------
 
-/// Namespaces `a` (rxe's side: 198.18.0.2 and .4) and `b` (softrdma: 198.18.0.3) joined by
-/// veth; removed on drop.
-struct Netns {
-    names: [String; 2],
-}
-
-impl Netns {
-    fn create(tag: &str) -> Result<Netns, String> {
-        let names = [format!("srdma-{tag}-fa"), format!("srdma-{tag}-fb")];
-        let run = |args: &[&str]| -> Result<(), String> {
-            let out = std::process::Command::new(args[0])
-                .args(&args[1..])
-                .output()
-                .map_err(|e| format!("{}: {e}", args[0]))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-            }
-        };
-        let ns = Netns { names: names.clone() };
-        for n in &names {
-            let _ = run(&["ip", "netns", "del", n]);
-            run(&["ip", "netns", "add", n])?;
-            run(&["ip", "-n", n, "link", "set", "lo", "up"])?;
-        }
-        run(&[
-            "ip", "link", "add", "srdma-fa", "netns", &names[0], "type", "veth", "peer", "srdma-fb", "netns", &names[1],
-        ])?;
-        for (n, dev, addrs) in [
-            (&names[0], "srdma-fa", &["198.18.0.2/24", "198.18.0.4/24"][..]),
-            (&names[1], "srdma-fb", &["198.18.0.3/24"][..]),
-        ] {
-            for a in addrs {
-                run(&["ip", "-n", n, "addr", "add", a, "dev", dev])?;
-            }
-            run(&["ip", "-n", n, "link", "set", dev, "up"])?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = std::process::Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
 #[test]
 fn kernel_rxe_packets_and_an_rxe_like_peer_are_accepted_and_corruption_is_caught() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: network namespaces and raw sockets need root");
-        return;
+    // Side a is rxe's host (198.18.0.2, the captures' sender, and .4, the rxe-like peer),
+    // side b softrdma's (198.18.0.3).
+    let Some(ns) = NetnsPair::create_or_skip("foreign", ["srdma-fa", "srdma-fb"]) else { return };
+    for (i, addr) in [(0, "198.18.0.2/24"), (0, "198.18.0.4/24"), (1, "198.18.0.3/24")] {
+        ns.add_address(i, addr);
     }
-    let tag = format!("{}", std::process::id() % 100_000);
-    let ns = match Netns::create(&tag) {
-        Ok(ns) => ns,
-        Err(e) if e.contains("ip netns add") || e.starts_with("ip:") => {
-            eprintln!("skipped: cannot create network namespaces here: {e}");
-            return;
-        }
-        Err(e) => panic!("{e}"),
-    };
     let mut soft = ChildProc::spawn(ENTRY, "softrdma", &[], Some(&ns.names[1]));
     let ready = soft.expect_line("READY", WAIT);
 
