@@ -101,7 +101,10 @@ impl Port {
         };
         let (member, gro) = match join(options.gso) {
             Ok(m) => (m, options.gso),
-            Err(e) if options.gso && e.kind() != io::ErrorKind::TimedOut => {
+            // Not when the port's coordinator refused or did not answer: it would again.
+            Err(e)
+                if options.gso && !matches!(e.kind(), io::ErrorKind::TimedOut | io::ErrorKind::ConnectionRefused) =>
+            {
                 (join(false).map_err(|e| open_error(device, options, e))?, false)
             }
             Err(e) => return Err(open_error(device, options, e)),

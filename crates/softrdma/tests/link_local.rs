@@ -16,10 +16,10 @@
 mod common;
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::process::Command;
 use std::time::Duration;
 
 use common::child::*;
+use common::netns::{NetnsPair, run};
 use common::*;
 use softrdma::*;
 
@@ -61,71 +61,31 @@ fn ip(s: &str) -> IpAddr {
 /// Two network namespaces joined by a veth pair (`IFACE`), each end with the addresses
 /// above; removed on drop.
 struct Netns {
-    names: [String; 2],
-}
-
-fn run(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
+    pair: NetnsPair,
 }
 
 impl Netns {
     /// The namespaces for test `tag`, or `None` (having said why) where they cannot be made.
     fn create_or_skip(tag: &str) -> Option<Netns> {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: creating network namespaces needs root");
-            return None;
-        }
-        let names = [0, 1].map(|i| format!("srdma-{}-{tag}-{}", std::process::id() % 100_000, ["a", "b"][i]));
-        // Root without the capability (some containers) cannot make a namespace: that is
-        // the environment, not softrdma. Anything failing after the first one is a failure.
-        if let Err(e) = run(&["ip", "netns", "add", &names[0]]) {
-            eprintln!("skipped: `ip netns add` is not possible here: {e}");
-            return None;
-        }
-        let ns = Netns { names };
-        ns.build().unwrap_or_else(|e| panic!("building two namespaces joined by veth: {e}"));
-        Some(ns)
-    }
-
-    fn build(&self) -> Result<(), String> {
-        let [a, b] = [&self.names[0], &self.names[1]];
-        run(&["ip", "netns", "add", b])?;
-        run(&["ip", "link", "add", IFACE[0], "netns", a, "type", "veth", "peer", IFACE[1], "netns", b])?;
-        for (n, dev) in self.names.iter().zip(IFACE) {
-            run(&["ip", "-n", n, "link", "set", "lo", "up"])?;
-            // No EUI-64 link-local address of the kernel's own: the table holds ours only.
-            run(&["ip", "-n", n, "link", "set", dev, "addrgenmode", "none"])?;
-            run(&["ip", "-n", n, "link", "set", dev, "up"])?;
-        }
-        // Addresses on links that are up: an IPv6 address added while its link was down
-        // answers no neighbour solicitation for about a second after the link comes up,
-        // longer than an RC retry budget.
+        let pair = NetnsPair::create_or_skip(tag, IFACE)?;
         for i in 0..2 {
-            let (n, dev) = (&self.names[i], IFACE[i]);
-            run(&["ip", "-n", n, "addr", "add", &format!("{}/24", IPV4[i]), "dev", dev])?;
+            pair.add_address(i, &format!("{}/24", IPV4[i]));
             for v6 in [GLOBAL6[i], LINK_LOCAL[i][0], LINK_LOCAL[i][1]] {
-                // nodad: usable (bindable) at once, not tentative for a second or two.
-                run(&["ip", "-n", n, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"])?;
+                pair.add_address(i, &format!("{v6}/64"));
             }
         }
-        Ok(())
+        Some(Netns { pair })
     }
 
     /// The interface index of side `i`'s veth end, in its namespace.
     fn ifindex(&self, i: usize) -> u32 {
-        let out = run(&["ip", "-n", &self.names[i], "-o", "link", "show", "dev", IFACE[i]]).unwrap();
-        out.split(':').next().unwrap().trim().parse().unwrap()
+        self.pair.ifindex(i)
     }
 
     /// Side `i`'s addresses as the kernel lists them (`ip addr`, which reads the same
     /// netlink dump as getifaddrs).
     fn kernel_addresses(&self, i: usize) -> Vec<IpAddr> {
-        let out = run(&["ip", "-n", &self.names[i], "-o", "addr", "show", "dev", IFACE[i]]).unwrap();
+        let out = run(&["ip", "-n", &self.pair.names[i], "-o", "addr", "show", "dev", IFACE[i]]).unwrap();
         out.lines()
             .filter_map(|l| {
                 let mut words = l.split_whitespace().skip_while(|w| *w != "inet" && *w != "inet6");
@@ -137,15 +97,7 @@ impl Netns {
     fn spawn(&self, i: usize, role: &str, env: &[(&str, String)]) -> ChildProc {
         let mut env = env.to_vec();
         env.push(("SOFTRDMA_TEST_IFACE", IFACE[i].to_string()));
-        ChildProc::spawn(ENTRY, role, &env, Some(&self.names[i]))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
+        ChildProc::spawn(ENTRY, role, &env, Some(&self.pair.names[i]))
     }
 }
 

@@ -14,6 +14,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use common::child::*;
+use common::netns::NetnsPair;
 use common::*;
 use softrdma::*;
 
@@ -341,85 +342,21 @@ fn peer_killed_mid_transfer_gives_retry_exceeded_not_a_hang() {
     }
 }
 
-/// Two network namespaces joined by a veth pair, each end dropping 5 % of the UDP 4791
-/// packets it receives (nftables `numgen random mod 100 < 5`); removed on drop.
-struct Netns {
-    names: [String; 2],
-}
-
-impl Netns {
-    fn create(tag: &str) -> Result<Netns, String> {
-        let names = [format!("srdma-{tag}-a"), format!("srdma-{tag}-b")];
-        let run = |args: &[&str]| -> Result<(), String> {
-            let out = std::process::Command::new(args[0])
-                .args(&args[1..])
-                .output()
-                .map_err(|e| format!("{}: {e}", args[0]))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-            }
-        };
-        let ns = Netns { names: names.clone() };
-        for n in &names {
-            let _ = run(&["ip", "netns", "del", n]);
-            run(&["ip", "netns", "add", n])?;
-            run(&["ip", "-n", n, "link", "set", "lo", "up"])?;
-        }
-        run(&[
-            "ip", "link", "add", "srdma-va", "netns", &names[0], "type", "veth", "peer", "srdma-vb", "netns", &names[1],
-        ])?;
-        for (n, dev, addr) in [(&names[0], "srdma-va", "10.77.0.1/24"), (&names[1], "srdma-vb", "10.77.0.2/24")] {
-            run(&["ip", "-n", n, "addr", "add", addr, "dev", dev])?;
-            run(&["ip", "-n", n, "link", "set", dev, "up"])?;
-            let rules = "add table inet loss; \
-                add chain inet loss input { type filter hook input priority 0; }; \
-                add rule inet loss input udp dport 4791 numgen random mod 100 < 5 drop";
-            run(&["ip", "netns", "exec", n, "nft", rules])?;
-        }
-        Ok(ns)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = std::process::Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
 #[test]
 fn two_hosts_over_veth_with_five_percent_loss_move_data_byte_exact() {
-    if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: creating network namespaces needs root");
+    if std::process::Command::new("nft").arg("-V").output().is_err() {
+        eprintln!("skipped: `nft` is not installed (nftables)");
         return;
     }
-    for tool in ["ip", "nft"] {
-        if std::process::Command::new(tool).arg("-V").output().is_err() {
-            eprintln!("skipped: `{tool}` is not installed (iproute2, nftables)");
-            return;
-        }
+    // Each end drops 5 % of the UDP 4791 packets it receives.
+    let Some(ns) = NetnsPair::create_or_skip("loss", ["srdma-va", "srdma-vb"]) else { return };
+    for (i, addr) in ["10.77.0.1/24", "10.77.0.2/24"].into_iter().enumerate() {
+        ns.add_address(i, addr);
+        let rules = "add table inet loss; \
+            add chain inet loss input { type filter hook input priority 0; }; \
+            add rule inet loss input udp dport 4791 numgen random mod 100 < 5 drop";
+        ns.exec(i, &["nft", rules]).expect("the nftables loss rule");
     }
-    let tag = format!("{}", std::process::id() % 100_000);
-    // Root without the capability (some containers) cannot make a namespace: that is the
-    // environment, not softrdma. Anything failing after the first one is a failure.
-    let probe = format!("srdma-{tag}-probe");
-    match std::process::Command::new("ip").args(["netns", "add", &probe]).output() {
-        Ok(o) if o.status.success() => {
-            let _ = std::process::Command::new("ip").args(["netns", "del", &probe]).output();
-        }
-        Ok(o) => {
-            eprintln!("skipped: `ip netns add` is not permitted here: {}", String::from_utf8_lossy(&o.stderr).trim());
-            return;
-        }
-        Err(e) => {
-            eprintln!("skipped: cannot run ip: {e}");
-            return;
-        }
-    }
-    let ns = Netns::create(&tag).expect("build two namespaces joined by veth, with nftables loss");
     let side_env = |iface: &str, ip: &str| {
         vec![
             ("SOFTRDMA_TEST_IFACE", iface.to_string()),

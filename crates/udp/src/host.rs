@@ -47,7 +47,7 @@ use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use crate::{Config, ROCEV2_PORT, RecvBatch, RoceSocket};
-use proto::{ToCoord, ToMember};
+use proto::{Envelope, Speaks, ToCoord, ToMember};
 
 /// QPN bits below the slot: a slot owns `1 << 13` QPNs.
 pub const QPN_SLOT_BITS: u32 = 13;
@@ -59,6 +59,16 @@ pub const MAX_SLOTS: u32 = 2048;
 
 /// How long [`Member::join`], [`Member::listen`] and [`Member::unlisten`] wait.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a joining member waits for the coordinator to answer its hello (it answers at
+/// once, or after the failover grace period of 300 ms) before it gives up and names it.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long it waits before it looks whether an unanswering coordinator is stopped.
+const STOPPED_AFTER: Duration = Duration::from_millis(100);
+
+/// The host protocol this build speaks: members of builds that speak another (and no
+/// version in common) cannot share a port; a join fails at once and says which process
+/// speaks which. See docs/architecture.md, "Versions".
+pub const PROTOCOL_VERSION: u32 = proto::VERSION;
 
 /// Which device to join and how to set up its sockets.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -91,9 +101,15 @@ struct State {
 }
 
 struct Shared {
+    /// Declared before `conn`, so dropped first: when a member goes, its sockets close
+    /// while the coordinator still counts them as its own (it keeps them in place as
+    /// tombstones when the connection hangs up).
     sockets: Vec<RoceSocket>,
     name: Vec<u8>,
+    device: String,
     port: u16,
+    /// The versions this member speaks.
+    speaks: Speaks,
     /// The connection to the coordinator, for [`Member::answer_probe`].
     conn: Mutex<Option<Arc<OwnedFd>>>,
     state: Mutex<State>,
@@ -102,6 +118,9 @@ struct Shared {
     wake_rx: UnixDatagram,
     slot: AtomicU32,
     coordinator: AtomicBool,
+    /// The process of the coordinator this member is connected to (0: none yet, or one in
+    /// a PID namespace this process cannot see).
+    coordinator_pid: AtomicU32,
     /// Datagrams the background thread read and dropped while joining.
     dropped: AtomicU64,
     /// Sockets the coordinator gave this member to hold ([`ToMember::Hold`]), so that
@@ -120,6 +139,10 @@ struct Held {
 }
 
 impl Shared {
+    /// "device lo port 4791", for messages.
+    fn port_name(&self) -> String {
+        format!("device {} port {}", self.device, self.port)
+    }
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -150,8 +173,20 @@ pub(crate) fn random_u64() -> u64 {
 impl Member {
     /// Binds `addresses` (each `address:port` with `SO_REUSEPORT`), registers with the
     /// device's coordinator (becoming it if there is none) and returns once this member's
-    /// slot is steered to its sockets; `TimedOut` after 5 s.
+    /// slot is steered to its sockets; `TimedOut` after 5 s, or after 1 s when the
+    /// coordinator does not answer (at once when it is stopped); `ConnectionRefused` at
+    /// once when the coordinator is a process of a softrdma build that speaks another
+    /// [host protocol](PROTOCOL_VERSION). Each error names the coordinator's process.
     pub fn join(addresses: &[IpAddr], config: &HostConfig) -> io::Result<Member> {
+        Self::join_as(addresses, config, PROTOCOL_VERSION)
+    }
+
+    /// [`join`](Self::join) as a process of host protocol `version` would, for tests of
+    /// processes of other builds beside this one: 2 is a build from before versions (its
+    /// hello in protocol 2's layout; as coordinator it hangs up on a versioned one), any
+    /// other a build that speaks that version only.
+    #[doc(hidden)]
+    pub fn join_as(addresses: &[IpAddr], config: &HostConfig, version: u32) -> io::Result<Member> {
         if addresses.is_empty() || addresses.len() > proto::MAX_FDS {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "1 to 16 addresses"));
         }
@@ -173,7 +208,9 @@ impl Member {
         let shared = Arc::new(Shared {
             sockets,
             name,
+            device: config.device.clone(),
             port: config.port,
+            speaks: Speaks(version),
             conn: Mutex::new(None),
             state: Mutex::new(State::default()),
             cond: Condvar::new(),
@@ -181,6 +218,7 @@ impl Member {
             wake_rx,
             slot: AtomicU32::new(0),
             coordinator: AtomicBool::new(false),
+            coordinator_pid: AtomicU32::new(0),
             dropped: AtomicU64::new(0),
             held: Mutex::new(Held::default()),
         });
@@ -200,11 +238,18 @@ impl Member {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
+                let coordinator = member.shared.coordinator_pid.load(Ordering::Relaxed);
                 return Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    "not steered within 5 s: no coordinator answered, or its probes were not answered; \
-                     the usual cause is a process of another softrdma version on this device and port \
-                     (processes of different versions cannot share one): stop it, or use another port",
+                    format!(
+                        "not steered within 5 s: the coordinator of {} ({}) registered this process but its \
+                         probes did not reach its sockets; a process that bound the port without registering \
+                         takes an index in the group the coordinator does not know: `ss -uapn 'sport = :{}'` \
+                         lists the processes on the port",
+                        member.shared.port_name(),
+                        process(coordinator),
+                        member.shared.port,
+                    ),
                 ));
             }
             state = member.shared.cond.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
@@ -320,14 +365,16 @@ fn fail(shared: &Shared, kind: io::ErrorKind, msg: String) {
 /// new coordinator adopts (this member holds them too until the new coordinator says what
 /// to hold: if the new one dies at once as well, they still stay in their groups); then
 /// the requests that were not answered.
-fn hello(shared: &Shared, conn: &OwnedFd) -> io::Result<()> {
+///
+/// In `layout`: a [`Join`](ToCoord::Join) of this member's version, or protocol 2's
+/// [`Hello`](ToCoord::Hello) (to a coordinator that hung up on a `Join`).
+fn hello(shared: &Shared, conn: &OwnedFd, layout: Layout) -> io::Result<()> {
     let listeners: Vec<u64> = shared.state().listeners.iter().copied().collect();
     let mut held = shared.held.lock().unwrap_or_else(|e| e.into_inner());
-    let m = ToCoord::Hello {
-        pid: std::process::id(),
-        slot: shared.slot.load(Ordering::Relaxed),
-        sockets: shared.sockets.len() as u32,
-        listeners,
+    let (slot, sockets) = (shared.slot.load(Ordering::Relaxed), shared.sockets.len() as u32);
+    let m = match (layout, shared.speaks.join_version()) {
+        (Layout::Join, Some(version)) => ToCoord::join(Envelope::me(version), slot, sockets, &listeners),
+        _ => ToCoord::Hello { pid: std::process::id(), slot, sockets, listeners },
     };
     // A set the previous coordinator was sending is incomplete: the current one stands.
     held.pending.clear();
@@ -357,8 +404,13 @@ fn hello(shared: &Shared, conn: &OwnedFd) -> io::Result<()> {
 fn run(shared: &Shared) {
     let mut server: Option<coord::Server> = None;
     let mut conn: Option<Arc<OwnedFd>> = None;
+    let mut link: Option<Link> = None;
+    // The coordinator that hung up on this member's hello without answering it, and that
+    // hello's layout: a coordinator of protocol 1 or 2 (which cannot decode a `Join`), or
+    // one that just died.
+    let mut hung_up: Option<(u32, Layout)> = None;
     let mut failover = false;
-    let mut buf = [0u8; 64];
+    let mut buf = vec![0u8; 4096];
     let mut batch = RecvBatch::new(8, 2048);
     loop {
         if shared.state().stop {
@@ -366,7 +418,7 @@ fn run(shared: &Shared) {
         }
         if conn.is_none() {
             if server.is_none() {
-                match coord::Server::bind(&shared.name, shared.port, failover) {
+                match coord::Server::bind(&shared.name, shared.port, failover, shared.speaks) {
                     Ok(Some(s)) => {
                         server = Some(s);
                         shared.coordinator.store(true, Ordering::Relaxed);
@@ -375,21 +427,51 @@ fn run(shared: &Shared) {
                     Err(e) => return fail(shared, e.kind(), format!("coordinator socket: {e}")),
                 }
             }
-            match connect(&shared.name).and_then(|c| hello(shared, &c).map(|()| c)) {
-                Ok(c) => {
-                    let c = Arc::new(c);
-                    *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
-                    conn = Some(c);
-                }
+            let c = match connect(&shared.name) {
+                Ok(c) => c,
                 Err(_) if server.is_none() => {
                     // The name's holder is not listening yet, or just died: try again.
                     std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
                     continue;
                 }
                 Err(e) => return fail(shared, e.kind(), format!("connecting to our own coordinator: {e}")),
+            };
+            let coordinator = crate::sys::peer_pid(c.as_fd()).unwrap_or(0);
+            shared.coordinator_pid.store(coordinator, Ordering::Relaxed);
+            // The same process hung up on the last hello, alive (it still holds the name):
+            // it does not speak that layout.
+            let layout = match hung_up {
+                Some((pid, Layout::Join)) if pid == coordinator && shared.speaks.legacy() => Layout::Legacy,
+                Some((pid, layout)) if pid == coordinator => {
+                    return fail(shared, io::ErrorKind::ConnectionRefused, hung_up_on(shared, pid, layout));
+                }
+                _ if shared.speaks.join_version().is_some() => Layout::Join,
+                _ => Layout::Legacy,
+            };
+            match hello(shared, &c, layout) {
+                Ok(()) => {
+                    let c = Arc::new(c);
+                    *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(c.clone());
+                    conn = Some(c);
+                    link = Some(Link { coordinator, layout, since: Instant::now(), welcomed: false });
+                }
+                Err(_) if server.is_none() => {
+                    std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
+                    continue;
+                }
+                Err(e) => return fail(shared, e.kind(), format!("registering with our own coordinator: {e}")),
             }
         }
         let Some(c) = conn.clone() else { continue };
+        // A coordinator that does not answer a joining member's hello (stopped, or stuck)
+        // holds the name, so no other process can coordinate: say so instead of waiting.
+        if let Some(l) = link.as_ref().filter(|l| !l.welcomed && !shared.state().steered) {
+            let waited = l.since.elapsed();
+            let stopped = waited >= STOPPED_AFTER && process_stopped(l.coordinator);
+            if stopped || waited >= HELLO_TIMEOUT {
+                return fail(shared, io::ErrorKind::TimedOut, unanswered(shared, l.coordinator, waited, stopped));
+            }
+        }
         // Requests from the API.
         {
             let mut state = shared.state();
@@ -414,11 +496,15 @@ fn run(shared: &Shared) {
         for fd in &server_fds {
             fds.push(PollFd::from_borrowed_fd(*fd, PollFlags::IN));
         }
-        let timeout = server
+        let mut timeout = server
             .as_ref()
             .and_then(|s| s.deadline())
             .map(|d| d.saturating_duration_since(Instant::now()))
             .unwrap_or(Duration::from_secs(1));
+        if link.as_ref().is_some_and(|l| !l.welcomed) {
+            // Look again soon whether the coordinator answers.
+            timeout = timeout.min(STOPPED_AFTER / 2);
+        }
         let ts = Timespec { tv_sec: timeout.as_secs() as i64, tv_nsec: i64::from(timeout.subsec_nanos()) };
         if let Err(e) = rustix::event::poll(&mut fds, Some(&ts)) {
             if e != rustix::io::Errno::INTR {
@@ -454,18 +540,30 @@ fn run(shared: &Shared) {
                         Some(ToMember::Keep) => {
                             shared.held.lock().unwrap_or_else(|e| e.into_inner()).set = fds;
                         }
+                        Some(ToMember::Refused { oldest, envelope }) => {
+                            fail(shared, io::ErrorKind::ConnectionRefused, refused(shared, oldest, &envelope));
+                        }
                         Some(m) => {
+                            if let (ToMember::Welcome { .. }, Some(l)) = (&m, link.as_mut()) {
+                                l.welcomed = true;
+                                hung_up = None;
+                            }
                             if let Err((kind, msg)) = on_message(shared, m) {
                                 fail(shared, kind, msg);
                             }
                         }
-                        None => break,
+                        // A record of a later version: ignored.
+                        None => {}
                     },
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                     Ok(None) | Err(_) => {
-                        // The coordinator is gone: elect a new one and re-register.
+                        // The coordinator is gone, or hung up on this member's hello: elect
+                        // a new one and re-register, or say hello in another layout.
                         *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                        if let Some(l) = link.take().filter(|l| !l.welcomed) {
+                            hung_up = Some((l.coordinator, l.layout));
+                        }
                         conn = None;
                         failover = true;
                         break;
@@ -497,7 +595,103 @@ fn run(shared: &Shared) {
             s.handle(&revents[2 + data..]);
         }
     }
-    *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    // The connection stays in `shared.conn` until the member's sockets have closed.
+}
+
+/// The layout of a member's hello.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Layout {
+    /// A [`ToCoord::Join`] of the member's version.
+    Join,
+    /// Protocol 2's [`ToCoord::Hello`].
+    Legacy,
+}
+
+/// The connection to the coordinator, as far as the hello goes.
+struct Link {
+    /// The coordinator's process (0: unknown).
+    coordinator: u32,
+    layout: Layout,
+    since: Instant,
+    welcomed: bool,
+}
+
+/// "process 1234 (/usr/bin/prog)", from `/proc` (the same user's processes are readable).
+fn process(pid: u32) -> String {
+    if pid == 0 {
+        return "a process in another PID namespace".into();
+    }
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .or_else(|_| std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim_end().to_string()));
+    match exe {
+        Ok(exe) => format!("process {pid} ({exe})"),
+        Err(_) => format!("process {pid}"),
+    }
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, or a debugger holds it): `/proc/PID/stat`'s
+/// state `T` or `t`.
+fn process_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (in parentheses) may hold spaces; the state follows it.
+    let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
+    matches!(state, Some('T' | 't'))
+}
+
+/// "host protocol 3", "host protocols 2 to 3", for messages.
+fn versions(oldest: u32, newest: u32) -> String {
+    if oldest == newest { format!("host protocol {newest}") } else { format!("host protocols {oldest} to {newest}") }
+}
+
+/// The join error when the coordinator refused this member's version.
+fn refused(shared: &Shared, oldest: u32, coordinator: &Envelope) -> String {
+    format!(
+        "{} is coordinated by process {} ({}, {}), which speaks {}; this process ({}) speaks {}: \
+         processes of softrdma builds with no host protocol in common cannot share a port. \
+         Stop process {}, or run both from builds of one version, or give one of them another port",
+        shared.port_name(),
+        coordinator.pid,
+        coordinator.program,
+        coordinator.build,
+        versions(oldest, coordinator.version),
+        proto::BUILD,
+        versions(shared.speaks.oldest(), shared.speaks.newest()),
+        coordinator.pid,
+    )
+}
+
+/// The join error when the coordinator hung up on every hello this member can say.
+fn hung_up_on(shared: &Shared, pid: u32, last: Layout) -> String {
+    let tried = match (shared.speaks.join_version(), last) {
+        (Some(v), Layout::Legacy) => format!("in host protocol {v} and in protocol 2's layout"),
+        (Some(v), Layout::Join) => format!("in host protocol {v}"),
+        (None, _) => "in host protocol 2".to_string(),
+    };
+    format!(
+        "{} is coordinated by {}, which hung up on this process's hello {tried}: it is a softrdma build of an \
+         older host protocol (this one speaks {}), and processes of builds with no host protocol in common \
+         cannot share a port. Stop process {pid} (or rebuild it from this version), or give one of them another port",
+        shared.port_name(),
+        process(pid),
+        versions(shared.speaks.oldest(), shared.speaks.newest()),
+    )
+}
+
+/// The join error when the coordinator does not answer this member's hello.
+fn unanswered(shared: &Shared, pid: u32, waited: Duration, stopped: bool) -> String {
+    let why = if stopped {
+        format!("it is stopped (SIGSTOP, or a debugger holds it); resume it (kill -CONT {pid}) or stop it")
+    } else {
+        format!("it runs but does not answer (stuck, or not a softrdma process); stop it (kill {pid})")
+    };
+    format!(
+        "{} is coordinated by {}, which has not answered this process's hello in {} ms, and no other process \
+         can coordinate the port while it holds the coordinator's name: {why}",
+        shared.port_name(),
+        process(pid),
+        waited.as_millis(),
+    )
 }
 
 fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String)> {
@@ -516,7 +710,7 @@ fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String
             shared.state().steered = true;
             shared.cond.notify_all();
         }
-        ToMember::Hold { .. } | ToMember::Keep => {}
+        ToMember::Hold { .. } | ToMember::Keep | ToMember::Refused { .. } => {}
         ToMember::Reply { id, errno } => {
             let mut state = shared.state();
             if let Some(ToCoord::Listen { service, .. }) = state.in_flight.remove(&id) {

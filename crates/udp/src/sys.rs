@@ -3,6 +3,8 @@
 //!
 //! - `setsockopt` of `int` options socket2 has no setter for (`IP_MTU_DISCOVER`,
 //!   `IP_PKTINFO`, `IP_RECVTTL`, `UDP_NO_CHECK6_RX`, `UDP_GRO`, ...);
+//! - `getsockopt(SO_PEERCRED)` (rustix's would hold a peer's pid 0, which another PID
+//!   namespace's process has, in a non-zero type);
 //! - `poll` on one descriptor;
 //! - `sendmmsg` with per-message control messages (source address, traffic class, GSO
 //!   segment size);
@@ -61,6 +63,26 @@ pub(crate) fn set_int(fd: BorrowedFd<'_>, level: c_int, name: c_int, value: c_in
         )
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// The process at the other end of a connected Unix socket (the one that created the
+/// listening socket, for a connecting side): 0 when it lives in a PID namespace this
+/// process cannot see.
+pub(crate) fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `fd` is open for the borrow; the kernel writes at most `len` bytes into the
+    // `ucred` on our stack, whose exact size `len` holds.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            ptr::from_mut(&mut cred).cast::<c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 { Ok(u32::try_from(cred.pid).unwrap_or(0)) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Waits until `fd` has one of `events` (`POLLIN`, `POLLOUT`), or the timeout passes.

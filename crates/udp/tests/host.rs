@@ -17,6 +17,8 @@ const CHILD_ENV: &str = "SOFTRDMA_HOST_CHILD";
 /// Set: the child says "waiting" and joins only when a line arrives on its stdin, so that
 /// the parent can release many joins at the same instant.
 const BARRIER_ENV: &str = "SOFTRDMA_HOST_BARRIER";
+/// Set: the child joins as a process of that host protocol version (`Member::join_as`).
+const VERSION_ENV: &str = "SOFTRDMA_HOST_VERSION";
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 
 fn random() -> u64 {
@@ -38,7 +40,8 @@ fn host_child() {
         let mut line = String::new();
         let _ = std::io::stdin().read_line(&mut line);
     }
-    let member = match Member::join(&[LOCALHOST], &config) {
+    let version = std::env::var(VERSION_ENV).map_or(softrdma_udp::host::PROTOCOL_VERSION, |v| v.parse().unwrap());
+    let member = match Member::join_as(&[LOCALHOST], &config, version) {
         Ok(m) => m,
         Err(e) => {
             println!("@@ join_err {e}");
@@ -132,8 +135,31 @@ impl Proc {
         p
     }
 
+    /// [`spawn`](Self::spawn) as a process of host protocol `version`.
+    fn spawn_as(device: &str, port: u16, version: u32) -> Proc {
+        let mut p = Proc::start_as(device, port, &[], false, Some(version));
+        p.await_ready(0, Duration::from_secs(10));
+        p
+    }
+
+    /// Starts a child of host protocol `version` that must fail to join: its error, and how
+    /// long it took from the start of the process.
+    fn refused_as(device: &str, port: u16, version: Option<u32>) -> (String, Duration) {
+        let start = Instant::now();
+        let p = Proc::start_as(device, port, &[], false, version);
+        let line = p.lines.recv_timeout(Duration::from_secs(10)).expect("the join ends");
+        let took = start.elapsed();
+        let err = line.strip_prefix("join_err ").unwrap_or_else(|| panic!("a join error: {line}"));
+        (err.to_string(), took)
+    }
+
     /// Starts the child; with `barrier`, it waits for [`release`](Self::release) to join.
     fn start(device: &str, port: u16, listens: &[u64], barrier: bool) -> Proc {
+        Proc::start_as(device, port, listens, barrier, None)
+    }
+
+    /// [`start`](Self::start) as a process of host protocol `version`.
+    fn start_as(device: &str, port: u16, listens: &[u64], barrier: bool, version: Option<u32>) -> Proc {
         let mut spec = format!("{device},{port}");
         for l in listens {
             spec.push_str(&format!(",{l}"));
@@ -141,7 +167,8 @@ impl Proc {
         let mut child = Command::new(std::env::current_exe().unwrap())
             .args(["--exact", "host_child", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, spec)
-            .envs(barrier.then_some((BARRIER_ENV, "1")))
+            .envs(barrier.then_some((BARRIER_ENV, "1".to_string())))
+            .envs(version.map(|v| (VERSION_ENV, v.to_string())))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -199,9 +226,12 @@ impl Proc {
     }
 }
 
+/// A device name and port of the test's own. The port is below the kernel's ephemeral
+/// range (32768 up), where the tests' senders and coordinators' probe sockets bind: one of
+/// those on the port made a member's bind fail (`EADDRINUSE`).
 fn group() -> (String, u16) {
     let r = random();
-    (format!("test{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 40_000)
+    (format!("test{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 12_000)
 }
 
 fn data_packet(qpn: u32, tag: u64) -> Vec<u8> {
@@ -587,4 +617,243 @@ fn a_member_keeps_its_stream_while_others_come_and_go() {
         );
     }
     println!("{coordinator_deaths} coordinators died");
+}
+
+/// The coordinator's abstract socket name for a device and port (the one part of the host
+/// protocol that never changes between versions).
+fn coordinator_name(device: &str, port: u16) -> Vec<u8> {
+    format!("softrdma.{}.{device}.{port}", rustix::process::getuid().as_raw()).into_bytes()
+}
+
+/// A process of another build, played by hand: a connection to the coordinator on which
+/// it sent `first` with its UDP socket, bound in the group; or, without `first`, only a
+/// connection that never says anything. Both stay open for as long as this value lives.
+struct RawMember {
+    _socket: Option<softrdma_udp::RoceSocket>,
+    conn: std::os::fd::OwnedFd,
+}
+
+impl RawMember {
+    fn new(device: &str, port: u16, first: Option<&[u8]>) -> RawMember {
+        use rustix::net::{
+            AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketType,
+        };
+        use std::os::fd::AsFd;
+        let conn = rustix::net::socket(AddressFamily::UNIX, SocketType::SEQPACKET, None).unwrap();
+        let name = SocketAddrUnix::new_abstract_name(&coordinator_name(device, port)).unwrap();
+        let Some(first) = first else {
+            rustix::net::connect(&conn, &name).unwrap();
+            return RawMember { _socket: None, conn };
+        };
+        let config = Config { port, reuse_port: true, ..Config::default() };
+        let socket = softrdma_udp::RoceSocket::bind_with(LOCALHOST, &config).unwrap();
+        rustix::net::connect(&conn, &name).unwrap();
+        let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        let fds = [socket.as_fd()];
+        assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
+        rustix::net::sendmsg(&conn, &[std::io::IoSlice::new(first)], &mut control, SendFlags::empty()).unwrap();
+        RawMember { _socket: Some(socket), conn }
+    }
+
+    /// The first record the coordinator sends, within `within`.
+    fn answer(&self, within: Duration) -> Option<Vec<u8>> {
+        use rustix::event::{PollFd, PollFlags, Timespec};
+        let mut fds = [PollFd::new(&self.conn, PollFlags::IN)];
+        let ts = Timespec { tv_sec: within.as_secs() as i64, tv_nsec: i64::from(within.subsec_nanos()) };
+        if rustix::event::poll(&mut fds, Some(&ts)).unwrap() == 0 {
+            return None;
+        }
+        let mut buf = [0u8; 4096];
+        let n = rustix::net::recv(&self.conn, &mut buf, rustix::net::RecvFlags::empty()).unwrap().0;
+        Some(buf[..n].to_vec())
+    }
+}
+
+/// The hello of host protocol 1 (builds before `6d9d9e4`): tag 1, pid, slot 0, no listeners.
+fn hello_of_protocol_1() -> Vec<u8> {
+    let mut b = vec![1u8];
+    b.extend_from_slice(&4242u32.to_le_bytes());
+    b.extend_from_slice(&0u32.to_le_bytes());
+    b
+}
+
+/// A versioned hello of a version this build does not know.
+fn join_of_version_99() -> Vec<u8> {
+    let mut b = vec![7u8];
+    b.extend_from_slice(&99u32.to_le_bytes());
+    b.extend_from_slice(&4243u32.to_le_bytes());
+    b.extend_from_slice(&[0, 0, 0, 0]); // build and program: empty
+    b.extend_from_slice(&[0xa5; 40]); // whatever version 99 says next
+    b
+}
+
+fn signal(p: &Proc, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(p.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
+}
+
+/// A process of a version this build does not speak joins a group: it fails at once,
+/// naming the coordinator and both sides' versions; the group keeps working and takes
+/// newcomers.
+#[test]
+fn a_member_of_another_version_is_refused_at_once() {
+    let (device, port) = group();
+    let a = Proc::spawn(&device, port, &[]);
+    assert!(a.coordinator);
+    let b = Proc::spawn(&device, port, &[]);
+    let (err, took) = Proc::refused_as(&device, port, Some(99));
+    println!("{err} ({took:?} from the start of the process)");
+    assert!(err.contains(&format!("is coordinated by process {} (", a.child.id())), "{err}");
+    assert!(err.contains("which speaks host protocols 2 to 3;"), "{err}");
+    assert!(err.contains("speaks host protocol 99:"), "{err}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let c = Proc::spawn(&device, port, &[]);
+    let s = sender();
+    wait_steered(&s, port, &[&a, &b, &c], Duration::from_secs(2), 1);
+    assert!(data_round(&s, port, &[&a, &b, &c], 100, 20));
+}
+
+/// The coordinator is a process of a version this build does not speak: this build's
+/// newcomers fail at once, naming it; so do those of protocol 2 (with the error those
+/// builds report). Its own group keeps working and takes newcomers of its version.
+#[test]
+fn a_coordinator_of_another_version_refuses_at_once() {
+    let (device, port) = group();
+    let x = Proc::spawn_as(&device, port, 99);
+    assert!(x.coordinator);
+    let y = Proc::spawn_as(&device, port, 99);
+    let (err, took) = Proc::refused_as(&device, port, None);
+    println!("{err} ({took:?} from the start of the process)");
+    assert!(err.contains(&format!("is coordinated by process {} (", x.child.id())), "{err}");
+    assert!(err.contains("which speaks host protocol 99;"), "{err}");
+    assert!(err.contains("this process (softrdma "), "{err}");
+    assert!(err.contains("speaks host protocols 2 to 3:"), "{err}");
+    assert!(err.contains(&format!("Stop process {}", x.child.id())), "{err}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let (err, took) = Proc::refused_as(&device, port, Some(2));
+    println!("protocol 2: {err} ({took:?})");
+    assert!(err.contains("refused this member"), "{err}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let z = Proc::spawn_as(&device, port, 99);
+    let s = sender();
+    wait_steered(&s, port, &[&x, &y, &z], Duration::from_secs(2), 1);
+    assert!(data_round(&s, port, &[&x, &y, &z], 100, 20));
+}
+
+/// Builds from before versions (host protocol 2, played by `join_as(.., 2)`: its hello in
+/// protocol 2's layout; as coordinator it hangs up on a versioned hello) and this build
+/// share a port both ways, across failovers from one to the other.
+#[test]
+fn builds_of_protocol_2_work_beside_this_one() {
+    let (device, port) = group();
+    let s = sender();
+    let mut old = Proc::spawn_as(&device, port, 2);
+    assert!(old.coordinator);
+    // A process of a later version that does not speak protocol 2 fails at once.
+    let (err, took) = Proc::refused_as(&device, port, Some(99));
+    println!("{err} ({took:?} from the start of the process)");
+    assert!(err.contains(&format!("is coordinated by process {} (", old.child.id())), "{err}");
+    assert!(err.contains("hung up on this process's hello in host protocol 99"), "{err}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // This build's members say hello again in protocol 2's layout.
+    let mut a = Proc::spawn(&device, port, &[]);
+    let mut b = Proc::spawn(&device, port, &[]);
+    wait_steered(&s, port, &[&old, &a, &b], Duration::from_secs(2), 1);
+    // One of them takes over, and takes a member of protocol 2.
+    old.child.kill().unwrap();
+    old.child.wait().unwrap();
+    let start = Instant::now();
+    while !(a.coordinator || b.coordinator) {
+        assert!(start.elapsed() < Duration::from_secs(2), "no new coordinator within 2 s");
+        for p in [&mut a, &mut b] {
+            p.coordinator |= p.drain(Duration::from_millis(10)).iter().any(|l| l == "coord 1");
+        }
+    }
+    let old2 = Proc::spawn_as(&device, port, 2);
+    wait_steered(&s, port, &[&a, &b, &old2], Duration::from_secs(2), 100);
+    // Its death: the other member of this build, or the one of protocol 2, takes over.
+    let (mut dead, survivor) = if a.coordinator { (a, b) } else { (b, a) };
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+    let c = Proc::spawn(&device, port, &[]);
+    let old3 = Proc::spawn_as(&device, port, 2);
+    let all = [&survivor, &old2, &c, &old3];
+    wait_steered(&s, port, &all, Duration::from_secs(2), 200);
+    assert!(data_round(&s, port, &all, 300, 20));
+}
+
+/// A process of host protocol 1 (builds before `6d9d9e4`) gets, at once, a `Welcome`
+/// without a slot and `EPROTONOSUPPORT`, which those builds report as the coordinator
+/// refusing them; before, the coordinator hung up and it said hello again for 5 s.
+#[test]
+fn a_member_of_protocol_1_is_refused_at_once() {
+    let (device, port) = group();
+    let a = Proc::spawn(&device, port, &[]);
+    let old = RawMember::new(&device, port, Some(&hello_of_protocol_1()));
+    let mut welcome = vec![1u8, 0, 0, 0, 0];
+    welcome.extend_from_slice(&libc_eprotonosupport().to_le_bytes());
+    assert_eq!(old.answer(Duration::from_secs(1)), Some(welcome));
+    drop(old);
+    let b = Proc::spawn(&device, port, &[]);
+    let s = sender();
+    wait_steered(&s, port, &[&a, &b], Duration::from_secs(2), 1);
+}
+
+fn libc_eprotonosupport() -> i32 {
+    93
+}
+
+/// Processes that stopped answering, of this build or of others, beside a group: a member
+/// stopped after it joined (SIGSTOP, a debugger), a process of an older build (its hello in
+/// the layout of host protocol 1) and one of a newer build (a versioned hello of a version
+/// this build does not know), each with its socket in the group and its connection open,
+/// never reading; and a connection that never says anything. Newcomers still join within
+/// 1.5 s each, and every member gets exactly its own datagrams.
+#[test]
+fn stuck_processes_do_not_block_joins() {
+    let (device, port) = group();
+    let a = Proc::spawn(&device, port, &[]);
+    assert!(a.coordinator);
+    let b = Proc::spawn(&device, port, &[]);
+    let stopped = Proc::spawn(&device, port, &[]);
+    signal(&stopped, rustix::process::Signal::STOP);
+    let _older = RawMember::new(&device, port, Some(&hello_of_protocol_1()));
+    let _newer = RawMember::new(&device, port, Some(&join_of_version_99()));
+    let _silent = RawMember::new(&device, port, None);
+    let mut joined = Vec::new();
+    for _ in 0..2 {
+        let start = Instant::now();
+        let mut p = Proc::start(&device, port, &[], false);
+        p.await_ready(0, Duration::from_secs(3));
+        println!("joined beside the stuck processes in {:?}", start.elapsed());
+        assert!(start.elapsed() < Duration::from_millis(1500), "joined in {:?}", start.elapsed());
+        joined.push(p);
+    }
+    let s = sender();
+    let live: Vec<&Proc> = [&a, &b].into_iter().chain(&joined).collect();
+    wait_steered(&s, port, &live, Duration::from_secs(2), 1);
+    assert!(data_round(&s, port, &live, 100, 20));
+    signal(&stopped, rustix::process::Signal::CONT);
+}
+
+/// A coordinator that stops answering (SIGSTOP, a debugger) holds the name: nobody else
+/// can coordinate the port. A newcomer fails within a second, naming the process and its
+/// state, instead of waiting 5 s; once it runs again, newcomers join.
+#[test]
+fn a_stopped_coordinator_fails_joins_fast_and_names_itself() {
+    let (device, port) = group();
+    let c = Proc::spawn(&device, port, &[]);
+    assert!(c.coordinator);
+    let m = Proc::spawn(&device, port, &[]);
+    signal(&c, rustix::process::Signal::STOP);
+    let (err, took) = Proc::refused_as(&device, port, None);
+    println!("{err} ({took:?} from the start of the process)");
+    assert!(err.contains(&format!("is coordinated by process {} (", c.child.id())), "{err}");
+    assert!(err.contains("it is stopped"), "{err}");
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    signal(&c, rustix::process::Signal::CONT);
+    let late = Proc::spawn(&device, port, &[]);
+    let s = sender();
+    wait_steered(&s, port, &[&c, &m, &late], Duration::from_secs(2), 1);
 }

@@ -5,6 +5,7 @@
 #![allow(dead_code, unreachable_pub, clippy::print_stdout)]
 
 pub mod child;
+pub mod netns;
 
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU16, Ordering};

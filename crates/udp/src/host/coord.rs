@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use rustix::event::PollFlags;
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use super::proto::{self, MAX_RECORD, ToCoord, ToMember};
+use super::proto::{self, Envelope, MAX_RECORD, Speaks, ToCoord, ToMember};
 use super::steer::{self, Table};
 use super::{MAX_SLOTS, random_u64};
 
@@ -102,8 +102,19 @@ struct Conn {
     hold_acked: u64,
     /// Registered, waiting to hear that its slot is steered.
     awaiting: bool,
+    /// A steered member that did not answer the probes of a round that timed out (its
+    /// process is stopped, or stuck): the rounds after it complete without its answers,
+    /// keeping its last known index, so that it does not hold up every change by a round
+    /// timeout, until it says anything again.
+    silent: bool,
     /// A hello waiting for the failover grace period to end.
     deferred: Option<(ToCoord, Vec<OwnedFd>)>,
+    /// Refused (a process of a version this coordinator does not speak): what it sends
+    /// next is ignored.
+    refused: bool,
+    /// The sockets a refused process sent: in their groups as long as it lives, each at
+    /// an index the probes must count; tombstones once it hangs up.
+    foreign: Vec<Sock>,
 }
 
 struct Round {
@@ -136,6 +147,9 @@ impl Round {
 pub(crate) struct Server {
     listener: OwnedFd,
     port: u16,
+    /// The versions it speaks, and what it tells a process it refuses.
+    speaks: Speaks,
+    me: Envelope,
     conns: Vec<Conn>,
     next_conn: u64,
     next_fresh: u32,
@@ -168,7 +182,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Binds the coordinator's name; `Ok(None)` when another process holds it.
-    pub(crate) fn bind(name: &[u8], port: u16, failover: bool) -> io::Result<Option<Self>> {
+    pub(crate) fn bind(name: &[u8], port: u16, failover: bool, speaks: Speaks) -> io::Result<Option<Self>> {
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -184,6 +198,8 @@ impl Server {
         Ok(Some(Self {
             listener: fd,
             port,
+            speaks,
+            me: Envelope::me(speaks.newest()),
             conns: Vec::new(),
             next_conn: 1,
             next_fresh: 1,
@@ -305,7 +321,10 @@ impl Server {
                         hold_sent: Some((0, Vec::new())),
                         hold_acked: 0,
                         awaiting: false,
+                        silent: false,
                         deferred: None,
+                        refused: false,
+                        foreign: Vec::new(),
                     });
                 }
                 Err(rustix::io::Errno::INTR) => {}
@@ -319,8 +338,14 @@ impl Server {
             let Some(conn) = self.conns.iter().find(|c| c.id == id) else { return };
             match proto::recv(&conn.fd, &mut self.buf) {
                 Ok(Some((len, fds))) => match ToCoord::decode(&self.buf[..len]) {
+                    // Protocol 2's hello, to a coordinator (a test's) that does not speak it.
+                    Some(ToCoord::Hello { .. }) if !self.speaks.legacy() => self.refuse(id, fds, false),
                     Some(m) => self.message(id, m, fds),
-                    None => return self.remove(id),
+                    // A first record this build cannot read comes from a process of another
+                    // version, which may have joined a group: refused, its sockets held.
+                    None if conn.slot == 0 && !conn.refused => self.refuse(id, fds, true),
+                    // A registered member's record of a later version: ignored.
+                    None => {}
                 },
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -344,6 +369,12 @@ impl Server {
     fn remove(&mut self, id: u64) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
         let conn = self.conns.swap_remove(pos);
+        if !conn.foreign.is_empty() {
+            // Its process closed them, or is gone: they stay in place until compacted.
+            self.tombstones.extend(conn.foreign.into_iter().map(|s| (s, Tomb::Other)));
+            self.dirty = true;
+            self.holders_dirty = true;
+        }
         if conn.slot != 0 {
             self.free.push_back(conn.slot);
             for map in self.index_of.values_mut() {
@@ -381,8 +412,9 @@ impl Server {
                 continue;
             }
             let top = map.values().map(|&i| i as usize + 1).max().unwrap_or(0);
-            let mut held = self.conns.iter().flat_map(|c| &c.sockets).filter(|s| s.addr == addr).count()
-                + self.tombstones.iter().filter(|t| t.0.addr == addr).count();
+            let mut held =
+                self.conns.iter().flat_map(|c| c.sockets.iter().chain(&c.foreign)).filter(|s| s.addr == addr).count()
+                    + self.tombstones.iter().filter(|t| t.0.addr == addr).count();
             while held > top {
                 let Some(pos) = self.tombstones.iter().position(|t| t.0.addr == addr) else { break };
                 drop(self.tombstones.swap_remove(pos));
@@ -481,7 +513,7 @@ impl Server {
     /// Whether this coordinator holds the socket `ino` already (a member's or a
     /// tombstone).
     fn holds(&self, ino: Ino) -> bool {
-        self.conns.iter().flat_map(|c| &c.sockets).any(|s| s.ino == ino)
+        self.conns.iter().flat_map(|c| c.sockets.iter().chain(&c.foreign)).any(|s| s.ino == ino)
             || self.tombstones.iter().any(|t| t.0.ino == ino)
     }
 
@@ -506,9 +538,58 @@ impl Server {
         self.conns.iter().find(|c| c.listeners.contains(&service)).map(|c| c.id)
     }
 
+    /// Refuses a process of a version this coordinator does not speak, in words its
+    /// version reads (`versioned`: a [`ToMember::Refused`]; otherwise a `Welcome` without a
+    /// slot, which protocols 1 and 2 report as an error at once), and holds the sockets it
+    /// sent for as long as its connection is open: it joined their groups before its hello,
+    /// so each takes an index there, which the probes must count (a member that joins after
+    /// it would otherwise never be probed), and when it closes them, the held copies keep
+    /// every other socket in place. The connection stays open: hanging up would not close
+    /// its sockets, and a process of protocol 1 or 2 would only say hello again.
+    fn refuse(&mut self, id: u64, fds: Vec<OwnedFd>, versioned: bool) {
+        let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        for fd in fds {
+            if let Some(sock) = Sock::new(fd, self.port) {
+                if !self.holds(sock.ino) {
+                    self.conns[pos].foreign.push(sock);
+                    self.dirty = true;
+                }
+            }
+        }
+        self.conns[pos].refused = true;
+        let answer = if versioned {
+            ToMember::Refused { oldest: self.speaks.oldest(), envelope: self.me.clone() }
+        } else {
+            ToMember::Welcome { slot: 0, errno: libc::EPROTONOSUPPORT }
+        };
+        self.send(id, &answer);
+    }
+
     fn message(&mut self, id: u64, m: ToCoord, fds: Vec<OwnedFd>) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        if self.conns[pos].refused {
+            return;
+        }
+        if std::mem::take(&mut self.conns[pos].silent) {
+            // It runs again: a round finds where its socket is now.
+            self.dirty = true;
+        }
         match m {
+            ToCoord::Join { .. } if self.speaks.join_version().is_none() => {
+                // A coordinator of protocol 2 (a test's) cannot decode it: it hangs up.
+                self.remove(id);
+            }
+            ToCoord::Join { envelope, body } => {
+                if self.conns[pos].slot != 0 {
+                    return;
+                }
+                let hello = ToCoord::hello_of(envelope.pid, &body);
+                match hello.filter(|_| Some(envelope.version) == self.speaks.join_version()) {
+                    Some(hello) => self.message(id, hello, fds),
+                    None => self.refuse(id, fds, true),
+                }
+            }
+            ToCoord::HelloV1 { .. } => self.refuse(id, fds, false),
             ToCoord::Hello { sockets: n, .. } if fds.len() > n as usize => {
                 let mut fds = fds;
                 let kept = fds.split_off(n as usize);
@@ -667,11 +748,14 @@ impl Server {
         for c in self.conns.iter().filter(|c| c.slot != 0) {
             for s in &c.sockets {
                 *expected.entry(s.addr).or_default() += 1;
-                members.entry(s.addr).or_default().insert(c.slot);
+                if !c.silent {
+                    members.entry(s.addr).or_default().insert(c.slot);
+                }
             }
         }
-        for (t, _) in &self.tombstones {
-            if let Some(n) = expected.get_mut(&t.addr) {
+        // Tombstones and refused processes' sockets take indices too (never answered).
+        for s in self.tombstones.iter().map(|t| &t.0).chain(self.conns.iter().flat_map(|c| &c.foreign)) {
+            if let Some(n) = expected.get_mut(&s.addr) {
                 *n += 1;
             }
         }
@@ -734,19 +818,26 @@ impl Server {
             let mut found = round.found.get(&addr).cloned().unwrap_or_default();
             found.retain(|_, s| !round.conflicts.contains(&(addr, *s)));
             let mut map: BTreeMap<u32, u32> = found.iter().map(|(&i, &s)| (s, i)).collect();
-            if !complete {
-                // Keep the last known index of members that did not answer, where no one
-                // else answered for it: the best guess until the next round.
-                let taken: BTreeSet<u32> = found.keys().copied().collect();
-                if let Some(old) = self.index_of.get(&addr) {
-                    for (&s, &i) in old {
-                        if live.contains(&s) && !map.contains_key(&s) && !taken.contains(&i) && (i as usize) < n {
-                            map.insert(s, i);
-                        }
+            // Keep the last known index of members that did not answer (a round that timed
+            // out, or silent members), where no one else answered for it: the best guess
+            // until they answer.
+            let taken: BTreeSet<u32> = found.keys().copied().collect();
+            if let Some(old) = self.index_of.get(&addr) {
+                for (&s, &i) in old {
+                    if live.contains(&s) && !map.contains_key(&s) && !taken.contains(&i) && (i as usize) < n {
+                        map.insert(s, i);
                     }
                 }
             }
             index_of.insert(addr, map);
+        }
+        if !complete {
+            // Steered members that answered nothing are silent from now on; a joining one
+            // keeps the rounds going instead (its probes may have been lost).
+            let answered: BTreeSet<u32> = round.found.values().flat_map(|f| f.values().copied()).collect();
+            for c in self.conns.iter_mut().filter(|c| c.slot != 0 && !c.awaiting && !answered.contains(&c.slot)) {
+                c.silent = round.members.values().any(|m| m.contains(&c.slot)) || c.silent;
+            }
         }
         self.index_of = index_of;
         self.install();

@@ -1,5 +1,22 @@
 //! Messages between members and the coordinator, one per `SOCK_SEQPACKET` record, with
 //! the members' UDP sockets passed as `SCM_RIGHTS`.
+//!
+//! **Versions.** Processes of different softrdma builds meet on one port, so the protocol
+//! has a number ([`VERSION`]):
+//! 1. the first (`ce78613`..`b99f578`): the hello is pid, slot, listeners;
+//! 2. (`6d9d9e4`..`b0edaa1`) the hello also says how many of its sockets are the member's
+//!    own ([`ToCoord::Hello`], tag 1, which this build still speaks and accepts); the
+//!    coordinator gives members sockets to hold ([`ToMember::Keep`], then
+//!    [`ToMember::Hold`], [`ToCoord::Held`] and [`ToCoord::Adopt`], added compatibly);
+//! 3. a member opens with a versioned hello ([`ToCoord::Join`], tag 7), which a
+//!    coordinator answers in that version or refuses ([`ToMember::Refused`], tag 6).
+//!
+//! What never changes, so that processes of any two versions from 3 on can name each other
+//! when they cannot work together: the coordinator's name, that a member's first record is
+//! a `Join` whose first fields are [`Envelope`] (the version, then who sends it) and that
+//! carries the member's sockets, and the layout of `Refused`. Coordinators of versions 1
+//! and 2 cannot decode a `Join` and hang up; a member then says hello in protocol 2's
+//! layout.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
@@ -14,6 +31,89 @@ pub(crate) const MAX_FDS: usize = 16;
 /// Largest record: a hello with this many listeners fits.
 pub(crate) const MAX_RECORD: usize = 64 * 1024;
 
+/// The host protocol this build speaks.
+pub(crate) const VERSION: u32 = 3;
+/// The version before [`VERSION`], whose hello ([`ToCoord::Hello`]) this build still speaks
+/// to a coordinator of that version and accepts from its members.
+pub(crate) const LEGACY_VERSION: u32 = 2;
+
+/// This build, as a process names it to another.
+pub(crate) const BUILD: &str = concat!("softrdma ", env!("CARGO_PKG_VERSION"));
+
+/// The versions a process speaks: [`VERSION`] and [`LEGACY_VERSION`]'s hello, unless a
+/// test makes it a process of another version
+/// ([`Member::join_as`](super::Member::join_as)): [`LEGACY_VERSION`] alone is a process of
+/// that version (no `Join`), any other a process of that version only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Speaks(pub(crate) u32);
+
+impl Speaks {
+    /// The version of its [`ToCoord::Join`]; `None` for a process of protocol 2, which
+    /// sends none (and, as a coordinator, cannot decode one).
+    pub(crate) fn join_version(self) -> Option<u32> {
+        (self.0 != LEGACY_VERSION).then_some(self.0)
+    }
+    /// Whether it speaks protocol 2's [`ToCoord::Hello`].
+    pub(crate) fn legacy(self) -> bool {
+        self.0 == VERSION || self.0 == LEGACY_VERSION
+    }
+    pub(crate) fn oldest(self) -> u32 {
+        if self.legacy() { LEGACY_VERSION } else { self.0 }
+    }
+    pub(crate) fn newest(self) -> u32 {
+        self.0
+    }
+}
+
+/// Who sends a [`ToCoord::Join`] or a [`ToMember::Refused`]; the same layout in every
+/// version.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Envelope {
+    pub(crate) version: u32,
+    pub(crate) pid: u32,
+    /// The softrdma build (`softrdma 0.1.0`).
+    pub(crate) build: String,
+    /// The program's path.
+    pub(crate) program: String,
+}
+
+impl Envelope {
+    /// This process, speaking `version`.
+    pub(crate) fn me(version: u32) -> Self {
+        let program = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_default();
+        Self {
+            version,
+            pid: std::process::id(),
+            build: concat!("softrdma ", env!("CARGO_PKG_VERSION")).into(),
+            program,
+        }
+    }
+
+    fn encode(&self, b: &mut Vec<u8>) {
+        b.extend_from_slice(&self.version.to_le_bytes());
+        b.extend_from_slice(&self.pid.to_le_bytes());
+        put_str(b, &self.build);
+        put_str(b, &self.program);
+    }
+
+    fn decode(r: &mut Reader<'_>) -> Option<Self> {
+        Some(Self { version: r.u32()?, pid: r.u32()?, build: r.str()?, program: r.str()? })
+    }
+}
+
+/// A string: its length (u16, at most [`MAX_STR`]) and UTF-8 bytes.
+fn put_str(b: &mut Vec<u8>, s: &str) {
+    let mut end = s.len().min(MAX_STR);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    b.extend_from_slice(&(end as u16).to_le_bytes());
+    b.extend_from_slice(&s.as_bytes()[..end]);
+}
+
+/// Longest string in an [`Envelope`].
+const MAX_STR: usize = 1024;
+
 /// Member → coordinator.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum ToCoord {
@@ -25,6 +125,13 @@ pub(crate) enum ToCoord {
     /// predates holders: members and coordinators of that version still register with
     /// each other.)
     Hello { pid: u32, slot: u32, sockets: u32, listeners: Vec<u64> },
+    /// The hello of protocol 1 (tag 1 too): it says neither its version nor how many of its
+    /// sockets are its own. Decoded only to refuse it.
+    HelloV1 { pid: u32 },
+    /// The first record of a member of protocol 3 or later: who it is and which version it
+    /// speaks, then that version's hello (`body`), with the sockets as in a [`Hello`](Self::Hello).
+    /// Version 3's body is a `Hello`'s fields after the pid ([`join`](Self::join)).
+    Join { envelope: Envelope, body: Vec<u8> },
     /// After a hello, when what the member holds did not fit in it: more sockets to adopt.
     /// The member keeps holding them until told otherwise.
     Adopt,
@@ -57,6 +164,10 @@ pub(crate) enum ToMember {
     /// What a coordinator of the version before holders sends instead: hold these
     /// sockets (they replace the ones held before); not answered.
     Keep,
+    /// The answer to a [`ToCoord::Join`] of a version the coordinator does not speak: the
+    /// oldest and newest versions it speaks, and who it is (`envelope.version` is the newest).
+    /// The same layout in every version.
+    Refused { oldest: u32, envelope: Envelope },
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -75,9 +186,37 @@ impl Reader<'_> {
     fn u64(&mut self) -> Option<u64> {
         self.take().map(u64::from_le_bytes)
     }
+    fn str(&mut self) -> Option<String> {
+        let len = usize::from(u16::from_le_bytes(self.take()?));
+        let (head, rest) = self.0.split_at_checked(len)?;
+        self.0 = rest;
+        Some(String::from_utf8_lossy(head).into_owned())
+    }
 }
 
 impl ToCoord {
+    /// A member's [`Join`](Self::Join) in `envelope.version`, with version 3's body.
+    pub(crate) fn join(envelope: Envelope, slot: u32, sockets: u32, listeners: &[u64]) -> Self {
+        let mut body = Vec::with_capacity(8 + 8 * listeners.len());
+        body.extend_from_slice(&slot.to_le_bytes());
+        body.extend_from_slice(&sockets.to_le_bytes());
+        for l in listeners {
+            body.extend_from_slice(&l.to_le_bytes());
+        }
+        Self::Join { envelope, body }
+    }
+
+    /// The [`Hello`](Self::Hello) of a `Join` with version 3's body.
+    pub(crate) fn hello_of(pid: u32, body: &[u8]) -> Option<Self> {
+        let mut r = Reader(body);
+        let (slot, sockets) = (r.u32()?, r.u32()?);
+        let mut listeners = Vec::new();
+        while !r.0.is_empty() {
+            listeners.push(r.u64()?);
+        }
+        Some(Self::Hello { pid, slot, sockets, listeners })
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut b = Vec::with_capacity(24);
         match self {
@@ -100,10 +239,20 @@ impl ToCoord {
                 b.extend_from_slice(&index.to_le_bytes());
                 b.extend_from_slice(&nonce.to_le_bytes());
             }
+            Self::HelloV1 { pid } => {
+                b.push(1);
+                b.extend_from_slice(&pid.to_le_bytes());
+                b.extend_from_slice(&0u32.to_le_bytes());
+            }
             Self::Adopt => b.push(5),
             Self::Held { generation } => {
                 b.push(6);
                 b.extend_from_slice(&generation.to_le_bytes());
+            }
+            Self::Join { envelope, body } => {
+                b.push(7);
+                envelope.encode(&mut b);
+                b.extend_from_slice(body);
             }
         }
         b
@@ -113,6 +262,8 @@ impl ToCoord {
         let (&tag, rest) = b.split_first()?;
         let mut r = Reader(rest);
         let m = match tag {
+            // Protocol 1's hello: pid, slot and whole listeners; protocol 2's has 4 bytes more.
+            1 if rest.len() % 8 == 0 => Self::HelloV1 { pid: r.u32()? },
             1 => {
                 let (pid, slot, sockets) = (r.u32()?, r.u32()?, r.u32()?);
                 let mut listeners = Vec::new();
@@ -126,8 +277,16 @@ impl ToCoord {
             4 => Self::ProbeAnswer { index: r.u32()?, nonce: r.u64()? },
             5 => Self::Adopt,
             6 => Self::Held { generation: r.u64()? },
+            7 => {
+                let envelope = Envelope::decode(&mut r)?;
+                Self::Join { envelope, body: std::mem::take(&mut r.0).to_vec() }
+            }
             _ => return None,
         };
+        if let Self::HelloV1 { .. } = m {
+            // The rest (slot, listeners) does not matter: it is refused.
+            return Some(m);
+        }
         r.0.is_empty().then_some(m)
     }
 }
@@ -153,6 +312,11 @@ impl ToMember {
                 b.extend_from_slice(&id.to_le_bytes());
                 b.extend_from_slice(&errno.to_le_bytes());
             }
+            Self::Refused { oldest, envelope } => {
+                b.push(6);
+                b.extend_from_slice(&oldest.to_le_bytes());
+                envelope.encode(&mut b);
+            }
         }
         b
     }
@@ -170,6 +334,7 @@ impl ToMember {
                 Self::Hold { generation, done: done != 0 }
             }
             3 => Self::Reply { id: r.u64()?, errno: r.i32()? },
+            6 => Self::Refused { oldest: r.u32()?, envelope: Envelope::decode(&mut r)? },
             _ => return None,
         };
         r.0.is_empty().then_some(m)
@@ -225,6 +390,9 @@ mod tests {
             ToCoord::Listen { id: 1, service: 0x0106_0000_0000_1c06 },
             ToCoord::Unlisten { id: 2, service: 5 },
             ToCoord::ProbeAnswer { index: 4, nonce: 0xdead_beef_0000_0001 },
+            ToCoord::HelloV1 { pid: 7 },
+            ToCoord::join(Envelope::me(VERSION), 3, 2, &[1, u64::MAX]),
+            ToCoord::Join { envelope: Envelope::me(99), body: vec![] },
         ] {
             assert_eq!(ToCoord::decode(&m.encode()), Some(m));
         }
@@ -235,10 +403,59 @@ mod tests {
             ToMember::Hold { generation: u64::MAX, done: true },
             ToMember::Keep,
             ToMember::Reply { id: 3, errno: libc::EADDRINUSE },
+            ToMember::Refused { oldest: 2, envelope: Envelope::me(3) },
         ] {
             assert_eq!(ToMember::decode(&m.encode()), Some(m));
         }
         assert_eq!(ToCoord::decode(&[2, 0]), None);
         assert_eq!(ToMember::decode(&[]), None);
+    }
+
+    fn envelope() -> Envelope {
+        Envelope { version: 3, pid: 0x1234, build: "b".into(), program: "/p".into() }
+    }
+
+    /// The layouts every version keeps: a `Join` opens with its version and sender; a
+    /// `Refused` with the versions and the coordinator.
+    #[test]
+    fn stable_layouts() {
+        let join = ToCoord::join(envelope(), 5, 1, &[]).encode();
+        assert_eq!(
+            join,
+            [&[7, 3, 0, 0, 0, 0x34, 0x12, 0, 0, 1, 0, b'b', 2, 0, b'/', b'p'][..], &[5, 0, 0, 0, 1, 0, 0, 0]].concat()
+        );
+        assert_eq!(
+            ToCoord::hello_of(0x1234, &join[16..]),
+            Some(ToCoord::Hello { pid: 0x1234, slot: 5, sockets: 1, listeners: vec![] })
+        );
+        let refused = ToMember::Refused { oldest: 2, envelope: envelope() }.encode();
+        assert_eq!(refused, [6, 2, 0, 0, 0, 3, 0, 0, 0, 0x34, 0x12, 0, 0, 1, 0, b'b', 2, 0, b'/', b'p']);
+    }
+
+    /// Protocol 1's hello (pid, slot, listeners) and protocol 2's (pid, slot, sockets,
+    /// listeners) share tag 1; their lengths tell them apart.
+    #[test]
+    fn hellos_of_protocols_1_and_2() {
+        let mut v1 = vec![1u8];
+        for x in [7u32, 0] {
+            v1.extend_from_slice(&x.to_le_bytes());
+        }
+        assert_eq!(ToCoord::decode(&v1), Some(ToCoord::HelloV1 { pid: 7 }));
+        v1.extend_from_slice(&0x0106_0000_0000_1c06u64.to_le_bytes());
+        assert_eq!(ToCoord::decode(&v1), Some(ToCoord::HelloV1 { pid: 7 }));
+        let v2 = ToCoord::Hello { pid: 7, slot: 0, sockets: 1, listeners: vec![5] };
+        assert_eq!(ToCoord::decode(&v2.encode()), Some(v2));
+    }
+
+    #[test]
+    fn long_strings_are_cut_at_a_character() {
+        let long = "é".repeat(MAX_STR);
+        let e = Envelope { program: long.clone(), ..envelope() };
+        let Some(ToCoord::Join { envelope, .. }) =
+            ToCoord::decode(&ToCoord::Join { envelope: e, body: vec![] }.encode())
+        else {
+            panic!("decodes")
+        };
+        assert_eq!(envelope.program, long[..MAX_STR]);
     }
 }
