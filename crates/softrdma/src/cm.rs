@@ -9,7 +9,8 @@
 //! As with librdmacm, a QP attached to an ID ([`CmId::create_qp`]) is driven through its
 //! states by the connection: INIT at creation, RTR and RTS before `accept` sends the REP or
 //! when the REP arrives (the application sees `ESTABLISHED`, not `CONNECT_RESPONSE`), and
-//! ERR on `disconnect` or when the peer disconnects, so that outstanding work flushes.
+//! ERR on `disconnect`, when the peer disconnects or when the connection is rejected, so
+//! that outstanding work flushes.
 //!
 //! The verbs helpers of `<rdma/rdma_verbs.h>` (`rdma_post_recv`, `rdma_post_recvv`,
 //! `rdma_post_send`, `rdma_post_read`, `rdma_post_write` with inline data and no MR,
@@ -720,7 +721,11 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                         kind = CmEventKind::Established;
                         st.cm_established_early.insert(ev.id.0);
                     }
-                    Err(_) => kind = CmEventKind::ConnectError,
+                    Err(_) => {
+                        // ucma_process_conn_resp's error path: the QP goes to ERR.
+                        qp_to_error(st, qpn);
+                        kind = CmEventKind::ConnectError;
+                    }
                 }
             }
             (CmEventKind::Established, _) if st.cm_established_early.remove(&ev.id.0) => {
@@ -728,6 +733,12 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                 continue;
             }
             (CmEventKind::Disconnected, Some(qpn)) => qp_to_error(st, qpn),
+            // librdmacm's rdma_get_cm_event moves the QP of a REJECTED ID to ERR
+            // (ucma_modify_qp_err), so that receives posted before rdma_connect flush
+            // (WR_FLUSH_ERR) and the QP cannot be used by mistake; the ID's only way on is
+            // rdma_destroy_id (rdma_resolve_addr, _route and rdma_connect fail with EINVAL,
+            // as in the kernel, whose ID stays in RDMA_CM_CONNECT).
+            (CmEventKind::Rejected, Some(qpn)) => qp_to_error(st, qpn),
             _ => {}
         }
         let listen_id = listen.map(|inner| CmId { inner });
