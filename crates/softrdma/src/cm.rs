@@ -363,12 +363,20 @@ impl CmId {
         if bindings.is_empty() {
             return Err(Error::Unbound("listen (call bind_addr first)"));
         }
-        for b in bindings.iter_mut() {
-            let service = {
-                let mut st = b.ctx.drv.shared.lock();
-                st.cm.listen(b.id, backlog)?;
-                st.cm.listen_service_id(b.id)
-            };
+        // Every device's CM listens first, then the services are registered with the hosts
+        // (a round trip to each coordinator, which installs a steering program: up to
+        // milliseconds): a REQ that reaches this process meanwhile (it is the host's only
+        // one, say) finds the listener, as it would in the kernel, where rdma_listen
+        // listens on every device at once. Registered one device after the other, the last
+        // device listened milliseconds late, and perftest -R's client, which connects as
+        // soon as its server has answered over the exchange connection, met REJ 8.
+        let mut services = Vec::with_capacity(bindings.len());
+        for b in bindings.iter() {
+            let mut st = b.ctx.drv.shared.lock();
+            st.cm.listen(b.id, backlog)?;
+            services.push(st.cm.listen_service_id(b.id));
+        }
+        for (b, service) in bindings.iter_mut().zip(services) {
             if let Some(service) = service {
                 // Outside the device lock: the host's coordinator may need this process's
                 // progress thread meanwhile.
