@@ -70,3 +70,8 @@ fn async_events_name_their_cq_and_srq() {
 fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
     passes("fork_exit");
 }
+
+#[test]
+fn a_wildcard_listeners_devices_stay_open_after_it_is_destroyed() {
+    passes("wildcard_devices");
+}

@@ -521,6 +521,12 @@ impl CmId {
         self.inner.bindings().into_iter().next().map(|b| b.ctx)
     }
 
+    /// Every device context the ID is bound to: one, or for a wildcard `bind_addr` one per
+    /// device it listens on.
+    pub fn contexts(&self) -> Vec<Context> {
+        self.inner.bindings().into_iter().map(|b| b.ctx).collect()
+    }
+
     /// The attached QP (`id->qp`).
     pub fn qp(&self) -> Option<Qp> {
         self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.clone())
