@@ -6,8 +6,9 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use common::*;
 
@@ -83,8 +84,8 @@ fn a_wildcard_listeners_devices_stay_open_after_it_is_destroyed() {
 }
 
 /// perftest -R's client retrying after REJ 8 (tests/c/rejected_retry.c), with each cleanup
-/// perftest has used, against a server process whose listener comes 400 ms late: past the
-/// same-host REQ resends (63 ms), so that the client sees REJECTED on one host too.
+/// perftest has used, against a server process that listens only after the client's second
+/// REJECTED: on one host the REJ comes once the same-host REQ resends (63 ms) are spent.
 #[test]
 fn perftests_retry_after_rej_8_connects_on_one_host() {
     let lib = lib_dir("capi-rejected_retry");
@@ -93,14 +94,14 @@ fn perftests_retry_after_rej_8_connects_on_one_host() {
     let port = 7000 + (std::process::id() % 1000) as u16 * 4;
     for (i, cleanup) in ["upstream", "debian"].into_iter().enumerate() {
         let port = (port + 2 * i as u16).to_string();
-        let server = spawn(None, &exe, &lib.path, &["server", "127.0.0.1", &port, "400"]);
+        let server = spawn(None, &exe, &lib.path, &["server", "127.0.0.1", &port]);
         pair(server, spawn(None, &exe, &lib.path, &["client", "127.0.0.1", &port, cleanup]), cleanup);
     }
 }
 
 /// The same between two hosts (network namespaces joined by veth), where nothing resends a
-/// rejected REQ: the peer's REJ 8 reaches the client at once, every time until the listener
-/// is there. Needs root; skips, saying why, where namespaces cannot be made.
+/// rejected REQ: the peer's REJ 8 reaches the client at once. Needs root; skips, saying why,
+/// where namespaces cannot be made.
 #[test]
 fn perftests_retry_after_rej_8_connects_across_two_hosts() {
     let ns = match Netns::create(&format!("rr{}", std::process::id() % 100_000)) {
@@ -114,14 +115,15 @@ fn perftests_retry_after_rej_8_connects_across_two_hosts() {
     assert!(lib.rdmacm, "librdmacm.so.1 was not built");
     let Some(exe) = build_c("rejected_retry", &lib.path) else { return };
     for (port, cleanup) in [("7481", "upstream"), ("7483", "debian")] {
-        let server = spawn(Some(&ns.names[1]), &exe, &lib.path, &["server", Netns::ADDRS[1], port, "400"]);
+        let server = spawn(Some(&ns.names[1]), &exe, &lib.path, &["server", Netns::ADDRS[1], port]);
         let client = spawn(Some(&ns.names[0]), &exe, &lib.path, &["client", Netns::ADDRS[1], port, cleanup]);
         pair(server, client, cleanup);
     }
 }
 
-/// `exe args` over the libraries in `lib`, in network namespace `netns`.
-fn spawn(netns: Option<&str>, exe: &Path, lib: &Path, args: &[&str]) -> std::process::Child {
+/// `exe args` over the libraries in `lib`, in network namespace `netns`, its standard
+/// streams piped.
+fn spawn(netns: Option<&str>, exe: &Path, lib: &Path, args: &[&str]) -> Child {
     let mut cmd = match netns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -130,28 +132,39 @@ fn spawn(netns: Option<&str>, exe: &Path, lib: &Path, args: &[&str]) -> std::pro
         }
         None => Command::new(exe),
     };
-    cmd.args(args).env("LD_LIBRARY_PATH", lib).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args).env("LD_LIBRARY_PATH", lib).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.spawn().expect("starting the C test")
 }
 
-/// Waits for the client, then the server (killed if the client failed); each must print
-/// "ok".
-fn pair(mut server: std::process::Child, client: std::process::Child, what: &str) {
+/// Tells the server to listen once the client says "rejected 2", then waits for the client
+/// and the server (killed if the client failed); each must end with "ok".
+fn pair(mut server: Child, mut client: Child, what: &str) {
+    let mut server_stdin = server.stdin.take();
+    let mut said = String::new();
+    for line in BufReader::new(client.stdout.take().expect("the client's stdout")).lines() {
+        let Ok(line) = line else { break };
+        if line == "rejected 2" {
+            if let Some(mut stdin) = server_stdin.take() {
+                let _ = stdin.write_all(b"listen\n");
+            }
+        }
+        said.push_str(&line);
+        said.push('\n');
+    }
     let client = client.wait_with_output().expect("waiting for the client");
     if !client.status.success() {
         let _ = server.kill();
     }
+    drop(server_stdin);
     let server = server.wait_with_output().expect("waiting for the server");
-    let text = |o: &std::process::Output| {
-        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-    };
-    let ok = |o: &std::process::Output| o.status.success() && String::from_utf8_lossy(&o.stdout).trim() == "ok";
+    let server_said = String::from_utf8_lossy(&server.stdout);
+    let ok = client.status.success() && said.ends_with("ok\n") && server.status.success() && server_said.trim() == "ok";
     assert!(
-        ok(&client) && ok(&server),
-        "{what}: client {}: {}server {}: {}",
+        ok,
+        "{what}: client {}: {said}{}server {}: {server_said}{}",
         client.status,
-        text(&client),
+        String::from_utf8_lossy(&client.stderr),
         server.status,
-        text(&server)
+        String::from_utf8_lossy(&server.stderr)
     );
 }

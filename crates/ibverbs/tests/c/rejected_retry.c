@@ -2,11 +2,14 @@
  * listener), it cleans up and tries again until the listener is there, as perftest's
  * rdma_cm_client_connection does. Two processes, possibly on two hosts:
  *
- *   rejected_retry server ADDR PORT DELAY_MS   listens on PORT+1 at once (its process is
- *                                              there to answer REJ 8), on PORT DELAY_MS
- *                                              later; accepts one connection, takes one
- *                                              message, waits for DISCONNECTED
- *   rejected_retry client ADDR PORT CLEANUP    connects to ADDR:PORT, again after each REJ
+ *   rejected_retry server ADDR PORT          listens on PORT+1 at once (its process is there
+ *                                            to answer REJ 8), on PORT once a line comes on
+ *                                            its standard input; accepts one connection,
+ *                                            takes one message, waits for DISCONNECTED
+ *   rejected_retry client ADDR PORT CLEANUP  connects to ADDR:PORT, again after each REJ,
+ *                                            printing "rejected N" after the Nth
+ *
+ * (The test that runs them lets the server listen after the client's second REJECTED.)
  *
  * CLEANUP is what the client does after a REJECTED before it tries again:
  *   upstream  perftest since 3d9d8d0: rdma_destroy_qp, rdma_destroy_id, a new ID on the same
@@ -47,7 +50,7 @@ static struct rdma_cm_id *expect(struct rdma_event_channel *ch, enum rdma_cm_eve
     return id;
 }
 
-static int server(const char *ip, int port, int delay_ms) {
+static int server(const char *ip, int port) {
     struct rdma_event_channel *ch = rdma_create_event_channel();
     CHECK(ch, "rdma_create_event_channel");
     struct sockaddr_in other = addr_of(ip, port + 1), addr = addr_of(ip, port);
@@ -55,7 +58,8 @@ static int server(const char *ip, int port, int delay_ms) {
     CHECK(rdma_create_id(ch, &other_id, NULL, RDMA_PS_TCP) == 0 &&
               rdma_bind_addr(other_id, (struct sockaddr *)&other) == 0 && rdma_listen(other_id, 1) == 0,
           "a listener on PORT+1");
-    usleep(delay_ms * 1000);
+    char go[16];
+    CHECK(fgets(go, sizeof go, stdin), "a line on standard input: listen now");
     CHECK(rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) == 0 &&
               rdma_bind_addr(listen_id, (struct sockaddr *)&addr) == 0 && rdma_listen(listen_id, 1) == 0,
           "the listener on PORT, late");
@@ -167,6 +171,8 @@ static int client(const char *ip, int port, const char *cleanup) {
             return 1;
         rejected++;
         CHECK(rejected < 100, "connected within 100 attempts");
+        printf("rejected %d\n", rejected);
+        fflush(stdout);
         if (flushed(&c))
             return 1;
         errno = 0;
@@ -190,30 +196,33 @@ static int client(const char *ip, int port, const char *cleanup) {
         CHECK(rdma_create_id(c.ch, &c.id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id again");
         usleep(100 * 1000); /* perftest's delay between attempts */
     }
-    CHECK(rejected > 0, "the first attempts met REJ 8 (the server's listener was late)");
+    CHECK(rejected >= 2, "the first attempts met REJ 8 (the server listened after two)");
     strcpy(c.buf, "connected after a REJ");
     struct ibv_sge sge = {.addr = (uintptr_t)c.buf, .length = 64, .lkey = c.mr->lkey};
     struct ibv_send_wr wr = {.wr_id = 1, .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_SEND,
                              .send_flags = IBV_SEND_SIGNALED},
                        *bad;
     CHECK(ibv_post_send(c.id->qp, &wr, &bad) == 0, "ibv_post_send");
-    struct ibv_wc wc;
-    CHECK(completions(c.cq, 1, &wc) == 1 && wc.wr_id == 1, "the SEND completes");
+    struct ibv_wc wc = {0};
+    int n = completions(c.cq, 1, &wc);
+    if (n != 1 || wc.wr_id != 1)
+        fprintf(stderr, "completions: %d, wr_id %llu, status %s\n", n, (unsigned long long)wc.wr_id,
+                ibv_wc_status_str(wc.status));
+    CHECK(n == 1 && wc.wr_id == 1, "the SEND completes");
     CHECK(rdma_disconnect(c.id) == 0, "rdma_disconnect");
     CHECK(expect(c.ch, RDMA_CM_EVENT_DISCONNECTED) == c.id, "DISCONNECTED");
     rdma_destroy_qp(c.id);
     CHECK(rdma_destroy_id(c.id) == 0, "rdma_destroy_id at the end");
-    fprintf(stderr, "connected after %d REJECTED\n", rejected);
     printf("ok\n");
     return 0;
 }
 
 int main(int argc, char **argv) {
     alarm(30);
-    if (argc == 5 && strcmp(argv[1], "server") == 0)
-        return server(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc == 4 && strcmp(argv[1], "server") == 0)
+        return server(argv[2], atoi(argv[3]));
     if (argc == 5 && strcmp(argv[1], "client") == 0)
         return client(argv[2], atoi(argv[3]), argv[4]);
-    fprintf(stderr, "usage: %s server ADDR PORT DELAY_MS | client ADDR PORT upstream|debian\n", argv[0]);
+    fprintf(stderr, "usage: %s server ADDR PORT | client ADDR PORT upstream|debian\n", argv[0]);
     return 2;
 }
