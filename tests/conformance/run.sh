@@ -91,8 +91,10 @@ serve() {
     wait "$server"
     src=$?
 }
-# The client's connect was refused (ibverbs-utils, perftest: a TCP exchange).
-not_listening() { grep -q "Couldn't connect" "$2"; }
+# The client's connect was refused (ibverbs-utils, perftest: a TCP exchange), or its -R
+# exchange connection met REJ 8 (perftest prints the REJECTED event's number, 8) once the
+# same-host REQ resends were spent: the server was not listening yet either way.
+not_listening() { grep -Eq "Couldn't connect|Unexpected CM event bl blka 8$" "$2"; }
 # The client failed (rdmacm-utils: a REJ or an address error looks like any other failure).
 failed() { [ "$1" -ne 0 ]; }
 
@@ -293,7 +295,7 @@ netns_attempt() {
             exit $?
         ) 2>/dev/null
         crc=$?
-        [ $crc -ne 0 ] && [ $tries -lt 50 ] && grep -q "Unexpected CM event" "$out.client" &&
+        [ $crc -ne 0 ] && [ $tries -lt 50 ] && not_listening $crc "$out.client" &&
             kill -0 $server 2>/dev/null || break
         sleep 0.1
     done
