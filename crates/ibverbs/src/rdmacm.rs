@@ -501,6 +501,17 @@ unsafe extern "C" fn bind_addr(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> 
             return fail(&e);
         }
         i.wildcard = a.ip().is_unspecified();
+        if i.wildcard {
+            // librdmacm never closes a device it opened (ucma_put_device frees only the
+            // PD), and an ID bound to one device keeps its context here (refresh): the
+            // devices of a wildcard bind stay open too. Else the next wildcard bind opens
+            // them again (sockets, a progress thread, joining the host's port: milliseconds)
+            // while a peer's REQ meets no listener (REJ 8): perftest -R's server listens
+            // for its QPs right after destroying the listener of its exchange.
+            for ctx in i.inner.contexts() {
+                cm_context(&ctx);
+            }
+        }
         refresh(i);
         0
     })

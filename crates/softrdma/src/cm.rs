@@ -9,7 +9,8 @@
 //! As with librdmacm, a QP attached to an ID ([`CmId::create_qp`]) is driven through its
 //! states by the connection: INIT at creation, RTR and RTS before `accept` sends the REP or
 //! when the REP arrives (the application sees `ESTABLISHED`, not `CONNECT_RESPONSE`), and
-//! ERR on `disconnect` or when the peer disconnects, so that outstanding work flushes.
+//! ERR on `disconnect`, when the peer disconnects or when the connection is rejected, so
+//! that outstanding work flushes.
 //!
 //! The verbs helpers of `<rdma/rdma_verbs.h>` (`rdma_post_recv`, `rdma_post_recvv`,
 //! `rdma_post_send`, `rdma_post_read`, `rdma_post_write` with inline data and no MR,
@@ -384,12 +385,20 @@ impl CmId {
         if bindings.is_empty() {
             return Err(Error::Unbound("listen (call bind_addr first)"));
         }
-        for b in bindings.iter_mut() {
-            let service = {
-                let mut st = b.ctx.drv.shared.lock();
-                st.cm.listen(b.id, backlog)?;
-                st.cm.listen_service_id(b.id)
-            };
+        // Every device's CM listens first, then the services are registered with the hosts
+        // (a round trip to each coordinator, which installs a steering program: up to
+        // milliseconds): a REQ that reaches this process meanwhile (it is the host's only
+        // one, say) finds the listener, as it would in the kernel, where rdma_listen
+        // listens on every device at once. Registered one device after the other, the last
+        // device listened milliseconds late, and perftest -R's client, which connects as
+        // soon as its server has answered over the exchange connection, met REJ 8.
+        let mut services = Vec::with_capacity(bindings.len());
+        for b in bindings.iter() {
+            let mut st = b.ctx.drv.shared.lock();
+            st.cm.listen(b.id, backlog)?;
+            services.push(st.cm.listen_service_id(b.id));
+        }
+        for (b, service) in bindings.iter_mut().zip(services) {
             if let Some(service) = service {
                 // Outside the device lock: the host's coordinator may need this process's
                 // progress thread meanwhile.
@@ -532,6 +541,12 @@ impl CmId {
     /// The device context the ID is bound to (`id->verbs`).
     pub fn context(&self) -> Option<Context> {
         self.inner.bindings().into_iter().next().map(|b| b.ctx)
+    }
+
+    /// Every device context the ID is bound to: one, or for a wildcard `bind_addr` one per
+    /// device it listens on.
+    pub fn contexts(&self) -> Vec<Context> {
+        self.inner.bindings().into_iter().map(|b| b.ctx).collect()
     }
 
     /// The attached QP (`id->qp`).
@@ -752,7 +767,11 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                         kind = CmEventKind::Established;
                         st.cm_established_early.insert(ev.id.0);
                     }
-                    Err(_) => kind = CmEventKind::ConnectError,
+                    Err(_) => {
+                        // ucma_process_conn_resp's error path: the QP goes to ERR.
+                        qp_to_error(st, qpn);
+                        kind = CmEventKind::ConnectError;
+                    }
                 }
             }
             (CmEventKind::Established, _) if st.cm_established_early.remove(&ev.id.0) => {
@@ -760,6 +779,12 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                 continue;
             }
             (CmEventKind::Disconnected, Some(qpn)) => qp_to_error(st, qpn),
+            // librdmacm's rdma_get_cm_event moves the QP of a REJECTED ID to ERR
+            // (ucma_modify_qp_err), so that receives posted before rdma_connect flush
+            // (WR_FLUSH_ERR) and the QP cannot be used by mistake; the ID's only way on is
+            // rdma_destroy_id (rdma_resolve_addr, _route and rdma_connect fail with EINVAL,
+            // as in the kernel, whose ID stays in RDMA_CM_CONNECT).
+            (CmEventKind::Rejected, Some(qpn)) => qp_to_error(st, qpn),
             _ => {}
         }
         let listen_id = listen.map(|inner| CmId { inner });

@@ -650,11 +650,28 @@ impl Shared {
     /// The application polled an empty CQ: receive in its thread. What the engine wants to
     /// send in answer (ACKs, mostly) waits for [`app_flush`](Self::app_flush), so that when
     /// the application answers a completion at once, its packet and the ACK leave in one
-    /// `sendmmsg`; the next poll, post or progress pass sends them otherwise.
+    /// `sendmmsg`; the next poll, post or progress pass sends them otherwise (within
+    /// [`APP_POLL_WINDOW`]: [`app_received`](Self::app_received)).
     pub(crate) fn app_receive(&self, st: &mut State) {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
         st.receive(self, now, true);
+    }
+
+    /// A poll that received in the application's thread returns a completion. What that
+    /// receive queued (ACKs) may wait for the application's next call, to leave with its
+    /// answer, only while the progress thread sends it within [`APP_POLL_WINDOW`] anyway:
+    /// awake (its pass sends it) or asleep until then at most. Asleep for longer (it went to
+    /// sleep before the application polled, watching sockets whose datagram the application
+    /// took meanwhile), nothing sent it until the next datagram came: the peer's SEND
+    /// completed on its retransmission, 2 s later with rdma_cm's timeouts, when the
+    /// receiver went on to wait for a CM event (`rdma_get_recv_comp`, then
+    /// `rdma_get_cm_event`).
+    pub(crate) fn app_received(&self, st: &mut State) {
+        let sleeping = self.sleeping_until.load(Ordering::Acquire);
+        if sleeping != 0 && sleeping > self.now().saturating_add(APP_POLL_WINDOW).as_nanos() {
+            self.app_flush(st);
+        }
     }
 
     /// Sends what the engine queued and delivers events: the rest of a progress pass.

@@ -587,6 +587,7 @@ impl Cq {
             if let Some(wc) = st.engine.poll_cq(self.inner.id) {
                 out[0] = wc;
                 n = 1;
+                sh.app_received(&mut st);
             } else {
                 sh.app_flush(&mut st);
             }

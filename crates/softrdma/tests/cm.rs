@@ -218,18 +218,36 @@ fn reject_carries_private_data_and_a_missing_listener_is_reason_8() {
     let port = test_port();
     let (sch, _listen) = listener(port, 7472, PortSpace::TCP, QpType::Rc);
     let (cch, cid, _pd) = client(port, 7472, PortSpace::TCP, QpType::Rc);
+    let msgs = cid.reg_msgs(64).unwrap();
+    cid.post_recv(1, &msgs, 0..64).unwrap();
     cid.connect(&ConnParam::default()).unwrap();
     let req = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
     req.id.reject(b"go away").unwrap();
     let rej = cch.expect(CmEventKind::Rejected, T).unwrap();
     assert!(rej.private_data.starts_with(b"go away"), "{:?}", rej.private_data);
     assert!(matches!(rej.status, CmStatus::Rejected(_)));
+    rejected_qp_is_in_error(&cid, 1);
 
     // Nobody listens on 7473: the peer's CM answers REJ 8 (invalid service ID).
     let (cch, cid, _pd) = client(port, 7473, PortSpace::TCP, QpType::Rc);
+    let msgs = cid.reg_msgs(64).unwrap();
+    cid.post_recv(2, &msgs, 0..64).unwrap();
     cid.connect(&ConnParam::default()).unwrap();
     let rej = cch.expect(CmEventKind::Rejected, T).unwrap();
     assert_eq!(format!("{:?}", rej.status), "Rejected(RejReason(8))");
+    rejected_qp_is_in_error(&cid, 2);
+    // The ID is spent: what would start another attempt fails (the kernel's EINVAL).
+    assert!(cid.resolve_addr(None, SocketAddr::from(([127, 0, 0, 1], 7473))).is_err());
+    assert!(cid.resolve_route().is_err());
+    assert!(cid.connect(&ConnParam::default()).is_err());
+}
+
+/// As librdmacm leaves a rejected ID's QP: in ERR (`ucma_modify_qp_err`), the receive
+/// `wr_id` posted before `connect` flushed.
+fn rejected_qp_is_in_error(id: &CmId, wr_id: u64) {
+    assert_eq!(id.qp().unwrap().state(), Some(QpState::Err));
+    let wc = id.get_recv_comp(T).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::WrFlushErr));
 }
 
 #[test]

@@ -153,3 +153,56 @@ fn completion_channel_wakes_a_blocked_waiter() {
     let wc = waiter.join().unwrap();
     assert_eq!((wc.wr_id, wc.status, wc.byte_len), (3, WcStatus::Success, 10));
 }
+
+/// A receiver that takes a SEND in its own poll, as `rdma_get_recv_comp` does (poll,
+/// `req_notify`, poll, then sleep on the channel), and then makes no call, still ACKs it at
+/// once: the ACK its poll queued waits for its next call only while the progress thread
+/// sends it within a millisecond anyway. It waited for the next datagram: here the sender's
+/// retransmission, 4.3 s later (ACK timeout 20). The race (the datagram lands between
+/// `req_notify`, which hands the sockets back to the progress thread, and the poll that
+/// follows) is run a hundred times.
+#[test]
+fn a_send_the_receivers_poll_takes_is_acked_though_the_receiver_then_makes_no_call() {
+    let port = test_port();
+    let side = |ip: [u8; 4], channel: bool| {
+        let ctx = open(ip, port);
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = channel.then(|| ctx.create_comp_channel().unwrap());
+        let cq = ctx.create_cq(64, ch.as_ref()).unwrap();
+        let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
+        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+        (Side { ctx, pd, cq, qp, mr }, ch)
+    };
+    let ((a, _), (b, channel)) = (side([127, 0, 0, 1], false), side([127, 0, 0, 1], true));
+    let channel = channel.unwrap();
+    let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
+    // 4.096 µs × 2^20 = 4.3 s: only the receiver's ACK completes the SEND in time.
+    let opts = ConnectOptions { timeout: 20, ..ConnectOptions::default() };
+    a.qp.connect(100, &eb, &opts).unwrap();
+    b.qp.connect(200, &ea, &opts).unwrap();
+    let sge = [a.mr.sge(0..64).unwrap()];
+    let rsge = [b.mr.sge(0..64).unwrap()];
+    for i in 0..100u64 {
+        b.qp.post_recv(&[RecvWr { wr_id: i, sg_list: &rsge }]).unwrap();
+        std::thread::scope(|s| {
+            // rdma_get_recv_comp, then no call until the next round.
+            let receiver = s.spawn(|| {
+                loop {
+                    if let Some(wc) = b.cq.poll_one() {
+                        return wc;
+                    }
+                    b.cq.req_notify(false).unwrap();
+                    if let Some(wc) = b.cq.poll_one() {
+                        return wc;
+                    }
+                    channel.get_cq_event(Some(WAIT)).unwrap();
+                }
+            });
+            std::thread::sleep(Duration::from_micros(i % 7 * 30));
+            a.qp.post_send(&[wr(i, SendOp::Send, &sge)]).unwrap();
+            let wc = a.cq.wait(Duration::from_secs(1)).unwrap_or_else(|e| panic!("round {i}: the SEND: {e}"));
+            assert_eq!((wc.wr_id, wc.status), (i, WcStatus::Success));
+            assert_eq!(receiver.join().unwrap().wr_id, i);
+        });
+    }
+}

@@ -78,3 +78,53 @@ pub(crate) fn installed(program: &str) -> bool {
 pub(crate) fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
+
+/// Two network namespaces (two hosts) joined by a veth pair, [`Netns::ADDRS`] on its ends,
+/// `lo` up in each; removed on drop.
+pub(crate) struct Netns {
+    pub(crate) names: [String; 2],
+}
+
+impl Netns {
+    /// The first namespace's address, then the second's.
+    pub(crate) const ADDRS: [&'static str; 2] = ["10.77.0.1", "10.77.0.2"];
+
+    /// Namespaces `srdma-TAG-a` and `-b`. `Err(why)` where this process may not make
+    /// namespaces (not root, a container without the capability, no `ip`): the
+    /// environment, for the caller to skip on. A later step failing panics.
+    pub(crate) fn create(tag: &str) -> Result<Netns, String> {
+        let names = [format!("srdma-{tag}-a"), format!("srdma-{tag}-b")];
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
+            }
+        };
+        let _ = run(&["ip", "netns", "del", &names[0]]);
+        run(&["ip", "netns", "add", &names[0]]).map_err(|e| format!("cannot make a network namespace ({e})"))?;
+        let ns = Netns { names: names.clone() };
+        let _ = run(&["ip", "netns", "del", &names[1]]);
+        let step = |args: &[&str]| run(args).unwrap_or_else(|e| panic!("building two namespaces joined by veth: {e}"));
+        step(&["ip", "netns", "add", &names[1]]);
+        // Made inside the namespaces: the names cannot meet another test's.
+        step(&[
+            "ip", "link", "add", "srdma-va", "netns", &names[0], "type", "veth", "peer", "srdma-vb", "netns", &names[1],
+        ]);
+        for (n, dev, addr) in [(&names[0], "srdma-va", Self::ADDRS[0]), (&names[1], "srdma-vb", Self::ADDRS[1])] {
+            step(&["ip", "-n", n, "link", "set", "lo", "up"]);
+            step(&["ip", "-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
+            step(&["ip", "-n", n, "link", "set", dev, "up"]);
+        }
+        Ok(ns)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+    }
+}
