@@ -354,13 +354,17 @@ fn complete(i: &mut IdC) -> c_int {
     }
 }
 
-/// The ID behind an `rdma_cm_id` we handed out.
+/// The ID behind an `rdma_cm_id` we handed out; `None` for NULL and for a pointer that is
+/// not a live ID (one already destroyed: perftest 4.5's `-R` retry passes IDs it destroyed,
+/// read from an array it freed, which librdmacm dereferences and crashes on; here the call
+/// fails with EINVAL).
 ///
 /// # Safety
-/// `id` must be NULL or a live ID of ours, not used concurrently by another call.
+/// `id` must not be used concurrently by another call.
 unsafe fn id_mut<'a>(id: *mut RdmaCmId) -> Option<&'a mut IdC> {
-    // SAFETY: per the contract; the rdma_cm_id is the first member of its IdC.
-    unsafe { id.cast::<IdC>().as_mut() }
+    let live = IDS.lock().unwrap_or_else(PoisonError::into_inner).iter().any(|&(_, p)| p == id as usize);
+    // SAFETY: a live ID of ours (checked above); the rdma_cm_id is the first member of its IdC.
+    live.then(|| unsafe { id.cast::<IdC>().as_mut() }).flatten()
 }
 
 // ---- event channels --------------------------------------------------------------------
@@ -473,8 +477,15 @@ unsafe extern "C" fn destroy_id(id: *mut RdmaCmId) -> c_int {
         if id.is_null() {
             return fail_with(libc::EINVAL);
         }
-        IDS.lock().unwrap_or_else(PoisonError::into_inner).retain(|&(_, p)| p != id as usize);
-        // SAFETY: made by new_id, destroyed once.
+        {
+            let mut ids = IDS.lock().unwrap_or_else(PoisonError::into_inner);
+            let before = ids.len();
+            ids.retain(|&(_, p)| p != id as usize);
+            if ids.len() == before {
+                return fail_with(libc::EINVAL); // not a live ID (destroyed already)
+            }
+        }
+        // SAFETY: made by new_id, live until now (checked above), destroyed once.
         let i = unsafe { Box::from_raw(id.cast::<IdC>()) };
         if !i.id.event.is_null() {
             // SAFETY: a synchronous ID's last event, ours.

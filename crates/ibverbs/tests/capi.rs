@@ -79,6 +79,11 @@ fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
 }
 
 #[test]
+fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
+    passes("destroyed_id");
+}
+
+#[test]
 fn a_wildcard_listeners_devices_stay_open_after_it_is_destroyed() {
     passes("wildcard_devices");
 }
