@@ -304,8 +304,13 @@ fn next_event(ch: *mut ChannelC) -> Result<*mut RdmaCmEvent, c_int> {
     // librdmacm reads the channel's fd: made non-blocking (fcntl O_NONBLOCK, for an event
     // loop), an empty channel fails with EAGAIN instead of waiting.
     let wait = crate::would_block(c.ch.fd).then_some(std::time::Duration::ZERO);
+    // The wait keeps its own reference: a program may destroy the channel while a thread
+    // waits on it (rping's main thread does, its CM thread blocked in rdma_get_cm_event).
+    // librdmacm's waiter then stays blocked in read(2) on a file the kernel keeps open for
+    // it; ours stays blocked on the queue it holds, never touching the freed channel.
+    let inner = c.inner.clone();
     loop {
-        match c.inner.get_cm_event(wait) {
+        match inner.get_cm_event(wait) {
             Ok(Some(ev)) => {
                 if let Some(p) = event_c(ev, ch) {
                     return Ok(p);

@@ -244,7 +244,12 @@ fn ibv_rc_pingpong_runs_between_namespaces_over_link_local_gids() {
         ns.command(0, &lib.path, pingpong, &["-d", &da, "-g", &ga, "-n", "200", IPV4[1]]).output().unwrap()
     });
     let (s_text, c_text) = (show(&s), show(&c));
-    assert!(s.status.success() && c.status.success(), "server:\n{s_text}\nclient:\n{c_text}");
+    assert!(
+        s.status.success() && c.status.success(),
+        "server ({}):\n{s_text}\nclient ({}):\n{c_text}",
+        s.status,
+        c.status
+    );
     let gid_of = |text: &str, which: &str| {
         text.lines().find(|l| l.contains(which)).and_then(|l| l.rsplit("GID ").next()).unwrap_or("").trim().to_string()
     };
@@ -278,7 +283,12 @@ fn rping_connects_between_namespaces_to_a_scoped_link_local_address() {
         ns.command(0, &lib.path, rping, &["-c", "-a", &client_to, "-p", "7471", "-v", "-C", "3"]).output().unwrap()
     });
     let (s_text, c_text) = (show(&s), show(&c));
-    assert!(s.status.success() && c.status.success(), "server:\n{s_text}\nclient:\n{c_text}");
+    assert!(
+        s.status.success() && c.status.success(),
+        "server ({}):\n{s_text}\nclient ({}):\n{c_text}",
+        s.status,
+        c.status
+    );
     assert!(c_text.contains("ping data: rdma-ping-2"), "{c_text}");
     assert!(s_text.contains("server ping data: rdma-ping-2"), "{s_text}");
 }
