@@ -31,12 +31,12 @@
 //! random never becomes trusted, and every packet of it keeps the 2^-16 of the solved path.
 //!
 //! Bounded: [`PEERS`] peers in a table indexed by a hash of the addresses (a newcomer
-//! takes its slot from whoever had it, who starts untrusted again), and [`MAPS`] maps by
-//! packet length.
+//! takes its slot from whoever had it, who starts untrusted again), and an
+//! [`Ipv4IdentificationCache`] of maps by packet length.
 
 use core::net::Ipv4Addr;
 
-use softrdma_wire::icrc::{self, Ipv4IdentificationDeltas};
+use softrdma_wire::icrc::{self, Ipv4IdentificationCache};
 use softrdma_wire::{Envelope, RocePacket};
 
 use crate::Instant;
@@ -49,8 +49,6 @@ pub const WINDOW: u16 = 64;
 pub const TRUST: u8 = 8;
 /// Peers remembered.
 pub const PEERS: usize = 64;
-/// Identification maps remembered, one per packet length.
-pub const MAPS: usize = 16;
 
 /// How a received packet's ICRC was accepted, or that it was not.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -83,12 +81,12 @@ struct Peer {
 #[derive(Debug)]
 pub(crate) struct Identifications {
     peers: [Option<Peer>; PEERS],
-    maps: [Option<Ipv4IdentificationDeltas>; MAPS],
+    maps: Ipv4IdentificationCache,
 }
 
 impl Default for Identifications {
     fn default() -> Self {
-        Self { peers: [None; PEERS], maps: [None; MAPS] }
+        Self { peers: [None; PEERS], maps: Ipv4IdentificationCache::default() }
     }
 }
 
@@ -123,12 +121,11 @@ impl Identifications {
             *slot = Some(Peer { src: e.src, dst: e.dst, last: e.identification, at: now, streak, pending: None });
             return (IcrcCheck::Exact, *envelope);
         }
-        let Some(id) =
-            Self::map(&mut self.maps, covered.len()).solve(syndrome ^ self.delta_of(e.identification, covered.len()))
-        else {
+        // `computed` holds the envelope's own identification's delta: take it out.
+        let map = self.maps.get(covered.len());
+        let Some(id) = map.solve(syndrome ^ map.delta(e.identification)) else {
             return (IcrcCheck::Bad, *envelope);
         };
-        let slot = &mut self.peers[slot_of(e.src, e.dst)];
         let found = Envelope::V4(softrdma_wire::icrc::Ipv4Envelope { identification: id, ..*e });
         let fresh = |streak| Some(Peer { src: e.src, dst: e.dst, last: id, at: now, streak, pending: None });
         match peer {
@@ -149,19 +146,6 @@ impl Identifications {
                 *slot = fresh(0);
                 (IcrcCheck::Solved(id), found)
             }
-        }
-    }
-
-    /// The delta of the envelope's own identification, which `computed` already holds.
-    fn delta_of(&mut self, id: u16, covered_len: usize) -> u32 {
-        if id == 0 { 0 } else { Self::map(&mut self.maps, covered_len).delta(id) }
-    }
-
-    fn map(maps: &mut [Option<Ipv4IdentificationDeltas>; MAPS], covered_len: usize) -> Ipv4IdentificationDeltas {
-        let slot = &mut maps[(covered_len.wrapping_mul(0x9e37_79b1) >> 7) % MAPS];
-        match slot {
-            Some(m) if m.covered_len() == covered_len => *m,
-            _ => *slot.insert(Ipv4IdentificationDeltas::new(covered_len)),
         }
     }
 }

@@ -34,7 +34,7 @@ use softrdma_cm::{Cm, CmConfig, CmTransmit};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
-use softrdma_wire::icrc::Ipv4IdentificationDeltas;
+use softrdma_wire::icrc::Ipv4IdentificationCache;
 use softrdma_wire::{BthRepr, DethRepr, Envelope, ExtHeaders, Opcode, PKey, Psn, QKey, Qpn, RocePacket, RoceRepr};
 
 use crate::capture::Capture;
@@ -135,18 +135,23 @@ struct TxQueue {
     /// Each packet: where it is in the arena, and the engine's transmit.
     meta: Vec<(usize, Transmit)>,
     /// ICRC corrections for IPv4 GSO segments, by covered length (a few lengths recur).
-    deltas: Vec<Ipv4IdentificationDeltas>,
-    /// Send runs of equal packets as one GSO buffer (same-host destinations only).
+    deltas: Ipv4IdentificationCache,
+    /// Send runs of equal packets as one GSO buffer.
     gso: bool,
 }
 
 impl TxQueue {
     fn new(gso: bool) -> Self {
-        Self { arena: vec![0u8; TX_BATCH * DATAGRAM_MAX].into_boxed_slice(), meta: Vec::new(), deltas: Vec::new(), gso }
+        Self {
+            arena: vec![0u8; TX_BATCH * DATAGRAM_MAX].into_boxed_slice(),
+            meta: Vec::new(),
+            deltas: Ipv4IdentificationCache::default(),
+            gso,
+        }
     }
 
     /// An ACK (any response) queued just before a request of the same QP to the same
-    /// same-host destination trades places with it in the arena, so that the two leave as
+    /// destination trades places with it in the arena, so that the two leave as
     /// one GSO datagram (the request first, the ACK, no longer, last) and arrive together.
     /// That is a ping-pong's answer and the ACK it owes: sent one after the other, the
     /// peer, which waits for both (its signaled send's completion, then the answer), was
@@ -219,7 +224,7 @@ impl TxQueue {
             if count > 1 && matches!(first.envelope, Envelope::V4(_)) {
                 for k in 1..count {
                     let (o, t) = self.meta[i + k];
-                    let d = self.deltas(t.len - 4).delta(k as u16);
+                    let d = self.deltas.get(t.len - 4).delta(k as u16);
                     let icrc = &mut self.arena[o + t.len - 4..o + t.len];
                     let v = u32::from_le_bytes([icrc[0], icrc[1], icrc[2], icrc[3]]) ^ d;
                     icrc.copy_from_slice(&v.to_le_bytes());
@@ -231,18 +236,6 @@ impl TxQueue {
         }
         units[u..].iter_mut().for_each(|x| *x = (0, 0, 0));
         units
-    }
-
-    fn deltas(&mut self, covered_len: usize) -> Ipv4IdentificationDeltas {
-        if let Some(d) = self.deltas.iter().find(|d| d.covered_len() == covered_len) {
-            return *d;
-        }
-        let d = Ipv4IdentificationDeltas::new(covered_len);
-        if self.deltas.len() >= 8 {
-            self.deltas.remove(0);
-        }
-        self.deltas.push(d);
-        d
     }
 }
 

@@ -288,6 +288,28 @@ impl Ipv4IdentificationDeltas {
     }
 }
 
+/// The maps for the last few packet lengths, kept by whoever corrects or recovers many
+/// packets' identifications (a sender's GSO segments, a receiver's check): few lengths
+/// recur (full packets, ACKs, a message's last packet), and a map costs a few dozen
+/// multiplications to build.
+#[derive(Clone, Debug, Default)]
+pub struct Ipv4IdentificationCache {
+    maps: [Option<Ipv4IdentificationDeltas>; 16],
+}
+
+impl Ipv4IdentificationCache {
+    /// The map for covered length `covered_len`, built if this cache does not hold it
+    /// (replacing the one in its slot).
+    pub fn get(&mut self, covered_len: usize) -> Ipv4IdentificationDeltas {
+        let n = self.maps.len();
+        let slot = &mut self.maps[(covered_len.wrapping_mul(0x9e37_79b1) >> 7) % n];
+        match slot {
+            Some(m) if m.covered_len() == covered_len => *m,
+            _ => *slot.insert(Ipv4IdentificationDeltas::new(covered_len)),
+        }
+    }
+}
+
 /// The identification as a message polynomial in the reflected representation (x^0 at bit
 /// 31). The CRC reads the high byte first, least significant bit first, as the highest
 /// degree: its bit 0 is x^15 (bit 16), the low byte's bit 7 is x^0 (bit 31).
@@ -338,8 +360,8 @@ mod gf2 {
 
 /// The IPv4 identification that makes `icrc` the ICRC of `covered` sent inside
 /// `envelope` (whose own identification is ignored), if one does. Computes the map for
-/// this length afresh; a receiver that sees many packets keeps [`Ipv4IdentificationDeltas`]
-/// per length. `None` for IPv6, which has no identification.
+/// this length afresh; a receiver that sees many packets keeps an
+/// [`Ipv4IdentificationCache`]. `None` for IPv6, which has no identification.
 pub fn recover_identification(envelope: &Envelope, covered: &[u8], icrc: u32) -> Option<u16> {
     let Envelope::V4(e) = envelope else { return None };
     let zero = Envelope::V4(Ipv4Envelope { identification: 0, ..*e });
@@ -467,6 +489,16 @@ mod tests {
             for bit in 0..16 {
                 let id = 1u16 << bit;
                 assert_eq!(deltas.delta(id), crc_of(id.to_be_bytes()) ^ crc_of([0, 0]), "len {covered_len} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_cache_gives_the_map_of_the_length_asked_for() {
+        let mut cache = Ipv4IdentificationCache::default();
+        for round in 0..2 {
+            for len in (0..200).map(|k| 12 + 4 * k) {
+                assert_eq!(cache.get(len), Ipv4IdentificationDeltas::new(len), "round {round} len {len}");
             }
         }
     }
