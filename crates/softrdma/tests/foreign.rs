@@ -74,26 +74,31 @@ fn data_dir() -> PathBuf {
 }
 
 /// The ICRC counters, as one line.
-fn icrc_line(c: &Counters) -> String {
-    let e = &c.engine;
-    format!(
-        "ICRC exact={} predicted={} solved={} bad={} malformed={}",
-        e.rcvd_icrc_exact, e.rcvd_icrc_predicted, e.rcvd_icrc_solved, e.rcvd_icrc_errors, e.rcvd_malformed
-    )
+fn icrc_line([exact, predicted, solved, bad, malformed]: [u64; 5]) -> String {
+    format!("ICRC exact={exact} predicted={predicted} solved={solved} bad={bad} malformed={malformed}")
+}
+
+/// The counters [`icrc_line`] shows, by the names `softrdma stats` publishes.
+const ICRC_COUNTERS: [&str; 5] =
+    ["rcvd_icrc_exact", "rcvd_icrc_predicted", "rcvd_icrc_solved", "rcvd_icrc_errors", "rcvd_malformed"];
+
+/// One context's [`ICRC_COUNTERS`].
+fn icrc_values(c: &Counters) -> [u64; 5] {
+    let named = c.named();
+    ICRC_COUNTERS.map(|n| named.iter().find(|(name, _)| *name == n).map_or(0, |&(_, v)| v))
 }
 
 /// The ICRC counters of every context of this process, as `softrdma stats` sums them: the
 /// rdma_cm listener opens a context of its own, and the REQ (and whatever the host's
 /// steering hashes before a new member is placed) goes to it.
 fn process_icrc_line() -> String {
-    let names = ["rcvd_icrc_exact", "rcvd_icrc_predicted", "rcvd_icrc_solved", "rcvd_icrc_errors", "rcvd_malformed"];
     // Published as each device goes idle: wait until two looks agree.
     let sum = || {
         let scan = softrdma::stats::scan().expect("read the published counters");
         let mine = scan.live.iter().filter(|p| p.pid == std::process::id() && p.device == "softrdma_srdma-fb");
         let mut total = [0u64; 5];
         for p in mine {
-            for (t, n) in total.iter_mut().zip(names) {
+            for (t, n) in total.iter_mut().zip(ICRC_COUNTERS) {
                 *t += p.counter(n).unwrap_or(0);
             }
         }
@@ -108,8 +113,7 @@ fn process_icrc_line() -> String {
         }
         last = now;
     }
-    let [exact, predicted, solved, bad, malformed] = last;
-    format!("ICRC exact={exact} predicted={predicted} solved={solved} bad={bad} malformed={malformed}")
+    icrc_line(last)
 }
 
 fn field(line: &str, name: &str) -> u64 {
@@ -153,7 +157,7 @@ fn softrdma_side() {
     let mr = pd.reg_mr(MR_LEN, Access::ALL).unwrap();
     mr.write(READ_AT, &pattern(READ_LEN, 7)).unwrap();
     mr.write(ATOMIC_AT, &1000u64.to_ne_bytes()).unwrap();
-    let before = ctx.counters();
+    let before = icrc_values(&ctx.counters());
     say(&format!("EP {} {} {} {}", qp.qpn(), mr.addr(), mr.rkey(), 500));
     let peer: Vec<u64> =
         read_stdin_line().expect("the peer's EP").split_whitespace().skip(1).map(|w| w.parse().unwrap()).collect();
@@ -203,14 +207,9 @@ fn softrdma_side() {
     let op = SendOp::RdmaWrite { remote_addr: peer_addr + READ_LEN as u64, rkey: RKey(peer_rkey) };
     qp.post_send(&[SendWr { wr_id: 101, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
     assert_eq!(cq.wait(WAIT).unwrap().status, WcStatus::Success);
-    let after = ctx.counters();
-    let mut delta = after;
-    delta.engine.rcvd_icrc_exact -= before.engine.rcvd_icrc_exact;
-    delta.engine.rcvd_icrc_predicted -= before.engine.rcvd_icrc_predicted;
-    delta.engine.rcvd_icrc_solved -= before.engine.rcvd_icrc_solved;
-    delta.engine.rcvd_icrc_errors -= before.engine.rcvd_icrc_errors;
-    delta.engine.rcvd_malformed -= before.engine.rcvd_malformed;
-    say(&format!("LIVE {}", icrc_line(&delta)));
+    let after = icrc_values(&ctx.counters());
+    let delta = std::array::from_fn(|i| after[i] - before[i]);
+    say(&format!("LIVE {}", icrc_line(delta)));
     let _ = read_stdin_line();
 }
 
