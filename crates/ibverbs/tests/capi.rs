@@ -7,7 +7,7 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
@@ -16,37 +16,6 @@ use common::*;
 fn run_c(name: &str, lib: &Path) -> Option<std::process::Output> {
     let exe = build_c(name, lib)?;
     Some(Command::new(&exe).env("LD_LIBRARY_PATH", lib).output().expect("running the C test"))
-}
-
-/// Compiles `tests/c/<name>.c` against the libraries in `lib` into `lib`; the program.
-fn build_c(name: &str, lib: &Path) -> Option<PathBuf> {
-    for header in ["/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"] {
-        if !Path::new(header).exists() {
-            eprintln!("SKIP: {header} is missing (apt-get install libibverbs-dev librdmacm-dev)");
-            return None;
-        }
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = lib.join(name);
-    // Link against our libraries by their sonames, as a program built against rdma-core
-    // and then run with LD_LIBRARY_PATH would.
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = match Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", lib.display()))
-        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
-        .status()
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("SKIP: no C compiler ({cc}: {e})");
-            return None;
-        }
-    };
-    assert!(status.success(), "{cc} failed to build {}", src.display());
-    Some(exe)
 }
 
 /// Builds and runs `tests/c/<name>.c` over this build's libraries; it must print "ok".
@@ -109,19 +78,17 @@ fn perftests_retry_after_rej_8_connects_on_one_host() {
 /// where namespaces cannot be made.
 #[test]
 fn perftests_retry_after_rej_8_connects_across_two_hosts() {
-    let ns = match Netns::create(&format!("rr{}", std::process::id() % 100_000)) {
-        Ok(ns) => ns,
-        Err(why) => {
-            eprintln!("SKIP: {why}");
-            return;
-        }
-    };
+    const ADDRS: [&str; 2] = ["10.77.0.1", "10.77.0.2"];
+    let Some(ns) = NetnsPair::create_or_skip("rr", ["srdma-va", "srdma-vb"]) else { return };
+    for (i, addr) in ADDRS.into_iter().enumerate() {
+        ns.add_address(i, &format!("{addr}/24"));
+    }
     let lib = lib_dir("capi-rejected_retry-netns");
     assert!(lib.rdmacm, "librdmacm.so.1 was not built");
     let Some(exe) = build_c("rejected_retry", &lib.path) else { return };
     for (port, cleanup) in [("7481", "upstream"), ("7483", "debian")] {
-        let server = spawn(Some(&ns.names[1]), &exe, &lib.path, &["server", Netns::ADDRS[1], port]);
-        let client = spawn(Some(&ns.names[0]), &exe, &lib.path, &["client", Netns::ADDRS[1], port, cleanup]);
+        let server = spawn(Some(&ns.names[1]), &exe, &lib.path, &["server", ADDRS[1], port]);
+        let client = spawn(Some(&ns.names[0]), &exe, &lib.path, &["client", ADDRS[1], port, cleanup]);
         pair(server, client, cleanup);
     }
 }

@@ -11,7 +11,7 @@
 mod common;
 
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -22,65 +22,30 @@ const IPV4: [&str; 2] = ["10.78.0.1", "10.78.0.2"];
 const GLOBAL6: [&str; 2] = ["fd78::1", "fd78::2"];
 const LINK_LOCAL: [[&str; 2]; 2] = [["fe80::a:1", "fe80::a:2"], ["fe80::b:1", "fe80::b:2"]];
 
-fn run(args: &[&str]) -> Result<String, String> {
-    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-    }
-}
-
 /// Two network namespaces joined by a veth pair (`IFACE`), each end with the addresses
 /// above; removed on drop.
 struct Netns {
-    names: [String; 2],
+    pair: NetnsPair,
 }
 
 impl Netns {
     /// The namespaces for test `tag`, or `None` (having said why) where they cannot be made.
     fn create_or_skip(tag: &str) -> Option<Netns> {
-        if !is_root() {
-            eprintln!("SKIP: creating network namespaces needs root");
-            return None;
-        }
-        let names = ["a", "b"].map(|s| format!("srdma-iv{}-{tag}-{s}", std::process::id() % 100_000));
-        if let Err(e) = run(&["ip", "netns", "add", &names[0]]) {
-            eprintln!("SKIP: `ip netns add` is not possible here: {e}");
-            return None;
-        }
-        let ns = Netns { names };
-        ns.build().unwrap_or_else(|e| panic!("building two namespaces joined by veth: {e}"));
-        Some(ns)
-    }
-
-    fn build(&self) -> Result<(), String> {
-        let [a, b] = [&self.names[0], &self.names[1]];
-        run(&["ip", "netns", "add", b])?;
-        run(&["ip", "link", "add", IFACE[0], "netns", a, "type", "veth", "peer", IFACE[1], "netns", b])?;
-        for (n, dev) in self.names.iter().zip(IFACE) {
-            run(&["ip", "-n", n, "link", "set", "lo", "up"])?;
-            // No EUI-64 link-local address of the kernel's own: the table holds ours only.
-            run(&["ip", "-n", n, "link", "set", dev, "addrgenmode", "none"])?;
-            run(&["ip", "-n", n, "link", "set", dev, "up"])?;
-        }
-        // Added once the links are up (added before, they answer no neighbour solicitation
-        // for about a second), without duplicate address detection (bindable at once).
+        let pair = NetnsPair::create_or_skip(&format!("iv{tag}"), IFACE)?;
         for i in 0..2 {
-            let (n, dev) = (&self.names[i], IFACE[i]);
-            run(&["ip", "-n", n, "addr", "add", &format!("{}/24", IPV4[i]), "dev", dev])?;
+            pair.add_address(i, &format!("{}/24", IPV4[i]));
             for v6 in [GLOBAL6[i], LINK_LOCAL[i][0], LINK_LOCAL[i][1]] {
-                run(&["ip", "-n", n, "addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"])?;
+                pair.add_address(i, &format!("{v6}/64"));
             }
         }
-        Ok(())
+        Some(Netns { pair })
     }
 
     /// Side `i`'s GID table as softrdma documents it: IPv4, global IPv6, then link-local
     /// IPv6, each in the order the kernel lists them (`ip addr`, the same netlink dump as
     /// getifaddrs).
     fn gid_order(&self, i: usize) -> Vec<IpAddr> {
-        let out = run(&["ip", "-n", &self.names[i], "-o", "addr", "show", "dev", IFACE[i]]).unwrap();
+        let out = run(&["ip", "-n", &self.pair.names[i], "-o", "addr", "show", "dev", IFACE[i]]).unwrap();
         let mut all: Vec<IpAddr> = out
             .lines()
             .filter_map(|l| {
@@ -99,51 +64,9 @@ impl Netns {
     /// `program args` in namespace `i` over the libraries in `lib`.
     fn command(&self, i: usize, lib: &Path, program: &Path, args: &[&str]) -> Command {
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.names[i]]).arg(program).args(args).env("LD_LIBRARY_PATH", lib);
+        c.args(["netns", "exec", &self.pair.names[i]]).arg(program).args(args).env("LD_LIBRARY_PATH", lib);
         c
     }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
-        }
-    }
-}
-
-/// Compiles `tests/c/<name>.c` against rdma-core's headers and the libraries in `lib`
-/// (by their sonames, as a program built against rdma-core and run with LD_LIBRARY_PATH);
-/// the program's path, or `None` having said why not (no compiler, no headers).
-fn compile_c(name: &str, lib: &Path) -> Option<PathBuf> {
-    let header = "/usr/include/infiniband/verbs.h";
-    if !Path::new(header).exists() {
-        eprintln!("SKIP: {header} is missing (apt-get install libibverbs-dev)");
-        return None;
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
-    let exe = lib.join(name);
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let status = match Command::new(&cc)
-        .args(["-std=gnu11", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg(format!("-L{}", lib.display()))
-        .arg("-l:libibverbs.so.1")
-        .status()
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("SKIP: no C compiler ({cc}: {e})");
-            return None;
-        }
-    };
-    assert!(status.success(), "{cc} failed to build {}", src.display());
-    Some(exe)
-}
-
-fn is_root() -> bool {
-    run(&["id", "-u"]).is_ok_and(|u| u.trim() == "0")
 }
 
 /// `GID[  2]:\t\tfe80::a:2, RoCE v2` lines, as ibv_devinfo prints them.
@@ -163,7 +86,7 @@ fn every_gid_query_and_ibv_devinfo_agree_link_local_gids_included() {
     }
     let Some(ns) = Netns::create_or_skip("gid") else { return };
     let lib = lib_dir("link-local-gid");
-    let Some(exe) = compile_c("gid_table", &lib.path) else { return };
+    let Some(exe) = build_c("gid_table", &lib.path) else { return };
     let device = format!("softrdma_{}", IFACE[0]);
 
     let c = ns.command(0, &lib.path, &exe, &[&device, IFACE[0]]).output().unwrap();

@@ -79,49 +79,101 @@ pub(crate) fn repo() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
-/// Two network namespaces (two hosts) joined by a veth pair, [`Netns::ADDRS`] on its ends,
-/// `lo` up in each; removed on drop.
-pub(crate) struct Netns {
-    pub(crate) names: [String; 2],
-}
-
-impl Netns {
-    /// The first namespace's address, then the second's.
-    pub(crate) const ADDRS: [&'static str; 2] = ["10.77.0.1", "10.77.0.2"];
-
-    /// Namespaces `srdma-TAG-a` and `-b`. `Err(why)` where this process may not make
-    /// namespaces (not root, a container without the capability, no `ip`): the
-    /// environment, for the caller to skip on. A later step failing panics.
-    pub(crate) fn create(tag: &str) -> Result<Netns, String> {
-        let names = [format!("srdma-{tag}-a"), format!("srdma-{tag}-b")];
-        let run = |args: &[&str]| -> Result<(), String> {
-            let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
-            }
-        };
-        let _ = run(&["ip", "netns", "del", &names[0]]);
-        run(&["ip", "netns", "add", &names[0]]).map_err(|e| format!("cannot make a network namespace ({e})"))?;
-        let ns = Netns { names: names.clone() };
-        let _ = run(&["ip", "netns", "del", &names[1]]);
-        let step = |args: &[&str]| run(args).unwrap_or_else(|e| panic!("building two namespaces joined by veth: {e}"));
-        step(&["ip", "netns", "add", &names[1]]);
-        // Made inside the namespaces: the names cannot meet another test's.
-        step(&[
-            "ip", "link", "add", "srdma-va", "netns", &names[0], "type", "veth", "peer", "srdma-vb", "netns", &names[1],
-        ]);
-        for (n, dev, addr) in [(&names[0], "srdma-va", Self::ADDRS[0]), (&names[1], "srdma-vb", Self::ADDRS[1])] {
-            step(&["ip", "-n", n, "link", "set", "lo", "up"]);
-            step(&["ip", "-n", n, "addr", "add", &format!("{addr}/24"), "dev", dev]);
-            step(&["ip", "-n", n, "link", "set", dev, "up"]);
-        }
-        Ok(ns)
+/// Runs a command; its standard output, or what failed.
+pub(crate) fn run(args: &[&str]) -> Result<String, String> {
+    let out = Command::new(args[0]).args(&args[1..]).output().map_err(|e| format!("{}: {e}", args[0]))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!("{}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim()))
     }
 }
 
-impl Drop for Netns {
+/// Compiles `tests/c/<name>.c` against rdma-core's headers and the libraries in `lib`, into
+/// `lib`, linking them by their sonames as a program built against rdma-core and run with
+/// LD_LIBRARY_PATH would; the program, or `None` having said why not (no compiler, no
+/// headers).
+pub(crate) fn build_c(name: &str, lib: &Path) -> Option<PathBuf> {
+    for header in ["/usr/include/infiniband/verbs.h", "/usr/include/rdma/rdma_cma.h"] {
+        if !Path::new(header).exists() {
+            eprintln!("SKIP: {header} is missing (apt-get install libibverbs-dev librdmacm-dev)");
+            return None;
+        }
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("tests/c/{name}.c"));
+    let exe = lib.join(name);
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = match Command::new(&cc)
+        .args(["-std=gnu11", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lib.display()))
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
+        .status()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("SKIP: no C compiler ({cc}: {e})");
+            return None;
+        }
+    };
+    assert!(status.success(), "{cc} failed to build {}", src.display());
+    Some(exe)
+}
+
+/// Two network namespaces (two hosts) joined by a veth pair, veth end `ifaces[i]` in
+/// namespace `names[i]`, up, with `lo` up and no address but those the test adds (no
+/// automatic link-local one); removed on drop.
+pub(crate) struct NetnsPair {
+    pub(crate) names: [String; 2],
+    pub(crate) ifaces: [&'static str; 2],
+}
+
+impl NetnsPair {
+    /// The pair for test `tag` (names unique per process and tag), or `None` having said
+    /// why this process may not make namespaces (not root, a container without the
+    /// capability, no `ip`): the environment, for the caller to skip on. A later step
+    /// failing panics.
+    pub(crate) fn create_or_skip(tag: &str, ifaces: [&'static str; 2]) -> Option<NetnsPair> {
+        if !run(&["id", "-u"]).is_ok_and(|u| u.trim() == "0") {
+            eprintln!("SKIP: creating network namespaces needs root");
+            return None;
+        }
+        let names = ["a", "b"].map(|side| format!("srdma-{}-{tag}-{side}", std::process::id() % 100_000));
+        for n in &names {
+            let _ = run(&["ip", "netns", "del", n]);
+        }
+        if let Err(e) = run(&["ip", "netns", "add", &names[0]]) {
+            eprintln!("SKIP: `ip netns add` is not possible here: {e}");
+            return None;
+        }
+        let pair = NetnsPair { names, ifaces };
+        let step = |args: &[&str]| run(args).unwrap_or_else(|e| panic!("building two namespaces joined by veth: {e}"));
+        let [a, b] = [&pair.names[0], &pair.names[1]];
+        step(&["ip", "netns", "add", b]);
+        // Made inside the namespaces: the names cannot meet another test's.
+        step(&["ip", "link", "add", ifaces[0], "netns", a, "type", "veth", "peer", ifaces[1], "netns", b]);
+        for (n, dev) in pair.names.iter().zip(ifaces) {
+            step(&["ip", "-n", n, "link", "set", "lo", "up"]);
+            step(&["ip", "-n", n, "link", "set", dev, "addrgenmode", "none"]);
+            step(&["ip", "-n", n, "link", "set", dev, "up"]);
+        }
+        Some(pair)
+    }
+
+    /// Adds `cidr` to side `i`'s veth end. IPv6 addresses skip duplicate address detection
+    /// (bindable at once); they are added once the link is up (as it is here): one added
+    /// before answers no neighbour solicitation for about a second.
+    pub(crate) fn add_address(&self, i: usize, cidr: &str) {
+        let mut args = vec!["ip", "-n", &self.names[i], "addr", "add", cidr, "dev", self.ifaces[i]];
+        if cidr.contains(':') {
+            args.push("nodad");
+        }
+        run(&args).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+impl Drop for NetnsPair {
     fn drop(&mut self) {
         for n in &self.names {
             let _ = Command::new("ip").args(["netns", "del", n]).output();
