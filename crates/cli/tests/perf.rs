@@ -8,7 +8,7 @@
 //! test fails with what it printed. Traffic goes to 127.0.0.1 only.
 
 use std::io::Read;
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::thread::JoinHandle;
@@ -701,7 +701,12 @@ fn a_bad_value_names_the_subcommands_help() {
 
 #[test]
 fn unreachable_server_is_one_line_and_exit_2() {
-    let port = free_port().to_string();
+    // A port this test holds bound without listening: a connection to it is refused. A port
+    // merely found free could meanwhile be another test's server, or the client's own source
+    // port (a TCP self-connection), as happened in CI.
+    let held = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("a TCP socket");
+    held.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into()).expect("bind a port");
+    let port = held.local_addr().expect("local_addr").as_socket().expect("an IP address").port().to_string();
     for mode in ["bw", "lat"] {
         let done = softrdma(&["perf", "write", mode, "127.0.0.1", "-p", &port], QUICK);
         assert_eq!(done.status.code(), Some(2), "{}", done.stderr);

@@ -375,6 +375,14 @@ fn client(host: &str, a: &TestArgs, spec: &Spec) -> Result<Report, PerfError> {
     let mut stream = None;
     for addr in &addrs {
         match TcpStream::connect_timeout(addr, Duration::from_secs(5)) {
+            // With no server on a port of the ephemeral range, the kernel may pick that very
+            // port as the source and connect the socket to itself (TCP's simultaneous open).
+            Ok(s) if s.local_addr().ok() == Some(*addr) => {
+                last = Some(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "nothing listens there (the connection reached itself)",
+                ));
+            }
             Ok(s) => {
                 stream = Some(s);
                 break;
