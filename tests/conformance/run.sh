@@ -13,40 +13,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
-TIMEOUT=${SOFTRDMA_CONFORMANCE_TIMEOUT:-20}
-failed=0
-line() { printf '%-28s %s\n' "$1" "$2"; }
-fail() { line "$1" "FAIL $2"; failed=1; }
-# installed NAME PROGRAM PACKAGE: whether PROGRAM is there; if not, NAME's line says SKIP.
-installed() {
-    command -v "$2" >/dev/null 2>&1 && return
-    line "$1" "SKIP $2 is not installed (apt-get install $3)"
-    return 1
-}
+# shellcheck source=tests/lib.sh
+. tests/lib.sh
 
 # --- packages --------------------------------------------------------------------------
-sudo_if_needed() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi; }
-if { ! command -v ibv_rc_pingpong >/dev/null 2>&1 || ! command -v rdma_server >/dev/null 2>&1 ||
-    ! command -v ib_write_bw >/dev/null 2>&1; } && [ -z "${SOFTRDMA_CONFORMANCE_NO_INSTALL:-}" ]; then
-    export DEBIAN_FRONTEND=noninteractive
-    { sudo_if_needed apt-get update -qq &&
-        sudo_if_needed apt-get install -y -qq --no-install-recommends ibverbs-utils libibverbs-dev \
-            rdmacm-utils librdmacm-dev perftest; } \
-        >/dev/null 2>&1 || echo "note: could not install ibverbs-utils/rdmacm-utils/perftest (not Debian, or no root)" >&2
-fi
+install_packages ibv_rc_pingpong:ibverbs-utils /usr/include/infiniband/verbs.h:libibverbs-dev \
+    rdma_server:rdmacm-utils /usr/include/rdma/rdma_cma.h:librdmacm-dev ib_write_bw:perftest
 
 # --- the libraries ---------------------------------------------------------------------
-if [ -n "${SOFTRDMA_LIB_DIR:-}" ]; then
-    lib=$SOFTRDMA_LIB_DIR
-else
-    lib=${CARGO_TARGET_DIR:-target}/softrdma-lib
-    if ! scripts/build-libs "$lib" >/dev/null; then
-        echo "FAIL: scripts/build-libs (cargo build -p softrdma-ibverbs -p softrdma-rdmacm -p softrdma-dv)" >&2
-        exit 1
-    fi
-fi
-lib=$(cd "$lib" && pwd)
-export LD_LIBRARY_PATH=$lib
+use_libs
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -69,28 +44,6 @@ run_one() {
 
 # --- server/client pairs ---------------------------------------------------------------
 port=$((18600 + $$ % 1000))
-# serve OUT RETRY SERVER CLIENT: the SERVER command line (split into words) in the
-# background, then CLIENT, run again for a bounded time while `RETRY STATUS OUTFILE` says
-# the server was not listening yet and the server still runs; output in OUT.server and
-# OUT.client, exit statuses in $src and $crc.
-serve() {
-    local out=$1 retry=$2 server_cmd=$3 client_cmd=$4
-    # shellcheck disable=SC2086 # the command lines are split into words on purpose
-    timeout "$TIMEOUT" $server_cmd >"$out.server" 2>&1 &
-    local server=$! tries=0
-    crc=1
-    while [ $tries -lt 50 ]; do
-        tries=$((tries + 1))
-        # shellcheck disable=SC2086
-        timeout "$TIMEOUT" $client_cmd >"$out.client" 2>&1
-        crc=$?
-        "$retry" "$crc" "$out.client" || break
-        kill -0 "$server" 2>/dev/null || break
-        sleep 0.1
-    done
-    wait "$server"
-    src=$?
-}
 # The client's connect was refused (ibverbs-utils, perftest: a TCP exchange), or its -R
 # exchange connection met REJ 8 (perftest prints the REJECTED event's number, 8) once the
 # same-host REQ resends were spent: the server was not listening yet either way.
