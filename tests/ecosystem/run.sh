@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# The RDMA ecosystem on softrdma: Debian's unmodified middleware over softrdma's drop-in
+# libraries, as a user runs it (LD_LIBRARY_PATH first, two processes on 127.0.0.1).
+#
+#   tests/ecosystem/run.sh            # installs what is missing, builds, runs everything
+#
+# - the provider stand-ins: every Debian program and library on this machine that links
+#   libmlx5.so.1 or libefa.so.1 loads with our directory first and every symbol bound now;
+# - libfabric: `fi_info -p verbs`, `fi_pingpong` over verbs MSG and verbs;ofi_rxm RDM, and
+#   the tcp provider beside them;
+# - UCX: `ucx_info -d` lists rc_verbs and ud_verbs on softrdma devices, `ucx_perftest`
+#   server and client over each;
+# - rsockets: rstream, riostream, rcopy, and iperf3 through librspreload.so.
+#
+# One line per case: "pass", "FAIL <reason>" or "SKIP <reason>"; exits 1 if any is FAIL.
+# Environment as tests/conformance/run.sh: SOFTRDMA_CONFORMANCE_NO_INSTALL=1 skips
+# apt-get, SOFTRDMA_LIB_DIR=<dir> uses built libraries, SOFTRDMA_CONFORMANCE_TIMEOUT
+# bounds each program (seconds).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+
+# shellcheck source=tests/lib.sh
+. tests/lib.sh
+LINE_WIDTH=48
+
+install_packages fi_info:libfabric-bin ucx_info:ucx-utils rstream:rdmacm-utils iperf3:iperf3
+use_libs
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+port=$((19600 + $$ % 1000))
+
+# expect_pair NAME SERVER CLIENT SERVER_SAYS CLIENT_SAYS: serve (the client retried while
+# its connection is refused), then both must exit 0 and print their line (regexes).
+refused() { [ "$1" -ne 0 ] && grep -Eqi "refused|Connection refused|rejected|-111|ECONNREFUSED" "$2"; }
+expect_pair() {
+    local name=$1 server_says=$4 client_says=$5 tag
+    tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
+    out=$work/$tag
+    serve "$out" refused "$2" "$3"
+    if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+        local why="server exit $src, client exit $crc"
+        if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
+        fail "$name" "$why: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+    elif ! grep -Eq "$server_says" "$out.server"; then
+        fail "$name" "the server's output lacks /$server_says/: $(grep -v '^ *$' "$out.server" | tail -n 1)"
+    elif ! grep -Eq "$client_says" "$out.client"; then
+        fail "$name" "the client's output lacks /$client_says/: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+    else
+        line "$name" pass
+    fi
+}
+# expect_one NAME REGEX CMD...: exit 0 and output matching REGEX.
+expect_one() {
+    local name=$1 expect=$2 tag
+    shift 2
+    tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
+    timeout "$TIMEOUT" "$@" >"$work/$tag.out" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        fail "$name" "exit $rc: $(grep -v '^ *$' "$work/$tag.out" | tail -n 1)"
+    elif ! grep -Eq "$expect" "$work/$tag.out"; then
+        fail "$name" "output lacks /$expect/"
+    else
+        line "$name" pass
+    fi
+}
+
+# --- the provider stand-ins ------------------------------------------------------------
+# Every ELF file of the installed packages that names libmlx5.so.1 or libefa.so.1, loaded
+# by `ldd -r` (every relocation done now, as LD_BIND_NOW does) with our directory first: no
+# library, version or rdma-core symbol may be missing. (Python modules leave the
+# interpreter's symbols undefined: those are not ours to provide.)
+stand_ins() {
+    local files=() f bad=
+    while IFS= read -r f; do
+        readelf -d "$f" 2>/dev/null | grep -Eq 'NEEDED.*\[lib(mlx5|efa)\.so\.1\]' && files+=("$f")
+    done < <(find /usr/bin /usr/sbin /usr/lib/x86_64-linux-gnu /usr/lib/python3/dist-packages \
+        -type f \( -perm -u+x -o -name '*.so*' \) 2>/dev/null)
+    if [ ${#files[@]} -eq 0 ]; then
+        line "provider stand-ins load" "SKIP no installed program links libmlx5.so.1 or libefa.so.1"
+        return
+    fi
+    for f in "${files[@]}"; do
+        ldd -r "$f" 2>&1 | grep -E "not found|undefined symbol: (mlx5dv|efadv|ibv|rdma|verbs)" |
+            sed "s|^|$f: |" >>"$work/stand-ins"
+    done
+    if [ -s "$work/stand-ins" ]; then
+        fail "provider stand-ins load" "$(wc -l <"$work/stand-ins") errors, the first: $(head -n 1 "$work/stand-ins")"
+    else
+        line "provider stand-ins load" "pass (${#files[@]} files)"
+    fi
+}
+stand_ins
+
+# --- libfabric -------------------------------------------------------------------------
+if installed "libfabric" fi_info libfabric-bin; then
+    expect_one "fi_info -p verbs (MSG)" "domain: softrdma_lo" fi_info -p verbs -e msg
+    expect_one "fi_info -p 'verbs;ofi_rxm' (RDM)" "provider: verbs;ofi_rxm" fi_info -p 'verbs;ofi_rxm' -e rdm
+    expect_one "fi_info -p tcp" "provider: tcp" fi_info -p tcp
+    # fi_pingpong prints a row "<size> <sent> =<acked> ..." on both sides.
+    for prov in "verbs msg" "verbs;ofi_rxm rdm" "tcp msg"; do
+        p=${prov% *} e=${prov##* }
+        for size in 8 64k; do
+            port=$((port + 1))
+            bytes=$size
+            [ "$size" = 64k ] && bytes=65536
+            expect_pair "fi_pingpong -p '$p' -e $e -S $size" \
+                "fi_pingpong -p $p -e $e -S $bytes -I 200 -B $port" \
+                "fi_pingpong -p $p -e $e -S $bytes -I 200 -P $port 127.0.0.1" \
+                "^$size +200 +=200 " "^$size +200 +=200 "
+        done
+    done
+fi
+
+# --- UCX -------------------------------------------------------------------------------
+if installed "UCX" ucx_info ucx-utils; then
+    expect_one "ucx_info -d: rc_verbs on softrdma_lo" "Transport: rc_verbs" ucx_info -d -t rc_verbs
+    expect_one "ucx_info -d: ud_verbs on softrdma_lo" "Transport: ud_verbs" ucx_info -d -t ud_verbs
+    # ucx_perftest: the server takes its test from the client; both print "Final:" rows.
+    for tls in rc_verbs ud_verbs; do
+        for t in ucp_put_bw ucp_get tag_lat tag_bw stream_bw; do
+            for size in 8 65536; do
+                port=$((port + 1))
+                expect_pair "ucx_perftest $t -s $size ($tls)" \
+                    "env UCX_TLS=$tls ucx_perftest -p $port" \
+                    "env UCX_TLS=$tls ucx_perftest 127.0.0.1 -p $port -t $t -s $size -n 1000 -w 100" \
+                    "." "^Final: +1000 "
+            done
+        done
+    done
+fi
+
+# --- rsockets --------------------------------------------------------------------------
+if installed "rsockets" rstream rdmacm-utils; then
+    for mode in "" "-T b" "-T n"; do
+        port=$((port + 1))
+        expect_pair "rstream $mode -S 1048576" "rstream -p $port $mode -S 1048576 -C 10" \
+            "rstream -s 127.0.0.1 -p $port $mode -S 1048576 -C 10" "." "1m +10 "
+    done
+fi
+
+exit $failed
