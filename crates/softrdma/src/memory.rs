@@ -69,11 +69,20 @@ fn atomic_at(addr: u64) -> Result<&'static AtomicU64, MemoryFault> {
 
 /// Page-aligned, zeroed memory that a [`crate::Mr`] owns: its address never changes while it
 /// lives, which is what a registration needs.
+///
+/// A region of [`MAP_AT_LEAST`] bytes or more is an anonymous mapping of its own: the kernel
+/// gives it zeroed pages as they are first touched, so registering 2 GiB costs no memory until
+/// the application or a peer writes it (the allocator's `alloc_zeroed` at page alignment
+/// writes every byte up front). Smaller regions come from the allocator.
 #[derive(Debug)]
 pub(crate) struct MrBuf {
     ptr: NonNull<u8>,
     len: usize,
+    mapped: bool,
 }
+
+/// The size from which [`MrBuf`] maps its bytes instead of allocating them.
+const MAP_AT_LEAST: usize = 1 << 20;
 
 // SAFETY: MrBuf owns its allocation like a Box<[u8]>; it is only read or written through
 // the device lock (module documentation).
@@ -87,10 +96,20 @@ pub const MR_ALIGN: usize = 4096;
 impl MrBuf {
     /// `len` zero bytes (at least one), page aligned. `None` if the allocation fails.
     pub(crate) fn zeroed(len: usize) -> Option<Self> {
+        if len >= MAP_AT_LEAST {
+            use rustix::mm::{MapFlags, ProtFlags, mmap_anonymous};
+            // SAFETY: a fresh private anonymous mapping at an address the kernel picks
+            // overlaps no memory anyone uses; it is unmapped only in `drop`.
+            let ptr = unsafe {
+                mmap_anonymous(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE)
+            }
+            .ok()?;
+            return Some(Self { ptr: NonNull::new(ptr.cast())?, len, mapped: true });
+        }
         let layout = Layout::from_size_align(len.max(1), MR_ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(Self { ptr, len })
+        Some(Self { ptr, len, mapped: false })
     }
 
     /// The first byte's address.
@@ -121,6 +140,12 @@ impl MrBuf {
 
 impl Drop for MrBuf {
     fn drop(&mut self) {
+        if self.mapped {
+            // SAFETY: mapped in `zeroed` with this address and length; the region was
+            // deregistered before the buffer drops (module documentation).
+            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+            return;
+        }
         if let Ok(layout) = Layout::from_size_align(self.len.max(1), MR_ALIGN) {
             // SAFETY: allocated in `zeroed` with this same layout.
             unsafe { dealloc(self.ptr.as_ptr(), layout) };

@@ -206,3 +206,35 @@ fn a_send_the_receivers_poll_takes_is_acked_though_the_receiver_then_makes_no_ca
         });
     }
 }
+
+/// This process's resident memory, from `/proc/self/status` (`VmRSS`, in kB).
+fn resident_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("a VmRSS line");
+    let kb: u64 = line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).expect("VmRSS in kB");
+    kb * 1024
+}
+
+#[test]
+fn a_large_region_costs_memory_only_where_it_is_written() {
+    const GIB: usize = 1 << 30;
+    let before = resident_bytes();
+    let (a, b) = rc_pair(GIB);
+    let grown = resident_bytes().saturating_sub(before);
+    // Two 1 GiB regions registered; other tests of this binary run beside this one and
+    // allocate a few MiB at most.
+    assert!(grown < 256 << 20, "registering 2 × 1 GiB made {} MiB resident", grown >> 20);
+    // Usable to its last byte: a WRITE into the end of the peer's region lands.
+    let data = pattern(40_000, 11);
+    a.mr.write(0, &data).unwrap();
+    let target = b.mr.remote(GIB - data.len()..GIB).unwrap();
+    let sge = [a.mr.sge(0..data.len()).unwrap()];
+    a.qp.post_send(&[wr(5, SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let mut got = vec![0u8; data.len()];
+    b.mr.read(GIB - data.len(), &mut got).unwrap();
+    assert_eq!(got, data);
+    let mut untouched = [1u8; 4096];
+    b.mr.read(GIB / 2, &mut untouched).unwrap();
+    assert!(untouched.iter().all(|&x| x == 0), "a fresh region reads as zeroes");
+}
