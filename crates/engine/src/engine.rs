@@ -114,7 +114,8 @@ pub struct Counters {
     /// trusted peer should not have sent, dropped (also in `rcvd_malformed`).
     pub rcvd_icrc_errors: u64,
     /// Datagrams for a QP that does not exist or is in the wrong state, or from the wrong
-    /// peer, or with the wrong Q_Key, dropped.
+    /// peer, or with the wrong Q_Key, or a UD or UC SEND that found no receive posted,
+    /// dropped.
     pub rcvd_dropped: u64,
     /// Duplicate requests seen by responders.
     pub duplicate_requests: u64,
@@ -133,6 +134,16 @@ pub struct Counters {
     pub naks_sent: u64,
     /// NAKs (not RNR) received.
     pub naks_rcvd: u64,
+    /// Requests a responder refused for their R_Key, address range or access rights (RC:
+    /// NAK Remote Access Error; UC: the message dropped, no NAK exists), like mlx5's
+    /// `resp_remote_access_errors`.
+    pub resp_remote_access_errors: u64,
+    /// Requests a responder refused as malformed: out of opcode sequence, wrong lengths, no
+    /// READ/atomic resources, a misaligned atomic (RC: NAK Invalid Request; UC: dropped).
+    pub resp_invalid_requests: u64,
+    /// Requests a responder could not carry out (RC: NAK Remote Operational Error; UC:
+    /// dropped), such as a receive too short for a SEND.
+    pub resp_operational_errors: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.

@@ -238,6 +238,7 @@ fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
 /// A fatal responder error: NAK it, and the QP goes to the error state (IBA 9.9.2).
 fn nak_fatal(qp: &mut Qp, sh: &mut Shared, psn: Psn, code: NakCode) {
     sh.counters.naks_sent += 1;
+    count_refusal(sh, code);
     let event = match code {
         NakCode::RemoteAccessError => AsyncEvent::QpAccessError(qp.qpn),
         NakCode::InvalidRequest => AsyncEvent::QpRequestError(qp.qpn),
@@ -248,6 +249,16 @@ fn nak_fatal(qp: &mut Qp, sh: &mut Shared, psn: Psn, code: NakCode) {
     // The NAK still goes out: the error state sends what the responder owes, and
     // enter_error left it nothing else.
     qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(code) });
+}
+
+/// Counts a request refused with `code`, whether an RC NAK says so or UC drops it.
+fn count_refusal(sh: &mut Shared, code: NakCode) {
+    let counter = match code {
+        NakCode::RemoteAccessError => &mut sh.counters.resp_remote_access_errors,
+        NakCode::InvalidRequest => &mut sh.counters.resp_invalid_requests,
+        _ => &mut sh.counters.resp_operational_errors,
+    };
+    *counter += 1;
 }
 
 /// Writes `data` at byte `offset` of a receive WQE's buffers, checking each SGE's key.
@@ -610,8 +621,12 @@ fn uc_request<M: Memory + ?Sized>(
         }
         qp.resp.current = InMessage::None;
     }
-    if execute(qp, sh, mem, repr, operation, position).is_err() {
-        // UC has no NAKs: the message is silently dropped.
+    if let Err(refusal) = execute(qp, sh, mem, repr, operation, position) {
+        // UC has no NAKs: the message is silently dropped, and counted.
+        match refusal {
+            Refusal::NotReady => sh.counters.rcvd_dropped += 1, // no receive posted
+            Refusal::Fatal(code) => count_refusal(sh, code),
+        }
         drop_message(qp, sh);
         if position.ends_message() {
             qp.resp.current = InMessage::None;

@@ -221,6 +221,7 @@ fn wrong_rkey_is_a_remote_access_error_and_memory_is_untouched() {
     assert_eq!(pair.b.mem, before, "not one byte of target memory changed");
     assert_eq!(pair.b.engine.qp_state(pair.b.qp), Some(QpState::Err));
     assert_eq!(pair.b.engine.poll_event(), Some(Event::Async(AsyncEvent::QpAccessError(pair.b.qp))));
+    assert_eq!(pair.b.engine.counters().resp_remote_access_errors, 1);
 }
 
 #[test]

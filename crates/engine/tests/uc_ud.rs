@@ -110,6 +110,7 @@ fn uc_send_without_a_posted_receive_is_dropped_silently() {
     pair.drive();
     assert!(pair.opcodes(false).is_empty(), "no RNR NAK: UC has none");
     assert_eq!(pair.b.poll(), None);
+    assert_eq!(pair.b.engine.counters().rcvd_dropped, 1, "dropped, and counted");
 
     pair.b.post_recv(5, 0x4000, 64);
     let s2 = pair.a.sge(0x100, 17);
@@ -358,6 +359,7 @@ fn uc_write_with_a_bad_rkey_is_dropped_silently_and_the_qp_carries_on() {
     assert!(pair.opcodes(false).is_empty(), "no NAK: UC has none");
     assert_eq!(pair.b.engine.qp_state(pair.b.qp), Some(QpState::Rts), "a UC responder error is no QP error");
     assert_eq!(pair.b.engine.poll_event(), None);
+    assert_eq!(pair.b.engine.counters().resp_remote_access_errors, 1, "dropped, and counted");
 
     pair.a.fill(0x1000, b"still here");
     let short = pair.a.sge(0x1000, 10);
