@@ -170,24 +170,8 @@ fn new_channel() -> Result<*mut ChannelC, softrdma::Error> {
     Ok(Box::into_raw(Box::new(ChannelC { ch, inner })))
 }
 
-/// Makes the process's connections close when it exits without destroying its IDs (a
-/// server that returns from `main` while its client still runs), as the kernel does when
-/// the `rdma_cm` file of an exiting process closes: the peer gets a DREQ
-/// (`DISCONNECTED`) rather than retrying into the void. Registered with the first ID.
-fn disconnect_at_exit() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    extern "C" fn at_exit() {
-        let _ = std::panic::catch_unwind(softrdma::disconnect_all);
-    }
-    ONCE.call_once(|| {
-        // SAFETY: at_exit is a C function of no arguments that never unwinds.
-        unsafe { libc::atexit(at_exit) };
-    });
-}
-
 /// Registers a new `rdma_cm_id` for `inner`, its events on `channel`.
 fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, ps: u32) -> *mut IdC {
-    disconnect_at_exit();
     // SAFETY: the route is plain data (socket addresses, a NULL path); zero is its empty value.
     let route: RdmaRoute = unsafe { std::mem::zeroed() };
     let id = RdmaCmId {

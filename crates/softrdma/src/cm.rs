@@ -249,6 +249,7 @@ struct IdQp {
 
 impl CmIdInner {
     fn new(channel: Weak<ChannelInner>, options: ContextOptions, ps: PortSpace, qp_type: QpType) -> Self {
+        driver::disconnect_at_exit();
         Self {
             channel: Mutex::new(channel),
             options,

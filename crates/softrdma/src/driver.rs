@@ -550,7 +550,7 @@ static LIVE: Mutex<Vec<Weak<Shared>>> = Mutex::new(Vec::new());
 /// state needs (a DREQ for an established connection, a REJ for one half made, a DREP for
 /// a DREQ received), as the kernel does for the `rdma_cm` file of a process that exits
 /// without destroying its IDs. The IDs' handles stay valid and report the ID destroyed.
-/// Returns how many IDs there were. The C libraries call it from `atexit`.
+/// Returns how many IDs there were. It runs at the process's exit ([`disconnect_at_exit`]).
 ///
 /// In a child of `fork` it does nothing to the parent's devices (their IDs are the
 /// parent's, as the kernel's `rdma_cm` file stays open in the parent), and it never waits
@@ -589,6 +589,26 @@ pub fn disconnect_all() -> usize {
     n
 }
 
+/// Makes [`disconnect_all`] run when the process exits (`exit`, or returning from `main`),
+/// as the kernel closes the `rdma_cm` file of an exiting process: a peer gets the DREQ of a
+/// connection left open, or the DREP of one whose DREQ came in while the process was
+/// leaving (an ID dropped in the last instants, whose burial the progress thread had no
+/// pass left to do), rather than retrying into the void. Registered with the first CM ID.
+pub(crate) fn disconnect_at_exit() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    extern "C" fn at_exit() {
+        let _ = std::panic::catch_unwind(disconnect_all);
+    }
+    ONCE.call_once(|| {
+        // SAFETY: at_exit is a C function of no arguments that never unwinds (a panic is
+        // caught); atexit only records it.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::atexit(at_exit)
+        };
+    });
+}
+
 impl Drop for Driver {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
@@ -598,6 +618,14 @@ impl Drop for Driver {
             // delivering); it then ends on its own, having seen `stop`.
             if Some(&std::thread::current().id()) != self.shared.thread_id.get() {
                 let _ = t.join();
+                // CM IDs dropped just before the device (a process returning from `main`,
+                // say) had no progress pass left to send their DREQ or DREP: send them now,
+                // or the peer waits out its DREQ retries.
+                let sh = &self.shared;
+                let mut st = sh.lock();
+                if st.bury_dead_cm_ids(sh, sh.now()) {
+                    sh.after_verb(&mut st);
+                }
             }
         }
         if let Some(c) = &mut self.shared.lock().capture {

@@ -29,7 +29,9 @@ fn child_entry() {
         "initiator" => initiator(),
         "ud" => ud_peer(),
         "cm-server" => cm_server(),
-        "cm-server-exits" => cm_server_exits(),
+        "cm-server-exits" => cm_server_exits(false),
+        "cm-server-drops-and-returns" => cm_server_exits(true),
+        "cm-server-exits-on-disconnect" => cm_server_exits_on_disconnect(),
         other => panic!("unknown child role {other}"),
     }
 }
@@ -491,11 +493,34 @@ fn cm_server() {
     say("SERVER done");
 }
 
-/// A server that accepts one connection, then goes the way a C program's `exit` with the
-/// connection open goes (the C library's `atexit` calls `disconnect_all`).
-fn cm_server_exits() {
-    let (_ch, _listen, _id, ()) = accept_one(|_| ());
-    say(&format!("GONE {}", softrdma::disconnect_all()));
+/// A server that accepts one connection, then exits with it open (softrdma's `atexit`
+/// handler destroys the IDs); or, with `drop_first`, drops every handle first and returns
+/// from `main` at once, the DREQ it never saw coming in meanwhile or not.
+fn cm_server_exits(drop_first: bool) {
+    let (ch, listen, id, ()) = accept_one(|_| ());
+    say("GONE");
+    if drop_first {
+        drop((id, listen, ch));
+        return;
+    }
+    std::process::exit(0);
+}
+
+/// A server that lets go of everything and exits as soon as its peer disconnects, as
+/// `rdma_server`-like programs return from `main`: the DREP owed goes out on the way out
+/// (with the ID's burial, or at the exit).
+fn cm_server_exits_on_disconnect() {
+    let service: u16 = env("SOFTRDMA_TEST_SERVICE").parse().unwrap();
+    let port: u16 = env("SOFTRDMA_TEST_PORT").parse().unwrap();
+    let options = ContextOptions { port, cm_response_timeout: 14, ..ContextOptions::default() };
+    let at = std::net::SocketAddr::from(([127, 0, 0, 1], service));
+    let listen = CmEndpoint::listen_on(at, QpType::Rc, cm_cap(), options, 4, WAIT).unwrap();
+    say("LISTENING");
+    let (ep, _request) = listen.get_request().unwrap();
+    ep.accept(&ConnParam::default()).unwrap();
+    let ev = ep.next_event().unwrap();
+    assert_eq!(ev.map(|e| e.kind), Some(CmEventKind::Disconnected));
+    drop((ep, listen));
     std::process::exit(0);
 }
 
@@ -522,14 +547,34 @@ fn connect_to_child(role: &str) -> (ChildProc, EventChannel, CmId) {
 }
 
 #[test]
-fn a_process_that_drops_its_connections_at_exit_disconnects_its_peer() {
-    let (mut server, ch, id) = connect_to_child("cm-server-exits");
-    // The listener and the connection.
-    assert_eq!(server.expect_line("GONE", WAIT), "GONE 2");
-    // Without the DREQ nothing would ever tell this side (no keepalive in RC).
-    ch.expect(CmEventKind::Disconnected, Duration::from_secs(5)).unwrap();
-    assert_eq!(id.qp().unwrap().state(), Some(QpState::Err));
-    assert!(server.wait_success(WAIT));
+fn a_process_that_exits_with_its_connections_open_disconnects_its_peer() {
+    for role in ["cm-server-exits", "cm-server-drops-and-returns"] {
+        let (mut server, ch, id) = connect_to_child(role);
+        server.expect_line("GONE", WAIT);
+        // Without the DREQ nothing would ever tell this side (no keepalive in RC).
+        ch.expect(CmEventKind::Disconnected, Duration::from_secs(5)).unwrap();
+        assert_eq!(id.qp().unwrap().state(), Some(QpState::Err), "{role}");
+        assert!(server.wait_success(WAIT), "{role}");
+    }
+}
+
+/// A client whose `disconnect` crosses its peer's exit: the peer's DREP comes, however
+/// late in its exit the DREQ reaches it (a server that returned from `main` when the DREQ
+/// told it the client was done used to leave the DREQ unanswered now and then, and the
+/// client's `disconnect` waited out every retry).
+#[test]
+fn disconnect_gets_its_drep_from_a_peer_that_exits_on_it() {
+    for round in 0..10 {
+        let (mut server, ch, id) = connect_to_child("cm-server-exits-on-disconnect");
+        let retried = || id.context().unwrap().counters().cm.mads_retried;
+        let before = retried();
+        id.disconnect().unwrap();
+        ch.expect(CmEventKind::Disconnected, WAIT).unwrap();
+        // DISCONNECTED also comes once the DREQ's retries run out: the DREP must have come
+        // to the first DREQ.
+        assert_eq!(retried(), before, "round {round}: the DREQ was sent again: no DREP to the first");
+        assert!(server.wait_success(WAIT), "round {round}");
+    }
 }
 
 #[test]
