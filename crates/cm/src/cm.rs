@@ -264,8 +264,13 @@ struct Id {
     peer: Option<SocketAddr>,
     route: Option<Route>,
     backlog: u32,
+    /// For a listener: its `CONNECT_REQUEST`s not yet taken by the application, which the
+    /// backlog bounds ([`Cm::request_taken`]).
+    untaken: u32,
     /// For a passive ID: the listener it came from.
     listener: Option<CmId>,
+    /// For a passive ID: its `CONNECT_REQUEST` counts in the listener's `untaken`.
+    in_backlog: bool,
     local_comm_id: u32,
     remote_comm_id: u32,
     /// The transaction ID of the exchange: ours for an active ID, the REQ's for a passive.
@@ -309,7 +314,9 @@ impl Id {
             peer: None,
             route: None,
             backlog: 0,
+            untaken: 0,
             listener: None,
+            in_backlog: false,
             local_comm_id: 0,
             remote_comm_id: 0,
             tid: 0,
@@ -430,6 +437,7 @@ impl Cm {
     /// unanswered), a DREQ while established (sent once), a DREP when a DREQ came in.
     pub fn destroy_id(&mut self, now: Instant, id: CmId) -> Result<(), CmError> {
         let _ = now;
+        self.request_taken(id);
         let i = self.ids.remove(&id).ok_or(CmError::NoSuchId { op: "destroy_id", id })?;
         if i.local_comm_id != 0 {
             self.by_comm_id.remove(&i.local_comm_id);
@@ -450,6 +458,22 @@ impl Cm {
             self.out.send(route.src, route.dst, mad);
         }
         Ok(())
+    }
+
+    /// The application took the `CONNECT_REQUEST` of `id` (`rdma_get_cm_event` returned
+    /// it): it no longer counts in its listener's backlog. As ucma, the backlog bounds the
+    /// requests reported and not yet taken, not those taken and still unanswered (those age
+    /// out with the requester's own timeouts); `accept`, `reject` and `destroy_id` take it
+    /// too. Anything else, or a second call, does nothing.
+    pub fn request_taken(&mut self, id: CmId) {
+        let Some(i) = self.ids.get_mut(&id) else { return };
+        if !std::mem::take(&mut i.in_backlog) {
+            return;
+        }
+        let listener = i.listener;
+        if let Some(l) = listener.and_then(|l| self.ids.get_mut(&l)) {
+            l.untaken = l.untaken.saturating_sub(1);
+        }
     }
 
     /// `rdma_bind_addr`: binds the ID to `addr` in its port space. Port 0 picks a free
@@ -556,8 +580,9 @@ impl Cm {
 
     /// `rdma_listen`: REQs (or SIDR_REQs, for UD) for this ID's service ID and address
     /// raise `CONNECT_REQUEST`. Binds an ephemeral port first if the ID is not bound. At
-    /// most `backlog` requests wait for `accept`/`reject` at once (0 or more than 1024:
-    /// 1024, as ucma); the rest are rejected.
+    /// most `backlog` requests are reported and not yet taken by the application
+    /// ([`Cm::request_taken`]) at once (0 or more than 1024: 1024, as ucma); a REQ beyond
+    /// them gets no answer, so that its sender tries again, and a SIDR_REQ a REJECT.
     pub fn listen(&mut self, id: CmId, backlog: u32) -> Result<(), CmError> {
         const OP: &str = "listen";
         let i = self.get(OP, id)?;
@@ -654,6 +679,7 @@ impl Cm {
     /// gets `ESTABLISHED` when the RTU arrives.
     pub fn accept(&mut self, now: Instant, id: CmId, param: &ConnParam) -> Result<(), CmError> {
         const OP: &str = "accept";
+        self.request_taken(id);
         let i = self.get(OP, id)?;
         match i.state {
             State::ReqRcvd => {
@@ -719,6 +745,7 @@ impl Cm {
     /// status REJECT (at most 136 bytes). The active side may also reject a REP it got.
     pub fn reject(&mut self, now: Instant, id: CmId, private_data: &[u8]) -> Result<(), CmError> {
         const OP: &str = "reject";
+        self.request_taken(id);
         let _ = now;
         let i = self.get(OP, id)?;
         let mad = match i.state {
@@ -1181,8 +1208,13 @@ impl Cm {
         if ps == PortSpace::TCP && lqp != qp_type || ps == PortSpace::UDP {
             return reject(self, RejReason::CONSUMER_DEFINED, &[]);
         }
-        let waiting = self.ids.values().filter(|i| i.listener == Some(lid) && i.state == State::ReqRcvd).count();
-        if waiting >= backlog as usize || self.ids.len() >= self.config.max_ids {
+        if l.untaken >= backlog {
+            // The kernel's answer to a full backlog (ucma's -ENOMEM, ib_cm's "do not reject
+            // to allow future retries"): no answer, so the requester sends its REQ again
+            // (counted as dropped).
+            return false;
+        }
+        if self.ids.len() >= self.config.max_ids {
             return reject(self, RejReason::CONSUMER_DEFINED, &[]);
         }
         let Ok(comm_id) = self.alloc_comm_id("handle_mad") else {
@@ -1240,10 +1272,14 @@ impl Cm {
             qkey: 0,
         };
         i.peer_param = Some(param.clone());
+        i.in_backlog = true;
         let Ok(id) = self.insert(i, "handle_mad") else {
             return reject(self, RejReason::NO_RESOURCES, &[]);
         };
         self.by_comm_id.insert(comm_id, id);
+        if let Some(l) = self.ids.get_mut(&lid) {
+            l.untaken += 1;
+        }
         self.out.event_with(CmEvent {
             id,
             kind: CmEventKind::ConnectRequest,
@@ -1519,9 +1555,10 @@ impl Cm {
         if l.qp_type != QpType::Ud {
             return answer(self, SidrStatus::REJECT);
         }
-        let waiting = self.ids.values().filter(|i| i.listener == Some(lid) && i.state == State::SidrReqRcvd).count();
-        if waiting >= backlog as usize || self.ids.len() >= self.config.max_ids {
-            return answer(self, SidrStatus::NO_QP);
+        if l.untaken >= backlog || self.ids.len() >= self.config.max_ids {
+            // ib_cm's answer when the listener refuses a SIDR_REQ (cm_destroy_id in
+            // SIDR_REQ_RCVD).
+            return answer(self, SidrStatus::REJECT);
         }
         let seq_num = self.rng.next_u32() & Psn::MAX.value();
         let mut i = Id::new(ps, QpType::Ud, seq_num, &self.config);
@@ -1542,7 +1579,11 @@ impl Cm {
         i.tid = tid;
         i.service_id = sreq.service_id;
         let private_data = user_private_data(sreq.private_data).unwrap_or_default().to_vec();
+        i.in_backlog = true;
         let Ok(id) = self.insert(i, "handle_mad") else { return answer(self, SidrStatus::NO_QP) };
+        if let Some(l) = self.ids.get_mut(&lid) {
+            l.untaken += 1;
+        }
         self.out.event_with(CmEvent {
             id,
             kind: CmEventKind::ConnectRequest,

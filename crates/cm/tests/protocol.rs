@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::time::Duration;
 
 use common::*;
-use softrdma_cm::{Cm, CmConfig, CmError, CmEventKind, CmStatus, ConnParam, ib_timeout};
-use softrdma_engine::{Access, AttrMask, Mtu, QpState, QpType};
+use softrdma_cm::{Cm, CmConfig, CmError, CmEventKind, CmId, CmStatus, ConnParam, ib_timeout};
+use softrdma_engine::{Access, AttrMask, Instant, Mtu, QpState, QpType};
 use softrdma_wire::cm::{RejReason, SidrStatus};
 use softrdma_wire::cma::PortSpace;
 use softrdma_wire::types::{Gid, QKey};
@@ -697,19 +697,54 @@ fn listener_on_a_specific_address_rejects_requests_for_another() {
     assert_eq!(p.events_a[0].status, CmStatus::Rejected(RejReason::CONSUMER_DEFINED));
 }
 
+/// As ucma: the backlog bounds the requests reported and not yet taken by the application;
+/// a REQ beyond it gets no answer (ib_cm: "do not reject to allow future retries") and
+/// its sender's retry gets in once the application took one; requests taken and left
+/// unanswered do not block later ones.
 #[test]
-fn backlog_bounds_waiting_requests() {
+fn backlog_bounds_requests_not_yet_taken_and_a_full_one_is_retried() {
     let mut p = Pair::new();
     let l = p.b.create_id(PortSpace::TCP, QpType::Rc).unwrap();
     p.b.bind_addr(l, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT)).unwrap();
     p.b.listen(l, 2).unwrap();
+    let mut actives = Vec::new();
     for _ in 0..3 {
         let a = p.resolve(PortSpace::TCP, QpType::Rc);
         p.a.connect(p.now, a, &active_param()).unwrap();
         p.drive();
+        actives.push(a);
     }
     assert_eq!(p.kinds_b(), [ConnectRequest, ConnectRequest]);
-    assert_eq!(p.kinds_a(), [Rejected]);
+    assert_eq!(p.kinds_a(), [], "the third REQ is neither rejected nor answered");
+    assert_eq!(p.sent(Side::B, "REJ").len(), 0);
+    assert_eq!(p.b.counters().mads_dropped, 1);
+    // The application takes both requests and answers neither: the third REQ's retry
+    // gets in, and so does a fourth.
+    let taken: Vec<CmId> = p.events_b.drain(..).map(|e| e.id).collect();
+    for &id in &taken {
+        p.b.request_taken(id);
+        p.b.request_taken(id); // a second call changes nothing
+    }
+    p.step(p.next_timeout().expect("the third REQ's retry"));
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    assert_eq!(p.kinds_b(), [ConnectRequest, ConnectRequest], "the third (retried) and the fourth");
+    // Two untaken again: a fifth waits, until one of them is destroyed.
+    let b = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.a.connect(p.now, b, &active_param()).unwrap();
+    p.drive();
+    assert_eq!(p.kinds_b().len(), 2);
+    let untaken = p.events_b[0].id;
+    p.b.destroy_id(p.now, untaken).unwrap();
+    for _ in 0..20 {
+        if p.kinds_b().len() == 3 {
+            break;
+        }
+        p.step(Instant::MAX);
+    }
+    assert_eq!(p.kinds_b().len(), 3, "the fifth REQ's retry got in");
+    assert_eq!(p.kinds_a(), [Rejected], "only the destroyed request's sender, with a REJ");
 }
 
 #[test]

@@ -165,6 +165,9 @@ impl EventChannel {
         let deadline = timeout.map(|t| StdInstant::now() + t);
         loop {
             if let Some(e) = self.inner.events.pop() {
+                if e.kind == CmEventKind::ConnectRequest {
+                    e.id.request_taken();
+                }
                 return Ok(Some(e));
             }
             let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
@@ -287,6 +290,13 @@ pub(crate) struct IdLink {
 }
 
 impl CmId {
+    /// The application took this ID's `CONNECT_REQUEST`: it leaves its listener's backlog.
+    fn request_taken(&self) {
+        if let Some(b) = self.inner.bindings().into_iter().next() {
+            b.ctx.drv.shared.lock().cm.request_taken(b.id);
+        }
+    }
+
     fn binding(&self, what: &'static str) -> Result<Binding> {
         self.inner.bindings().into_iter().next().ok_or(Error::Unbound(what))
     }

@@ -356,3 +356,25 @@ fn a_wildcard_bind_that_fails_on_one_device_binds_none() {
     id.bind_addr(SocketAddr::from(([0, 0, 0, 0], 7481))).unwrap_err();
     id.bind_addr(SocketAddr::from(([127, 0, 0, 1], 7481))).expect("nothing left bound by the failed wildcard bind");
 }
+
+/// The backlog bounds the requests not yet taken (`rdma_get_cm_event`), as ucma's does: a
+/// listener of backlog 1 whose application took a request and leaves it unanswered still
+/// takes the next one, and that one connects.
+#[test]
+fn a_request_taken_and_left_unanswered_leaves_the_backlog() {
+    let port = test_port();
+    let sch = channel(port);
+    let listen = sch.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    listen.bind_addr(SocketAddr::from(([127, 0, 0, 1], 7479))).unwrap();
+    listen.listen(1).unwrap();
+    let (_c1ch, c1, _c1pd) = client(port, 7479, PortSpace::TCP, QpType::Rc);
+    c1.connect(&ConnParam::default()).unwrap();
+    let _unanswered = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
+    let (c2ch, c2, _c2pd) = client(port, 7479, PortSpace::TCP, QpType::Rc);
+    c2.connect(&ConnParam::default()).unwrap();
+    let second = sch.expect(CmEventKind::ConnectRequest, T).unwrap();
+    let pd = second.id.context().unwrap().alloc_pd().unwrap();
+    second.id.create_qp(&pd, cap()).unwrap();
+    second.id.accept(&ConnParam::default()).unwrap();
+    c2ch.expect(CmEventKind::Established, T).unwrap();
+}
