@@ -48,6 +48,11 @@ fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
 }
 
 #[test]
+fn a_ud_receive_tells_its_ip_version_in_sl_as_connectx_does() {
+    passes("ud_packet_type");
+}
+
+#[test]
 fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
     passes("destroyed_id");
 }

@@ -660,7 +660,7 @@ pub const EMPTY_WC: Wc = Wc {
     imm_data: None,
     qp_num: Qpn::from_u24_truncating(0),
     src_qp: Qpn::from_u24_truncating(0),
-    grh: false,
+    grh: None,
     solicited: false,
 };
 

@@ -34,7 +34,7 @@ fn ud_receive_starts_with_the_grh_of_the_sender() {
         .unwrap();
     assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
     let wc = b.cq.wait(WAIT).unwrap();
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.grh), (4, WcStatus::Success, 40 + 10, true));
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.grh), (4, WcStatus::Success, 40 + 10, Some(NetworkHdr::Ipv4)));
     assert_eq!(wc.src_qp.value(), a.qp.qpn());
     let mut got = [0u8; 50];
     b.mr.read(0, &mut got).unwrap();
