@@ -507,6 +507,21 @@ pub enum AsyncEvent {
     SrqLimitReached(SrqId),
 }
 
+impl AsyncEvent {
+    /// The QP the event is about, if a QP.
+    pub fn qpn(&self) -> Option<Qpn> {
+        match *self {
+            AsyncEvent::QpFatal(n)
+            | AsyncEvent::QpRequestError(n)
+            | AsyncEvent::QpAccessError(n)
+            | AsyncEvent::CommEstablished(n)
+            | AsyncEvent::SqDrained(n)
+            | AsyncEvent::QpLastWqeReached(n) => Some(n),
+            AsyncEvent::CqError(_) | AsyncEvent::SrqLimitReached(_) => None,
+        }
+    }
+}
+
 /// What [`Engine::poll_event`](crate::Engine::poll_event) reports.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum Event {

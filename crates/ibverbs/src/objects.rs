@@ -803,9 +803,13 @@ unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncE
         };
         // rdma-core reads the fd: made non-blocking, an empty queue gives EAGAIN.
         let wait = crate::would_block(c.vctx.context.async_fd).then_some(std::time::Duration::ZERO);
-        let e = loop {
-            match c.inner.get_async_event(wait) {
-                Ok(Some(e)) => break e,
+        use softrdma::AsyncEvent as A;
+        let qp = |n: softrdma::Qpn| qps(c).get(&n.value()).copied().unwrap_or(0) as *mut c_void;
+        let cq = |id: softrdma::CqId| elements(&c.cqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
+        let srq = |id: softrdma::SrqId| elements(&c.srqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
+        let (element, event_type) = loop {
+            let e = match c.inner.get_async_event(wait) {
+                Ok(Some(e)) => e,
                 Ok(None) if wait.is_some() => {
                     errno::set(libc::EAGAIN);
                     return -1;
@@ -815,21 +819,22 @@ unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncE
                     errno::fail(&e);
                     return -1;
                 }
+            };
+            let named = match e {
+                A::CqError(id) => (cq(id), 0),
+                A::QpFatal(n) => (qp(n), 1),
+                A::QpRequestError(n) => (qp(n), 2),
+                A::QpAccessError(n) => (qp(n), 3),
+                A::CommEstablished(n) => (qp(n), 4),
+                A::SqDrained(n) => (qp(n), 5),
+                A::SrqLimitReached(id) => (srq(id), 15),
+                A::QpLastWqeReached(n) => (qp(n), 16),
+            };
+            // An object this context does not hand out (destroyed by now) gets no event:
+            // programs dereference the element (UCX reads element.qp->qp_num).
+            if !named.0.is_null() {
+                break named;
             }
-        };
-        use softrdma::AsyncEvent as A;
-        let qp = |n: softrdma::Qpn| qps(c).get(&n.value()).copied().unwrap_or(0) as *mut c_void;
-        let cq = |id: softrdma::CqId| elements(&c.cqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
-        let srq = |id: softrdma::SrqId| elements(&c.srqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
-        let (element, event_type) = match e {
-            A::CqError(id) => (cq(id), 0),
-            A::QpFatal(n) => (qp(n), 1),
-            A::QpRequestError(n) => (qp(n), 2),
-            A::QpAccessError(n) => (qp(n), 3),
-            A::CommEstablished(n) => (qp(n), 4),
-            A::SqDrained(n) => (qp(n), 5),
-            A::SrqLimitReached(id) => (srq(id), 15),
-            A::QpLastWqeReached(n) => (qp(n), 16),
         };
         // SAFETY: the caller's struct ibv_async_event.
         unsafe { event.write(IbvAsyncEvent { element, event_type }) };
