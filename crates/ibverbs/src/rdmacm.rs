@@ -147,14 +147,36 @@ fn sockaddr_from(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
     (st, len as u32)
 }
 
-/// Fills what the application reads of an ID from softrdma's: `verbs`, `port_num`, the
-/// addresses.
+/// The protection domain librdmacm gives every ID of device `verbs` (`cma_device.pd`, which
+/// `ucma_get_device` sets as `id->pd`): one per device context, made on first use and kept
+/// for the process's life, as the context. Programs make their QPs and MRs in it (UCX's
+/// rdmacm transport creates a UD QP there to reserve a QPN); `rdma_create_qp` with a NULL
+/// PD uses it. NULL if it cannot be made.
+fn cm_pd(verbs: *mut IbvContext) -> *mut IbvPd {
+    static PDS: std::sync::OnceLock<Mutex<std::collections::HashMap<usize, usize>>> = std::sync::OnceLock::new();
+    let mut map = PDS.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(&pd) = map.get(&(verbs as usize)) {
+        return pd as *mut IbvPd;
+    }
+    // SAFETY: verbs is one of cm_context's contexts, never closed.
+    let pd = unsafe { objects::alloc_pd(verbs) };
+    if !pd.is_null() {
+        map.insert(verbs as usize, pd as usize);
+    }
+    pd
+}
+
+/// Fills what the application reads of an ID from softrdma's: `verbs`, `port_num`, `pd`,
+/// the addresses.
 fn refresh(i: &mut IdC) {
     if i.id.verbs.is_null() && !i.wildcard {
         if let Some(ctx) = i.inner.context() {
             i.id.verbs = cm_context(&ctx);
             i.id.port_num = 1;
         }
+    }
+    if i.id.pd.is_null() && !i.id.verbs.is_null() {
+        i.id.pd = cm_pd(i.id.verbs);
     }
     if let Some(a) = i.inner.local_addr() {
         i.id.route.addr.src_addr = sockaddr_from(a).0;

@@ -53,6 +53,11 @@ fn a_ud_receive_tells_its_ip_version_in_sl_as_connectx_does() {
 }
 
 #[test]
+fn a_resolved_rdma_cm_id_carries_its_devices_pd() {
+    passes("id_pd");
+}
+
+#[test]
 fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
     passes("destroyed_id");
 }
