@@ -652,6 +652,33 @@ unsafe extern "C" fn modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int
 }
 export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
 
+/// softrdma's QP attributes as `struct ibv_qp_attr` (`ibv_query_qp`, `rdma_init_qp_attr`).
+pub(crate) fn qp_attr_c(a: &QpAttr, cap: &QpCap) -> IbvQpAttr {
+    IbvQpAttr {
+        qp_state: a.qp_state as u32,
+        cur_qp_state: a.qp_state as u32,
+        path_mtu: a.path_mtu as u32,
+        path_mig_state: 2, // IBV_MIG_ARMED, as rxe
+        qkey: a.qkey.0,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.0,
+        cap: cap_c(cap),
+        ah_attr: ah_attr_c(a.ah_attr.as_ref()),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..IbvQpAttr::default()
+    }
+}
+
 unsafe extern "C" fn query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _mask: c_int, init: *mut IbvQpInitAttr) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours or NULL.
@@ -663,29 +690,7 @@ unsafe extern "C" fn query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _mask: c_int
             Ok(v) => v,
             Err(e) => return errno::fail(&e),
         };
-        let out = IbvQpAttr {
-            qp_state: a.qp_state as u32,
-            cur_qp_state: a.qp_state as u32,
-            path_mtu: a.path_mtu as u32,
-            path_mig_state: 2, // IBV_MIG_ARMED, as rxe
-            qkey: a.qkey.0,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: a.qp_access_flags.0,
-            cap: cap_c(&cap),
-            ah_attr: ah_attr_c(a.ah_attr.as_ref()),
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            ..IbvQpAttr::default()
-        };
+        let out = qp_attr_c(&a, &cap);
         if !attr.is_null() {
             // SAFETY: the caller's struct ibv_qp_attr.
             unsafe { attr.write(out) };

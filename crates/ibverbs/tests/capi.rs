@@ -58,6 +58,11 @@ fn a_resolved_rdma_cm_id_carries_its_devices_pd() {
 }
 
 #[test]
+fn a_connection_over_the_programs_own_qps_uses_init_qp_attr_and_establish() {
+    passes("own_qp_connect");
+}
+
+#[test]
 fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
     passes("destroyed_id");
 }
