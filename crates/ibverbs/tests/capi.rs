@@ -63,6 +63,11 @@ fn a_connection_over_the_programs_own_qps_uses_init_qp_attr_and_establish() {
 }
 
 #[test]
+fn the_sysfs_tree_says_what_the_verbs_say() {
+    passes("sysfs_tree");
+}
+
+#[test]
 fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
     passes("destroyed_id");
 }

@@ -56,6 +56,7 @@ mod error;
 #[allow(unsafe_code)]
 mod memory;
 pub mod stats;
+pub mod sysfs;
 mod verbs;
 
 use std::path::PathBuf;
