@@ -136,7 +136,9 @@ fn ucx_connects_through_rdmacm() {
     let script = "io_demo -q -i 200 -d 8:65536 > server.out 2>&1 & server=$!
          for i in $(seq 100); do ss -ltn | grep -q :1337 && break; sleep 0.1; done
          timeout 120 io_demo -q -i 200 -d 8:65536 -c 3 -y 1 127.0.0.1; client=$?
-         kill $server; wait $server
+         kill $server
+         for i in $(seq 50); do kill -0 $server 2>/dev/null || break; sleep 0.1; done
+         kill -9 $server 2>/dev/null; wait $server
          exit $client";
     let dir = std::env::temp_dir().join(format!("softrdma-ucx-cm-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
