@@ -23,7 +23,9 @@
 //! Every process that lists the devices rewrites the tree, each file by a rename, so a
 //! reader sees a whole old or a whole new file. The tree shows the devices as the last
 //! process to list them saw them; a device whose interface is gone stays until the
-//! directory is removed.
+//! directory is removed. Publishing also removes the trees of network namespaces that no
+//! process (of this user) and no `/run/netns` mount holds and that were not written for a
+//! minute.
 
 use std::fs;
 use std::io::{self, Write};
@@ -167,7 +169,48 @@ pub fn publish_at(root: &Path, devices: &[Device]) -> io::Result<()> {
             write_file(&root.join(path), &text)?;
         }
     }
+    prune(base, STALE_AFTER);
     Ok(())
+}
+
+/// How long a tree of a network namespace that nothing holds any more stays.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The inodes of the network namespaces this process can see held: by a process (its
+/// `/proc/<pid>/ns/net`, readable for this user's processes) or by a bind mount
+/// (`ip netns add`'s `/run/netns/<name>`).
+fn live_netns() -> std::collections::HashSet<u64> {
+    let mut live = std::collections::HashSet::new();
+    for dir in ["/proc", "/run/netns"] {
+        let Ok(entries) = fs::read_dir(dir) else { continue };
+        for e in entries.flatten() {
+            let path = if dir == "/proc" { e.path().join("ns/net") } else { e.path() };
+            if let Ok(m) = fs::metadata(path) {
+                live.insert(m.ino());
+            }
+        }
+    }
+    live
+}
+
+/// Removes the trees under `base` of network namespaces no longer held (see
+/// [`live_netns`]) and not written for `stale_after`: each namespace an `unshare -n` or a
+/// test made leaves one behind otherwise. Best effort: what cannot be removed stays.
+fn prune(base: &Path, stale_after: std::time::Duration) {
+    let Ok(entries) = fs::read_dir(base) else { return };
+    let live = live_netns();
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(ino) = name.to_str().and_then(|n| n.strip_prefix("net-")).and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        // Every publish renames files into class/infiniband_verbs: its time is the tree's.
+        let written = fs::metadata(e.path().join("sys/class/infiniband_verbs")).and_then(|m| m.modified());
+        let old = written.map_or(true, |t| t.elapsed().is_ok_and(|age| age > stale_after));
+        if !live.contains(&ino) && old {
+            let _ = fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// Writes `text` and a newline to `path` by a rename, so readers see a whole file.
@@ -231,5 +274,22 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::PermissionDenied, "{err}");
         let _ = fs::remove_file(&dir);
         let _ = fs::remove_dir_all(&elsewhere);
+    }
+
+    #[test]
+    fn the_trees_of_namespaces_nothing_holds_are_pruned_once_stale() {
+        let base = std::env::temp_dir().join(format!("softrdma-sysfs-prune-{}", std::process::id()));
+        let lo = crate::device("lo").unwrap();
+        let mine = fs::metadata("/proc/self/ns/net").unwrap().ino();
+        // 1 is no network namespace's inode (the root directory's of a file system is 2).
+        for ino in [1, mine] {
+            publish_at(&base.join(format!("net-{ino}/sys")), std::slice::from_ref(&lo)).unwrap();
+        }
+        prune(&base, STALE_AFTER);
+        assert!(base.join("net-1").exists(), "a tree written just now stays, held or not");
+        prune(&base, std::time::Duration::ZERO);
+        assert!(!base.join("net-1").exists(), "a stale tree of a namespace nothing holds goes");
+        assert!(base.join(format!("net-{mine}/sys/class/infiniband/softrdma_lo")).exists(), "this namespace's stays");
+        let _ = fs::remove_dir_all(&base);
     }
 }
