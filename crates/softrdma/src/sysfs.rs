@@ -7,7 +7,7 @@
 //! would show for them, laid out as under `/sys`:
 //!
 //! ```text
-//! <root>/class/infiniband/softrdma_lo/{node_type,node_guid,sys_image_guid,fw_ver,...}
+//! <root>/class/infiniband/softrdma_lo/{node_type,node_guid,sys_image_guid,fw_ver,...,device/net/lo/}
 //! <root>/class/infiniband/softrdma_lo/ports/1/{state,phys_state,link_layer,rate,cap_mask,...}
 //! <root>/class/infiniband/softrdma_lo/ports/1/gids/<i>, gid_attrs/types/<i>, gid_attrs/ndevs/<i>
 //! <root>/class/infiniband_verbs/uverbs0/{ibdev,abi_version}, abi_version
@@ -112,6 +112,9 @@ pub fn device_files(device: &Device, index: usize) -> Vec<(String, String)> {
         (format!("{base}/hw_rev"), a.hw_ver.to_string()),
         (format!("{base}/node_desc"), format!("softrdma {}", device.interface())),
         (format!("{base}/parent"), device.interface().to_owned()),
+        // The netdev under the device, where pyverbs' tests and scripts look it up
+        // (`device/net/<ifname>`); the kernel's is the netdev's own directory.
+        (format!("{base}/device/net/{}/ifindex", device.interface()), device.interface_index().to_string()),
     ];
     if let Ok(p) = device.port_attributes(1) {
         let port = format!("{base}/ports/1");
@@ -242,6 +245,7 @@ mod tests {
         assert_eq!(f("ports/1/cap_mask"), Some("0x04010000"));
         assert_eq!(f("node_type"), Some("1: CA"));
         assert_eq!(f("node_guid"), Some(guid_text(lo.node_guid()).as_str()));
+        assert_eq!(f("device/net/lo/ifindex"), Some(lo.interface_index().to_string().as_str()));
         let state = f("ports/1/state").unwrap();
         assert!(state == "4: ACTIVE" || state == "1: DOWN", "{state}");
         assert_eq!(files.get("class/infiniband_verbs/uverbs3/ibdev").map(String::as_str), Some("softrdma_lo"));
