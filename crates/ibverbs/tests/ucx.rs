@@ -87,7 +87,7 @@ fn perftest(lib: &Path, tls: &str, test: &str, size: u32, iters: u32) -> Result<
     );
     let dir = std::env::temp_dir().join(format!("softrdma-ucx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = in_namespace(lib, &[("UCX_TLS", tls)], &format!("cd {} && {script}", dir.display()));
+    let out = in_namespace(lib, &[("UCX_TLS", tls)], &format!("cd {} || exit 1\n{script}", dir.display()));
     let _ = std::fs::remove_dir_all(&dir);
     let t = text(&out);
     if !out.status.success() {
@@ -145,7 +145,7 @@ fn ucx_connects_through_rdmacm() {
     let out = in_namespace(
         &lib.path,
         &[("UCX_TLS", "rc_verbs"), ("UCX_SOCKADDR_TLS_PRIORITY", "rdmacm")],
-        &format!("cd {} && {script}", dir.display()),
+        &format!("cd {} || exit 1\n{script}", dir.display()),
     );
     let _ = std::fs::remove_dir_all(&dir);
     let t = text(&out);
