@@ -31,7 +31,7 @@ pub(crate) fn error_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode, status: WcStatus)
         imm_data: None,
         qp_num: qpn,
         src_qp: Qpn::default(),
-        grh: false,
+        grh: None,
         solicited: false,
     }
 }
@@ -54,7 +54,7 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
             imm_data: None,
             qp_num: qp.qpn,
             src_qp: Qpn::default(),
-            grh: false,
+            grh: None,
             solicited: false,
         };
         sh.push_cqe(qp.send_cq, wc);

@@ -13,7 +13,7 @@ use crate::identification::IcrcCheck;
 use crate::memory::Memory;
 use crate::qp::{InMessage, Qp, RdAtomicResource, RecvWqe, RespJob};
 use crate::transmit::packets;
-use crate::verbs::{Access, AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus};
+use crate::verbs::{Access, AsyncEvent, Event, NetworkHdr, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus};
 use crate::{Engine, Instant};
 
 /// What the IP header said that the envelope does not: needed for the GRH of UD receives.
@@ -300,7 +300,7 @@ fn recv_wc(qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32, repr: &RoceRepr
         imm_data: repr.ext.imm_dt.map(|i| i.0),
         qp_num: qp.qpn,
         src_qp: Qpn::from_u24_truncating(qp.attr.dest_qp_num),
-        grh: false,
+        grh: None,
         solicited: repr.bth.solicited_event,
     }
 }
@@ -663,8 +663,13 @@ fn ud_request<M: Memory + ?Sized>(
         return;
     };
     let mut grh = [0u8; GRH_LEN];
+    let mut network_hdr = None;
     if let Ok(header) = grh_for(envelope, ip, repr) {
         let _ = header.emit(&mut grh);
+        network_hdr = Some(match header {
+            GrhRepr::V4(_) => NetworkHdr::Ipv4,
+            GrhRepr::V6(_) => NetworkHdr::Ipv6,
+        });
     }
     let byte_len = (GRH_LEN + repr.payload.len()) as u32;
     let status = scatter_recv(sh, qp.pd, mem, &wqe, 0, &grh)
@@ -677,7 +682,7 @@ fn ud_request<M: Memory + ?Sized>(
         imm_data: repr.ext.imm_dt.map(|i| i.0),
         qp_num: qp.qpn,
         src_qp: deth.src_qp,
-        grh: true,
+        grh: network_hdr,
         solicited: repr.bth.solicited_event,
     };
     sh.push_cqe(qp.recv_cq, wc);

@@ -294,6 +294,16 @@ pub enum WcOpcode {
     RecvRdmaWithImm,
 }
 
+/// The network header a RoCE v2 UD receive arrived with, which its GRH area holds (the
+/// kernel's `enum rdma_network_type`: `RDMA_NETWORK_IPV4`, `RDMA_NETWORK_IPV6`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum NetworkHdr {
+    /// An IPv4 header, in the last 20 of the 40 bytes.
+    Ipv4,
+    /// An IPv6 header, all 40 bytes.
+    Ipv6,
+}
+
 /// A work completion (`ibv_wc`). For a flushed WR only `wr_id`, `status`, `opcode` and
 /// `qp_num` are meaningful.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -312,8 +322,9 @@ pub struct Wc {
     pub qp_num: Qpn,
     /// The sending QP (UD receives).
     pub src_qp: Qpn,
-    /// A GRH fills the first 40 bytes of the buffer (`IBV_WC_GRH`; every UD receive).
-    pub grh: bool,
+    /// A GRH fills the first 40 bytes of the buffer (`IBV_WC_GRH`; every UD receive), and
+    /// which IP header stands in for it (the kernel's `ib_wc.network_hdr_type`).
+    pub grh: Option<NetworkHdr>,
     /// The sender asked for a solicited event.
     pub solicited: bool,
 }
@@ -494,6 +505,21 @@ pub enum AsyncEvent {
     CqError(CqId),
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`.
     SrqLimitReached(SrqId),
+}
+
+impl AsyncEvent {
+    /// The QP the event is about, if a QP.
+    pub fn qpn(&self) -> Option<Qpn> {
+        match *self {
+            AsyncEvent::QpFatal(n)
+            | AsyncEvent::QpRequestError(n)
+            | AsyncEvent::QpAccessError(n)
+            | AsyncEvent::CommEstablished(n)
+            | AsyncEvent::SqDrained(n)
+            | AsyncEvent::QpLastWqeReached(n) => Some(n),
+            AsyncEvent::CqError(_) | AsyncEvent::SrqLimitReached(_) => None,
+        }
+    }
 }
 
 /// What [`Engine::poll_event`](crate::Engine::poll_event) reports.

@@ -425,7 +425,7 @@ fn run(seed: u64) -> Result<(), String> {
                         }
                     }
                     if let Some(r) = recv {
-                        if conn.qp_type == QpType::Ud && !r.grh {
+                        if conn.qp_type == QpType::Ud && r.grh.is_none() {
                             return Err(ctx(format!("{kind}: UD receive {i} without GRH flag")));
                         }
                     }

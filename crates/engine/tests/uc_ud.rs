@@ -144,7 +144,7 @@ fn ud_send_lands_behind_a_40_byte_grh() {
     assert!(pair.opcodes(false).is_empty(), "UD has no ACKs");
     let wc = pair.b.poll().unwrap();
     assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (5, WcStatus::Success, WcOpcode::Recv, 15 + 40));
-    assert!(wc.grh, "every UD receive carries a GRH");
+    assert_eq!(wc.grh, Some(NetworkHdr::Ipv4), "every UD receive carries a GRH, here an IPv4 header");
     assert_eq!(wc.src_qp, pair.a.qp, "src_qp is the sender's QPN, from the DETH");
     assert_eq!(wc.qp_num, pair.b.qp);
 
@@ -337,7 +337,7 @@ fn captured_ud_send_lands_in_a_matching_qp_with_that_grh() {
 
     assert_eq!(engine.counters().rcvd_icrc_errors, 0, "the captured ICRC verifies");
     let wc = engine.poll_cq(cq).unwrap();
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.grh), (1, WcStatus::Success, len, true));
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.grh), (1, WcStatus::Success, len, Some(NetworkHdr::Ipv4)));
     assert_eq!(wc.src_qp, deth.src_qp);
     assert_eq!(wc.src_qp, Qpn::new(0x5d).unwrap(), "the sender of the capture");
     assert_eq!(mem.slice(BASE, GRH_LEN), grh);
@@ -383,7 +383,7 @@ fn ud_over_ipv6_grh_is_the_40_byte_ipv6_header() {
     pair.drive();
 
     let wc = pair.b.poll().unwrap();
-    assert_eq!((wc.status, wc.byte_len, wc.grh, wc.src_qp), (WcStatus::Success, 43, true, pair.a.qp));
+    assert_eq!((wc.status, wc.byte_len, wc.grh, wc.src_qp), (WcStatus::Success, 43, Some(NetworkHdr::Ipv6), pair.a.qp));
     let GrhRepr::V6(h) = GrhRepr::parse(pair.b.read(0x2000, GRH_LEN)).unwrap() else {
         panic!("an IPv6 packet gives its IPv6 header")
     };

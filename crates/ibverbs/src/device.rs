@@ -39,6 +39,9 @@ fn all_devices() -> &'static [usize] {
     static DEVICES: OnceLock<Vec<usize>> = OnceLock::new();
     DEVICES.get_or_init(|| {
         let list = softrdma::devices().unwrap_or_default();
+        // The sysfs-shaped tree (softrdma::sysfs) the paths point at; where it cannot be
+        // written, the paths name /sys as before and ibv_read_sysfs_file answers alone.
+        let root = softrdma::sysfs::publish(&list).ok().filter(|r| r.as_os_str().len() < 200);
         list.into_iter()
             .enumerate()
             .map(|(index, inner)| {
@@ -53,16 +56,23 @@ fn all_devices() -> &'static [usize] {
                 };
                 copy_str(&mut dev.name, inner.name());
                 copy_str(&mut dev.dev_name, &format!("uverbs{index}"));
-                copy_str(&mut dev.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{index}"));
-                copy_str(&mut dev.ibdev_path, &format!("{SYSFS_DIR}/{}", inner.name()));
+                let (dev_path, ibdev_path) = match &root {
+                    Some(r) => (
+                        softrdma::sysfs::dev_path(r, index).display().to_string(),
+                        softrdma::sysfs::ibdev_path(r, &inner).display().to_string(),
+                    ),
+                    None => (
+                        format!("/sys/class/infiniband_verbs/uverbs{index}"),
+                        format!("/sys/class/infiniband/{}", inner.name()),
+                    ),
+                };
+                copy_str(&mut dev.dev_path, &dev_path);
+                copy_str(&mut dev.ibdev_path, &ibdev_path);
                 Box::into_raw(Box::new(DeviceC { dev, index, inner })) as usize
             })
             .collect()
     })
 }
-
-/// Where our devices pretend to live in sysfs; `ibv_read_sysfs_file` answers for them.
-const SYSFS_DIR: &str = "/sys/class/infiniband";
 
 /// Copies `s` into a C string buffer, truncated and NUL-terminated.
 pub(crate) fn copy_str(dst: &mut [c_char], s: &str) {
@@ -313,13 +323,12 @@ fn port_attr(c: &Ctx, port: u8) -> Result<IbvPortAttr, softrdma::Error> {
         max_mtu: p.max_mtu as u32,
         active_mtu: p.active_mtu as u32,
         gid_tbl_len: int(p.gid_tbl_len),
-        // IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS, as rxe.
-        port_cap_flags: (1 << 16) | (1 << 26),
+        port_cap_flags: p.port_cap_flags,
         max_msg_sz: p.max_msg_sz,
         pkey_tbl_len: p.pkey_tbl_len,
         max_vl_num: 1,
-        active_width: 2,  // 4X
-        active_speed: 32, // 25 Gb/s (EDR): nominal, as rxe reports its netdev's
+        active_width: p.active_width,
+        active_speed: p.active_speed,
         phys_state: p.phys_state as u8,
         link_layer: 2, // IBV_LINK_LAYER_ETHERNET
         ..IbvPortAttr::default()
@@ -505,21 +514,11 @@ unsafe extern "C" fn get_pkey_index(ctx: *mut IbvContext, port: u8, pkey: u16) -
 }
 export!("ibv_get_pkey_index", "IBVERBS_1.5", get_pkey_index);
 
-/// What our devices' sysfs files would hold, for `ibv_read_sysfs_file`.
+/// What file `file` of our device `dev` holds, from the generator of the tree its
+/// `ibdev_path` names (for when the tree could not be written or read).
 fn sysfs_value(dev: &DeviceC, file: &str) -> Option<String> {
-    let guid = dev.inner.node_guid();
-    let g =
-        format!("{:04x}:{:04x}:{:04x}:{:04x}", guid >> 48, (guid >> 32) & 0xffff, (guid >> 16) & 0xffff, guid & 0xffff);
-    Some(match file {
-        "board_id" => "softrdma".to_owned(),
-        "node_type" => "1: CA".to_owned(),
-        "node_guid" | "sys_image_guid" => g,
-        "fw_ver" => dev.inner.attributes().fw_ver,
-        "hca_type" => "softrdma".to_owned(),
-        "hw_rev" => "0".to_owned(),
-        "ports/1/link_layer" => "Ethernet".to_owned(),
-        _ => return None,
-    })
+    let path = format!("class/infiniband/{}/{file}", dev.inner.name());
+    softrdma::sysfs::device_files(&dev.inner, dev.index).into_iter().find(|(p, _)| *p == path).map(|(_, text)| text)
 }
 
 unsafe extern "C" fn read_sysfs_file(dir: *const c_char, file: *const c_char, buf: *mut c_char, size: usize) -> c_int {
@@ -537,10 +536,8 @@ unsafe extern "C" fn read_sysfs_file(dir: *const c_char, file: *const c_char, bu
             let path = unsafe { CStr::from_ptr(d.dev.ibdev_path.as_ptr()) };
             (path.to_bytes() == dir.as_bytes()).then_some(d)
         });
-        let text = match ours {
-            Some(d) => sysfs_value(d, &file),
-            None => std::fs::read_to_string(format!("{dir}/{file}")).ok(),
-        };
+        let text =
+            std::fs::read_to_string(format!("{dir}/{file}")).ok().or_else(|| ours.and_then(|d| sysfs_value(d, &file)));
         let Some(text) = text else {
             errno::set(libc::ENOENT);
             return -1;

@@ -652,6 +652,33 @@ unsafe extern "C" fn modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int
 }
 export!("ibv_modify_qp", "IBVERBS_1.1", modify_qp);
 
+/// softrdma's QP attributes as `struct ibv_qp_attr` (`ibv_query_qp`, `rdma_init_qp_attr`).
+pub(crate) fn qp_attr_c(a: &QpAttr, cap: &QpCap) -> IbvQpAttr {
+    IbvQpAttr {
+        qp_state: a.qp_state as u32,
+        cur_qp_state: a.qp_state as u32,
+        path_mtu: a.path_mtu as u32,
+        path_mig_state: 2, // IBV_MIG_ARMED, as rxe
+        qkey: a.qkey.0,
+        rq_psn: a.rq_psn,
+        sq_psn: a.sq_psn,
+        dest_qp_num: a.dest_qp_num,
+        qp_access_flags: a.qp_access_flags.0,
+        cap: cap_c(cap),
+        ah_attr: ah_attr_c(a.ah_attr.as_ref()),
+        pkey_index: a.pkey_index,
+        en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
+        max_rd_atomic: a.max_rd_atomic,
+        max_dest_rd_atomic: a.max_dest_rd_atomic,
+        min_rnr_timer: a.min_rnr_timer,
+        port_num: a.port_num,
+        timeout: a.timeout,
+        retry_cnt: a.retry_cnt,
+        rnr_retry: a.rnr_retry,
+        ..IbvQpAttr::default()
+    }
+}
+
 unsafe extern "C" fn query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _mask: c_int, init: *mut IbvQpInitAttr) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: qp is ours or NULL.
@@ -663,29 +690,7 @@ unsafe extern "C" fn query_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, _mask: c_int
             Ok(v) => v,
             Err(e) => return errno::fail(&e),
         };
-        let out = IbvQpAttr {
-            qp_state: a.qp_state as u32,
-            cur_qp_state: a.qp_state as u32,
-            path_mtu: a.path_mtu as u32,
-            path_mig_state: 2, // IBV_MIG_ARMED, as rxe
-            qkey: a.qkey.0,
-            rq_psn: a.rq_psn,
-            sq_psn: a.sq_psn,
-            dest_qp_num: a.dest_qp_num,
-            qp_access_flags: a.qp_access_flags.0,
-            cap: cap_c(&cap),
-            ah_attr: ah_attr_c(a.ah_attr.as_ref()),
-            pkey_index: a.pkey_index,
-            en_sqd_async_notify: u8::from(a.en_sqd_async_notify),
-            max_rd_atomic: a.max_rd_atomic,
-            max_dest_rd_atomic: a.max_dest_rd_atomic,
-            min_rnr_timer: a.min_rnr_timer,
-            port_num: a.port_num,
-            timeout: a.timeout,
-            retry_cnt: a.retry_cnt,
-            rnr_retry: a.rnr_retry,
-            ..IbvQpAttr::default()
-        };
+        let out = qp_attr_c(&a, &cap);
         if !attr.is_null() {
             // SAFETY: the caller's struct ibv_qp_attr.
             unsafe { attr.write(out) };
@@ -803,9 +808,13 @@ unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncE
         };
         // rdma-core reads the fd: made non-blocking, an empty queue gives EAGAIN.
         let wait = crate::would_block(c.vctx.context.async_fd).then_some(std::time::Duration::ZERO);
-        let e = loop {
-            match c.inner.get_async_event(wait) {
-                Ok(Some(e)) => break e,
+        use softrdma::AsyncEvent as A;
+        let qp = |n: softrdma::Qpn| qps(c).get(&n.value()).copied().unwrap_or(0) as *mut c_void;
+        let cq = |id: softrdma::CqId| elements(&c.cqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
+        let srq = |id: softrdma::SrqId| elements(&c.srqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
+        let (element, event_type) = loop {
+            let e = match c.inner.get_async_event(wait) {
+                Ok(Some(e)) => e,
                 Ok(None) if wait.is_some() => {
                     errno::set(libc::EAGAIN);
                     return -1;
@@ -815,21 +824,22 @@ unsafe extern "C" fn get_async_event(ctx: *mut IbvContext, event: *mut IbvAsyncE
                     errno::fail(&e);
                     return -1;
                 }
+            };
+            let named = match e {
+                A::CqError(id) => (cq(id), 0),
+                A::QpFatal(n) => (qp(n), 1),
+                A::QpRequestError(n) => (qp(n), 2),
+                A::QpAccessError(n) => (qp(n), 3),
+                A::CommEstablished(n) => (qp(n), 4),
+                A::SqDrained(n) => (qp(n), 5),
+                A::SrqLimitReached(id) => (srq(id), 15),
+                A::QpLastWqeReached(n) => (qp(n), 16),
+            };
+            // An object this context does not hand out (destroyed by now) gets no event:
+            // programs dereference the element (UCX reads element.qp->qp_num).
+            if !named.0.is_null() {
+                break named;
             }
-        };
-        use softrdma::AsyncEvent as A;
-        let qp = |n: softrdma::Qpn| qps(c).get(&n.value()).copied().unwrap_or(0) as *mut c_void;
-        let cq = |id: softrdma::CqId| elements(&c.cqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
-        let srq = |id: softrdma::SrqId| elements(&c.srqs).get(&id.0).copied().unwrap_or(0) as *mut c_void;
-        let (element, event_type) = match e {
-            A::CqError(id) => (cq(id), 0),
-            A::QpFatal(n) => (qp(n), 1),
-            A::QpRequestError(n) => (qp(n), 2),
-            A::QpAccessError(n) => (qp(n), 3),
-            A::CommEstablished(n) => (qp(n), 4),
-            A::SqDrained(n) => (qp(n), 5),
-            A::SrqLimitReached(id) => (srq(id), 15),
-            A::QpLastWqeReached(n) => (qp(n), 16),
         };
         // SAFETY: the caller's struct ibv_async_event.
         unsafe { event.write(IbvAsyncEvent { element, event_type }) };

@@ -9,7 +9,7 @@ use std::ffi::c_int;
 use std::ptr;
 
 use smallvec::SmallVec;
-use softrdma::{LKey, QKey, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcOpcode};
+use softrdma::{LKey, NetworkHdr, QKey, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcOpcode};
 
 use crate::abi::*;
 use crate::errno;
@@ -235,7 +235,15 @@ fn wc_c(wc: &Wc) -> IbvWc {
         WcOpcode::RecvRdmaWithImm => 129,
     };
     let mut flags = 0;
-    if wc.grh {
+    // On RoCE `sl` means nothing (priority is in DSCP/PCP); ConnectX reports there the
+    // packet type of a UD receive (bit 3: UDP, i.e. RoCE v2; bits 0-2: 1 IPv6, 2 IPv4),
+    // and UCX's UD transport reads it to find the destination address in the GRH area.
+    let sl = match wc.grh {
+        Some(NetworkHdr::Ipv6) => 0x8 | 1,
+        Some(NetworkHdr::Ipv4) => 0x8 | 2,
+        None => 0,
+    };
+    if wc.grh.is_some() {
         flags |= 1; // IBV_WC_GRH
     }
     if wc.imm_data.is_some() {
@@ -253,7 +261,7 @@ fn wc_c(wc: &Wc) -> IbvWc {
         wc_flags: flags,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl,
         dlid_path_bits: 0,
     }
 }

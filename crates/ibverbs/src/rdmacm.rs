@@ -147,14 +147,36 @@ fn sockaddr_from(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
     (st, len as u32)
 }
 
-/// Fills what the application reads of an ID from softrdma's: `verbs`, `port_num`, the
-/// addresses.
+/// The protection domain librdmacm gives every ID of device `verbs` (`cma_device.pd`, which
+/// `ucma_get_device` sets as `id->pd`): one per device context, made on first use and kept
+/// for the process's life, as the context. Programs make their QPs and MRs in it (UCX's
+/// rdmacm transport creates a UD QP there to reserve a QPN); `rdma_create_qp` with a NULL
+/// PD uses it. NULL if it cannot be made.
+fn cm_pd(verbs: *mut IbvContext) -> *mut IbvPd {
+    static PDS: std::sync::OnceLock<Mutex<std::collections::HashMap<usize, usize>>> = std::sync::OnceLock::new();
+    let mut map = PDS.get_or_init(Default::default).lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(&pd) = map.get(&(verbs as usize)) {
+        return pd as *mut IbvPd;
+    }
+    // SAFETY: verbs is one of cm_context's contexts, never closed.
+    let pd = unsafe { objects::alloc_pd(verbs) };
+    if !pd.is_null() {
+        map.insert(verbs as usize, pd as usize);
+    }
+    pd
+}
+
+/// Fills what the application reads of an ID from softrdma's: `verbs`, `port_num`, `pd`,
+/// the addresses.
 fn refresh(i: &mut IdC) {
     if i.id.verbs.is_null() && !i.wildcard {
         if let Some(ctx) = i.inner.context() {
             i.id.verbs = cm_context(&ctx);
             i.id.port_num = 1;
         }
+    }
+    if i.id.pd.is_null() && !i.id.verbs.is_null() {
+        i.id.pd = cm_pd(i.id.verbs);
     }
     if let Some(a) = i.inner.local_addr() {
         i.id.route.addr.src_addr = sockaddr_from(a).0;
@@ -797,6 +819,51 @@ unsafe extern "C" fn disconnect(id: *mut RdmaCmId) -> c_int {
 }
 export!("softrdma_rdmacm_rdma_disconnect", "SOFTRDMA_PRIVATE_1", disconnect);
 
+/// `rdma_init_qp_attr`: `attr->qp_state` names the state to reach (INIT, RTR, RTS); the
+/// attributes and mask for `ibv_modify_qp` come back.
+unsafe extern "C" fn init_qp_attr(id: *mut RdmaCmId, attr: *mut IbvQpAttr, mask: *mut c_int) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; attr and mask are the caller's.
+        let (Some(i), Some(a), false) = (unsafe { id_mut(id) }, unsafe { attr.as_mut() }, mask.is_null()) else {
+            return fail_with(libc::EINVAL);
+        };
+        let target = match a.qp_state {
+            1 => softrdma::QpState::Init,
+            2 => softrdma::QpState::Rtr,
+            3 => softrdma::QpState::Rts,
+            _ => return fail_with(libc::EINVAL),
+        };
+        match i.inner.init_qp_attr(target) {
+            Ok((q, m)) => {
+                *a = objects::qp_attr_c(&q, &softrdma::QpCap::default());
+                // SAFETY: the caller's int.
+                unsafe { *mask = m.0 as c_int };
+                0
+            }
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_init_qp_attr", "SOFTRDMA_PRIVATE_1", init_qp_attr);
+
+/// `rdma_establish`: the active side of a connection whose QP is the program's own (none
+/// attached to the ID) completes it after `CONNECT_RESPONSE`; `ESTABLISHED` follows. An ID
+/// with a QP is completed by the library itself, so this is `EINVAL` there, as librdmacm.
+unsafe extern "C" fn establish(id: *mut RdmaCmId) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        if !i.id.qp.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        match i.inner.establish() {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_establish", "SOFTRDMA_PRIVATE_1", establish);
+
 // ---- endpoints (the synchronous API) -------------------------------------------------
 
 unsafe extern "C" fn create_ep(
@@ -1076,8 +1143,6 @@ enosys!(
     "softrdma_rdmacm_rdma_create_srq",
     "softrdma_rdmacm_rdma_create_srq_ex",
     "softrdma_rdmacm_rdma_destroy_srq",
-    "softrdma_rdmacm_rdma_establish",
-    "softrdma_rdmacm_rdma_init_qp_attr",
     "softrdma_rdmacm_rdma_join_multicast",
     "softrdma_rdmacm_rdma_join_multicast_ex",
     "softrdma_rdmacm_rdma_leave_multicast",

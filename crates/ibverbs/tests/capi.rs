@@ -48,6 +48,26 @@ fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
 }
 
 #[test]
+fn a_ud_receive_tells_its_ip_version_in_sl_as_connectx_does() {
+    passes("ud_packet_type");
+}
+
+#[test]
+fn a_resolved_rdma_cm_id_carries_its_devices_pd() {
+    passes("id_pd");
+}
+
+#[test]
+fn a_connection_over_the_programs_own_qps_uses_init_qp_attr_and_establish() {
+    passes("own_qp_connect");
+}
+
+#[test]
+fn the_sysfs_tree_says_what_the_verbs_say() {
+    passes("sysfs_tree");
+}
+
+#[test]
 fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
     passes("destroyed_id");
 }

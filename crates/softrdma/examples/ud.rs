@@ -45,7 +45,7 @@ fn server(listen: CmEndpoint) -> softrdma::Result<bool> {
         let from = Ipv4Addr::new(buf[32], buf[33], buf[34], buf[35]);
         let text = String::from_utf8_lossy(&buf[40..]);
         println!("server: {} bytes (40 of GRH) from {from} (QP {}): {text:?}", wc.byte_len, wc.src_qp.value());
-        ok &= wc.status == WcStatus::Success && wc.grh && text.starts_with("datagram ");
+        ok &= wc.status == WcStatus::Success && wc.grh.is_some() && text.starts_with("datagram ");
     }
     Ok(ok)
 }

@@ -533,6 +533,29 @@ impl CmId {
         })
     }
 
+    /// `rdma_init_qp_attr`: the attributes and mask that move a QP of this connection to
+    /// `target` (INIT, RTR or RTS), for programs that drive a QP of their own rather than
+    /// one attached to the ID (UCX).
+    pub fn init_qp_attr(&self, target: QpState) -> Result<(softrdma_engine::QpAttr, softrdma_engine::AttrMask)> {
+        let b = self.binding("init_qp_attr (resolve or bind the address first)")?;
+        self.with_cm(&b, |st, _| Ok(st.cm.qp_attr(b.id, target)?))
+    }
+
+    /// `rdma_establish`, active side, when no QP is attached to the ID: after
+    /// `CONNECT_RESPONSE` (and moving its own QP to RTS) the program completes the
+    /// connection: the RTU goes out, and the passive side gets `ESTABLISHED` (this side
+    /// gets no event, as from the kernel).
+    pub fn establish(&self) -> Result<()> {
+        let b = self.binding("establish")?;
+        self.with_cm(&b, |st, now| {
+            st.cm.establish(now, b.id)?;
+            // The kernel reports no ESTABLISHED to the side that sends the RTU: the CM's,
+            // which follows, is not reported (as after a CONNECT_RESPONSE with a QP).
+            st.cm_established_early.insert(b.id.0);
+            Ok(())
+        })
+    }
+
     /// Runs one CM command under the device lock, then sends what it queued.
     fn with_cm<T>(
         &self,

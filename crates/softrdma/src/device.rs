@@ -351,6 +351,39 @@ pub struct PortAttr {
     pub pkey_tbl_len: u16,
     /// Largest message.
     pub max_msg_sz: u32,
+    /// `IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS`, as rxe.
+    pub port_cap_flags: u32,
+    /// Link width, IB-encoded: 2 (4X).
+    pub active_width: u8,
+    /// Per-lane speed, IB-encoded: 32 (EDR, 25 Gb/s): nominal, as rxe reports its netdev's.
+    pub active_speed: u8,
+}
+
+impl PortAttr {
+    /// The link rate as sysfs `ports/N/rate` says it (`100 Gb/sec (4X EDR)`).
+    pub fn rate(&self) -> String {
+        let lanes = match self.active_width {
+            1 => 1,
+            2 => 4,
+            4 => 8,
+            8 => 12,
+            16 => 2,
+            _ => 0,
+        };
+        let (tenths, name) = match self.active_speed {
+            1 => (25, "SDR"),
+            2 => (50, "DDR"),
+            4 | 8 => (100, "QDR"),
+            16 => (140, "FDR"),
+            32 => (250, "EDR"),
+            64 => (500, "HDR"),
+            128 => (1000, "NDR"),
+            _ => (0, "?"),
+        };
+        let total = lanes * tenths;
+        let gbps = if total % 10 == 0 { format!("{}", total / 10) } else { format!("{}.{}", total / 10, total % 10) };
+        format!("{gbps} Gb/sec ({lanes}X {name})")
+    }
 }
 
 impl PortAttr {
@@ -373,6 +406,9 @@ impl PortAttr {
             gid_tbl_len: c.addresses.len() as u32,
             pkey_tbl_len: 1,
             max_msg_sz: c.max_msg_sz,
+            port_cap_flags: (1 << 16) | (1 << 26),
+            active_width: 2,
+            active_speed: 32,
         })
     }
 }

@@ -1028,7 +1028,10 @@ impl State {
                     if let AsyncEvent::CommEstablished(qpn) = e {
                         crate::cm::comm_established(self, qpn.value(), now);
                     }
-                    if shared.async_events.len() < ASYNC_EVENTS_MAX {
+                    // An event the engine queued for a QP destroyed since has no one to
+                    // go to (QpInner's drop forgot those already dispatched).
+                    let gone = e.qpn().is_some_and(|n| self.engine.qp_state(n).is_none());
+                    if !gone && shared.async_events.len() < ASYNC_EVENTS_MAX {
                         shared.async_events.push(e);
                     }
                 }

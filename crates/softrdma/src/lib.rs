@@ -56,6 +56,7 @@ mod error;
 #[allow(unsafe_code)]
 mod memory;
 pub mod stats;
+pub mod sysfs;
 mod verbs;
 
 use std::path::PathBuf;
@@ -69,8 +70,8 @@ pub use error::{Error, Result};
 pub use memory::MR_ALIGN;
 pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
 pub use softrdma_engine::{
-    Access, AddressVector, AsyncEvent, AttrMask, CqId, LKey, Mtu, PostErrorKind, QpAttr, QpCap, QpState, QpType,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError, Wc, WcOpcode, WcStatus,
+    Access, AddressVector, AsyncEvent, AttrMask, CqId, LKey, Mtu, NetworkHdr, PostErrorKind, QpAttr, QpCap, QpState,
+    QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError, Wc, WcOpcode, WcStatus,
 };
 pub use softrdma_wire::cma::PortSpace;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};

@@ -666,7 +666,7 @@ pub const EMPTY_WC: Wc = Wc {
     imm_data: None,
     qp_num: Qpn::from_u24_truncating(0),
     src_qp: Qpn::from_u24_truncating(0),
-    grh: false,
+    grh: None,
     solicited: false,
 };
 
@@ -935,6 +935,11 @@ impl Drop for QpInner {
         let mut st = sh.lock();
         sh.app_flush(&mut st);
         let _ = st.engine.destroy_qp(self.qpn);
+        drop(st);
+        // As the kernel's destroy (ib_uverbs_release_uevent): its events are gone with it,
+        // and its QPN may name another QP next. Those the engine queued before the destroy
+        // and the driver has not dispatched yet are dropped there.
+        sh.async_events.retain(|e| e.qpn() != Some(self.qpn));
     }
 }
 

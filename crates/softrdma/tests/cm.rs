@@ -298,7 +298,7 @@ fn ud_service_resolution_then_a_datagram_with_the_grh() {
     cid.post_ud_send(1, &cmsgs, 0..14, SendFlags::SIGNALED, &ah, &ud).unwrap();
     assert_eq!(cid.get_send_comp(T).unwrap().status, WcStatus::Success);
     let wc = sid.get_recv_comp(T).unwrap();
-    assert_eq!((wc.status, wc.byte_len, wc.grh), (WcStatus::Success, 40 + 14, true));
+    assert_eq!((wc.status, wc.byte_len, wc.grh), (WcStatus::Success, 40 + 14, Some(NetworkHdr::Ipv4)));
     let mut got = [0u8; 14];
     smsgs.read(40, &mut got).unwrap();
     assert_eq!(&got, b"udaddy says hi");

@@ -229,7 +229,7 @@ fn ud_peer() {
             sent += 1;
             continue;
         }
-        assert_eq!((wc.byte_len, wc.grh, wc.src_qp.value()), (140, true, peer_qpn));
+        assert_eq!((wc.byte_len, wc.grh, wc.src_qp.value()), (140, Some(NetworkHdr::Ipv4), peer_qpn));
         let mut buf = vec![0u8; 140];
         mr.read(wc.wr_id as usize * 1024, &mut buf).unwrap();
         // Which datagram it was: the payload after the GRH names it.
