@@ -23,7 +23,7 @@ cd "$(dirname "$0")/../.."
 . tests/lib.sh
 LINE_WIDTH=48
 
-install_packages fi_info:libfabric-bin ucx_info:ucx-utils rstream:rdmacm-utils iperf3:iperf3
+install_packages fi_info:libfabric-bin ucx_perftest:ucx-utils rstream:rdmacm-utils iperf3:iperf3 ibv_devices:ibverbs-utils
 use_libs
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -113,21 +113,50 @@ if installed "libfabric" fi_info libfabric-bin; then
 fi
 
 # --- UCX -------------------------------------------------------------------------------
-if installed "UCX" ucx_info ucx-utils; then
-    expect_one "ucx_info -d: rc_verbs on softrdma_lo" "Transport: rc_verbs" ucx_info -d -t rc_verbs
-    expect_one "ucx_info -d: ud_verbs on softrdma_lo" "Transport: ud_verbs" ucx_info -d -t ud_verbs
-    # ucx_perftest: the server takes its test from the client; both print "Final:" rows.
-    for tls in rc_verbs ud_verbs; do
-        for t in ucp_put_bw ucp_get tag_lat tag_bw stream_bw; do
-            for size in 8 65536; do
-                port=$((port + 1))
-                expect_pair "ucx_perftest $t -s $size ($tls)" \
-                    "env UCX_TLS=$tls ucx_perftest -p $port" \
-                    "env UCX_TLS=$tls ucx_perftest 127.0.0.1 -p $port -t $t -s $size -n 1000 -w 100" \
-                    "." "^Final: +1000 "
+# UCX 1.13 lists an IB device only if /dev/infiniband/<dev> is a character device it may open,
+# and reads GID types from /sys/class/infiniband: scripts/softrdma-sysfs-ns gives it both in
+# a mount namespace of its own (root). ucx_perftest's peer-to-peer wireup needs an auxiliary
+# transport beside rc_verbs (on any device: "no auxiliary transport" otherwise), so its RC
+# cases run rc_verbs with ud_verbs as that (UCX's "rc_v"); io_demo connects through UCX's
+# rdmacm connection manager over rc_verbs alone.
+ucx_ns=scripts/softrdma-sysfs-ns
+if installed "UCX" ucx_perftest ucx-utils; then
+    if [ "$(id -u)" -ne 0 ]; then
+        line "UCX" "SKIP needs root (scripts/softrdma-sysfs-ns: /dev/infiniband and /sys/class/infiniband for UCX)"
+    else
+        ibv_devices >/dev/null 2>&1 # writes the device tree the namespace shows
+        expect_one "ucx_info -d: rc_verbs, ud_verbs" "Transport: ud_verbs" \
+            $ucx_ns sh -c 'ucx_info -d | grep -A20 "Memory domain: softrdma_lo" | grep -q "Transport: rc_verbs" && ucx_info -d'
+        for tls in rc_verbs,ud_verbs:aux ud_verbs; do
+            for t in ucp_put_bw ucp_get tag_lat tag_bw stream_bw; do
+                for size in 8 65536; do
+                    port=$((port + 1))
+                    env="env UCX_TLS=$tls UCX_NET_DEVICES=softrdma_lo:1"
+                    expect_pair "ucx_perftest $t -s $size (${tls%%,*})" \
+                        "$ucx_ns $env ucx_perftest -p $port" \
+                        "$ucx_ns $env ucx_perftest 127.0.0.1 -p $port -t $t -s $size -n 1000 -w 100" \
+                        "." "^Final: +1000 "
+                done
             done
         done
-    done
+        # io_demo: its server never exits by itself and its client exits 0 whatever happens:
+        # the client's status line is the verdict.
+        port=$((port + 1))
+        env="env UCX_TLS=rc_verbs UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_NET_DEVICES=softrdma_lo:1"
+        # shellcheck disable=SC2086
+        $ucx_ns $env io_demo -q -p $port -i 200 -d 8:65536 >"$work/io_demo.server" 2>&1 &
+        iod=$!
+        # shellcheck disable=SC2086 # (its own retries: -c connection attempts, -y seconds apart)
+        $ucx_ns $env timeout "$TIMEOUT" io_demo -q -p $port -i 200 -d 8:65536 -c 10 -y 1 127.0.0.1 \
+            >"$work/io_demo.client" 2>&1
+        kill -9 $iod 2>/dev/null
+        wait $iod 2>/dev/null
+        if grep -q "Client exit with status 'OK'" "$work/io_demo.client"; then
+            line "io_demo (UCX's rdmacm CM, rc_verbs)" pass
+        else
+            fail "io_demo (UCX's rdmacm CM, rc_verbs)" "$(grep -v '^ *$' "$work/io_demo.client" | tail -n 1)"
+        fi
+    fi
 fi
 
 # --- rsockets --------------------------------------------------------------------------
