@@ -1062,6 +1062,46 @@ unsafe extern "C" fn freeaddrinfo(res: *mut RdmaAddrinfo) {
 }
 export!("softrdma_rdmacm_rdma_freeaddrinfo", "SOFTRDMA_PRIVATE_1", freeaddrinfo);
 
+/// `rdma_get_devices`: the connection manager's `ibv_context` of every device (the
+/// `id->verbs` of an ID bound to it), in a NULL-terminated array from `malloc`, their
+/// number in `*num_devices` when that is not NULL. A device that cannot be opened is left
+/// out. libfabric's verbs provider builds its device list from this.
+unsafe extern "C" fn get_devices(num_devices: *mut c_int) -> *mut *mut IbvContext {
+    guard(ptr::null_mut(), || {
+        let contexts: Vec<*mut IbvContext> = softrdma::devices()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| d.cm_context().ok())
+            .map(|ctx| cm_context(&ctx))
+            .filter(|p| !p.is_null())
+            .collect();
+        // SAFETY: calloc of n + 1 pointers; the last stays NULL.
+        let list = unsafe { libc::calloc(contexts.len() + 1, size_of::<*mut IbvContext>()) }.cast::<*mut IbvContext>();
+        if list.is_null() {
+            errno::set(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, &c) in contexts.iter().enumerate() {
+            // SAFETY: i < contexts.len(), within the allocation.
+            unsafe { *list.add(i) = c };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a valid int or NULL.
+            unsafe { *num_devices = c_int::try_from(contexts.len()).unwrap_or(c_int::MAX) };
+        }
+        list
+    })
+}
+export!("softrdma_rdmacm_rdma_get_devices", "SOFTRDMA_PRIVATE_1", get_devices);
+
+/// `rdma_free_devices`: frees the array; the contexts stay open for the process's life,
+/// as librdmacm's do.
+unsafe extern "C" fn free_devices(list: *mut *mut IbvContext) {
+    // SAFETY: list is NULL or the array rdma_get_devices had from calloc.
+    unsafe { libc::free(list.cast()) }
+}
+export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", free_devices);
+
 // ---- not done yet ----------------------------------------------------------------------
 
 /// Not supported yet: -1 with `errno = ENOSYS` (for the calls returning `int`, `ssize_t`
@@ -1071,14 +1111,7 @@ unsafe extern "C" fn minus_one_enosys() -> c_long {
     -1
 }
 
-/// Not supported yet: NULL with `errno = ENOSYS`.
-unsafe extern "C" fn null_enosys() -> *mut c_void {
-    errno::set(libc::ENOSYS);
-    ptr::null_mut()
-}
-
-/// Nothing to do (`rdma_free_devices` of the list `rdma_get_devices` never made), or 0
-/// (`rdma_get_src_port`/`rdma_get_dst_port` of an ID with no address).
+/// 0 (`rdma_get_src_port`/`rdma_get_dst_port` of an ID with no address).
 unsafe extern "C" fn zero() -> c_long {
     0
 }
@@ -1130,7 +1163,5 @@ enosys!(
     "softrdma_rdmacm_rwrite",
     "softrdma_rdmacm_rwritev",
 );
-export!("softrdma_rdmacm_rdma_get_devices", "SOFTRDMA_PRIVATE_1", null_enosys);
-export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", zero);
 export!("softrdma_rdmacm_rdma_get_src_port", "SOFTRDMA_PRIVATE_1", zero);
 export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", zero);
