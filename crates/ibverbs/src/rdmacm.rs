@@ -516,7 +516,10 @@ unsafe extern "C" fn bind_addr(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> 
         if let Err(e) = i.inner.bind_addr(a) {
             return fail(&e);
         }
-        i.wildcard = a.ip().is_unspecified();
+        // A loopback address too, as the kernel's rdma_cm (a bind to 127.0.0.1 succeeds with
+        // no device): libfabric's verbs provider binds "localhost" to find the devices, and
+        // one named there would hide every other (the loopback interface is never its).
+        i.wildcard = a.ip().is_unspecified() || a.ip().to_canonical().is_loopback();
         if i.wildcard {
             // librdmacm never closes a device it opened (ucma_put_device frees only the
             // PD), and an ID bound to one device keeps its context here (refresh): the
@@ -550,6 +553,8 @@ unsafe extern "C" fn resolve_addr(
         if let Err(e) = i.inner.resolve_addr(src, dst) {
             return fail(&e);
         }
+        // Resolved, the ID has its device, whatever its bind was.
+        i.wildcard = false;
         refresh(i);
         complete(i)
     })
