@@ -967,7 +967,7 @@ unsafe extern "C" fn getaddrinfo(
     res: *mut *mut RdmaAddrinfo,
 ) -> c_int {
     guard(-1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() {
             return fail_with(libc::EINVAL);
         }
         // SAFETY: C strings or NULL, as the caller passes them.
@@ -985,10 +985,20 @@ unsafe extern "C" fn getaddrinfo(
             return libc::EAI_SERVICE;
         };
         let passive = flags & RAI_PASSIVE != 0;
+        // SAFETY: the hints' addresses, if any.
+        let (hint_src, hint_dst) =
+            h.map_or((None, None), |h| unsafe { (sockaddr_to(h.ai_src_addr), sockaddr_to(h.ai_dst_addr)) });
         let addr = match &node {
             Some(n) => match lookup(n, port, family) {
                 Some(a) => a,
                 None => return libc::EAI_NONAME,
+            },
+            // No node and no service: the addresses are the hints' own, as in librdmacm
+            // (libfabric's verbs provider names its peer so).
+            None if service.is_none() => match (passive, hint_src, hint_dst) {
+                (true, Some(a), _) | (false, _, Some(a)) => a,
+                (true, None, _) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                (false, _, None) => return fail_with(libc::EINVAL),
             },
             None if passive => {
                 let any = if family == libc::AF_INET6 {
@@ -1040,8 +1050,7 @@ unsafe extern "C" fn getaddrinfo(
             out.dst = sa;
             out.ai.ai_dst_len = len;
             out.ai.ai_dst_addr = (&raw mut out.dst).cast();
-            // SAFETY: the hints' source address, if any.
-            if let Some(src) = h.and_then(|h| unsafe { sockaddr_to(h.ai_src_addr) }) {
+            if let Some(src) = hint_src {
                 let (sa, len) = sockaddr_from(src);
                 out.src = sa;
                 out.ai.ai_src_len = len;
