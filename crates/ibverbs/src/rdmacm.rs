@@ -752,12 +752,40 @@ unsafe fn conn_param(p: *const RdmaConnParam) -> ConnParam {
     }
 }
 
+/// `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH`: "as many as the device allows".
+const RDMA_MAX_DEPTH: u8 = 0xff;
+
+/// librdmacm's READ/atomic depths of `rdma_connect` and `rdma_accept`: 0xff
+/// (`RDMA_MAX_RESP_RES`, `RDMA_MAX_INIT_DEPTH`; libfabric's verbs provider passes them) is
+/// the device's maximum, for `rdma_accept` no more than the request asked for (`request`:
+/// responder resources, initiator depth); another value past the maximum is `EINVAL`.
+fn depths(i: &IdC, p: &mut ConnParam, request: Option<(u8, u8)>) -> Result<(), c_int> {
+    let (max_resp, max_init) = i.inner.context().map_or((0, 0), |c| {
+        let a = c.device().attributes();
+        (a.max_qp_rd_atom, a.max_qp_init_rd_atom)
+    });
+    let (req_resp, req_init) = request.unwrap_or((RDMA_MAX_DEPTH, RDMA_MAX_DEPTH));
+    for (v, max, req) in
+        [(&mut p.responder_resources, max_resp, req_resp), (&mut p.initiator_depth, max_init, req_init)]
+    {
+        if *v == RDMA_MAX_DEPTH {
+            *v = max.min(req);
+        } else if *v > max {
+            return Err(libc::EINVAL);
+        }
+    }
+    Ok(())
+}
+
 unsafe extern "C" fn connect(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard(-1, || {
         // SAFETY: id is ours or NULL; param the caller's.
-        let (Some(i), p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
+        let (Some(i), mut p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
             return fail_with(libc::EINVAL);
         };
+        if let Err(n) = depths(i, &mut p, None) {
+            return fail_with(n);
+        }
         if let Err(e) = i.inner.connect(&p) {
             return fail(&e);
         }
@@ -779,6 +807,8 @@ unsafe extern "C" fn accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_i
             let max = i.inner.context().map_or(0, |c| c.device().attributes().max_qp_rd_atom);
             p.responder_resources = responder_resources.min(max);
             p.initiator_depth = initiator_depth.min(max);
+        } else if let Err(n) = depths(i, &mut p, i.request_depths) {
+            return fail_with(n);
         }
         if let Err(e) = i.inner.accept(&p) {
             return fail(&e);
