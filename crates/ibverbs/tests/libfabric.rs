@@ -1,8 +1,9 @@
 //! Debian's libfabric (libfabric-bin's `fi_info` and `fi_pingpong`) over this build's
 //! libraries: its verbs provider lists softrdma's devices (MSG endpoints, and RDM ones
 //! through `ofi_rxm`), and `fi_pingpong` passes over `verbs` (MSG) and `verbs;ofi_rxm`
-//! (RDM), 64 B and 64 KiB, between two network namespaces joined by veth (the verbs
-//! provider never uses a loopback interface, so not on 127.0.0.1); its other providers
+//! (RDM), 64 B and 64 KiB, between two network namespaces joined by veth, and between two
+//! processes of one namespace over its veth address (the verbs provider never uses a
+//! loopback interface, so not over 127.0.0.1: softrdma_lo has no MSG endpoint); its other providers
 //! (tcp, udp, shm) still work with our directory first. Skips, saying why, without
 //! libfabric-bin or where this process may not make namespaces (root).
 #![allow(clippy::print_stderr)]
@@ -28,16 +29,16 @@ fn text(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
 }
 
-/// `fi_pingpong -p prov -e ep -S size` between a server in namespace 1 and a client in
-/// namespace 0; the client's output.
-fn pingpong(ns: &NetnsPair, lib: &Path, prov: &str, ep: &str, size: &str) -> String {
+/// `fi_pingpong -p prov -e ep -S size` between a server in namespace `at` and a client in
+/// namespace 0 (two hosts, or two processes on one); the client's output.
+fn pingpong(ns: &NetnsPair, lib: &Path, at: usize, prov: &str, ep: &str, size: &str) -> String {
     let args = ["fi_pingpong", "-p", prov, "-e", ep, "-S", size, "-I", "100"];
-    let server = fabric(&ns.names[1], lib, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let server = fabric(&ns.names[at], lib, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // The client gives up at once if the server's control port is not open yet.
     let mut client = None;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
-        let out = fabric(&ns.names[0], lib, &args).arg(ADDRS[1]).output().unwrap();
+        let out = fabric(&ns.names[0], lib, &args).arg(ADDRS[at]).output().unwrap();
         if !text(&out).contains("Connection refused") {
             client = Some(out);
             break;
@@ -46,7 +47,7 @@ fn pingpong(ns: &NetnsPair, lib: &Path, prov: &str, ep: &str, size: &str) -> Str
     let server = server.wait_with_output().unwrap();
     let client =
         client.unwrap_or_else(|| panic!("fi_pingpong -p {prov}: the server never listened: {}", text(&server)));
-    let what = format!("fi_pingpong -p {prov} -e {ep} -S {size}");
+    let what = format!("fi_pingpong -p {prov} -e {ep} -S {size} {}", ADDRS[at]);
     assert!(
         client.status.success() && server.status.success(),
         "{what}: client {}:\n{}\nserver {}:\n{}",
@@ -97,8 +98,11 @@ fn libfabric_runs_over_softrdma() {
     }
 
     for size in ["64", "65536"] {
-        pingpong(&ns, &lib.path, "verbs", "msg", size);
-        pingpong(&ns, &lib.path, "verbs;ofi_rxm", "rdm", size);
-        pingpong(&ns, &lib.path, "tcp", "msg", size);
+        pingpong(&ns, &lib.path, 1, "verbs", "msg", size);
+        pingpong(&ns, &lib.path, 1, "verbs;ofi_rxm", "rdm", size);
+        pingpong(&ns, &lib.path, 1, "tcp", "msg", size);
     }
+    // Two processes on one host, over its own (non-loopback) address.
+    pingpong(&ns, &lib.path, 0, "verbs", "msg", "64");
+    pingpong(&ns, &lib.path, 0, "verbs;ofi_rxm", "rdm", "64");
 }
