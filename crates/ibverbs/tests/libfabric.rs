@@ -31,14 +31,28 @@ fn text(out: &Output) -> String {
 
 /// `fi_pingpong -p prov -e ep -S size` between a server in namespace `at` and a client in
 /// namespace 0 (two hosts, or two processes on one); the client's output.
+/// A DGRAM endpoint names its side's domain (`-d softrdma_<veth>-dgram`): the first one
+/// listed is softrdma_lo's, whose address (127.0.0.1) the other host cannot reach.
 fn pingpong(ns: &NetnsPair, lib: &Path, at: usize, prov: &str, ep: &str, size: &str) -> String {
-    let args = ["fi_pingpong", "-p", prov, "-e", ep, "-S", size, "-I", "100"];
-    let server = fabric(&ns.names[at], lib, &args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let domain = |i: usize| format!("softrdma_{}-dgram", ns.ifaces[i]);
+    let args = |i: usize| {
+        let mut a: Vec<String> =
+            ["fi_pingpong", "-p", prov, "-e", ep, "-S", size, "-I", "100"].map(String::from).to_vec();
+        if ep == "dgram" {
+            a.extend(["-d".to_string(), domain(i)]);
+        }
+        a
+    };
+    let (server_args, client_args) = (args(at), args(0));
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+    let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+    let server =
+        fabric(&ns.names[at], lib, &server_args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     // The client gives up at once if the server's control port is not open yet.
     let mut client = None;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
-        let out = fabric(&ns.names[0], lib, &args).arg(ADDRS[at]).output().unwrap();
+        let out = fabric(&ns.names[0], lib, &client_args).arg(ADDRS[at]).output().unwrap();
         if !text(&out).contains("Connection refused") {
             client = Some(out);
             break;
@@ -102,6 +116,7 @@ fn libfabric_runs_over_softrdma() {
         pingpong(&ns, &lib.path, 1, "verbs;ofi_rxm", "rdm", size);
         pingpong(&ns, &lib.path, 1, "tcp", "msg", size);
     }
+    pingpong(&ns, &lib.path, 1, "verbs", "dgram", "64");
     // Two processes on one host, over its own (non-loopback) address.
     pingpong(&ns, &lib.path, 0, "verbs", "msg", "64");
     pingpong(&ns, &lib.path, 0, "verbs;ofi_rxm", "rdm", "64");
