@@ -105,7 +105,9 @@ fn load(path: &Path, lib: &Path) -> Result<(), String> {
     let mut cmd = if name.contains(".so") {
         // A library: dlopen with RTLD_NOW, from Python, so pyverbs' modules find libpython's
         // symbols too.
-        let mut c = Command::new("python3");
+        // Debian's interpreter, the one pyverbs is built for, before any other on the PATH.
+        let python = if Path::new("/usr/bin/python3").exists() { "/usr/bin/python3" } else { "python3" };
+        let mut c = Command::new(python);
         c.args(["-c", "import ctypes, os, sys; ctypes.CDLL(sys.argv[1], mode=os.RTLD_NOW)"]).arg(path);
         c
     } else {
