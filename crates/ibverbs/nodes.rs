@@ -1,5 +1,5 @@
 //! Version scripts that only declare nodes, for the build scripts of the drop-in libraries
-//! (crates/ibverbs, crates/rdmacm, crates/dv include this file): each exported symbol gets
+//! (crates/ibverbs and crates/rdmacm include this file): each exported symbol gets
 //! its node from a `.symver` directive next to its definition (src/export.rs), because
 //! rustc's own anonymous version script for a cdylib would beat named nodes that list
 //! symbols (they would stay unversioned).

@@ -522,7 +522,10 @@ unsafe extern "C" fn bind_addr(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> 
         if let Err(e) = i.inner.bind_addr(a) {
             return fail(&e);
         }
-        i.wildcard = a.ip().is_unspecified();
+        // A loopback address too, as the kernel's rdma_cm (a bind to 127.0.0.1 succeeds with
+        // no device): libfabric's verbs provider binds "localhost" to find the devices, and
+        // one named there would hide every other (the loopback interface is never its).
+        i.wildcard = a.ip().is_unspecified() || a.ip().to_canonical().is_loopback();
         if i.wildcard {
             // librdmacm never closes a device it opened (ucma_put_device frees only the
             // PD), and an ID bound to one device keeps its context here (refresh): the
@@ -556,6 +559,8 @@ unsafe extern "C" fn resolve_addr(
         if let Err(e) = i.inner.resolve_addr(src, dst) {
             return fail(&e);
         }
+        // Resolved, the ID has its device, whatever its bind was.
+        i.wildcard = false;
         refresh(i);
         complete(i)
     })
@@ -753,12 +758,40 @@ unsafe fn conn_param(p: *const RdmaConnParam) -> ConnParam {
     }
 }
 
+/// `RDMA_MAX_RESP_RES` and `RDMA_MAX_INIT_DEPTH`: "as many as the device allows".
+const RDMA_MAX_DEPTH: u8 = 0xff;
+
+/// librdmacm's READ/atomic depths of `rdma_connect` and `rdma_accept`: 0xff
+/// (`RDMA_MAX_RESP_RES`, `RDMA_MAX_INIT_DEPTH`; libfabric's verbs provider passes them) is
+/// the device's maximum, for `rdma_accept` no more than the request asked for (`request`:
+/// responder resources, initiator depth); another value past the maximum is `EINVAL`.
+fn depths(i: &IdC, p: &mut ConnParam, request: Option<(u8, u8)>) -> Result<(), c_int> {
+    let (max_resp, max_init) = i.inner.context().map_or((0, 0), |c| {
+        let a = c.device().attributes();
+        (a.max_qp_rd_atom, a.max_qp_init_rd_atom)
+    });
+    let (req_resp, req_init) = request.unwrap_or((RDMA_MAX_DEPTH, RDMA_MAX_DEPTH));
+    for (v, max, req) in
+        [(&mut p.responder_resources, max_resp, req_resp), (&mut p.initiator_depth, max_init, req_init)]
+    {
+        if *v == RDMA_MAX_DEPTH {
+            *v = max.min(req);
+        } else if *v > max {
+            return Err(libc::EINVAL);
+        }
+    }
+    Ok(())
+}
+
 unsafe extern "C" fn connect(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_int {
     guard(-1, || {
         // SAFETY: id is ours or NULL; param the caller's.
-        let (Some(i), p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
+        let (Some(i), mut p) = (unsafe { id_mut(id) }, unsafe { conn_param(param) }) else {
             return fail_with(libc::EINVAL);
         };
+        if let Err(n) = depths(i, &mut p, None) {
+            return fail_with(n);
+        }
         if let Err(e) = i.inner.connect(&p) {
             return fail(&e);
         }
@@ -780,6 +813,8 @@ unsafe extern "C" fn accept(id: *mut RdmaCmId, param: *mut RdmaConnParam) -> c_i
             let max = i.inner.context().map_or(0, |c| c.device().attributes().max_qp_rd_atom);
             p.responder_resources = responder_resources.min(max);
             p.initiator_depth = initiator_depth.min(max);
+        } else if let Err(n) = depths(i, &mut p, i.request_depths) {
+            return fail_with(n);
         }
         if let Err(e) = i.inner.accept(&p) {
             return fail(&e);
@@ -1013,7 +1048,7 @@ unsafe extern "C" fn getaddrinfo(
     res: *mut *mut RdmaAddrinfo,
 ) -> c_int {
     guard(-1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() {
             return fail_with(libc::EINVAL);
         }
         // SAFETY: C strings or NULL, as the caller passes them.
@@ -1031,10 +1066,20 @@ unsafe extern "C" fn getaddrinfo(
             return libc::EAI_SERVICE;
         };
         let passive = flags & RAI_PASSIVE != 0;
+        // SAFETY: the hints' addresses, if any.
+        let (hint_src, hint_dst) =
+            h.map_or((None, None), |h| unsafe { (sockaddr_to(h.ai_src_addr), sockaddr_to(h.ai_dst_addr)) });
         let addr = match &node {
             Some(n) => match lookup(n, port, family) {
                 Some(a) => a,
                 None => return libc::EAI_NONAME,
+            },
+            // No node and no service: the addresses are the hints' own, as in librdmacm
+            // (libfabric's verbs provider names its peer so).
+            None if service.is_none() => match (passive, hint_src, hint_dst) {
+                (true, Some(a), _) | (false, _, Some(a)) => a,
+                (true, None, _) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
+                (false, _, None) => return fail_with(libc::EINVAL),
             },
             None if passive => {
                 let any = if family == libc::AF_INET6 {
@@ -1086,8 +1131,7 @@ unsafe extern "C" fn getaddrinfo(
             out.dst = sa;
             out.ai.ai_dst_len = len;
             out.ai.ai_dst_addr = (&raw mut out.dst).cast();
-            // SAFETY: the hints' source address, if any.
-            if let Some(src) = h.and_then(|h| unsafe { sockaddr_to(h.ai_src_addr) }) {
+            if let Some(src) = hint_src {
                 let (sa, len) = sockaddr_from(src);
                 out.src = sa;
                 out.ai.ai_src_len = len;
@@ -1113,6 +1157,46 @@ unsafe extern "C" fn freeaddrinfo(res: *mut RdmaAddrinfo) {
 }
 export!("softrdma_rdmacm_rdma_freeaddrinfo", "SOFTRDMA_PRIVATE_1", freeaddrinfo);
 
+/// `rdma_get_devices`: the connection manager's `ibv_context` of every device (the
+/// `id->verbs` of an ID bound to it), in a NULL-terminated array from `malloc`, their
+/// number in `*num_devices` when that is not NULL. A device that cannot be opened is left
+/// out. libfabric's verbs provider builds its device list from this.
+unsafe extern "C" fn get_devices(num_devices: *mut c_int) -> *mut *mut IbvContext {
+    guard(ptr::null_mut(), || {
+        let contexts: Vec<*mut IbvContext> = softrdma::devices()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|d| d.cm_context().ok())
+            .map(|ctx| cm_context(&ctx))
+            .filter(|p| !p.is_null())
+            .collect();
+        // SAFETY: calloc of n + 1 pointers; the last stays NULL.
+        let list = unsafe { libc::calloc(contexts.len() + 1, size_of::<*mut IbvContext>()) }.cast::<*mut IbvContext>();
+        if list.is_null() {
+            errno::set(libc::ENOMEM);
+            return ptr::null_mut();
+        }
+        for (i, &c) in contexts.iter().enumerate() {
+            // SAFETY: i < contexts.len(), within the allocation.
+            unsafe { *list.add(i) = c };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: the caller passes a valid int or NULL.
+            unsafe { *num_devices = c_int::try_from(contexts.len()).unwrap_or(c_int::MAX) };
+        }
+        list
+    })
+}
+export!("softrdma_rdmacm_rdma_get_devices", "SOFTRDMA_PRIVATE_1", get_devices);
+
+/// `rdma_free_devices`: frees the array; the contexts stay open for the process's life,
+/// as librdmacm's do.
+unsafe extern "C" fn free_devices(list: *mut *mut IbvContext) {
+    // SAFETY: list is NULL or the array rdma_get_devices had from calloc.
+    unsafe { libc::free(list.cast()) }
+}
+export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", free_devices);
+
 // ---- not done yet ----------------------------------------------------------------------
 
 /// Not supported yet: -1 with `errno = ENOSYS` (for the calls returning `int`, `ssize_t`
@@ -1122,14 +1206,7 @@ unsafe extern "C" fn minus_one_enosys() -> c_long {
     -1
 }
 
-/// Not supported yet: NULL with `errno = ENOSYS`.
-unsafe extern "C" fn null_enosys() -> *mut c_void {
-    errno::set(libc::ENOSYS);
-    ptr::null_mut()
-}
-
-/// Nothing to do (`rdma_free_devices` of the list `rdma_get_devices` never made), or 0
-/// (`rdma_get_src_port`/`rdma_get_dst_port` of an ID with no address).
+/// 0 (`rdma_get_src_port`/`rdma_get_dst_port` of an ID with no address).
 unsafe extern "C" fn zero() -> c_long {
     0
 }
@@ -1179,7 +1256,5 @@ enosys!(
     "softrdma_rdmacm_rwrite",
     "softrdma_rdmacm_rwritev",
 );
-export!("softrdma_rdmacm_rdma_get_devices", "SOFTRDMA_PRIVATE_1", null_enosys);
-export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", zero);
 export!("softrdma_rdmacm_rdma_get_src_port", "SOFTRDMA_PRIVATE_1", zero);
 export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", zero);

@@ -77,6 +77,11 @@ fn a_wildcard_listeners_devices_stay_open_after_it_is_destroyed() {
     passes("wildcard_devices");
 }
 
+#[test]
+fn rdma_cm_does_what_libfabrics_verbs_provider_needs() {
+    passes("libfabric_cm");
+}
+
 /// perftest -R's client retrying after REJ 8 (tests/c/rejected_retry.c), with each cleanup
 /// perftest has used, against a server process that listens only after the client's second
 /// REJECTED: on one host the REJ comes once the same-host REQ resends (63 ms) are spent.

@@ -48,6 +48,15 @@ fn cm_context(device: &Device, options: &ContextOptions) -> Result<Context> {
     Ok(ctx)
 }
 
+impl Device {
+    /// The context the connection manager's IDs use on this device with the default
+    /// options, opened if none is (librdmacm's `rdma_get_devices`): a PD or CQ made on it
+    /// serves the QP of any ID bound to the device, as long as the caller keeps it.
+    pub fn cm_context(&self) -> Result<Context> {
+        cm_context(self, &ContextOptions::default())
+    }
+}
+
 /// The device that owns `addr`'s IP (an address of one of its GIDs). A link-local
 /// address is an interface's only in its scope (`sin6_scope_id`): the device of that
 /// interface; without one, the only device with that address.

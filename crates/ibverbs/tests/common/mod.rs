@@ -1,5 +1,5 @@
 //! The drop-in libraries of this build, in a directory of their own (`libibverbs.so.1`,
-//! `librdmacm.so.1`, `libmlx5.so.1` and its `libefa.so.1` symlink), for tests that run C
+//! `librdmacm.so.1`, `libmlx5.so.1` and `libefa.so.1`), for tests that run C
 //! programs over them.
 
 // Each test binary uses part of this.
@@ -36,29 +36,30 @@ pub(crate) fn lib_dir(tag: &str) -> LibDir {
     let path = std::env::temp_dir().join(format!("softrdma-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&path).unwrap();
     std::fs::copy(&built, path.join("libibverbs.so.1")).unwrap();
-    // librdmacm.so.1 (softrdma-rdmacm) and the provider stand-ins (softrdma-dv) are
+    // librdmacm.so.1 (softrdma-rdmacm) and the provider stand-ins (softrdma-dv, -dv-efa) are
     // cdylibs no test depends on: `cargo test` does not build them, so this does, with the
     // same profile (its output lands next to the libibverbs.so.1 found above).
     let profile_dir = built.parent().unwrap();
     let profile_dir = if profile_dir.ends_with("deps") { profile_dir.parent().unwrap() } else { profile_dir };
     let mut cargo = Command::new(env!("CARGO"));
-    cargo.args(["build", "-q", "-p", "softrdma-rdmacm", "-p", "softrdma-dv"]);
+    cargo.args(["build", "-q", "-p", "softrdma-rdmacm", "-p", "softrdma-dv", "-p", "softrdma-dv-efa"]);
     if profile_dir.ends_with("release") {
         cargo.arg("--release");
     }
-    let status = cargo.status().expect("running cargo build -p softrdma-rdmacm -p softrdma-dv");
-    assert!(status.success(), "cargo build -p softrdma-rdmacm -p softrdma-dv failed");
+    let status = cargo.status().expect("running cargo build -p softrdma-rdmacm -p softrdma-dv -p softrdma-dv-efa");
+    assert!(status.success(), "cargo build -p softrdma-rdmacm -p softrdma-dv -p softrdma-dv-efa failed");
     let rdmacm = newest("libsoftrdma_rdmacm.so");
     if let Some(r) = &rdmacm {
         std::fs::copy(r, path.join("librdmacm.so.1")).unwrap();
     }
-    // The provider stand-ins perftest links (softrdma-dv): one object, two names.
-    let dv = newest("libsoftrdma_dv.so");
-    if let Some(d) = &dv {
-        std::fs::copy(d, path.join("libmlx5.so.1")).unwrap();
-        std::os::unix::fs::symlink("libmlx5.so.1", path.join("libefa.so.1")).unwrap();
+    // The provider stand-ins perftest, libfabric, UCX and pyverbs link.
+    let mlx5 = newest("libsoftrdma_dv.so");
+    let efa = newest("libsoftrdma_dv_efa.so");
+    if let (Some(m), Some(e)) = (&mlx5, &efa) {
+        std::fs::copy(m, path.join("libmlx5.so.1")).unwrap();
+        std::fs::copy(e, path.join("libefa.so.1")).unwrap();
     }
-    LibDir { path, rdmacm: rdmacm.is_some(), dv: dv.is_some() }
+    LibDir { path, rdmacm: rdmacm.is_some(), dv: mlx5.is_some() && efa.is_some() }
 }
 
 fn newest_of(paths: &[PathBuf]) -> Option<PathBuf> {

@@ -1,0 +1,123 @@
+//! Debian's libfabric (libfabric-bin's `fi_info` and `fi_pingpong`) over this build's
+//! libraries: its verbs provider lists softrdma's devices (MSG endpoints, and RDM ones
+//! through `ofi_rxm`), and `fi_pingpong` passes over `verbs` (MSG) and `verbs;ofi_rxm`
+//! (RDM), 64 B and 64 KiB, between two network namespaces joined by veth, and between two
+//! processes of one namespace over its veth address (the verbs provider never uses a
+//! loopback interface, so not over 127.0.0.1: softrdma_lo has no MSG endpoint); its other providers
+//! (tcp, udp, shm) still work with our directory first. Skips, saying why, without
+//! libfabric-bin or where this process may not make namespaces (root).
+#![allow(clippy::print_stderr)]
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const ADDRS: [&str; 2] = ["10.78.0.1", "10.78.0.2"];
+
+/// `fi_* args` in namespace `ns` over the libraries in `lib`, killed after 60 s.
+fn fabric(ns: &str, lib: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, "timeout", "-s", "KILL", "60"]).args(args).env("LD_LIBRARY_PATH", lib);
+    c
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// `fi_pingpong -p prov -e ep -S size` between a server in namespace `at` and a client in
+/// namespace 0 (two hosts, or two processes on one); the client's output.
+/// A DGRAM endpoint names its side's domain (`-d softrdma_<veth>-dgram`): the first one
+/// listed is softrdma_lo's, whose address (127.0.0.1) the other host cannot reach.
+fn pingpong(ns: &NetnsPair, lib: &Path, at: usize, prov: &str, ep: &str, size: &str) -> String {
+    let domain = |i: usize| format!("softrdma_{}-dgram", ns.ifaces[i]);
+    let args = |i: usize| {
+        let mut a: Vec<String> =
+            ["fi_pingpong", "-p", prov, "-e", ep, "-S", size, "-I", "100"].map(String::from).to_vec();
+        if ep == "dgram" {
+            a.extend(["-d".to_string(), domain(i)]);
+        }
+        a
+    };
+    let (server_args, client_args) = (args(at), args(0));
+    let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
+    let client_args: Vec<&str> = client_args.iter().map(String::as_str).collect();
+    let server =
+        fabric(&ns.names[at], lib, &server_args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    // The client gives up at once if the server's control port is not open yet.
+    let mut client = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let out = fabric(&ns.names[0], lib, &client_args).arg(ADDRS[at]).output().unwrap();
+        if !text(&out).contains("Connection refused") {
+            client = Some(out);
+            break;
+        }
+    }
+    let server = server.wait_with_output().unwrap();
+    let client =
+        client.unwrap_or_else(|| panic!("fi_pingpong -p {prov}: the server never listened: {}", text(&server)));
+    let what = format!("fi_pingpong -p {prov} -e {ep} -S {size} {}", ADDRS[at]);
+    assert!(
+        client.status.success() && server.status.success(),
+        "{what}: client {}:\n{}\nserver {}:\n{}",
+        client.status,
+        text(&client),
+        server.status,
+        text(&server)
+    );
+    let out = String::from_utf8_lossy(&client.stdout).into_owned();
+    // "bytes #sent #ack total time MB/sec usec/xfer Mxfers/sec", then one line per size.
+    let want = if size == "65536" { "64k " } else { "64 " };
+    assert!(out.lines().any(|l| l.starts_with(want) && l.contains("=100")), "{what}: no result line:\n{out}");
+    eprintln!("{what}:\n{out}");
+    out
+}
+
+#[test]
+fn libfabric_runs_over_softrdma() {
+    if !installed("fi_pingpong") || !installed("fi_info") {
+        eprintln!("SKIP: fi_info or fi_pingpong is not installed (apt-get install libfabric-bin)");
+        return;
+    }
+    let Some(ns) = NetnsPair::create_or_skip("fabric", ["fab0", "fab1"]) else { return };
+    for (i, a) in ADDRS.iter().enumerate() {
+        ns.add_address(i, &format!("{a}/24"));
+    }
+    let lib = lib_dir("libfabric");
+    assert!(lib.rdmacm && lib.dv, "librdmacm.so.1 or the provider stand-ins were not built");
+
+    // The verbs provider lists the veth end's device: MSG, and RDM through ofi_rxm.
+    let out = fabric(&ns.names[0], &lib.path, &["fi_info", "-p", "verbs"]).output().unwrap();
+    let info = text(&out);
+    assert!(out.status.success(), "fi_info -p verbs: {info}");
+    for want in ["domain: softrdma_fab0\n", "type: FI_EP_MSG", "type: FI_EP_DGRAM"] {
+        assert!(info.contains(want), "fi_info -p verbs lacks {want:?}:\n{info}");
+    }
+    let out = fabric(&ns.names[0], &lib.path, &["fi_info", "-p", "verbs;ofi_rxm"]).output().unwrap();
+    let info = text(&out);
+    assert!(out.status.success() && info.contains("type: FI_EP_RDM"), "fi_info -p 'verbs;ofi_rxm': {info}");
+    // The other providers still load and answer.
+    for prov in ["tcp", "udp", "shm"] {
+        let out = fabric(&ns.names[0], &lib.path, &["fi_info", "-p", prov]).output().unwrap();
+        assert!(
+            out.status.success() && text(&out).contains(&format!("provider: {prov}")),
+            "fi_info -p {prov}: {}",
+            text(&out)
+        );
+    }
+
+    for size in ["64", "65536"] {
+        pingpong(&ns, &lib.path, 1, "verbs", "msg", size);
+        pingpong(&ns, &lib.path, 1, "verbs;ofi_rxm", "rdm", size);
+        pingpong(&ns, &lib.path, 1, "tcp", "msg", size);
+    }
+    pingpong(&ns, &lib.path, 1, "verbs", "dgram", "64");
+    // Two processes on one host, over its own (non-loopback) address.
+    pingpong(&ns, &lib.path, 0, "verbs", "msg", "64");
+    pingpong(&ns, &lib.path, 0, "verbs;ofi_rxm", "rdm", "64");
+}
