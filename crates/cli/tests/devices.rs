@@ -321,3 +321,30 @@ fn stats_follows_a_process_that_busy_polls() {
     drop(rx);
     reader.join().unwrap();
 }
+
+/// A process that moved to a network namespace of its own without remounting sysfs (plain
+/// `unshare -n`) sees the host's interfaces in `/sys/class/net`: the port state of its own
+/// interfaces comes from the namespace it is in. Root only (network namespaces).
+#[test]
+fn port_state_is_the_namespaces_own() {
+    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    if uid.as_deref().ok() != Some("0") {
+        eprintln!("SKIP: network namespaces need root");
+        return;
+    }
+    let script = format!(
+        "ip link set lo up && ip link add srdma-st0 type veth peer name srdma-st1 && \
+         ip addr add 10.79.5.1/24 dev srdma-st0 && ip link set srdma-st0 up && \
+         ip addr add 10.79.5.2/24 dev srdma-st1 && \
+         {bin} devinfo -d srdma-st0 && ip link set srdma-st1 up && sleep 0.2 && {bin} devinfo -d srdma-st0",
+        bin = env!("CARGO_BIN_EXE_softrdma")
+    );
+    let out = Command::new("unshare").args(["-n", "sh", "-c", &script]).output().expect("run unshare");
+    let text = stdout(&out);
+    assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    let states: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("state:")).collect();
+    assert_eq!(states.len(), 2, "{text}");
+    // veth: no carrier until its peer is up, then active.
+    assert!(states[0].contains("PORT_DOWN"), "{text}");
+    assert!(states[1].contains("PORT_ACTIVE"), "{text}");
+}

@@ -214,14 +214,19 @@ impl Device {
         }
     }
 
-    /// The interface's state, from `/sys/class/net/<if>/{flags,carrier}`: `(up, carrier)`.
+    /// The interface's state: `(up, carrier)`. The operational state (`IFF_RUNNING`) comes
+    /// from `getifaddrs`, which answers for this process's network namespace; `/sys/class/net`
+    /// answers for the namespace sysfs was mounted in (a process that only `unshare -n`'d
+    /// sees the host's interfaces there), so its `flags` count only for an interface of the
+    /// same index: an interface administratively up without carrier.
     fn link(&self) -> (bool, bool) {
+        let running =
+            if_addrs::get_if_addrs().is_ok_and(|all| all.iter().any(|i| i.name == self.interface && i.is_oper_up()));
         let sys = |file: &str| std::fs::read_to_string(format!("/sys/class/net/{}/{file}", self.interface)).ok();
+        let same = sys("ifindex").and_then(|i| i.trim().parse::<u32>().ok()) == Some(self.index);
         let flags = sys("flags").and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok());
-        let up = flags.is_some_and(|f| f & 1 != 0); // IFF_UP
-        // Reading `carrier` of a down interface fails (EINVAL): no carrier.
-        let carrier = up && sys("carrier").is_some_and(|c| c.trim() == "1");
-        (up, carrier)
+        let up = running || same && flags.is_some_and(|f| f & 1 != 0); // IFF_UP
+        (up, running)
     }
 }
 
