@@ -1042,19 +1042,21 @@ impl RSocket {
                 }
             };
             xfer = xfer.min(entry.length);
-            // Gather the next xfer bytes of the buffers.
-            let mut data = Vec::with_capacity(xfer as usize);
-            while data.len() < xfer as usize {
+            // The next xfer bytes of the buffers, as pieces (copied once, into sbuf).
+            let mut pieces: Vec<&[u8]> = Vec::with_capacity(2);
+            let mut want = xfer as usize;
+            while want > 0 {
                 let b = bufs[bi];
-                let take = (b.len() - boff).min(xfer as usize - data.len());
-                data.extend_from_slice(&b[boff..boff + take]);
+                let take = (b.len() - boff).min(want);
+                pieces.push(&b[boff..boff + take]);
+                want -= take;
                 boff += take;
                 if boff == b.len() {
                     bi += 1;
                     boff = 0;
                 }
             }
-            if let Err(e) = write_data(c, &data, entry) {
+            if let Err(e) = write_data(c, &pieces, xfer, entry) {
                 result = Err(e);
                 break;
             }
@@ -1391,7 +1393,7 @@ impl RSocket {
             c.sqe_avail -= 1;
             c.sbuf_bytes_avail -= xfer;
             let op = SendOp::RdmaWrite { remote_addr: iom.1.addr + off - iom.0, rkey: RKey(iom.1.key) };
-            if let Err(e) = post_from_sbuf(c, data, msg(OP_WRITE, xfer), op) {
+            if let Err(e) = post_from_sbuf(c, &[data], xfer, msg(OP_WRITE, xfer), op) {
                 result = Err(e);
                 break;
             }
@@ -1488,30 +1490,43 @@ fn save_conn_data(c: &mut Conn, d: &ConnData) -> Result<()> {
 
 /// Posts `data` (copied into the send buffer, or inline) with `op`; the completion's tag
 /// is `m`.
-fn post_from_sbuf(c: &mut Conn, data: &[u8], m: u32, op: SendOp) -> Result<()> {
-    let len = data.len() as u32;
+fn post_from_sbuf(c: &mut Conn, pieces: &[&[u8]], len: u32, m: u32, op: SendOp) -> Result<()> {
     if len <= c.sq_inline {
+        let joined;
+        let data: &[u8] = match pieces {
+            [one] => one,
+            _ => {
+                joined = pieces.concat();
+                &joined
+            }
+        };
         let sgl = [Sge { addr: data.as_ptr() as usize as u64, length: len, lkey: Default::default() }];
         return c.post(u64::from(m), op, &sgl, SendFlags::INLINE);
     }
-    let pos = c.sbuf_pos;
-    let first = len.min(c.sbuf_size - pos);
-    c.sbuf.write(pos as usize, &data[..first as usize])?;
-    let mut sgl = vec![c.sbuf.sge(pos as usize..(pos + first) as usize)?];
-    if first < len {
-        let rest = len - first;
-        c.sbuf.write(0, &data[first as usize..])?;
-        sgl.push(c.sbuf.sge(0..rest as usize)?);
-        c.sbuf_pos = rest;
-    } else {
-        c.sbuf_pos = (pos + first) % c.sbuf_size;
+    let start = c.sbuf_pos;
+    let mut pos = start;
+    for piece in pieces {
+        let mut piece: &[u8] = piece;
+        while !piece.is_empty() {
+            let n = piece.len().min((c.sbuf_size - pos) as usize);
+            c.sbuf.write(pos as usize, &piece[..n])?;
+            piece = &piece[n..];
+            pos = (pos + n as u32) % c.sbuf_size;
+        }
     }
-    c.post(u64::from(m), op, &sgl, SendFlags(0))
+    c.sbuf_pos = pos;
+    let first = len.min(c.sbuf_size - start);
+    let head = c.sbuf.sge(start as usize..(start + first) as usize)?;
+    if first < len {
+        let sgl = [head, c.sbuf.sge(0..(len - first) as usize)?];
+        c.post(u64::from(m), op, &sgl, SendFlags(0))
+    } else {
+        c.post(u64::from(m), op, &[head], SendFlags(0))
+    }
 }
 
 /// One data message into the peer's current half (`rs_write_data`).
-fn write_data(c: &mut Conn, data: &[u8], entry: RsSge) -> Result<()> {
-    let len = data.len() as u32;
+fn write_data(c: &mut Conn, pieces: &[&[u8]], len: u32, entry: RsSge) -> Result<()> {
     c.sseq_no = c.sseq_no.wrapping_add(1);
     c.sqe_avail -= 1;
     c.sbuf_bytes_avail -= len;
@@ -1522,7 +1537,7 @@ fn write_data(c: &mut Conn, data: &[u8], entry: RsSge) -> Result<()> {
     }
     let m = msg(OP_DATA, len);
     let op = SendOp::RdmaWriteWithImm { remote_addr: entry.addr, rkey: RKey(entry.key), imm: m.to_be_bytes() };
-    post_from_sbuf(c, data, m, op)
+    post_from_sbuf(c, pieces, len, m, op)
 }
 
 /// Copies queued data without consuming it (`rs_peek`).

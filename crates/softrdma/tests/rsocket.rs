@@ -71,6 +71,20 @@ fn send_recv_small_and_large_crossing_the_buffer_wrap() {
     assert!(got == back);
     let s = t.join().unwrap();
 
+    // Gathered sends: small (inline) and large pieces, in order.
+    let big = pattern(300_000, 9);
+    let t = thread::spawn(move || {
+        assert_eq!(c.sendv(&[b"ab", b"", b"cdef"], MsgFlags::default()).unwrap(), 6);
+        assert_eq!(c.sendv(&[&big[..70_001], &big[70_001..]], MsgFlags::default()).unwrap(), big.len());
+        (c, big)
+    });
+    let mut got = vec![0u8; 6 + 300_000];
+    let n = s.recv_with(&mut got, MsgFlags { waitall: true, ..MsgFlags::default() }).unwrap();
+    let (c, big) = t.join().unwrap();
+    assert_eq!(n, got.len());
+    assert_eq!(&got[..6], b"abcdef");
+    assert!(got[6..] == big[..]);
+
     // Shutdown: the peer reads what was sent, then 0 (end of stream).
     c.send(b"last").unwrap();
     c.shutdown(true, true).unwrap();
