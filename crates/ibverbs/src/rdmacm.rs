@@ -9,7 +9,8 @@
 //! `softrdma_rdmacm_<name>@@SOFTRDMA_PRIVATE_1`; `librdmacm.so.1` (crates/rdmacm) is only a
 //! table of `rdma_<name>@@RDMACM_1.x` jumps to them, so one process has one softrdma runtime.
 //!
-//! What softrdma's CM does not do yet fails with `ENOSYS` (never aborts).
+//! What softrdma's CM does not do yet fails with `ENOSYS` (never aborts). The rsocket calls
+//! are in `rsocket.rs`.
 
 use std::ffi::{CStr, c_char, c_int, c_long, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, ToSocketAddrs};
