@@ -817,18 +817,19 @@ impl RSocket {
                 st.dst = Some(dst);
             }
         }
-        match self.do_connect() {
-            Err(e) if os_error(&e) == Some(Errno::AGAIN.raw_os_error()) => {
-                Err(errno(Errno::INPROGRESS, "rconnect: the connection is in progress (non-blocking rsocket)"))
-            }
-            r => r,
+        if self.do_connect(None)? {
+            Ok(())
+        } else {
+            Err(errno(Errno::INPROGRESS, "rconnect: the connection is in progress (non-blocking rsocket)"))
         }
     }
 
-    /// Drives the connection one step further (`rs_do_connect`); `EAGAIN` while it waits
-    /// for the CM and the socket is non-blocking.
-    fn do_connect(&self) -> Result<()> {
+    /// Drives the connection as far as it goes (`rs_do_connect`): `Ok(true)` once
+    /// connected, `Ok(false)` while it waits for the CM without blocking (`nonblock`, or
+    /// the socket's `O_NONBLOCK`). A step that fails is an error, whatever its errno.
+    fn do_connect(&self, nonblock: Option<bool>) -> Result<bool> {
         let mut st = lock(&self.st);
+        let nonblock = nonblock.unwrap_or(st.nonblocking);
         loop {
             match st.phase {
                 Phase::Init | Phase::Bound => {
@@ -839,9 +840,9 @@ impl RSocket {
                     st.phase = Phase::ResolvingAddr;
                 }
                 Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting => {
-                    let wait = if st.nonblocking { Some(Duration::ZERO) } else { None };
+                    let wait = if nonblock { Some(Duration::ZERO) } else { None };
                     let Some(ev) = self.events.get_cm_event(wait)? else {
-                        return Err(would_block("rconnect"));
+                        return Ok(false);
                     };
                     match (st.phase, ev.kind) {
                         (Phase::ResolvingAddr, CmEventKind::AddrResolved) => {
@@ -883,7 +884,7 @@ impl RSocket {
                             st.phase = Phase::Connected;
                             st.readable = true;
                             st.writable = true;
-                            return Ok(());
+                            return Ok(true);
                         }
                         (_, kind) => {
                             let n = match (kind, ev.status) {
@@ -898,7 +899,7 @@ impl RSocket {
                         }
                     }
                 }
-                Phase::Connected => return Ok(()),
+                Phase::Connected => return Ok(true),
                 Phase::Listening => return Err(errno(Errno::INVAL, "rconnect on a listening rsocket")),
                 Phase::ConnectError | Phase::Disconnected | Phase::Error => {
                     return Err(errno(Errno::NOTCONN, "the rsocket's connection failed or ended"));
@@ -913,7 +914,11 @@ impl RSocket {
             lock(&self.st).phase,
             Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting | Phase::Init | Phase::Bound
         );
-        if opening { self.do_connect() } else { Ok(()) }
+        if !opening || self.do_connect(None)? {
+            Ok(())
+        } else {
+            Err(would_block("the rsocket's connection is in progress"))
+        }
     }
 
     /// Polls the CQ (and the CM) until `test` holds (`rs_get_comp`/`rs_process_cq`); with
@@ -1190,12 +1195,9 @@ impl RSocket {
                 if !st.requests.is_empty() { want & events::IN } else { 0 }
             }
             Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting => {
-                let was = lock(&self.st).nonblocking;
-                lock(&self.st).nonblocking = true;
-                let r = self.do_connect();
-                lock(&self.st).nonblocking = was;
-                match r {
-                    Err(e) if os_error(&e) == Some(Errno::AGAIN.raw_os_error()) => 0,
+                match self.do_connect(Some(true)) {
+                    Ok(false) => 0,
+                    // Connected, or failed (ConnectError): report that.
                     _ => self.poll_ready(want, arm),
                 }
             }
