@@ -9,6 +9,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -58,10 +59,12 @@ fn command(lib: &LibDir, stats: &Path, preload: bool, args: &[&str]) -> Command 
 }
 
 /// Starts a server and waits until it has opened the device (its counters file appears in
-/// `stats`), then a moment for its `rlisten`.
+/// a directory of its own under `stats`), then a moment for its `rlisten`.
 fn start_server(lib: &LibDir, stats: &Path, preload: bool, args: &[&str]) -> Server {
+    static SERVERS: AtomicUsize = AtomicUsize::new(0);
+    let stats = &stats.join(format!("server-{}", SERVERS.fetch_add(1, Ordering::Relaxed)));
     std::fs::create_dir_all(stats).unwrap();
-    let out = stats.with_extension("server.out");
+    let out = stats.with_extension("out");
     let f = std::fs::File::create(&out).unwrap();
     let child = command(lib, stats, preload, args)
         .stdout(Stdio::from(f.try_clone().unwrap()))
