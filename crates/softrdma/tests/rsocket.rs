@@ -161,3 +161,34 @@ fn conn_data_is_rdma_cores_layout() {
 fn libc_eagain() -> i32 {
     11
 }
+
+/// Nanoseconds the calling thread has run (`/proc/thread-self/schedstat`).
+fn thread_cpu_ns() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
+    s.split_whitespace().next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn blocking_waits_sleep_instead_of_spinning() {
+    let (c, s) = pair(27473);
+    // A poll with nothing to report for 300 ms, then a recv that waits 300 ms for its data:
+    // each costs this thread a few milliseconds of CPU at most (spinning would be 300).
+    let cpu = thread_cpu_ns();
+    let mut items = [PollItem { target: PollTarget::Socket(&s), events: events::IN, revents: 0 }];
+    assert_eq!(rsocket::poll(&mut items, Some(Duration::from_millis(300))).unwrap(), 0);
+    let polled = thread_cpu_ns() - cpu;
+    assert!(polled < 50_000_000, "an idle 300 ms poll used {} ms of CPU", polled / 1_000_000);
+
+    let t = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(300));
+        c.send(b"late").unwrap();
+        c
+    });
+    let cpu = thread_cpu_ns();
+    let mut buf = [0u8; 8];
+    let n = s.recv(&mut buf).unwrap();
+    let waited = thread_cpu_ns() - cpu;
+    assert_eq!(&buf[..n], b"late");
+    assert!(waited < 50_000_000, "a recv that waited 300 ms used {} ms of CPU", waited / 1_000_000);
+    let _c = t.join().unwrap();
+}
