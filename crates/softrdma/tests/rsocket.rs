@@ -192,3 +192,16 @@ fn blocking_waits_sleep_instead_of_spinning() {
     assert!(waited < 50_000_000, "a recv that waited 300 ms used {} ms of CPU", waited / 1_000_000);
     let _c = t.join().unwrap();
 }
+
+#[test]
+fn sizes_come_from_rdma_cores_configuration_files() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("mem_default"), "262144\n").unwrap();
+    std::fs::write(dir.path().join("sqsize_default"), "100000").unwrap();
+    std::fs::write(dir.path().join("inline_default"), "junk").unwrap();
+    let s = rsocket::Sizes::from_config(dir.path());
+    let d = rsocket::Sizes::default();
+    assert_eq!(s.rbuf, 262_144);
+    assert_eq!(s.sq, 0xfffe, "clamped to rsockets' largest queue");
+    assert_eq!((s.sbuf, s.rq, s.inline), (d.sbuf, d.rq, d.inline), "unset or unreadable values keep the defaults");
+}
