@@ -26,9 +26,12 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
@@ -357,8 +360,6 @@ struct State {
     dst: Option<SocketAddr>,
     /// The error of a failed connection (`SO_ERROR`), taken once.
     err: i32,
-    /// A listener's connection requests, drained from its channel.
-    requests: VecDeque<CmEvent>,
     /// Options recorded for `getsockopt` (`SO_REUSEADDR`, `SO_KEEPALIVE`, `TCP_NODELAY`, ...).
     pub_opts: Vec<(i32, i32, i32)>,
 }
@@ -367,8 +368,12 @@ struct State {
 /// rsocket protocol. `Send + Sync`: `send` and `recv` may run in two threads at once.
 pub struct RSocket {
     events: EventChannel,
+    /// An accepted socket's first channel, the listener thread's (see `renumber`).
+    early: Option<EventChannel>,
     id: CmId,
-    st: Mutex<State>,
+    st: Arc<Mutex<State>>,
+    /// A listener's accepted connections.
+    backlog: Mutex<Option<Arc<Backlog>>>,
     /// One thread at a time sleeps on the completion channel.
     wait_lock: Mutex<()>,
 }
@@ -620,8 +625,10 @@ impl RSocket {
     fn from_parts(events: EventChannel, id: CmId, sizes: Sizes, phase: Phase) -> RSocket {
         RSocket {
             events,
+            early: None,
             id,
-            st: Mutex::new(State {
+            backlog: Mutex::new(None),
+            st: Arc::new(Mutex::new(State {
                 phase,
                 readable: false,
                 writable: false,
@@ -630,9 +637,8 @@ impl RSocket {
                 conn: None,
                 dst: None,
                 err: 0,
-                requests: VecDeque::new(),
                 pub_opts: Vec::new(),
-            }),
+            })),
             wait_lock: Mutex::new(()),
         }
     }
@@ -699,13 +705,26 @@ impl RSocket {
         Ok(())
     }
 
-    /// `rlisten`.
+    /// `rlisten`. Connection requests are accepted at once, by a thread of the listener
+    /// (as rdma-core's `cm_svc` does), so that a peer's `rconnect` completes before this
+    /// side's [`accept`](Self::accept), as a TCP connect does with the kernel's backlog.
     pub fn listen(&self, backlog: u32) -> Result<()> {
         let mut st = lock(&self.st);
         if st.phase == Phase::Listening {
             return Ok(());
         }
         self.id.listen(backlog.max(1))?;
+        let (reader, writer) = UnixStream::pair().map_err(|e| Error::io("rlisten: the accept queue", e))?;
+        for end in [&reader, &writer] {
+            end.set_nonblocking(true).map_err(|e| Error::io("rlisten: the accept queue", e))?;
+        }
+        let queue = Arc::new(Backlog { ready: Mutex::new(VecDeque::new()), reader, stop: AtomicBool::new(false) });
+        let (events, shared, q) = (self.events.clone(), Arc::clone(&self.st), Arc::clone(&queue));
+        std::thread::Builder::new()
+            .name("softrdma-rlisten".into())
+            .spawn(move || accept_loop(&events, &shared, &q, &writer))
+            .map_err(|e| Error::io("rlisten: starting the accepting thread", e))?;
+        *lock(&self.backlog) = Some(queue);
         st.phase = Phase::Listening;
         Ok(())
     }
@@ -720,33 +739,38 @@ impl RSocket {
         self.id.peer_addr()
     }
 
-    fn drain_requests(&self, st: &mut State) -> Result<()> {
-        while let Some(e) = self.events.get_cm_event(Some(Duration::ZERO))? {
-            if e.kind == CmEventKind::ConnectRequest {
-                st.requests.push_back(e);
-            }
-        }
-        Ok(())
-    }
-
-    /// `raccept`: the next connection, accepted (blocking unless non-blocking).
+    /// `raccept`: the next connection (blocking unless non-blocking).
     pub fn accept(&self) -> Result<RSocket> {
-        let (event, sizes) = loop {
-            let mut st = lock(&self.st);
-            if st.phase != Phase::Listening {
-                return Err(errno(Errno::INVAL, "raccept: the rsocket is not listening (call rlisten)"));
+        let queue = lock(&self.backlog).clone();
+        let Some(queue) = queue else {
+            return Err(errno(Errno::INVAL, "raccept: the rsocket is not listening (call rlisten)"));
+        };
+        loop {
+            if let Some(rs) = queue.pop() {
+                return rs.renumber();
             }
-            self.drain_requests(&mut st)?;
-            if let Some(e) = st.requests.pop_front() {
-                break (e, st.sizes);
-            }
-            if st.nonblocking {
+            if lock(&self.st).nonblocking {
                 return Err(would_block("raccept"));
             }
-            drop(st);
-            let mut fds = [PollFd::new(&self.events, PollFlags::IN)];
+            let mut fds = [PollFd::new(&queue.reader, PollFlags::IN)];
             let _ = rustix::event::poll(&mut fds, None);
-        };
+        }
+    }
+
+    /// Gives an accepted socket its number now, in the thread of `raccept`: a descriptor
+    /// opened after whatever the caller opened before (librspreload opens its own
+    /// placeholder first, and its `select` maps numbers back assuming the rsocket's is the
+    /// larger: one numbered by the listener's thread, earlier, was reported under its own
+    /// number, which iperf3 never asked for). The first channel stays, for its events.
+    fn renumber(mut self) -> Result<RSocket> {
+        let fresh = EventChannel::new()?;
+        self.id.migrate(&fresh);
+        self.early = Some(std::mem::replace(&mut self.events, fresh));
+        Ok(self)
+    }
+
+    /// Accepts a connection request for a listener with `sizes` (`rs_accept`).
+    fn accept_request(event: CmEvent, sizes: Sizes) -> Result<RSocket> {
         let creq = ConnData::decode(&event.private_data);
         let Some(creq) = creq.filter(|c| c.version == VERSION) else {
             let _ = event.id.reject(&[]);
@@ -757,7 +781,13 @@ impl RSocket {
         let rs = RSocket::from_parts(events, event.id.clone(), sizes, Phase::Connected);
         {
             let mut st = lock(&rs.st);
-            let mut conn = rs.create_ep(&st.sizes)?;
+            let mut conn = match rs.create_ep(&st.sizes) {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = rs.id.reject(&[]);
+                    return Err(e);
+                }
+            };
             save_conn_data(&mut conn, &creq)?;
             let cresp = format_conn_data(&conn);
             // A fresh parameter set: the request's own (its start PSN is the one the peer
@@ -1015,9 +1045,11 @@ impl RSocket {
         if st.phase != Phase::Connected {
             return;
         }
-        while let Ok(Some(e)) = self.events.get_cm_event(Some(Duration::ZERO)) {
-            if e.kind == CmEventKind::Disconnected {
-                st.disconnected();
+        for ch in std::iter::once(&self.events).chain(&self.early) {
+            while let Ok(Some(e)) = ch.get_cm_event(Some(Duration::ZERO)) {
+                if e.kind == CmEventKind::Disconnected {
+                    st.disconnected();
+                }
             }
         }
     }
@@ -1226,9 +1258,8 @@ impl RSocket {
         let phase = lock(&self.st).phase;
         match phase {
             Phase::Listening => {
-                let mut st = lock(&self.st);
-                let _ = self.drain_requests(&mut st);
-                if !st.requests.is_empty() { want & events::IN } else { 0 }
+                let ready = lock(&self.backlog).as_ref().is_some_and(|q| q.is_ready());
+                if ready { want & events::IN } else { 0 }
             }
             Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting => {
                 match self.do_connect(Some(true)) {
@@ -1271,7 +1302,8 @@ impl RSocket {
     fn waiter(&self) -> Option<Waiter> {
         let st = lock(&self.st);
         match (st.phase, st.conn.as_ref()) {
-            (Phase::Listening | Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting, _) => {
+            (Phase::Listening, _) => lock(&self.backlog).clone().map(Waiter::Backlog),
+            (Phase::ResolvingAddr | Phase::ResolvingRoute | Phase::Connecting, _) => {
                 Some(Waiter::Cm(self.events.clone()))
             }
             (_, Some(c)) => Some(Waiter::Comp(c.channel.clone())),
@@ -1444,10 +1476,65 @@ impl RSocket {
     }
 }
 
+/// A listener's accepted connections, and a descriptor readable while there are some
+/// (`accept_queue`).
+struct Backlog {
+    ready: Mutex<VecDeque<RSocket>>,
+    reader: UnixStream,
+    /// The listener is gone: its thread ends.
+    stop: AtomicBool,
+}
+
+impl Backlog {
+    /// Drains the descriptor's bytes first, then looks at the queue: a connection queued
+    /// after the drain has its byte still there, so a `poll(2)` on `reader` wakes for it.
+    fn drain(&self) {
+        let mut b = [0u8; 64];
+        while matches!((&self.reader).read(&mut b), Ok(n) if n > 0) {}
+    }
+
+    fn is_ready(&self) -> bool {
+        self.drain();
+        !lock(&self.ready).is_empty()
+    }
+
+    fn pop(&self) -> Option<RSocket> {
+        self.drain();
+        lock(&self.ready).pop_front()
+    }
+}
+
+/// A listener's thread: accepts each connection request as it comes and queues the
+/// connection, until the listener is dropped.
+fn accept_loop(events: &EventChannel, listener: &Mutex<State>, queue: &Backlog, mut writer: &UnixStream) {
+    while !queue.stop.load(Ordering::Acquire) {
+        let event = match events.get_cm_event(Some(Duration::from_millis(100))) {
+            Ok(Some(e)) if e.kind == CmEventKind::ConnectRequest => e,
+            Ok(_) => continue,
+            Err(_) => return,
+        };
+        let sizes = lock(listener).sizes;
+        // A request that cannot be accepted was rejected; the peer's rconnect fails.
+        if let Ok(rs) = RSocket::accept_request(event, sizes) {
+            lock(&queue.ready).push_back(rs);
+            let _ = writer.write(&[1]);
+        }
+    }
+}
+
+impl Drop for RSocket {
+    fn drop(&mut self) {
+        if let Some(q) = lock(&self.backlog).as_ref() {
+            q.stop.store(true, Ordering::Release);
+        }
+    }
+}
+
 /// A descriptor an rsocket's waiter sleeps on.
 enum Waiter {
     Comp(CompChannel),
     Cm(EventChannel),
+    Backlog(Arc<Backlog>),
 }
 
 impl AsFd for Waiter {
@@ -1455,6 +1542,7 @@ impl AsFd for Waiter {
         match self {
             Waiter::Comp(c) => c.as_fd(),
             Waiter::Cm(e) => e.as_fd(),
+            Waiter::Backlog(b) => b.reader.as_fd(),
         }
     }
 }

@@ -205,3 +205,29 @@ fn sizes_come_from_rdma_cores_configuration_files() {
     assert_eq!(s.sq, 0xfffe, "clamped to rsockets' largest queue");
     assert_eq!((s.sbuf, s.rq, s.inline), (d.sbuf, d.rq, d.inline), "unset or unreadable values keep the defaults");
 }
+
+#[test]
+fn connect_completes_before_accept_as_with_a_tcp_backlog() {
+    let addr: SocketAddr = "127.0.0.1:27474".parse().unwrap();
+    let listener = RSocket::new().unwrap();
+    listener.bind(addr).unwrap();
+    listener.listen(4).unwrap();
+    // Two clients connect and send, in this thread, before anybody calls accept.
+    let (c1, c2) = (RSocket::new().unwrap(), RSocket::new().unwrap());
+    c1.connect(addr).unwrap();
+    c2.connect(addr).unwrap();
+    c1.send(b"one").unwrap();
+    c2.send(b"two").unwrap();
+    // The listener polls readable; accept returns them in order.
+    let mut items = [PollItem { target: PollTarget::Socket(&listener), events: events::IN, revents: 0 }];
+    assert_eq!(rsocket::poll(&mut items, Some(Duration::from_secs(5))).unwrap(), 1);
+    let mut buf = [0u8; 8];
+    for want in [&b"one"[..], b"two"] {
+        let s = listener.accept().unwrap();
+        let n = s.recv(&mut buf).unwrap();
+        assert_eq!(&buf[..n], want);
+    }
+    listener.set_nonblocking(true);
+    let e = listener.accept().unwrap_err();
+    assert_eq!(os_error(&e), Some(libc_eagain()), "{e}");
+}
