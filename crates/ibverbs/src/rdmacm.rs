@@ -175,7 +175,7 @@ fn new_channel() -> Result<*mut ChannelC, softrdma::Error> {
 /// server that returns from `main` while its client still runs), as the kernel does when
 /// the `rdma_cm` file of an exiting process closes: the peer gets a DREQ
 /// (`DISCONNECTED`) rather than retrying into the void. Registered with the first ID.
-fn disconnect_at_exit() {
+pub(crate) fn disconnect_at_exit() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     extern "C" fn at_exit() {
         let _ = std::panic::catch_unwind(softrdma::disconnect_all);

@@ -103,6 +103,9 @@ unsafe extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int
         {
             return fail_with(libc::ENOTSUP);
         }
+        // A process that exits with rsockets open ends their connections (DREQ), as the
+        // kernel does when its rdma_cm file closes.
+        crate::rdmacm::disconnect_at_exit();
         match RSocket::new() {
             Ok(rs) => {
                 let fd = rs.fd();

@@ -234,3 +234,32 @@ fn a_tcp_program_moves_checked_bytes_over_rsockets_through_librspreload() {
     assert_eq!(c.lines().collect::<Vec<_>>(), ["rsocket", "ok 8000000 bytes"], "client:\n{c}");
     assert_eq!(s.lines().collect::<Vec<_>>(), ["listening", "rsocket", "ok 8000000 bytes"], "server:\n{s}");
 }
+
+#[test]
+fn a_process_that_exits_without_rclose_ends_its_connections() {
+    let Some((lib, stats)) = setup("exit", &[]) else { return };
+    let Some(exe) = build_c("rsocket_exit", &lib.path) else { return };
+    let listener = softrdma::rsocket::RSocket::new().unwrap();
+    listener.bind("127.0.0.1:27561".parse().unwrap()).unwrap();
+    listener.listen(1).unwrap();
+    let client = command(&lib, &stats, false, &[exe.to_str().unwrap(), "127.0.0.1", "27561"]).output().unwrap();
+    assert!(client.status.success(), "rsocket_exit failed:\n{}", text(&client));
+    let conn = listener.accept().unwrap();
+    let mut buf = [0u8; 8];
+    let n = conn.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"bye");
+    // The client's exit sent a DREQ: the stream ends (0) rather than waiting forever.
+    conn.set_nonblocking(true);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        match conn.recv(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => panic!("{n} more bytes after the client's exit"),
+            Err(e) if softrdma::rsocket::os_error(&e) == Some(libc::EAGAIN) => {
+                assert!(Instant::now() < end, "the connection did not end within 10 s of the client's exit");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("recv after the client's exit: {e}"),
+        }
+    }
+}
