@@ -263,3 +263,12 @@ fn a_process_that_exits_without_rclose_ends_its_connections() {
         }
     }
 }
+
+#[test]
+fn rselect_reports_rsockets_beside_an_ordinary_descriptor() {
+    let Some((lib, stats)) = setup("rselect", &[]) else { return };
+    let Some(exe) = build_c("rselect_check", &lib.path) else { return };
+    let out = run_client(&lib, &stats, false, &[exe.to_str().unwrap(), "27571"]);
+    assert!(out.status.success(), "rselect_check failed:\n{}", text(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ok");
+}
