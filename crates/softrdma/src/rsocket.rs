@@ -1001,8 +1001,11 @@ impl RSocket {
         let start = Instant::now();
         loop {
             st.update_credits();
-            st.poll_cq();
+            // The CM first: a peer's DREQ comes after its last data, so every completion
+            // before it is in the CQ by then; looked at after the CQ, a DREQ that came in
+            // between hid that data (rstream -T a saw POLLHUP before its last bytes).
             self.check_cm(&mut st);
+            st.poll_cq();
             if test(&st) {
                 st.update_credits();
                 return (st, Ok(()));
