@@ -1259,7 +1259,7 @@ impl RSocket {
 
     /// What of `want` ([`events`]) holds now, processing completions first; with
     /// `arm`, a socket with nothing to report arms its CQ and returns 0 so that its
-    /// [`wait_fd`](Self::wait_fd) wakes a `poll(2)` (`rs_poll_rs`).
+    /// completion channel wakes a sleeping [`poll`] (`rs_poll_rs`).
     pub fn poll_ready(&self, want: i16, arm: bool) -> i16 {
         let phase = lock(&self.st).phase;
         match phase {
@@ -1317,9 +1317,9 @@ impl RSocket {
         }
     }
 
-    /// After `poll(2)` found [`wait_fd`](Self::wait_fd) readable: takes the completion
+    /// After `poll(2)` found the socket's waiter readable: takes the completion
     /// event, so the next arming waits for a new one.
-    pub fn take_wakeup(&self) {
+    fn take_wakeup(&self) {
         let _w = lock(&self.wait_lock);
         let mut st = lock(&self.st);
         if let Some(c) = st.conn.as_mut() {
