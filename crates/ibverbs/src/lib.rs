@@ -36,6 +36,7 @@ mod device;
 mod objects;
 mod post;
 mod rdmacm;
+mod rsocket;
 mod stubs;
 mod wr;
 

@@ -9,7 +9,8 @@
 //! `softrdma_rdmacm_<name>@@SOFTRDMA_PRIVATE_1`; `librdmacm.so.1` (crates/rdmacm) is only a
 //! table of `rdma_<name>@@RDMACM_1.x` jumps to them, so one process has one softrdma runtime.
 //!
-//! What softrdma's CM does not do yet fails with `ENOSYS` (never aborts).
+//! What softrdma's CM does not do yet fails with `ENOSYS` (never aborts). The rsocket calls
+//! are in `rsocket.rs`.
 
 use std::ffi::{CStr, c_char, c_int, c_long, c_void};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6, ToSocketAddrs};
@@ -92,7 +93,7 @@ fn qp_type_of(ps: u32) -> (QpType, u32) {
 ///
 /// # Safety
 /// `sa` must be NULL or point at a `sockaddr_in`/`sockaddr_in6` (as its family says).
-unsafe fn sockaddr_to(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+pub(crate) unsafe fn sockaddr_to(sa: *const libc::sockaddr) -> Option<SocketAddr> {
     // SAFETY: per the contract.
     let family = c_int::from(unsafe { sa.as_ref() }?.sa_family);
     match family {
@@ -116,7 +117,7 @@ unsafe fn sockaddr_to(sa: *const libc::sockaddr) -> Option<SocketAddr> {
 }
 
 /// `a` as a C socket address, with its length.
-fn sockaddr_from(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
+pub(crate) fn sockaddr_from(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
     // SAFETY: sockaddr_storage is plain data; all zeroes is a valid (empty) value.
     let mut st: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let len = match a {
@@ -1228,33 +1229,6 @@ enosys!(
     "softrdma_rdmacm_rdma_get_remote_ece",
     "softrdma_rdmacm_rdma_set_local_ece",
     "softrdma_rdmacm_rdma_reject_ece",
-    "softrdma_rdmacm_raccept",
-    "softrdma_rdmacm_rbind",
-    "softrdma_rdmacm_rclose",
-    "softrdma_rdmacm_rconnect",
-    "softrdma_rdmacm_rfcntl",
-    "softrdma_rdmacm_rgetpeername",
-    "softrdma_rdmacm_rgetsockname",
-    "softrdma_rdmacm_rgetsockopt",
-    "softrdma_rdmacm_riomap",
-    "softrdma_rdmacm_riounmap",
-    "softrdma_rdmacm_riowrite",
-    "softrdma_rdmacm_rlisten",
-    "softrdma_rdmacm_rpoll",
-    "softrdma_rdmacm_rread",
-    "softrdma_rdmacm_rreadv",
-    "softrdma_rdmacm_rrecv",
-    "softrdma_rdmacm_rrecvfrom",
-    "softrdma_rdmacm_rrecvmsg",
-    "softrdma_rdmacm_rselect",
-    "softrdma_rdmacm_rsend",
-    "softrdma_rdmacm_rsendmsg",
-    "softrdma_rdmacm_rsendto",
-    "softrdma_rdmacm_rsetsockopt",
-    "softrdma_rdmacm_rshutdown",
-    "softrdma_rdmacm_rsocket",
-    "softrdma_rdmacm_rwrite",
-    "softrdma_rdmacm_rwritev",
 );
 export!("softrdma_rdmacm_rdma_get_src_port", "SOFTRDMA_PRIVATE_1", zero);
 export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", zero);

@@ -55,6 +55,7 @@ mod driver;
 mod error;
 #[allow(unsafe_code)]
 mod memory;
+pub mod rsocket;
 pub mod stats;
 pub mod sysfs;
 mod verbs;
