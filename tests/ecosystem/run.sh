@@ -179,12 +179,48 @@ if installed "UCX" ucx_perftest ucx-utils; then
 fi
 
 # --- rsockets --------------------------------------------------------------------------
+# librdmacm's rsocket calls over our librdmacm.so.1 (rdma-core's rsocket protocol), through
+# rdma-core's own programs, and an unmodified TCP program through its librspreload.so.
 if installed "rsockets" rstream rdmacm-utils; then
-    for mode in "" "-T b" "-T n"; do
+    # rstream: blocking (-T b), non-blocking (-T n), async (-T a) and verified (-T v)
+    # transfers; the client prints a result row "<size> <xfers> ...".
+    for mode in "-S 4096 -C 1000" "-T b -S 1048576 -C 50" "-T n -S 65536 -C 200" "-T a -S 1000000 -C 20" \
+        "-T v -S 100000 -C 50"; do
         port=$((port + 1))
-        expect_pair "rstream $mode -S 1048576" "rstream -p $port $mode -S 1048576 -C 10" \
-            "rstream -s 127.0.0.1 -p $port $mode -S 1048576 -C 10" "." "1m +10 "
+        expect_pair "rstream $mode" "rstream -p $port $mode" "rstream -s 127.0.0.1 -p $port $mode" "." \
+            "^[a-z0-9_]+ +[0-9.]+[kmg]? +[0-9.]+[kmg]? "
     done
+    port=$((port + 1))
+    expect_pair "riostream -T v -S 1048576 (iomap)" "riostream -p $port -T v -S 1048576 -C 20" \
+        "riostream -s 127.0.0.1 -p $port -T v -S 1048576 -C 20" "." "^[a-z0-9_]+ +[0-9.]+[kmg]? +[0-9.]+[kmg]? "
+    # rcopy: a 3 MB file of random bytes, compared with what arrived. The server serves
+    # until it is ended.
+    port=$((port + 1))
+    head -c 3000017 /dev/urandom >"$work/rcopy.src"
+    rcopy -p $port >"$work/rcopy.server" 2>&1 &
+    rcs=$!
+    for _ in $(seq 50); do
+        timeout "$TIMEOUT" rcopy "$work/rcopy.src" "127.0.0.1:$work/rcopy.dst" -p $port >"$work/rcopy.client" 2>&1 &&
+            break
+        sleep 0.1
+    done
+    kill $rcs 2>/dev/null
+    wait $rcs 2>/dev/null
+    if cmp -s "$work/rcopy.src" "$work/rcopy.dst"; then
+        line "rcopy (3 MB file, compared)" pass
+    else
+        fail "rcopy (3 MB file, compared)" "$(grep -v '^ *$' "$work/rcopy.client" | tail -n 1)"
+    fi
+fi
+preload=$(find /usr/lib -name librspreload.so.1 -path '*rsocket*' 2>/dev/null | head -n 1)
+if installed "iperf3 through librspreload.so" iperf3 iperf3; then
+    if [ -z "$preload" ]; then
+        line "iperf3 through librspreload.so" "SKIP no librspreload.so.1 (apt-get install librdmacm1)"
+    else
+        port=$((port + 1))
+        expect_pair "iperf3 -n 64M through librspreload.so" "env LD_PRELOAD=$preload iperf3 -s -1 -p $port" \
+            "env LD_PRELOAD=$preload iperf3 -c 127.0.0.1 -p $port -n 64M" "receiver" "receiver"
+    fi
 fi
 
 exit $failed
