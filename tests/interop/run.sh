@@ -204,6 +204,9 @@ ok_cmatose() { grep -q "return status 0" "$1" && grep -q "return status 0" "$2" 
 # fails in the emulated guest: "Correlation coefficient r^2: ... < 0.9").
 ok_perftest() { grep -Eq "^ *[0-9]+ +[0-9]+ +([0-9.]+|inf|-?nan) " "$2" || echo "no result row on the client"; }
 
+# rstream/riostream: the client's result row ("100k_lat 100k 20 ..." and the like).
+ok_rstream() { grep -Eq "^[a-z0-9_]+ +[0-9.]+[kmg]? +[0-9.]+[kmg]? " "$2" || echo "no result row on the client"; }
+
 # last FILE: its last non-empty line, short.
 last() { grep -v '^[[:space:]]*$' "$1" | tail -n 1 | cut -c1-110; }
 
@@ -407,6 +410,12 @@ case_ ib_read_bw tcp ok_perftest "$T" "ib_read_bw $PERF -n 2000" "ib_read_bw $PE
 case_ "ib_send_lat -R" cm ok_perftest "$T" "ib_send_lat -R -d @DEV@ -p @PORT@ -F @U@ -n 1000" \
     "ib_send_lat -R -d @DEV@ -p @PORT@ -F @U@ -n 1000 @PEER@"
 case_ ib_atomic_lat tcp ok_perftest "$T" "ib_atomic_lat $PERF -n 1000" "ib_atomic_lat $PERF -n 1000 @OOB@"
+# rsockets: rdma-core's rsocket protocol over rdma_cm, data verified (-T v); riostream's
+# transfers go through riomap/riowrite.
+case_ "rstream -T v" cm ok_rstream "$T" "rstream -b @ADDR@ -p @PORT@ -S 100000 -C 20 -T v" \
+    "rstream -s @PEER@ -p @PORT@ -S 100000 -C 20 -T v"
+case_ "riostream -T v" cm ok_rstream "$T" "riostream -b @ADDR@ -p @PORT@ -S 100000 -C 20 -T v" \
+    "riostream -s @PEER@ -p @PORT@ -S 100000 -C 20 -T v"
 if wanted "ib_write_bw 1% loss"; then
     if loss_on; then
         # perftest's default QP timeout on both sides here: rxe's requester ignores a NAK that
