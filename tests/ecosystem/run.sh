@@ -162,13 +162,16 @@ if installed "UCX" ucx_perftest ucx-utils; then
         # the client's status line is the verdict.
         port=$((port + 1))
         env="env UCX_TLS=rc_verbs UCX_SOCKADDR_TLS_PRIORITY=rdmacm UCX_NET_DEVICES=softrdma_lo:1"
+        # The server runs under its own bound inside the namespace wrapper (ending the wrapper
+        # does not end it), and is ended by its port once the client is done.
         # shellcheck disable=SC2086
-        $ucx_ns $env io_demo -q -p $port -i 200 -d 8:65536 >"$work/io_demo.server" 2>&1 &
+        $ucx_ns $env timeout -s KILL $((TIMEOUT + 10)) io_demo -q -p $port -i 200 -d 8:65536 \
+            >"$work/io_demo.server" 2>&1 &
         iod=$!
         # shellcheck disable=SC2086 # (its own retries: -c connection attempts, -y seconds apart)
         $ucx_ns $env timeout "$TIMEOUT" io_demo -q -p $port -i 200 -d 8:65536 -c 10 -y 1 127.0.0.1 \
             >"$work/io_demo.client" 2>&1
-        kill -9 $iod 2>/dev/null
+        pkill -KILL -f "^io_demo -q -p $port " 2>/dev/null
         wait $iod 2>/dev/null
         if grep -q "Client exit with status 'OK'" "$work/io_demo.client"; then
             line "io_demo (UCX's rdmacm CM, rc_verbs)" pass
