@@ -48,6 +48,13 @@ const ASYNC_EVENTS_MAX: usize = 4096;
 /// How long after the application's last poll the progress thread leaves the sockets to it.
 pub const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
 
+/// How long after an empty poll of one CQ received (a `recvmmsg` per socket, about a
+/// microsecond) an empty poll of another CQ of the device skips receiving. A program that
+/// polls several CQs in turn (UCX: the send and receive CQs of its RC and UD transports)
+/// then makes one receive per round instead of one per CQ, and a datagram waits at most
+/// a short round; a program that polls one CQ receives on every poll.
+const APP_RX_SHARED: Duration = Duration::from_micros(2);
+
 /// Receive batches taken from one socket per progress pass, so one busy socket cannot
 /// starve the timers and the other sockets.
 const RX_ROUNDS: usize = 4;
@@ -272,6 +279,8 @@ pub(crate) struct State {
     /// Per socket, receives in a row that found nothing; and receives so far.
     rx_empty: Vec<u32>,
     rx_passes: u32,
+    /// The CQ whose empty poll last received in the application's thread, and when.
+    app_rx_last: Option<(u32, Instant)>,
     /// Receive batches that held datagrams, since the device opened.
     rx_batches: u64,
     /// The counters published for `softrdma stats`.
@@ -506,6 +515,7 @@ impl Driver {
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_passes: 0,
+            app_rx_last: None,
             rx_batches: 0,
             stats: crate::stats::Publisher::open(&device, options.port),
         };
@@ -673,10 +683,17 @@ impl Shared {
     /// the application answers a completion at once, its packet and the ACK leave in one
     /// `sendmmsg`; the next poll, post or progress pass sends them otherwise (within
     /// [`APP_POLL_WINDOW`]: [`app_received`](Self::app_received)).
-    pub(crate) fn app_receive(&self, st: &mut State) {
+    /// Returns whether it received: not when an empty poll of another CQ did within
+    /// [`APP_RX_SHARED`].
+    pub(crate) fn app_receive(&self, st: &mut State, cq: u32) -> bool {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
+        if st.app_rx_last.is_some_and(|(other, at)| other != cq && now - at < APP_RX_SHARED) {
+            return false;
+        }
+        st.app_rx_last = Some((cq, now));
         st.receive(self, now, true);
+        true
     }
 
     /// A poll that received in the application's thread returns a completion. What that

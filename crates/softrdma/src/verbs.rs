@@ -588,8 +588,7 @@ impl Cq {
                 None => break,
             }
         }
-        if n == 0 && !out.is_empty() {
-            sh.app_receive(&mut st);
+        if n == 0 && !out.is_empty() && sh.app_receive(&mut st, self.inner.id.0) {
             if let Some(wc) = st.engine.poll_cq(self.inner.id) {
                 out[0] = wc;
                 n = 1;
