@@ -73,3 +73,20 @@ serve() {
     wait "$server"
     src=$?
 }
+
+# expect_one NAME REGEX CMD...: CMD (bounded) exits 0 and its output matches REGEX; the
+# output is in $work (the sourcing script makes it).
+expect_one() {
+    local name=$1 expect=$2 tag
+    shift 2
+    tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
+    timeout "$TIMEOUT" "$@" >"$work/$tag.out" 2>&1
+    local rc=$?
+    if [ $rc -ne 0 ]; then
+        fail "$name" "exit $rc: $(grep -v '^ *$' "$work/$tag.out" | tail -n 1)"
+    elif ! grep -Eq "$expect" "$work/$tag.out"; then
+        fail "$name" "output lacks /$expect/"
+    else
+        line "$name" pass
+    fi
+}

@@ -26,20 +26,10 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # --- single programs -------------------------------------------------------------------
-# run_one NAME EXPECTED_REGEX CMD...: exit 0 and its own output matching.
+# run_one NAME EXPECTED_REGEX CMD...: an ibverbs-utils program, through expect_one.
 run_one() {
-    local name=$1 expect=$2
-    shift 2
-    installed "$name" "$1" ibverbs-utils || return
-    timeout "$TIMEOUT" "$@" >"$work/$name.out" 2>&1
-    local rc=$?
-    if [ $rc -ne 0 ]; then
-        fail "$name" "exit $rc: $(tail -n 1 "$work/$name.out")"
-    elif ! grep -Eq "$expect" "$work/$name.out"; then
-        fail "$name" "output lacks /$expect/"
-    else
-        line "$name" pass
-    fi
+    installed "$1" "$3" ibverbs-utils || return
+    expect_one "$@"
 }
 
 # --- server/client pairs ---------------------------------------------------------------

@@ -49,21 +49,6 @@ expect_pair() {
         line "$name" pass
     fi
 }
-# expect_one NAME REGEX CMD...: exit 0 and output matching REGEX.
-expect_one() {
-    local name=$1 expect=$2 tag
-    shift 2
-    tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
-    timeout "$TIMEOUT" "$@" >"$work/$tag.out" 2>&1
-    local rc=$?
-    if [ $rc -ne 0 ]; then
-        fail "$name" "exit $rc: $(grep -v '^ *$' "$work/$tag.out" | tail -n 1)"
-    elif ! grep -Eq "$expect" "$work/$tag.out"; then
-        fail "$name" "output lacks /$expect/"
-    else
-        line "$name" pass
-    fi
-}
 
 # --- the provider stand-ins ------------------------------------------------------------
 # Every ELF file of the installed packages that names libmlx5.so.1 or libefa.so.1, loaded

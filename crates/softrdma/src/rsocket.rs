@@ -1089,17 +1089,11 @@ impl RSocket {
             r?;
         }
         while done < total {
-            if !st.can_send() {
-                let (s, r) = self.get_comp(st, nonblock, State::conn_can_send);
-                st = s;
-                if let Err(e) = r {
-                    result = Err(e);
-                    break;
-                }
-                if !st.writable {
-                    result = Err(errno(Errno::CONNRESET, "rsend: the connection was closed"));
-                    break;
-                }
+            let (s, r) = self.wait_sendable(st, nonblock, "rsend");
+            st = s;
+            if let Err(e) = r {
+                result = Err(e);
+                break;
             }
             let left = (total - done) as u32;
             let c = st.conn.as_mut().expect("connected");
@@ -1380,19 +1374,33 @@ impl RSocket {
         Ok(())
     }
 
+    /// Waits (unless `nonblock`) until a send may go: a credit, buffer space and a send
+    /// queue entry. Fails if the wait does, or with `ECONNRESET` once the connection can no
+    /// longer send (`what` names the call).
+    fn wait_sendable<'a>(
+        &'a self,
+        st: MutexGuard<'a, State>,
+        nonblock: bool,
+        what: &str,
+    ) -> (MutexGuard<'a, State>, Result<()>) {
+        if st.can_send() {
+            return (st, Ok(()));
+        }
+        let (st, r) = self.get_comp(st, nonblock, State::conn_can_send);
+        if r.is_ok() && !st.writable {
+            return (st, Err(errno(Errno::CONNRESET, format!("{what}: the connection was closed"))));
+        }
+        (st, r)
+    }
+
     fn send_iomaps<'a>(&'a self, mut st: MutexGuard<'a, State>, nonblock: bool) -> (MutexGuard<'a, State>, Result<()>) {
         loop {
             let pending = st.conn.as_ref().and_then(|c| c.iomaps.iter().position(|m| !m.sent));
             let Some(i) = pending else { return (st, Ok(())) };
-            if !st.can_send() {
-                let (s, r) = self.get_comp(st, nonblock, State::conn_can_send);
-                st = s;
-                if let Err(e) = r {
-                    return (st, Err(e));
-                }
-                if !st.writable {
-                    return (st, Err(errno(Errno::CONNRESET, "riomap: the connection was closed")));
-                }
+            let (s, r) = self.wait_sendable(st, nonblock, "riomap");
+            st = s;
+            if let Err(e) = r {
+                return (st, Err(e));
             }
             let c = st.conn.as_mut().expect("connected");
             let m = &c.iomaps[i];
@@ -1441,17 +1449,11 @@ impl RSocket {
         while done < buf.len() {
             let off = offset + done as u64;
             let Some(iom) = st.conn.as_ref().and_then(|c| find_iomap(c, off)) else { break };
-            if !st.can_send() {
-                let (s, r) = self.get_comp(st, nonblock, State::conn_can_send);
-                st = s;
-                if let Err(e) = r {
-                    result = Err(e);
-                    break;
-                }
-                if !st.writable {
-                    result = Err(errno(Errno::CONNRESET, "riowrite: the connection was closed"));
-                    break;
-                }
+            let (s, r) = self.wait_sendable(st, nonblock, "riowrite");
+            st = s;
+            if let Err(e) = r {
+                result = Err(e);
+                break;
             }
             let c = st.conn.as_mut().expect("connected");
             let left = (buf.len() - done) as u32;
