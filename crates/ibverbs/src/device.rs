@@ -12,6 +12,10 @@ use crate::abi::*;
 use crate::errno;
 use crate::guard;
 
+/// `ibv_context.num_comp_vectors`: one completion vector (the device's progress thread),
+/// as rxe has one; `ibv_create_cq` takes `comp_vector` 0 only.
+pub(crate) const NUM_COMP_VECTORS: c_int = 1;
+
 /// An `ibv_device` and the softrdma device it stands for.
 #[repr(C)]
 pub(crate) struct DeviceC {
@@ -187,7 +191,7 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         ops,
         cmd_fd: -1,
         async_fd: inner.async_fd().as_raw_fd(),
-        num_comp_vectors: 1,
+        num_comp_vectors: NUM_COMP_VECTORS,
         mutex: [0; 5],
         abi_compat: usize::MAX as *mut c_void, // __VERBS_ABI_IS_EXTENDED
     };

@@ -230,12 +230,14 @@ pub(crate) unsafe extern "C" fn create_cq(
     cqe: c_int,
     cq_context: *mut c_void,
     channel: *mut IbvCompChannel,
-    _comp_vector: c_int,
+    comp_vector: c_int,
 ) -> *mut IbvCq {
     guard(ptr::null_mut(), || {
         // SAFETY: ctx and channel are ours or NULL.
         let (c, ch) = unsafe { (ctx_of(ctx), obj::<IbvCompChannel, ChannelC>(channel)) };
-        let (Some(c), Ok(n)) = (c, u32::try_from(cqe)) else {
+        // The kernel refuses a vector at or past num_comp_vectors (ib_uverbs_create_cq).
+        let vector_ok = (0..crate::device::NUM_COMP_VECTORS).contains(&comp_vector);
+        let (Some(c), Ok(n), true) = (c, u32::try_from(cqe), vector_ok) else {
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };

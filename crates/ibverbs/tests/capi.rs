@@ -48,6 +48,11 @@ fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
 }
 
 #[test]
+fn create_cq_refuses_a_completion_vector_past_num_comp_vectors() {
+    passes("cq_comp_vector");
+}
+
+#[test]
 fn a_ud_receive_tells_its_ip_version_in_sl_as_connectx_does() {
     passes("ud_packet_type");
 }
