@@ -25,6 +25,8 @@ use crate::objects::{AhC, QpC, obj};
 /// `ibv_create_qp_ex` takes.
 const INIT_ATTR_PD: u32 = 1 << 0;
 const INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
+/// `IBV_QP_INIT_ATTR_CREATE_FLAGS`: taken with no flag set (softrdma does none of them).
+const INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
 
 /// `enum ibv_qp_create_send_ops_flags` that softrdma does.
 const WITH_RDMA_WRITE: u64 = 1 << 0;
@@ -96,8 +98,9 @@ pub(crate) fn qp_ex(qp_base: IbvQp) -> IbvQpEx {
 }
 
 /// `verbs_context.create_qp_ex`: a QP in `attr.pd`; with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`
-/// its `ibv_qp_ex` takes the `ibv_wr_*` operations named there. Other `comp_mask` bits
-/// (XRC, creation flags, TSO, RSS) and operations softrdma does not do (local invalidate,
+/// its `ibv_qp_ex` takes the `ibv_wr_*` operations named there; `IBV_QP_INIT_ATTR_CREATE_FLAGS`
+/// with no flag set is taken. Other `comp_mask` bits (XRC, TSO, RSS), any creation flag and
+/// operations softrdma does not do (local invalidate,
 /// memory windows, TSO, atomic write) fail with `EOPNOTSUPP`, as ibv_create_qp_ex(3) says
 /// of a QP that cannot do what was asked.
 pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut IbvQpInitAttrEx) -> *mut IbvQp {
@@ -111,7 +114,8 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         }
-        if a.comp_mask & !(INIT_ATTR_PD | INIT_ATTR_SEND_OPS_FLAGS) != 0 {
+        let flags = if a.comp_mask & INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
+        if a.comp_mask & !(INIT_ATTR_PD | INIT_ATTR_SEND_OPS_FLAGS | INIT_ATTR_CREATE_FLAGS) != 0 || flags != 0 {
             errno::set(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }

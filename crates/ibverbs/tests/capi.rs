@@ -48,6 +48,11 @@ fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
 }
 
 #[test]
+fn create_qp_ex_takes_the_create_flags_bit_with_no_flag() {
+    passes("qp_ex_create_flags");
+}
+
+#[test]
 fn create_cq_refuses_a_completion_vector_past_num_comp_vectors() {
     passes("cq_comp_vector");
 }
