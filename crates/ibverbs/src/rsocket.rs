@@ -95,6 +95,13 @@ unsafe fn copy_addr(a: Option<std::net::SocketAddr>, addr: *mut libc::sockaddr, 
     0
 }
 
+/// Makes `rs` reachable by its number, which it returns.
+fn register(rs: RSocket) -> c_int {
+    let fd = rs.fd();
+    SOCKETS.lock().unwrap_or_else(PoisonError::into_inner).insert(fd, Arc::new(rs));
+    fd
+}
+
 unsafe extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     guard(-1, || {
         if (domain != libc::AF_INET && domain != libc::AF_INET6)
@@ -103,14 +110,7 @@ unsafe extern "C" fn rsocket(domain: c_int, ty: c_int, protocol: c_int) -> c_int
         {
             return fail_with(libc::ENOTSUP);
         }
-        match RSocket::new() {
-            Ok(rs) => {
-                let fd = rs.fd();
-                SOCKETS.lock().unwrap_or_else(PoisonError::into_inner).insert(fd, Arc::new(rs));
-                fd
-            }
-            Err(e) => fail(&e),
-        }
+        RSocket::new().map_or_else(|e| fail(&e), register)
     })
 }
 export!("softrdma_rdmacm_rsocket", "SOFTRDMA_PRIVATE_1", rsocket);
@@ -132,13 +132,11 @@ export!("softrdma_rdmacm_rlisten", "SOFTRDMA_PRIVATE_1", rlisten);
 unsafe extern "C" fn raccept(s: c_int, addr: *mut libc::sockaddr, len: *mut libc::socklen_t) -> c_int {
     with(s, -1, |rs| match rs.accept() {
         Ok(new) => {
-            let fd = new.fd();
             if !addr.is_null() && !len.is_null() {
                 // SAFETY: the caller's buffer and length.
                 unsafe { copy_addr(new.peer_addr(), addr, len) };
             }
-            SOCKETS.lock().unwrap_or_else(PoisonError::into_inner).insert(fd, Arc::new(new));
-            fd
+            register(new)
         }
         Err(e) => fail(&e),
     })

@@ -795,13 +795,7 @@ impl RSocket {
             let cresp = format_conn_data(&conn);
             // A fresh parameter set: the request's own (its start PSN is the one the peer
             // expects from us) would be misread as ours.
-            let param = ConnParam {
-                private_data: cresp.encode().to_vec(),
-                flow_control: true,
-                retry_count: 7,
-                rnr_retry_count: 7,
-                ..ConnParam::default()
-            };
+            let param = conn_param(&cresp);
             if let Err(e) = rs.id.accept(&param) {
                 let _ = rs.id.reject(&[]);
                 return Err(e);
@@ -927,13 +921,7 @@ impl RSocket {
                             };
                             let creq = format_conn_data(&conn);
                             st.conn = Some(conn);
-                            let param = ConnParam {
-                                private_data: creq.encode().to_vec(),
-                                flow_control: true,
-                                retry_count: 7,
-                                rnr_retry_count: 7,
-                                ..ConnParam::default()
-                            };
+                            let param = conn_param(&creq);
                             if let Err(e) = self.id.connect(&param) {
                                 return Err(fail_connect(&mut st, e));
                             }
@@ -1590,6 +1578,18 @@ fn fail_connect(st: &mut State, e: Error) -> Error {
     st.phase = Phase::ConnectError;
     st.err = os_error(&e).unwrap_or(Errno::CONNREFUSED.raw_os_error());
     e
+}
+
+/// The connection parameters of a REQ or REP carrying `data`: rdma-core's (flow control,
+/// 7 retries and RNR retries), the rest the device's defaults.
+fn conn_param(data: &ConnData) -> ConnParam {
+    ConnParam {
+        private_data: data.encode().to_vec(),
+        flow_control: true,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        ..ConnParam::default()
+    }
 }
 
 fn format_conn_data(c: &Conn) -> ConnData {
