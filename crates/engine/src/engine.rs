@@ -144,6 +144,12 @@ pub struct Counters {
     /// Requests a responder could not carry out (RC: NAK Remote Operational Error; UC:
     /// dropped), such as a receive too short for a SEND.
     pub resp_operational_errors: u64,
+    /// Packets to a connected QP from its peer's address but another UDP source port than
+    /// the one the peer uses, dropped.
+    pub rcvd_wrong_source: u64,
+    /// Packets to an authenticated QP whose tag did not verify (forged, corrupted, or from
+    /// a peer with other keys), dropped.
+    pub rcvd_auth_failures: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.
@@ -808,6 +814,9 @@ impl Engine {
         take!(DEST_QPN, dest_qp_num);
         take!(EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify);
         if mask.contains(AttrMask::AV) {
+            if qp.av != attr.ah_attr {
+                qp.peer_port = None; // another peer (a path migration is the only legal case)
+            }
             qp.av = attr.ah_attr;
             qp.attr.ah_attr = attr.ah_attr;
         }
@@ -851,6 +860,8 @@ impl Engine {
                 qp.av = None;
                 qp.attr = QpAttr { path_mtu: qp.attr.path_mtu, ..QpAttr::default() };
                 qp.envelope = None;
+                qp.peer_port = None;
+                qp.keys = None;
                 self.shared.update_timer(qp);
             }
             QpState::Sqd => crate::completer::check_drained(qp, &mut self.shared),
@@ -858,6 +869,33 @@ impl Engine {
             _ => {}
         }
         Ok(())
+    }
+
+    /// Puts RC or UC QP `qpn` in authenticated mode ([`crate::auth`]): from now on it tags
+    /// every packet it sends with `keys.send` and drops every packet whose tag does not
+    /// verify with `keys.receive`. Only before the QP can receive (RESET or INIT), so that
+    /// no packet of the connection goes unchecked; a move to RESET ends the mode.
+    pub fn set_qp_keys(&mut self, qpn: Qpn, keys: crate::auth::PacketKeys) -> Result<(), VerbsError> {
+        let qp = self.qps.get_mut(&qpn.value()).ok_or_else(|| VerbsError::Invalid(format!("no such QP {qpn}")))?;
+        if !matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+            return Err(VerbsError::Invalid(format!(
+                "QP {qpn} is {:?}: only RC and UC QPs authenticate their packets",
+                qp.qp_type
+            )));
+        }
+        if !matches!(qp.state, QpState::Reset | QpState::Init) {
+            return Err(VerbsError::Invalid(format!(
+                "QP {qpn} is in {:?}: give it its packet keys in RESET or INIT, before RTR",
+                qp.state
+            )));
+        }
+        qp.keys = Some(Box::new(keys));
+        Ok(())
+    }
+
+    /// Whether QP `qpn` is in authenticated mode.
+    pub fn qp_authenticated(&self, qpn: Qpn) -> bool {
+        self.qps.get(&qpn.value()).is_some_and(|qp| qp.keys.is_some())
     }
 
     /// `ibv_post_recv`: posts `wrs` in order; on failure, [`PostError::index`] is the first

@@ -8,6 +8,7 @@
 //! the calling contract.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod completer;
 mod engine;
 pub mod identification;
@@ -19,6 +20,7 @@ pub mod time;
 mod transmit;
 pub mod verbs;
 
+pub use auth::PacketKeys;
 pub use engine::{Counters, DeviceConfig, Engine, Transmit, udp_source_port};
 pub use identification::IcrcCheck;
 pub use memory::{Memory, MemoryFault, VecMemory};

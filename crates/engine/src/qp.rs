@@ -235,6 +235,14 @@ pub(crate) struct Qp {
     pub(crate) av: Option<AddressVector>,
     /// The envelope of outgoing packets, computed from the AV.
     pub(crate) envelope: Option<Envelope>,
+    /// RC/UC: the UDP source port the peer sends from, learnt from its first packet that
+    /// proves it is the peer (`responder::proves_peer`); packets from any other port are
+    /// dropped. rxe and RoCE NICs keep one source port per QP (rxe: `qp->src_port`, set
+    /// with the AV; mlx5: per QP, changed only by `mlx5dv_modify_qp_udp_sport`); softrdma
+    /// sends every packet from its device's port.
+    pub(crate) peer_port: Option<u16>,
+    /// RC/UC in authenticated mode: the keys its packets are tagged and checked with.
+    pub(crate) keys: Option<Box<crate::auth::PacketKeys>>,
     pub(crate) sq: Ring<SendWqe>,
     pub(crate) rq: Ring<RecvWqe>,
     pub(crate) req: Requester,
@@ -274,6 +282,8 @@ impl Qp {
             attr: QpAttr::default(),
             av: None,
             envelope: None,
+            peer_port: None,
+            keys: None,
             sq,
             rq,
             req: Requester::default(),

@@ -99,6 +99,35 @@ impl Engine {
         mem: &mut M,
     ) {
         let sh = &mut self.shared;
+        let Ok(packet) = RocePacket::new_checked(payload) else {
+            sh.counters.rcvd_malformed += 1;
+            return;
+        };
+        let (opcode, dest_qp) = (packet.bth().opcode(), packet.bth().dest_qp());
+        let Some(info) = opcode.info() else {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        };
+        // rxe_recv.c: the destination must be ours, the QP must exist and be of the
+        // opcode's transport, and the P_Key must match the default partition.
+        let qp = match self.qps.get_mut(&dest_qp.value()) {
+            Some(qp) if sh.is_local(envelope.dst_ip()) && transport_matches(info.transport, qp.qp_type) => qp,
+            _ => {
+                sh.counters.rcvd_dropped += 1;
+                return;
+            }
+        };
+        // An authenticated QP acts on nothing whose tag does not verify (crate::auth).
+        let payload = match &qp.keys {
+            Some(keys) => match crate::auth::open(&keys.receive, payload) {
+                Some(opened) => opened,
+                None => {
+                    sh.counters.rcvd_auth_failures += 1;
+                    return;
+                }
+            },
+            None => payload,
+        };
         let repr = match RoceRepr::parse_ignoring_icrc(&RocePacket::new_unchecked(payload)) {
             Ok(r) => r,
             Err(_) => {
@@ -106,30 +135,26 @@ impl Engine {
                 return;
             }
         };
-        let Some(info) = repr.bth.opcode.info() else {
-            sh.counters.rcvd_dropped += 1;
-            return;
-        };
-        // rxe_recv.c: the destination must be ours, the QP must exist and be of the
-        // opcode's transport, and the P_Key must match the default partition.
-        let qp = match self.qps.get_mut(&repr.bth.dest_qp.value()) {
-            Some(qp) if sh.is_local(envelope.dst_ip()) && transport_matches(info.transport, qp.qp_type) => qp,
-            _ => {
-                sh.counters.rcvd_dropped += 1;
-                return;
-            }
-        };
         if repr.bth.pkey.0 & 0x7fff != 0x7fff {
             sh.counters.rcvd_dropped += 1;
             return;
         }
-        // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`).
+        // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`), and from
+        // the one UDP source port it uses (see `peer_port`).
         if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
             let from_peer = qp.av.is_some_and(|av| av.dgid.to_ip() == envelope.src_ip())
                 && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
             if !from_peer {
                 sh.counters.rcvd_dropped += 1;
                 return;
+            }
+            match qp.peer_port {
+                Some(port) if port != envelope.src_port() => {
+                    sh.counters.rcvd_wrong_source += 1;
+                    return;
+                }
+                None if proves_peer(qp, &repr, info.is_response()) => qp.peer_port = Some(envelope.src_port()),
+                _ => {}
             }
         }
         if info.is_response() {
@@ -687,6 +712,20 @@ fn ud_request<M: Memory + ?Sized>(
     };
     sh.push_cqe(qp.recv_cq, wc);
     sh.recycle(wqe);
+}
+
+/// Whether a packet to a connected QP that has not yet heard from its peer shows
+/// knowledge only the peer has, so that its UDP source port may be taken as the peer's: a
+/// request at exactly the PSN the responder expects, or a response to a PSN the requester
+/// has sent and not seen acknowledged. (A blind forger must guess a 24-bit PSN; one that
+/// guesses wrong cannot make the QP deaf to its real peer.)
+fn proves_peer(qp: &Qp, repr: &RoceRepr<'_>, response: bool) -> bool {
+    let psn = repr.bth.psn;
+    if response {
+        qp.comp.psn.distance_to(psn) >= 0 && psn.distance_to(qp.req.sent_end) > 0
+    } else {
+        psn == qp.resp.psn
+    }
 }
 
 /// The GRH of a received UD packet: its IP header as it arrived (ibv_post_recv(3) NOTES).

@@ -34,7 +34,12 @@ impl Engine {
             let qpn = self.shared.ready.pop_front()?;
             let Some(qp) = self.qps.get_mut(&qpn.value()) else { continue };
             qp.in_ready = false;
-            let sent = next_packet(qp, &mut self.shared, mem, now, buf);
+            let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
+            if let (Some(t), Some(keys)) = (&mut sent, &qp.keys) {
+                // The buffer holds 4096 + 80 bytes: room for the largest packet and its tag.
+                t.len = crate::auth::seal(&keys.send, &t.envelope, buf, t.len)
+                    .expect("poll_transmit's buffer holds a packet and its tag");
+            }
             if sent.is_some() {
                 self.shared.counters.sent_packets += 1;
                 self.shared.schedule(qp);

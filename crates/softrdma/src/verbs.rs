@@ -178,7 +178,7 @@ impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
     /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 27] {
+    pub fn named(&self) -> [(&'static str, u64); 29] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -200,6 +200,8 @@ impl Counters {
             resp_remote_access_errors,
             resp_invalid_requests,
             resp_operational_errors,
+            rcvd_wrong_source,
+            rcvd_auth_failures,
         } = self.engine;
         let softrdma_cm::CmCounters {
             mads_sent,
@@ -229,6 +231,8 @@ impl Counters {
             ("resp_remote_access_errors", resp_remote_access_errors),
             ("resp_invalid_requests", resp_invalid_requests),
             ("resp_operational_errors", resp_operational_errors),
+            ("rcvd_wrong_source", rcvd_wrong_source),
+            ("rcvd_auth_failures", rcvd_auth_failures),
             ("send_errors", self.send_errors),
             ("gsi_dropped", self.gsi_dropped),
             ("cm_mads_sent", mads_sent),
