@@ -4,7 +4,7 @@ use core::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use core::time::Duration;
 use std::collections::{BTreeMap, VecDeque};
 
-use rand_chacha::ChaCha12Rng;
+use rand_chacha::{ChaCha12Rng, ChaCha20Rng};
 use rand_core::{Rng, SeedableRng};
 use softrdma_engine::{Access, AddressVector, AttrMask, Instant, Mtu, QpAttr, QpState, QpType};
 use softrdma_wire::Psn;
@@ -17,7 +17,7 @@ use softrdma_wire::cma::{
     CMA_HEADER_LEN, CMA_VERSION, CmaHeaderRepr, PortSpace, REQ_USER_PRIVATE_DATA_LEN_MAX,
     SIDR_REQ_USER_PRIVATE_DATA_LEN_MAX, service_id, split_service_id, user_private_data,
 };
-use softrdma_wire::mad::{MAD_LEN, MadHeader, MadPacket, MadRepr, Method, MgmtClass};
+use softrdma_wire::mad::{AttributeId, MAD_LEN, MadHeader, MadPacket, MadRepr, Method, MgmtClass};
 use softrdma_wire::types::{Gid, PKey, QKey, Qpn};
 
 use crate::COMM_ID_COUNTER_MASK;
@@ -84,6 +84,8 @@ use crate::types::{
 pub struct Cm {
     config: CmConfig,
     rng: ChaCha12Rng,
+    /// Authenticated mode's X25519 secrets (seeded from [`CmConfig::auth_seed`]).
+    key_rng: ChaCha20Rng,
     /// High half of every transaction ID we originate (`mad_agent->hi_tid` in Linux).
     hi_tid: u32,
     /// The last comm ID counter value handed out.
@@ -111,7 +113,7 @@ impl Out {
             return;
         }
         self.counters.mads_sent += 1;
-        self.transmits.push_back(CmTransmit { src, dst, mad });
+        self.transmits.push_back(CmTransmit { src, dst, mad, offer: None });
     }
 
     fn event(&mut self, id: CmId, kind: CmEventKind, status: CmStatus) {
@@ -301,6 +303,10 @@ struct Id {
     /// CM Retries (`cm.c: cm_req_handler`).
     cm_timeout: u8,
     cm_retries: u8,
+    /// Authenticated mode's exchange, for an RC/UC ID that offered or answered an offer.
+    auth: Option<crate::auth::Exchange>,
+    /// Whether this ID requires authenticated mode, and with which pre-shared key.
+    policy: crate::auth::AuthPolicy,
 }
 
 impl Id {
@@ -334,6 +340,8 @@ impl Id {
             peer_param: None,
             cm_timeout: config.response_timeout,
             cm_retries: config.max_retries,
+            auth: None,
+            policy: config.auth,
         }
     }
 }
@@ -391,9 +399,11 @@ impl Cm {
         let hi_tid = rng.next_u32() | 1;
         let counter = rng.next_u32() & COMM_ID_COUNTER_MASK;
         let max_transmits = config.max_queued_transmits;
+        let key_rng = ChaCha20Rng::from_seed(config.auth_seed);
         Self {
             config,
             rng,
+            key_rng,
             hi_tid,
             counter,
             next_handle: 1,
@@ -429,6 +439,20 @@ impl Cm {
         }
         let seq_num = self.rng.next_u32() & Psn::MAX.value();
         self.insert(Id::new(ps, qp_type, seq_num, &self.config), "create_id")
+    }
+
+    /// Sets `id`'s authenticated mode ([`crate::auth`]), before it connects or listens (a
+    /// listener's requests take its policy).
+    pub fn set_auth_policy(&mut self, id: CmId, policy: crate::auth::AuthPolicy) -> Result<(), CmError> {
+        const OP: &str = "set_auth_policy";
+        let i = self.ids.get_mut(&id).ok_or(CmError::NoSuchId { op: OP, id })?;
+        match i.state {
+            State::Idle | State::AddrBound | State::AddrResolved | State::RouteResolved => {
+                i.policy = policy;
+                Ok(())
+            }
+            s => Err(invalid(OP, id, s, "set the authentication policy before connect or listen")),
+        }
     }
 
     /// `rdma_destroy_id`: forgets the ID, first sending what its state calls for
@@ -619,6 +643,8 @@ impl Cm {
         let comm_id = self.alloc_comm_id(OP)?;
         self.by_comm_id.insert(comm_id, id);
         let tid = self.form_tid(comm_id);
+        let required = self.get(OP, id)?.policy.required;
+        let exchange = (required && !ud).then(|| self.new_exchange());
         let ack_timeout = cm_ack_timeout(self.config.ca_ack_delay, self.config.packet_life_time);
         let port_mtu = self.config.port_mtu;
         let i = self.ids.get_mut(&id).ok_or(CmError::NoSuchId { op: OP, id })?;
@@ -627,6 +653,7 @@ impl Cm {
         };
         i.local_comm_id = comm_id;
         i.tid = tid;
+        i.auth = exchange;
         i.service_id = service_id(i.ps, peer.port());
         if let Some(psn) = param.start_psn {
             i.seq_num = psn & Psn::MAX.value();
@@ -971,7 +998,9 @@ impl Cm {
 
     /// The next MAD to send, if any.
     pub fn poll_transmit(&mut self) -> Option<CmTransmit> {
-        self.out.transmits.pop_front()
+        let mut t = self.out.transmits.pop_front()?;
+        t.offer = self.offer_for(&t.mad);
+        Some(t)
     }
 
     /// The next event, if any.
@@ -1044,7 +1073,8 @@ impl Cm {
         }
     }
 
-    /// One MAD received at QP1: `mad` is the 256-byte UD payload, `src`/`dst` the IP
+    /// One MAD received at QP1: `mad` is the UD payload (256 bytes, or 256 and an
+    /// authenticated-mode offer of [`OFFER_LEN`](crate::auth::OFFER_LEN)), `src`/`dst` the IP
     /// addresses of the packet. Anything malformed, not a CM MAD of class version 2 and
     /// method SEND, or meant for no ID of ours, is counted in
     /// [`CmCounters::mads_dropped`] and otherwise ignored; this never panics.
@@ -1057,7 +1087,16 @@ impl Cm {
 
     // ---------------------------------------------------------------- internals
 
-    fn dispatch(&mut self, now: Instant, src: IpAddr, dst: IpAddr, mad: &[u8]) -> bool {
+    fn dispatch(&mut self, now: Instant, src: IpAddr, dst: IpAddr, payload: &[u8]) -> bool {
+        // A MAD, or a MAD and authenticated mode's offer (crate::auth).
+        let (mad, offer) = match payload.split_at_checked(MAD_LEN) {
+            Some((mad, [])) => (mad, None),
+            Some((mad, rest)) if rest.len() == crate::auth::OFFER_LEN => match crate::auth::offer_in(rest) {
+                Some(offer) => (mad, Some(*offer)),
+                None => return false,
+            },
+            _ => return false,
+        };
         let Ok(packet) = MadPacket::new_checked(mad) else { return false };
         let Ok(repr) = MadRepr::parse(&packet) else { return false };
         let h = repr.header;
@@ -1071,8 +1110,8 @@ impl Cm {
         let Ok(msg) = CmMessage::parse(&repr) else { return false };
         let tid = h.transaction_id;
         match msg {
-            CmMessage::Req(req) => self.on_req(now, src, dst, tid, &req),
-            CmMessage::Rep(rep) => self.on_rep(src, &rep),
+            CmMessage::Req(req) => self.on_req(now, src, dst, tid, &req, offer),
+            CmMessage::Rep(rep) => self.on_rep(src, &rep, offer),
             CmMessage::Rtu(rtu) => self.on_rtu(src, rtu.remote_comm_id),
             CmMessage::Rej(rej) => self.on_rej(now, src, &rej),
             CmMessage::Mra(mra) => self.on_mra(now, src, &mra),
@@ -1121,7 +1160,15 @@ impl Cm {
             .map(|(k, _)| *k)
     }
 
-    fn on_req(&mut self, now: Instant, src: IpAddr, dst: IpAddr, tid: u64, req: &ReqRepr<'_>) -> bool {
+    fn on_req(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        dst: IpAddr,
+        tid: u64,
+        req: &ReqRepr<'_>,
+        offer: Option<[u8; crate::auth::OFFER_LEN]>,
+    ) -> bool {
         let _ = now;
         if let Some(id) = self.by_remote(src, req.local_comm_id, false) {
             // cm.c: cm_dup_req_handler. rdma_cm's delayed MRA goes out now; a REP waiting
@@ -1205,6 +1252,7 @@ impl Cm {
         let Some(l) = self.ids.get(&lid) else { return false };
         let lqp = l.qp_type;
         let backlog = l.backlog;
+        let policy = l.policy;
         if ps == PortSpace::TCP && lqp != qp_type || ps == PortSpace::UDP {
             return reject(self, RejReason::CONSUMER_DEFINED, &[]);
         }
@@ -1217,8 +1265,22 @@ impl Cm {
         if self.ids.len() >= self.config.max_ids {
             return reject(self, RejReason::CONSUMER_DEFINED, &[]);
         }
+        if policy.required && offer.is_none() {
+            // Authenticated mode: a REQ without an offer is refused (crate::auth).
+            return reject(self, RejReason::CONSUMER_DEFINED, &[]);
+        }
         let Ok(comm_id) = self.alloc_comm_id("handle_mad") else {
             return reject(self, RejReason::NO_RESOURCES, &[]);
+        };
+        let auth = match offer {
+            Some(offer) => {
+                let mut exchange = self.new_exchange();
+                if !exchange.complete(&offer, false, (req.local_comm_id, comm_id), policy.psk.as_ref()) {
+                    return reject(self, RejReason::CONSUMER_DEFINED, &[]);
+                }
+                Some(exchange)
+            }
+            None => None,
         };
         let seq_num = self.rng.next_u32() & Psn::MAX.value();
         let mut i = Id::new(ps, qp_type, seq_num, &self.config);
@@ -1241,6 +1303,8 @@ impl Cm {
         i.remote_comm_id = req.local_comm_id;
         i.tid = tid;
         i.service_id = req.service_id;
+        i.auth = auth;
+        i.policy = policy;
         let mtu = Mtu::from_ibv(req.path_mtu).map(|m| m.min(self.config.port_mtu));
         // cm.c: cm_format_req_event swaps the depths to our point of view.
         i.conn = Conn {
@@ -1292,8 +1356,11 @@ impl Cm {
         true
     }
 
-    fn on_rep(&mut self, src: IpAddr, rep: &RepRepr<'_>) -> bool {
+    fn on_rep(&mut self, src: IpAddr, rep: &RepRepr<'_>, offer: Option<[u8; crate::auth::OFFER_LEN]>) -> bool {
         let Some(id) = self.by_local(rep.remote_comm_id, src) else { return false };
+        if !self.complete_exchange(id, rep.local_comm_id, offer) {
+            return true;
+        }
         let plt = self.config.packet_life_time;
         let Some(i) = self.ids.get_mut(&id) else { return false };
         match i.state {
@@ -1683,6 +1750,69 @@ impl Cm {
         let span = u32::from(hi - lo) + 1;
         let start = self.rng.next_u32() % span;
         (0..span).map(|k| lo + ((start + k) % span) as u16).find(|&p| !self.port_taken(ps, ip, p))
+    }
+
+    /// Our half of a new authenticated-mode exchange.
+    fn new_exchange(&mut self) -> crate::auth::Exchange {
+        let mut secret = [0; 32];
+        self.key_rng.fill_bytes(&mut secret);
+        crate::auth::Exchange::new(secret)
+    }
+
+    /// The offer to send after `mad`: an authenticated ID's REQ or REP carries its own.
+    fn offer_for(&self, mad: &[u8; MAD_LEN]) -> Option<[u8; crate::auth::OFFER_LEN]> {
+        let packet = MadPacket::new_unchecked(&mad[..]);
+        let attr = packet.attribute_id();
+        if attr != AttributeId::REQ && attr != AttributeId::REP {
+            return None;
+        }
+        let data = packet.data();
+        let local_comm_id = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+        let id = self.by_comm_id.get(&local_comm_id)?;
+        Some(self.ids.get(id)?.auth.as_ref()?.offer)
+    }
+
+    /// Active side, a REP for `id` came with `offer` (or none): for an ID in authenticated
+    /// mode, derives the keys, or rejects the REP and reports `REJECTED` with
+    /// [`CmStatus::NotAuthenticated`] when the peer did not answer the offer. True when the
+    /// REP may be handled further.
+    fn complete_exchange(
+        &mut self,
+        id: CmId,
+        passive_comm_id: u32,
+        offer: Option<[u8; crate::auth::OFFER_LEN]>,
+    ) -> bool {
+        let Some(i) = self.ids.get(&id) else { return true };
+        let psk = i.policy.psk;
+        let (State::ReqSent, Some(exchange)) = (i.state, &i.auth) else { return true };
+        let mut exchange = exchange.clone();
+        let local = i.local_comm_id;
+        if offer.is_some_and(|o| exchange.complete(&o, true, (local, passive_comm_id), psk.as_ref())) {
+            if let Some(i) = self.ids.get_mut(&id) {
+                i.auth = Some(exchange);
+            }
+            return true;
+        }
+        let mut answered = i.clone();
+        answered.state = State::RepRcvd;
+        answered.remote_comm_id = passive_comm_id;
+        let mad = self.rej_mad(&answered, RejReason::CONSUMER_DEFINED, CmMsgResponse::REP, &[], &[]);
+        let Some(i) = self.ids.get_mut(&id) else { return false };
+        i.state = State::Closed;
+        i.pending = None;
+        i.deadline = None;
+        if let Some(r) = i.route {
+            self.out.send(r.src, r.dst, mad);
+        }
+        self.out.event(id, CmEventKind::Rejected, CmStatus::NotAuthenticated);
+        false
+    }
+
+    /// Authenticated mode's packet keys for `id`'s QP, once both offers are known: after
+    /// `CONNECT_REQUEST` (passive) or `CONNECT_RESPONSE` (active). The runtime gives them to
+    /// the QP before it moves to RTR.
+    pub fn packet_keys(&self, id: CmId) -> Option<softrdma_engine::PacketKeys> {
+        self.ids.get(&id)?.auth.as_ref()?.keys.clone()
     }
 
     fn rej_mad(&self, i: &Id, reason: RejReason, msg: CmMsgResponse, ari: &[u8], private_data: &[u8]) -> [u8; MAD_LEN] {

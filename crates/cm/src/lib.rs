@@ -80,6 +80,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod auth;
 mod cm;
 mod types;
 

@@ -90,6 +90,12 @@ pub struct CmConfig {
     /// system call and wins by far; a user-space listen that opens a device and registers
     /// with the host's port sharing may lose. Peers on other hosts are never retried.
     pub same_host_rej_retries: u8,
+    /// Authenticated mode of new IDs ([`crate::auth`]); off by default.
+    pub auth: crate::auth::AuthPolicy,
+    /// Seeds the generator of authenticated mode's X25519 secrets (kept apart from
+    /// [`seed`](Self::seed), which is 64 bits and shows in comm IDs and PSNs): 32 bytes
+    /// from the operating system's random source.
+    pub auth_seed: [u8; 32],
 }
 
 impl Default for CmConfig {
@@ -113,6 +119,8 @@ impl Default for CmConfig {
             max_queued_transmits: 1024,
             ephemeral_ports: (32768, 60999),
             same_host_rej_retries: 0,
+            auth: crate::auth::AuthPolicy { required: false, psk: None },
+            auth_seed: [0; 32],
         }
     }
 }
@@ -261,6 +269,9 @@ pub enum CmStatus {
     AddrNotAvailable,
     /// A SIDR_REP for the UDP port space carried a Q_Key other than `RDMA_UDP_QKEY`.
     InvalidQkey,
+    /// Authenticated mode: the peer's REP carried no offer (it is not softrdma, or not in
+    /// a version that authenticates), so we rejected it.
+    NotAuthenticated,
 }
 
 /// One thing that happened to a CM ID (`struct rdma_cm_event`).
@@ -296,6 +307,19 @@ pub struct CmTransmit {
     pub dst: IpAddr,
     /// The 256 MAD bytes.
     pub mad: [u8; MAD_LEN],
+    /// Authenticated mode's offer, sent right after the MAD (a REQ's or REP's only).
+    pub offer: Option<[u8; crate::auth::OFFER_LEN]>,
+}
+
+impl CmTransmit {
+    /// The UD payload: the MAD, then the offer if there is one.
+    pub fn payload(&self) -> Vec<u8> {
+        let mut p = self.mad.to_vec();
+        if let Some(offer) = &self.offer {
+            p.extend_from_slice(offer);
+        }
+        p
+    }
 }
 
 impl fmt::Debug for CmTransmit {

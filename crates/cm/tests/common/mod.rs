@@ -33,6 +33,8 @@ pub struct Sent {
     pub name: &'static str,
     pub dropped: bool,
     pub mad: [u8; MAD_LEN],
+    /// Authenticated mode's offer after the MAD, as it left (before `strip_offers`).
+    pub offer: Option<[u8; softrdma_cm::auth::OFFER_LEN]>,
 }
 
 /// The name of a CM MAD ("REQ", "REP", ...).
@@ -65,6 +67,8 @@ pub struct Pair {
     pub events_b: Vec<CmEvent>,
     /// Decides the fate of each MAD: `true` drops it.
     pub drop: Box<dyn FnMut(Side, &'static str) -> bool>,
+    /// Removes the offers this side sends, as a peer that is not softrdma never makes one.
+    pub strip_offers: Option<Side>,
 }
 
 impl Pair {
@@ -85,6 +89,7 @@ impl Pair {
             events_a: Vec::new(),
             events_b: Vec::new(),
             drop: Box::new(|_, _| false),
+            strip_offers: None,
         }
     }
 
@@ -128,12 +133,16 @@ impl Pair {
     fn carry(&mut self, from: Side, t: CmTransmit) {
         let name = name_of(&t.mad);
         let dropped = (self.drop)(from, name);
-        self.log.push(Sent { at: self.now, from, name, dropped, mad: t.mad });
+        self.log.push(Sent { at: self.now, from, name, dropped, mad: t.mad, offer: t.offer });
         if dropped {
             return;
         }
+        let mut t = t;
+        if self.strip_offers == Some(from) {
+            t.offer = None;
+        }
         let to = if from == Side::A { &mut self.b } else { &mut self.a };
-        to.handle_mad(self.now, t.src, t.dst, &t.mad);
+        to.handle_mad(self.now, t.src, t.dst, &t.payload());
     }
 
     /// The next instant either side wants a timeout.
