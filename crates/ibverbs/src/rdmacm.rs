@@ -240,6 +240,7 @@ fn status_c(s: CmStatus) -> c_int {
         CmStatus::Sidr(s) => c_int::from(s.0),
         CmStatus::AddrNotAvailable => -libc::EADDRNOTAVAIL,
         CmStatus::InvalidQkey => -libc::EINVAL,
+        CmStatus::NotAuthenticated => -libc::EKEYREJECTED,
     }
 }
 

@@ -32,6 +32,26 @@ use softrdma_wire::{QKey, Qpn, RKey};
 use crate::driver::{self, Driver, State};
 use crate::verbs::{Cq, Mr, Pd, Qp, QpInit};
 use crate::{Context, ContextOptions, Device, Error, Result};
+use softrdma_cm::auth::AuthPolicy;
+
+/// Authenticated mode for the IDs of a channel opened with `options`: on with
+/// [`ContextOptions::authenticate`], a passphrase, or `SOFTRDMA_AUTH=1`.
+fn auth_policy(options: &ContextOptions) -> Result<AuthPolicy> {
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+    let on = match env(crate::AUTH_ENV).as_deref() {
+        None | Some("0") => false,
+        Some("1") => true,
+        Some(other) => {
+            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "{}={other}: set it to 1 (authenticate every RC and UC connection) or 0",
+                crate::AUTH_ENV
+            ))));
+        }
+    };
+    let passphrase = options.auth_passphrase.clone().or_else(|| env(crate::AUTH_PSK_ENV));
+    let psk = passphrase.map(|p| softrdma_cm::auth::psk_from_passphrase(p.as_bytes()));
+    Ok(AuthPolicy { required: options.authenticate || on || psk.is_some(), psk })
+}
 
 /// The devices the connection manager opened, by (device name, port): one context each per
 /// process, shared by every ID on it.
@@ -140,6 +160,8 @@ pub struct EventChannel {
 pub(crate) struct ChannelInner {
     events: driver::EventQueue<CmEvent>,
     options: ContextOptions,
+    /// Authenticated mode of its IDs, from `options` and the environment.
+    auth: AuthPolicy,
 }
 
 impl ChannelInner {
@@ -157,13 +179,15 @@ impl EventChannel {
     /// An event channel whose IDs open devices with `options` (a test's own port, say).
     pub fn with_options(options: ContextOptions) -> Result<EventChannel> {
         let events = driver::EventQueue::new("an event channel")?;
-        Ok(EventChannel { inner: Arc::new(ChannelInner { events, options }) })
+        let auth = auth_policy(&options)?;
+        Ok(EventChannel { inner: Arc::new(ChannelInner { events, options, auth }) })
     }
 
     /// `rdma_create_id`: an unbound ID of port space `ps` (TCP for RC, UDP for UD) whose
     /// events come to this channel.
     pub fn create_id(&self, ps: PortSpace, qp_type: QpType) -> Result<CmId> {
-        let inner = CmIdInner::new(Arc::downgrade(&self.inner), self.inner.options.clone(), ps, qp_type);
+        let inner =
+            CmIdInner::new(Arc::downgrade(&self.inner), self.inner.options.clone(), self.inner.auth, ps, qp_type);
         Ok(CmId { inner: Arc::new(inner) })
     }
 
@@ -236,6 +260,7 @@ pub(crate) struct CmIdInner {
     /// Behind a lock for `migrate` (`rdma_migrate_id`).
     channel: Mutex<Weak<ChannelInner>>,
     options: ContextOptions,
+    auth: AuthPolicy,
     ps: PortSpace,
     qp_type: QpType,
     /// The device(s) it is bound to and its ID in each one's CM (several for a wildcard
@@ -260,11 +285,18 @@ struct IdQp {
 }
 
 impl CmIdInner {
-    fn new(channel: Weak<ChannelInner>, options: ContextOptions, ps: PortSpace, qp_type: QpType) -> Self {
+    fn new(
+        channel: Weak<ChannelInner>,
+        options: ContextOptions,
+        auth: AuthPolicy,
+        ps: PortSpace,
+        qp_type: QpType,
+    ) -> Self {
         driver::disconnect_at_exit();
         Self {
             channel: Mutex::new(channel),
             options,
+            auth,
             ps,
             qp_type,
             bindings: Mutex::new(Vec::new()),
@@ -348,6 +380,7 @@ impl CmId {
                     sh.after_verb(&mut st); // their DREQs and REJs
                 }
                 let id = st.cm.create_id(self.inner.ps, self.inner.qp_type)?;
+                st.cm.set_auth_policy(id, self.inner.auth)?;
                 if let Err(e) = st.cm.bind_addr(id, addr) {
                     let _ = st.cm.destroy_id(sh.now(), id);
                     return Err(e.into());
@@ -381,7 +414,10 @@ impl CmId {
             Some(b) => b,
             None => {
                 let ctx = cm_context(&device_of(src_addr)?, &self.inner.options)?;
-                let id = ctx.drv.shared.lock().cm.create_id(self.inner.ps, self.inner.qp_type)?;
+                let mut st = ctx.drv.shared.lock();
+                let id = st.cm.create_id(self.inner.ps, self.inner.qp_type)?;
+                st.cm.set_auth_policy(id, self.inner.auth)?;
+                drop(st);
                 self.attach(&ctx, id);
                 self.binding("resolve_addr")?
             }
@@ -755,6 +791,12 @@ fn route_source(dst: SocketAddr) -> Result<SocketAddr> {
 /// known (REMOTE_WRITE, and READ and atomics when the peer may issue them).
 fn move_qp(st: &mut State, id: softrdma_cm::CmId, qpn: u32, states: &[QpState]) -> Result<()> {
     for &s in states {
+        if s == QpState::Rtr {
+            // Authenticated mode: the keys before the QP can receive (softrdma_cm::auth).
+            if let Some(keys) = st.cm.packet_keys(id) {
+                st.engine.set_qp_keys(Qpn::from_u24_truncating(qpn), keys)?;
+            }
+        }
         let (attr, mask) = st.cm.qp_attr(id, s)?;
         st.engine.modify_qp(Qpn::from_u24_truncating(qpn), &attr, mask)?;
     }
@@ -784,7 +826,7 @@ pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_eng
                 // A connection request: a new ID on the listener's channel, bound here.
                 let Some(drv) = ctx_drv.upgrade() else { continue };
                 let channel = l.channel.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                let inner = Arc::new(CmIdInner::new(channel, l.options.clone(), l.ps, l.qp_type));
+                let inner = Arc::new(CmIdInner::new(channel, l.options.clone(), l.auth, l.ps, l.qp_type));
                 st.cm_ids.insert(ev.id.0, IdLink { inner: Arc::downgrade(&inner) });
                 let binding = Binding { ctx: Context { drv }, id: ev.id, service: None };
                 inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(binding);

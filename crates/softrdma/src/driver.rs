@@ -483,7 +483,10 @@ impl Driver {
         };
         let mut cm_seed = [0u8; 8];
         getrandom::fill(&mut cm_seed).map_err(|e| Error::io("seeding the CM", io::Error::other(e)))?;
+        let mut auth_seed = [0u8; 32];
+        getrandom::fill(&mut auth_seed).map_err(|e| Error::io("seeding the CM's key exchange", io::Error::other(e)))?;
         let cm = Cm::new(CmConfig {
+            auth_seed,
             seed: u64::from_ne_bytes(cm_seed),
             comm_id_prefix: port.member.comm_id_prefix(),
             addresses: device.addresses().to_vec(),
@@ -1120,7 +1123,7 @@ impl State {
                 psn,
             },
             ext: ExtHeaders { deth: Some(DethRepr { qkey: QKey::GSI, src_qp: Qpn::GSI }), ..ExtHeaders::default() },
-            payload: &t.mad,
+            payload: &t.payload(),
         };
         repr.emit(&gsi_envelope(shared, t)?, buf).ok()
     }

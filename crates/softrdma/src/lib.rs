@@ -103,7 +103,23 @@ pub struct ContextOptions {
     /// cannot see it recover it, as softrdma's do), and arrive coalesced. Off, or where the kernel lacks `UDP_GRO`, every packet is a
     /// datagram of its own.
     pub gso: bool,
+    /// Authenticated mode for every RC and UC connection this context's CM IDs make, and
+    /// required of every one they accept (`softrdma_cm::auth`): keys agreed with an X25519
+    /// exchange beside the REQ and REP, and a keyed MAC on every packet, so that a host on
+    /// the path cannot forge a packet the QP accepts. Both ends must be softrdma. Also on
+    /// with `SOFTRDMA_AUTH=1` ([`AUTH_ENV`]).
+    pub authenticate: bool,
+    /// A passphrase both ends share, mixed into authenticated mode's keys (which it turns
+    /// on): with it, even a host that rewrites the CM exchange as it passes gets keys the
+    /// two ends do not use. Also `SOFTRDMA_AUTH_PSK` ([`AUTH_PSK_ENV`]).
+    pub auth_passphrase: Option<String>,
 }
+
+/// Turns authenticated mode on (`1`) or off (`0`) for the contexts a process opens
+/// ([`ContextOptions::authenticate`]), C programs included.
+pub const AUTH_ENV: &str = "SOFTRDMA_AUTH";
+/// Authenticated mode's shared passphrase ([`ContextOptions::auth_passphrase`]).
+pub const AUTH_PSK_ENV: &str = "SOFTRDMA_AUTH_PSK";
 
 impl Default for ContextOptions {
     fn default() -> Self {
@@ -114,6 +130,8 @@ impl Default for ContextOptions {
             cm_response_timeout: softrdma_cm::CMA_CM_RESPONSE_TIMEOUT,
             cm_max_retries: softrdma_cm::CMA_MAX_CM_RETRIES,
             gso: true,
+            authenticate: false,
+            auth_passphrase: None,
         }
     }
 }

@@ -1034,6 +1034,12 @@ impl Qp {
         self.shared().lock().engine.qp_state(self.inner.qpn)
     }
 
+    /// Whether the QP is in authenticated mode ([`ContextOptions::authenticate`](crate::ContextOptions::authenticate)):
+    /// every packet it sends and accepts carries a MAC of the connection's keys.
+    pub fn authenticated(&self) -> bool {
+        self.shared().lock().engine.qp_authenticated(self.inner.qpn)
+    }
+
     /// This QP as a peer must see it, sending from GID `sgid_index` and starting at `psn`.
     pub fn endpoint(&self, sgid_index: u8, psn: u32) -> Result<Endpoint> {
         let gid = self.inner.pd.ctx.gid(sgid_index).ok_or_else(|| {
