@@ -10,8 +10,8 @@
 //!
 //! ```text
 //! ikm = X25519(ours, theirs) ‖ offer_active ‖ offer_passive ‖ comm_id_active ‖ comm_id_passive ‖ psk
-//! active→passive = BLAKE3-derive_key("softrdma 2026-11-24 packet key, active to passive", ikm)
-//! passive→active = BLAKE3-derive_key("softrdma 2026-11-24 packet key, passive to active", ikm)
+//! active→passive = BLAKE3-derive_key("softrdma 2026-11-24 packet key, active to passive", ikm)[..16]
+//! passive→active = BLAKE3-derive_key("softrdma 2026-11-24 packet key, passive to active", ikm)[..16]
 //! ```
 //!
 //! The runtime gives the keys to the QP before it moves to RTR. A peer that is not softrdma
@@ -100,8 +100,13 @@ impl Exchange {
         if let Some(psk) = psk {
             ikm.extend_from_slice(psk);
         }
-        let a2p = blake3::derive_key("softrdma 2026-11-24 packet key, active to passive", &ikm);
-        let p2a = blake3::derive_key("softrdma 2026-11-24 packet key, passive to active", &ikm);
+        let key = |context: &str| {
+            let mut k = [0; 16];
+            k.copy_from_slice(&blake3::derive_key(context, &ikm)[..16]);
+            k
+        };
+        let a2p = key("softrdma 2026-11-24 packet key, active to passive");
+        let p2a = key("softrdma 2026-11-24 packet key, passive to active");
         self.keys =
             Some(if active { PacketKeys { send: a2p, receive: p2a } } else { PacketKeys { send: p2a, receive: a2p } });
         true

@@ -889,7 +889,7 @@ impl Engine {
                 qp.state
             )));
         }
-        qp.keys = Some(Box::new(keys));
+        qp.keys = Some(Box::new(crate::auth::Sealer::new(&keys)));
         Ok(())
     }
 

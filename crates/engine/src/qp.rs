@@ -242,7 +242,7 @@ pub(crate) struct Qp {
     /// sends every packet from its device's port.
     pub(crate) peer_port: Option<u16>,
     /// RC/UC in authenticated mode: the keys its packets are tagged and checked with.
-    pub(crate) keys: Option<Box<crate::auth::PacketKeys>>,
+    pub(crate) keys: Option<Box<crate::auth::Sealer>>,
     pub(crate) sq: Ring<SendWqe>,
     pub(crate) rq: Ring<RecvWqe>,
     pub(crate) req: Requester,

@@ -119,7 +119,7 @@ impl Engine {
         };
         // An authenticated QP acts on nothing whose tag does not verify (crate::auth).
         let payload = match &qp.keys {
-            Some(keys) => match crate::auth::open(&keys.receive, payload) {
+            Some(sealer) => match sealer.open(payload) {
                 Some(opened) => opened,
                 None => {
                     sh.counters.rcvd_auth_failures += 1;

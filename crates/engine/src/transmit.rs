@@ -35,10 +35,11 @@ impl Engine {
             let Some(qp) = self.qps.get_mut(&qpn.value()) else { continue };
             qp.in_ready = false;
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
-            if let (Some(t), Some(keys)) = (&mut sent, &qp.keys) {
-                // The buffer holds 4096 + 80 bytes: room for the largest packet and its tag.
-                t.len = crate::auth::seal(&keys.send, &t.envelope, buf, t.len)
-                    .expect("poll_transmit's buffer holds a packet and its tag");
+            if let (Some(t), Some(sealer)) = (&mut sent, &mut qp.keys) {
+                // The buffer holds 4096 + 80 bytes: room for the largest packet and its trailer.
+                t.len = sealer
+                    .seal(&t.envelope, buf, t.len)
+                    .expect("poll_transmit's buffer holds a packet and its trailer");
             }
             if sent.is_some() {
                 self.shared.counters.sent_packets += 1;

@@ -58,7 +58,7 @@ fn honest_write(pair: &mut Pair) -> WcStatus {
 }
 
 fn keyed(seed: u8) -> (PacketKeys, PacketKeys) {
-    let (x, y) = ([seed; 32], [seed.wrapping_add(1); 32]);
+    let (x, y) = ([seed; 16], [seed.wrapping_add(1); 16]);
     (PacketKeys { send: x, receive: y }, PacketKeys { send: y, receive: x })
 }
 
@@ -99,15 +99,15 @@ fn in_authenticated_mode_the_forgery_is_dropped_and_the_honest_write_lands() {
 }
 
 #[test]
-fn a_forgery_that_copies_a_sniffed_tag_is_dropped_too() {
-    // The tag covers the headers: a sniffed packet's tag on a new packet does not verify.
+fn a_forgery_that_copies_a_sniffed_trailer_is_dropped_too() {
+    // The tag covers the headers: a sniffed packet's counter and tag on a new packet do not verify.
     let mut pair = authenticated(QpType::Rc);
     let (envelope, expected) = sniff(&mut pair);
     let sniffed = pair.sent(true).last().cloned().cloned().unwrap();
     let mut forged = forged_write(pair.b.qp, expected, &envelope);
-    let tag_at = sniffed.bytes.len() - 4 - auth::TAG_LEN;
+    let trailer_at = sniffed.bytes.len() - 4 - auth::TRAILER_LEN;
     let icrc_at = forged.len() - 4;
-    forged.splice(icrc_at..icrc_at, sniffed.bytes[tag_at..tag_at + auth::TAG_LEN].iter().copied());
+    forged.splice(icrc_at..icrc_at, sniffed.bytes[trailer_at..trailer_at + auth::TRAILER_LEN].iter().copied());
     softrdma_wire::RocePacket::new_unchecked(&mut forged[..]).fill_icrc(&envelope);
     let before = pair.b.engine.counters().rcvd_auth_failures;
     pair.b.engine.handle_datagram(pair.now, &envelope, &forged, &mut pair.b.mem);
@@ -139,11 +139,11 @@ fn authenticated_qps_carry_every_operation_with_tags() {
         assert_eq!(pair.a.engine.counters().rcvd_auth_failures + pair.b.engine.counters().rcvd_auth_failures, 0);
         for p in &pair.log {
             let plain = softrdma_wire::RoceRepr::parse_ignoring_icrc(&softrdma_wire::RocePacket::new_unchecked(
-                &p.bytes[..p.bytes.len() - auth::TAG_LEN],
+                &p.bytes[..p.bytes.len() - auth::TRAILER_LEN],
             ))
             .expect("the packet under the tag parses");
             let pad = plain.payload.len().wrapping_neg() & 3;
-            assert_eq!(p.bytes.len(), plain.header_len() + plain.payload.len() + pad + auth::TAG_LEN + 4);
+            assert_eq!(p.bytes.len(), plain.header_len() + plain.payload.len() + pad + auth::TRAILER_LEN + 4);
             assert!(softrdma_wire::RocePacket::new_unchecked(&p.bytes[..]).verify_icrc(&p.envelope), "ICRC over all");
         }
     }

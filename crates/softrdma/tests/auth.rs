@@ -106,7 +106,7 @@ fn both_ends_authenticated_agree_on_keys_and_tag_every_packet() {
     drop(s);
 
     // Every frame has a valid ICRC over the whole packet, tag included; the REQ and REP
-    // carry the offer after their MAD; the WRITE's 16 bytes are followed by a 16-byte tag.
+    // carry the offer after their MAD; the WRITE's 16 bytes are followed by the 24-byte trailer.
     let mut reader = softrdma_pcap::CaptureReader::open(&path).unwrap();
     let (mut frames, mut offers, mut write) = (0, 0, None);
     while let Some(frame) = reader.next_frame() {
@@ -126,7 +126,7 @@ fn both_ends_authenticated_agree_on_keys_and_tag_every_packet() {
     }
     assert_eq!(offers, 4, "the REQ and the REP, each recorded as sent and as received");
     let write = write.expect("the WRITE was captured");
-    assert_eq!(write.len(), 16 + 16, "the data, then the tag");
+    assert_eq!(write.len(), 16 + 24, "the data, then the counter and the tag");
     assert_eq!(&write[..16], b"sixteen bytes...");
     // Wireshark decodes every frame as InfiniBand and finds none malformed (the tag reads
     // as payload, or as trailing data after an ACK).
