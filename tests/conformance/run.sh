@@ -151,6 +151,25 @@ if cm_pair "$name" "rping -s -a 127.0.0.1 -p PORT -v -C 10" "rping -c -a 127.0.0
     fi
 fi
 
+# rping again in authenticated mode (SOFTRDMA_AUTH=1 on both sides, softrdma_cm::auth): the
+# keys agreed beside the REQ and REP, every packet carrying a GMAC; the client's capture
+# must show the offers ("sRDMAau1") its REQ and the server's REP carried.
+name="rping -v -C 10, SOFTRDMA_AUTH=1"
+if cm_pair "$name" "env SOFTRDMA_AUTH=1 rping -s -a 127.0.0.1 -p PORT -v -C 10" \
+    "env SOFTRDMA_AUTH=1 SOFTRDMA_PCAP=$work/auth.pcap rping -c -a 127.0.0.1 -p PORT -v -C 10"; then
+    pings=$(grep -c "^ping data: rdma-ping-" "$out.client")
+    offers=$(grep -a -o sRDMAau1 "$work/auth.pcap" 2>/dev/null | wc -l)
+    if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+    elif [ "$pings" -ne 10 ]; then
+        fail "$name" "$pings of 10 pings on the client"
+    elif [ "$offers" -lt 2 ]; then
+        fail "$name" "the capture shows $offers authentication offers, not the REQ's and the REP's"
+    else
+        line "$name" pass
+    fi
+fi
+
 # udaddy: UD over RDMA_PS_UDP (SIDR, a UD QP rdma_create_qp readies, the server's reply AH
 # from ibv_create_ah_from_wc); ucmatose: RC with rdma_migrate_id-free defaults. Both print
 # "test complete" and "return status 0" on each side.
