@@ -10,6 +10,7 @@
 
 pub mod auth;
 mod completer;
+pub mod congestion;
 mod engine;
 pub mod identification;
 pub mod memory;
