@@ -234,6 +234,42 @@ impl NotificationPoint {
     }
 }
 
+/// A QP that received within this long counts as a flow of the congested receiver when
+/// its socket drops datagrams ([`Engine::handle_receive_drops`](crate::Engine::handle_receive_drops)).
+pub const RECENT_RX: Duration = Duration::from_micros(200);
+
+/// One QP's congestion control: both halves and what they need from the QP.
+#[derive(Clone, Debug)]
+pub(crate) struct QpCongestion {
+    pub(crate) rp: ReactionPoint,
+    pub(crate) np: NotificationPoint,
+    /// Where a CNP to the peer goes, and to which QP: the last sender heard from.
+    pub(crate) last_peer: Option<(softrdma_wire::Envelope, softrdma_wire::Qpn)>,
+    pub(crate) last_rx: Option<Instant>,
+    /// The pacer held the QP back until this instant.
+    pub(crate) paced_until: Option<Instant>,
+}
+
+impl QpCongestion {
+    pub(crate) fn new(config: DcqcnConfig) -> Self {
+        Self {
+            rp: ReactionPoint::new(config),
+            np: NotificationPoint::default(),
+            last_peer: None,
+            last_rx: None,
+            paced_until: None,
+        }
+    }
+
+    pub(crate) fn received_since(&self, now: Instant) -> bool {
+        self.last_rx.is_some_and(|t| now < t + RECENT_RX)
+    }
+
+    pub(crate) fn deadline(&self) -> Option<Instant> {
+        [self.rp.poll_timeout(), self.paced_until].into_iter().flatten().min()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -69,6 +69,10 @@ pub struct DeviceConfig {
     /// The UDP destination port of every packet: 4791, the RoCEv2 port. Only tests that
     /// isolate groups of devices on one host change it, for all of them at once.
     pub udp_port: u16,
+    /// RoCEv2 congestion control ([`crate::congestion`]): QPs answer ECN-marked packets and
+    /// receive drops with CNPs and pace what they send at the rate CNPs leave them. `None`
+    /// (the default): CNPs are neither sent nor obeyed.
+    pub congestion: Option<crate::congestion::DcqcnConfig>,
 }
 
 impl Default for DeviceConfig {
@@ -88,6 +92,7 @@ impl Default for DeviceConfig {
             max_msg_sz: 1 << 31,
             udp_source_port: None,
             udp_port: softrdma_wire::ROCEV2_UDP_PORT,
+            congestion: None,
         }
     }
 }
@@ -150,6 +155,10 @@ pub struct Counters {
     /// Packets to an authenticated QP whose tag did not verify (forged, corrupted, or from
     /// a peer with other keys), dropped.
     pub rcvd_auth_failures: u64,
+    /// CNPs sent (congestion control: ECN-marked packets and receive drops answered).
+    pub cnps_sent: u64,
+    /// CNPs received and acted on (a QP's rate cut).
+    pub cnps_rcvd: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.
@@ -220,6 +229,9 @@ pub(crate) struct Shared {
     /// Gather lists of finished receive WQEs, swapped back into ring slots as receives are
     /// taken, so that posting a receive never allocates in steady state.
     pub(crate) sge_pool: Vec<Vec<Sge>>,
+    /// CNPs owed: where, and to which QP.
+    /// CNPs owed: where, to which QP, and for which of ours.
+    pub(crate) cnps: VecDeque<(Envelope, Qpn, Qpn)>,
 }
 
 /// A software RDMA device. See the [module documentation](self) for the calling contract.
@@ -375,6 +387,13 @@ impl Shared {
         )
     }
 
+    /// The envelope of an answer to a packet that came in `received`: from the address it
+    /// was sent to, to the one it came from.
+    pub(crate) fn reply_envelope(&self, received: &Envelope) -> Option<Envelope> {
+        let port = self.config.udp_source_port.unwrap_or(0xc000);
+        Some(Envelope::rocev2(received.dst_ip(), port, received.src_ip())?.with_dst_port(self.config.udp_port))
+    }
+
     pub(crate) fn is_local(&self, ip: IpAddr) -> bool {
         self.config.addresses.contains(&ip)
     }
@@ -430,6 +449,7 @@ impl Engine {
                 counters: Counters::default(),
                 identifications: Identifications::default(),
                 sge_pool: Vec::new(),
+                cnps: VecDeque::new(),
             },
             qps: BTreeMap::new(),
             next_qpn,
@@ -862,6 +882,7 @@ impl Engine {
                 qp.envelope = None;
                 qp.peer_port = None;
                 qp.keys = None;
+                qp.cc = None;
                 self.shared.update_timer(qp);
             }
             QpState::Sqd => crate::completer::check_drained(qp, &mut self.shared),
@@ -869,6 +890,24 @@ impl Engine {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The receiver lost datagrams at `now` before the engine saw them (its socket's drop
+    /// counter rose): with congestion control on, every QP that received in the last
+    /// [`RECENT_RX`](crate::congestion::RECENT_RX) sends its peer a CNP (each at most once
+    /// per [`CNP_INTERVAL`](crate::congestion::CNP_INTERVAL)), as a NIC answers an
+    /// ECN-marked packet.
+    pub fn handle_receive_drops(&mut self, now: Instant) {
+        if self.shared.config.congestion.is_none() {
+            return;
+        }
+        for qp in self.qps.values_mut() {
+            let Some(cc) = qp.cc.as_deref_mut() else { continue };
+            let Some((envelope, dest)) = cc.last_peer.filter(|_| cc.received_since(now)) else { continue };
+            if cc.np.on_congestion(now) {
+                self.shared.cnps.push_back((envelope, dest, qp.qpn));
+            }
+        }
     }
 
     /// Puts RC or UC QP `qpn` in authenticated mode ([`crate::auth`]): from now on it tags

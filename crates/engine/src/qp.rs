@@ -243,6 +243,9 @@ pub(crate) struct Qp {
     pub(crate) peer_port: Option<u16>,
     /// RC/UC in authenticated mode: the keys its packets are tagged and checked with.
     pub(crate) keys: Option<Box<crate::auth::Sealer>>,
+    /// Congestion control's state, from the first congestion signal on (the engine's
+    /// `DeviceConfig::congestion` on).
+    pub(crate) cc: Option<Box<crate::congestion::QpCongestion>>,
     pub(crate) sq: Ring<SendWqe>,
     pub(crate) rq: Ring<RecvWqe>,
     pub(crate) req: Requester,
@@ -284,6 +287,7 @@ impl Qp {
             envelope: None,
             peer_port: None,
             keys: None,
+            cc: None,
             sq,
             rq,
             req: Requester::default(),
@@ -302,9 +306,7 @@ impl Qp {
 
     /// The earliest instant this QP wants to be woken.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        match (self.req.retransmit_at, self.req.rnr_wait_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        let cc = self.cc.as_deref().and_then(crate::congestion::QpCongestion::deadline);
+        [self.req.retransmit_at, self.req.rnr_wait_until, cc].into_iter().flatten().min()
     }
 }

@@ -157,6 +157,19 @@ impl Engine {
                 _ => {}
             }
         }
+        if let Some(config) = sh.config.congestion {
+            let cc = qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
+            if info.operation == Operation::Cnp {
+                sh.counters.cnps_rcvd += 1;
+                cc.rp.on_cnp(now);
+                sh.update_timer(qp);
+                return;
+            }
+            congestion_seen(qp, sh, now, envelope, ip, &repr);
+        } else if info.operation == Operation::Cnp {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        }
         if info.is_response() {
             if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
                 sh.counters.rcvd_dropped += 1;
@@ -205,6 +218,13 @@ impl Engine {
             if qp.req.retransmit_at.is_some_and(|t| t <= now) {
                 completer::handle_retransmit_timeout(qp, &mut self.shared, now);
             }
+            if let Some(cc) = qp.cc.as_deref_mut() {
+                cc.rp.handle_timeout(now);
+                if cc.paced_until.is_some_and(|t| t <= now) {
+                    cc.paced_until = None;
+                    self.shared.schedule(qp);
+                }
+            }
             self.shared.update_timer(qp);
         }
     }
@@ -218,7 +238,10 @@ impl Engine {
 fn transport_matches(t: Transport, qp_type: QpType) -> bool {
     matches!(
         (t, qp_type),
-        (Transport::Rc, QpType::Rc) | (Transport::Uc, QpType::Uc) | (Transport::Ud, QpType::Ud | QpType::Gsi)
+        (Transport::Rc, QpType::Rc)
+            | (Transport::Uc, QpType::Uc)
+            | (Transport::Ud, QpType::Ud | QpType::Gsi)
+            | (Transport::Cnp, QpType::Rc | QpType::Uc | QpType::Ud)
     )
 }
 
@@ -712,6 +735,27 @@ fn ud_request<M: Memory + ?Sized>(
     };
     sh.push_cqe(qp.recv_cq, wc);
     sh.recycle(wqe);
+}
+
+/// Congestion control's notification point for a packet `qp` accepted: remembers the
+/// sender (for [`Engine::handle_receive_drops`]) and answers an ECN CE mark with a CNP, at
+/// most one per [`CNP_INTERVAL`](crate::congestion::CNP_INTERVAL).
+fn congestion_seen(qp: &mut Qp, sh: &mut Shared, now: Instant, envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) {
+    let peer = match qp.qp_type {
+        QpType::Rc | QpType::Uc => {
+            qp.envelope.map(|e| (e, softrdma_wire::Qpn::from_u24_truncating(qp.attr.dest_qp_num)))
+        }
+        _ => repr.ext.deth.and_then(|d| Some((sh.reply_envelope(envelope)?, d.src_qp))),
+    };
+    let Some(cc) = qp.cc.as_deref_mut() else { return };
+    cc.last_rx = Some(now);
+    cc.last_peer = peer.or(cc.last_peer);
+    const ECN_CE: u8 = 0b11;
+    if ip.traffic_class & 0b11 == ECN_CE && cc.np.on_congestion(now) {
+        if let Some((e, dest)) = peer {
+            sh.cnps.push_back((e, dest, qp.qpn));
+        }
+    }
 }
 
 /// Whether a packet to a connected QP that has not yet heard from its peer shows

@@ -26,6 +26,12 @@ impl Engine {
     /// The next datagram to send, written into `buf` (which must hold 4096 + 80 bytes).
     /// Call after every input until it returns `None`.
     pub fn poll_transmit<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, buf: &mut [u8]) -> Option<Transmit> {
+        // CNPs first: they exist to slow a sender down now.
+        while let Some((envelope, dest, local)) = self.shared.cnps.pop_front() {
+            if let Some(t) = self.cnp(envelope, dest, local, buf) {
+                return Some(t);
+            }
+        }
         // Each QP in the round-robin gets one chance per call; one that has nothing to send
         // leaves it, so the loop ends.
         let mut budget = self.shared.ready.len();
@@ -34,7 +40,19 @@ impl Engine {
             let qpn = self.shared.ready.pop_front()?;
             let Some(qp) = self.qps.get_mut(&qpn.value()) else { continue };
             qp.in_ready = false;
+            if let Some(cc) = qp.cc.as_deref_mut() {
+                // Congestion control's pacer: the QP waits for its timer (responses too, so
+                // that a READ is paced like any other traffic).
+                if let Some(at) = cc.rp.send_at(now) {
+                    cc.paced_until = Some(at);
+                    self.shared.update_timer(qp);
+                    continue;
+                }
+            }
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
+            if let (Some(t), Some(cc)) = (&sent, qp.cc.as_deref_mut()) {
+                cc.rp.on_sent(now, t.len);
+            }
             if let (Some(t), Some(sealer)) = (&mut sent, &mut qp.keys) {
                 // The buffer holds 4096 + 80 bytes: room for the largest packet and its trailer.
                 t.len = sealer
@@ -51,6 +69,29 @@ impl Engine {
             }
         }
         None
+    }
+
+    /// A CNP to QP `dest` in `envelope`, sent for local QP `local` (sealed with its keys if
+    /// it is authenticated).
+    fn cnp(
+        &mut self,
+        envelope: Envelope,
+        dest: softrdma_wire::Qpn,
+        local: softrdma_wire::Qpn,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let repr = RoceRepr {
+            bth: BthRepr { becn: true, ..bth(Opcode::CNP, dest.value(), Psn::default()) },
+            ext: ExtHeaders::default(),
+            payload: &[0; 16],
+        };
+        let mut len = repr.emit(&envelope, buf).ok()?;
+        if let Some(sealer) = self.qps.get_mut(&local.value()).and_then(|qp| qp.keys.as_deref_mut()) {
+            len = sealer.seal(&envelope, buf, len)?;
+        }
+        self.shared.counters.sent_packets += 1;
+        self.shared.counters.cnps_sent += 1;
+        Some(Transmit { envelope, len })
     }
 }
 

@@ -178,7 +178,7 @@ impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
     /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 29] {
+    pub fn named(&self) -> [(&'static str, u64); 31] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -202,6 +202,8 @@ impl Counters {
             resp_operational_errors,
             rcvd_wrong_source,
             rcvd_auth_failures,
+            cnps_sent,
+            cnps_rcvd,
         } = self.engine;
         let softrdma_cm::CmCounters {
             mads_sent,
@@ -233,6 +235,8 @@ impl Counters {
             ("resp_operational_errors", resp_operational_errors),
             ("rcvd_wrong_source", rcvd_wrong_source),
             ("rcvd_auth_failures", rcvd_auth_failures),
+            ("cnps_sent", cnps_sent),
+            ("cnps_rcvd", cnps_rcvd),
             ("send_errors", self.send_errors),
             ("gsi_dropped", self.gsi_dropped),
             ("cm_mads_sent", mads_sent),

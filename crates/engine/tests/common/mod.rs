@@ -55,11 +55,21 @@ pub struct Pair {
     wire: VecDeque<Pkt>,
     pub log: Vec<Pkt>,
     pub filter: Option<Filter>,
+    /// The IP header fields each delivered packet arrives with (ECN marks, say); default
+    /// [`IpInfo::default`].
+    pub ip_info: Option<Box<dyn FnMut(&Pkt) -> IpInfo>>,
 }
 
 pub fn node(ip: [u8; 4], seed: u64, qp_type: QpType, cap: QpCap) -> Node {
+    node_configured(ip, seed, qp_type, cap, &|_| {})
+}
+
+/// [`node`] with `tweak` applied to its device's configuration.
+pub fn node_configured(ip: [u8; 4], seed: u64, qp_type: QpType, cap: QpCap, tweak: &dyn Fn(&mut DeviceConfig)) -> Node {
     let addr = std::net::IpAddr::from(ip);
-    let mut engine = Engine::new(DeviceConfig { addresses: vec![addr], seed, ..DeviceConfig::default() });
+    let mut config = DeviceConfig { addresses: vec![addr], seed, ..DeviceConfig::default() };
+    tweak(&mut config);
+    let mut engine = Engine::new(config);
     let pd = engine.alloc_pd();
     let cq = engine.create_cq(1024).unwrap();
     let mr = engine.reg_mr(pd, BASE, MEM_LEN as u64, Access::ALL).unwrap();
@@ -143,6 +153,7 @@ impl Pair {
             wire: VecDeque::new(),
             log: Vec::new(),
             filter: None,
+            ip_info: None,
         }
     }
 
@@ -186,8 +197,9 @@ impl Pair {
             self.now = self.now.max(next);
             while self.wire.front().is_some_and(|p| p.at <= self.now) {
                 let p = self.wire.pop_front().unwrap();
+                let ip = self.ip_info.as_mut().map_or_else(IpInfo::default, |f| f(&p));
                 let n = if p.from_a { &mut self.b } else { &mut self.a };
-                n.engine.handle_datagram(self.now, &p.envelope, &p.bytes, &mut n.mem);
+                n.engine.handle_datagram_with(self.now, &p.envelope, ip, &p.bytes, &mut n.mem);
             }
             for n in [&mut self.a, &mut self.b] {
                 if n.engine.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -295,6 +307,7 @@ pub fn pair_of(mut a: Node, mut b: Node, qp_type: QpType, mtu: Mtu) -> Pair {
         wire: VecDeque::new(),
         log: Vec::new(),
         filter: None,
+        ip_info: None,
     }
 }
 
