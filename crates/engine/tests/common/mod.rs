@@ -47,6 +47,9 @@ impl Pkt {
 /// Decides a packet's fate: `true` delivers it.
 pub type Filter = Box<dyn FnMut(&Pkt) -> bool>;
 
+/// Gives each delivered packet the IP header fields it arrives with.
+pub type IpInfoFn = Box<dyn FnMut(&Pkt) -> IpInfo>;
+
 pub struct Pair {
     pub a: Node,
     pub b: Node,
@@ -57,7 +60,7 @@ pub struct Pair {
     pub filter: Option<Filter>,
     /// The IP header fields each delivered packet arrives with (ECN marks, say); default
     /// [`IpInfo::default`].
-    pub ip_info: Option<Box<dyn FnMut(&Pkt) -> IpInfo>>,
+    pub ip_info: Option<IpInfoFn>,
 }
 
 pub fn node(ip: [u8; 4], seed: u64, qp_type: QpType, cap: QpCap) -> Node {
