@@ -338,6 +338,9 @@ impl RoceSocket {
         if config.gro {
             sys::set_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1)?;
         }
+        // The drop counter of a full receive buffer, with every datagram (RecvBatch::drops):
+        // congestion control's signal that this receiver is overrun.
+        sys::set_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1)?;
         if let SocketAddr::V6(a) = addr {
             if a.ip().is_unicast_link_local() {
                 // Every interface with IPv6 has a link-local address, and it is tentative
@@ -605,6 +608,15 @@ impl RecvBatch {
     /// (`MSG_CTRUNC`; never expected: the buffer has room for all that is asked for).
     pub fn control_truncated(&self) -> bool {
         self.meta[..self.filled].iter().any(|m| m.ctrl_truncated)
+    }
+
+    /// How many datagrams the socket has dropped since it was opened because its receive
+    /// buffer was full (`SO_RXQ_OVFL`), as of the last receive. `None` when the last
+    /// receive got nothing, or only datagrams queued before the first drop (the kernel
+    /// stamps the count on datagrams once it is not zero). A rise means this receiver is
+    /// overrun: congestion control answers it with CNPs.
+    pub fn drops(&self) -> Option<u32> {
+        self.meta[..self.filled].iter().filter_map(|m| m.drops).max()
     }
 
     /// The datagrams of the last receive, GRO messages split into their datagrams.

@@ -307,6 +307,9 @@ pub(crate) struct RawMeta {
     pub(crate) truncated: bool,
     /// Some control messages did not fit (`MSG_CTRUNC`).
     pub(crate) ctrl_truncated: bool,
+    /// The socket's count of datagrams dropped so far for a full receive buffer
+    /// (`SO_RXQ_OVFL`), as of this one.
+    pub(crate) drops: Option<u32>,
 }
 
 impl RawMeta {
@@ -321,6 +324,7 @@ impl RawMeta {
         gro_segment: None,
         truncated: false,
         ctrl_truncated: false,
+        drops: None,
     };
 }
 
@@ -477,6 +481,9 @@ fn decode_cmsgs(h: &libc::msghdr, meta: &mut RawMeta) {
             (libc::IPPROTO_IPV6, libc::IPV6_FLOWINFO) => {
                 // Network order: traffic class and flow label; keep the 20-bit label.
                 meta.flow_label = read_data::<u32>(data, data_len).map(|v| u32::from_be(v) & 0x000f_ffff);
+            }
+            (libc::SOL_SOCKET, libc::SO_RXQ_OVFL) => {
+                meta.drops = read_data::<u32>(data, data_len);
             }
             (libc::SOL_UDP, libc::UDP_GRO) => {
                 meta.gro_segment = read_data::<c_int>(data, data_len).and_then(|v| usize::try_from(v).ok());

@@ -484,3 +484,39 @@ fn recv_is_non_blocking_and_times_out() {
     assert!(!a.wait_readable(Some(Duration::ZERO)).unwrap());
     assert!(a.wait_writable(Some(Duration::ZERO)).unwrap());
 }
+
+#[test]
+fn a_full_receive_buffer_shows_in_the_drop_counter() {
+    // A receiver with the smallest buffer the kernel allows, flooded before it reads:
+    // SO_RXQ_OVFL reports what the kernel dropped.
+    let ip = lo4();
+    let a = RoceSocket::bind_with(ip, &config()).unwrap();
+    let b = RoceSocket::bind_with(ip, &Config { recv_buffer_size: Some(4096), ..config() }).unwrap();
+    let payload = [0u8; 1024];
+    for _ in 0..200 {
+        a.send_to(b.local_addr(), &payload).unwrap();
+    }
+    let mut batch = RecvBatch::new(8, 2048);
+    let mut got = 0;
+    let mut drain = |b: &RoceSocket, drops: &mut Option<u32>| {
+        for _ in 0..100 {
+            match b.recv(&mut batch) {
+                Ok(_) => {
+                    got += batch.len();
+                    *drops = batch.drops().or(*drops);
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    let mut drops = None;
+    drain(&b, &mut drops);
+    assert_eq!(drops, None, "what was queued before the drops began carries no count");
+    // The kernel stamps the count on datagrams queued after drops happened.
+    a.send_to(b.local_addr(), &payload).unwrap();
+    drain(&b, &mut drops);
+    let drops = drops.expect("a datagram queued after the drops carries the counter") as usize;
+    assert!(drops > 0, "the kernel counted what it dropped");
+    assert_eq!(got + drops, 201, "received and dropped add up to what was sent");
+}
