@@ -41,7 +41,7 @@ impl fmt::Display for NodeId {
 pub struct RuleId(u64);
 
 /// The link model and the limits of a fabric.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Debug)]
 pub struct Config {
     /// One-way latency of every datagram (default 5 µs).
     pub latency: Duration,
@@ -50,7 +50,9 @@ pub struct Config {
     pub jitter: Duration,
     /// Each node's link rate, if limited (default `None`: infinitely fast). A node's
     /// datagrams then leave one after the other, each taking its length (UDP payload plus
-    /// Ethernet, IP and UDP headers) over the rate.
+    /// Ethernet, IP and UDP headers) over the rate; the fabric takes a node's next datagram
+    /// only when its link is free, as a NIC's scheduler does, so that a node that paces
+    /// its sending (congestion control) decides what leaves next.
     pub bandwidth_bits_per_sec: Option<u64>,
     /// Largest UDP payload the network carries; larger datagrams are dropped and counted as
     /// [`DropReason::Mtu`] (default 4096 + 80: a 4096-byte path MTU plus the largest RoCE
@@ -69,6 +71,39 @@ pub struct Config {
     pub max_steps_per_run: u64,
     /// How many trace entries to keep, the most recent (default 0: no trace).
     pub trace_limit: usize,
+    /// A switch between the nodes, if any (default `None`: datagrams go straight to their
+    /// destination): its port toward each node has a rate, a buffer and an ECN marking
+    /// threshold, so that many senders into one node queue, get marked, and overflow.
+    pub switch: Option<SwitchPort>,
+}
+
+/// The port of a switch toward one node (every node has one, all alike). It sends the
+/// datagrams it gets in the order they entered the network, each taking its length over
+/// the rate; a datagram that finds the buffer full is dropped ([`DropReason::PortFull`]);
+/// one that finds a queue is marked Congestion Experienced (delivered through
+/// [`Node::handle_datagram_marked`]) with the probability [`Red`] gives, as the switches
+/// DCQCN was designed for mark.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct SwitchPort {
+    /// The port's rate.
+    pub bits_per_sec: u64,
+    /// Bytes the port's buffer holds.
+    pub buffer_bytes: u64,
+    /// How it marks; `None`: never.
+    pub ecn: Option<Red>,
+}
+
+/// RED-style ECN marking on the queue a datagram finds: never below `min_bytes`, always
+/// above `max_bytes`, in between with a probability rising linearly to `max_probability`
+/// (DCQCN's paper: 5 KB, 200 KB, 1 %).
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub struct Red {
+    /// Queue below which nothing is marked.
+    pub min_bytes: u64,
+    /// Queue above which everything is marked.
+    pub max_bytes: u64,
+    /// Marking probability just below `max_bytes`.
+    pub max_probability: f64,
 }
 
 impl Default for Config {
@@ -82,6 +117,7 @@ impl Default for Config {
             max_transmits_per_step: 10_000,
             max_steps_per_run: 10_000_000,
             trace_limit: 0,
+            switch: None,
         }
     }
 }
@@ -166,6 +202,11 @@ struct NodeSlot {
     addresses: Vec<IpAddr>,
     /// When the node's link finishes sending what it was given (bandwidth model).
     link_free_at: Time,
+    /// When the switch's port toward the node finishes sending what it holds.
+    port_free_at: Time,
+    /// The fabric stopped taking datagrams from the node because its link was busy: poll
+    /// it again at `link_free_at`.
+    backlogged: bool,
 }
 
 struct RuleSlot {
@@ -304,10 +345,8 @@ impl Fabric {
     /// When the next event (arrival or node timeout) is due, if any.
     pub fn next_event(&self) -> Option<Time> {
         let arrival = self.in_flight.first_key_value().map(|(&(at, _), _)| at);
-        match (arrival, self.next_timeout()) {
-            (Some(a), Some(t)) => Some(a.min(t)),
-            (a, t) => a.or(t),
-        }
+        let link = self.nodes.iter().filter(|n| n.backlogged).map(|n| n.link_free_at).min();
+        [arrival, self.next_timeout(), link].into_iter().flatten().min()
     }
 
     /// The most recent [`Config::trace_limit`] datagrams, oldest first.
@@ -334,7 +373,13 @@ impl Fabric {
                 panic!("{addr} already belongs to {owner}; each address has one node");
             }
         }
-        self.nodes.push(NodeSlot { node: Box::new(node), addresses, link_free_at: Time::ZERO });
+        self.nodes.push(NodeSlot {
+            node: Box::new(node),
+            addresses,
+            link_free_at: Time::ZERO,
+            port_free_at: Time::ZERO,
+            backlogged: false,
+        });
         id
     }
 
@@ -585,7 +630,13 @@ impl Fabric {
             let Some((_, InFlight { to, datagram })) = self.in_flight.pop_first() else { unreachable!() };
             self.counters.delivered += 1;
             self.write_captures(Tap::Delivered, &datagram);
-            self.nodes[to.0].node.handle_datagram(self.now, &datagram.envelope, &datagram.payload);
+            let node = &mut self.nodes[to.0].node;
+            if datagram.ce {
+                self.counters.marked += 1;
+                node.handle_datagram_marked(self.now, &datagram.envelope, &datagram.payload, true);
+            } else {
+                node.handle_datagram(self.now, &datagram.envelope, &datagram.payload);
+            }
             self.drain(to);
         } else {
             for i in 0..self.nodes.len() {
@@ -607,7 +658,14 @@ impl Fabric {
 
     /// Takes what node `id` has to send, up to [`Config::max_transmits_per_step`].
     fn drain(&mut self, id: NodeId) {
+        let bandwidth = self.config.bandwidth_bits_per_sec.is_some();
+        self.nodes[id.0].backlogged = false;
         for _ in 0..self.config.max_transmits_per_step {
+            if bandwidth && self.nodes[id.0].link_free_at > self.now {
+                // The link is busy: the next datagram is taken when it is free.
+                self.nodes[id.0].backlogged = true;
+                return;
+            }
             let Some((envelope, len)) = self.nodes[id.0].node.poll_transmit(self.now, &mut self.scratch) else {
                 return;
             };
@@ -627,7 +685,7 @@ impl Fabric {
         let id = self.next_datagram_id;
         self.next_datagram_id += 1;
         self.counters.sent += 1;
-        let mut datagram = Datagram { id, sent_at: self.now, src_node, envelope, payload };
+        let mut datagram = Datagram { id, sent_at: self.now, src_node, envelope, payload, ce: false };
         let (opcode, psn) = (datagram.opcode(), datagram.psn());
         let (src, dst, len) = (datagram.src(), datagram.dst(), datagram.payload.len());
 
@@ -637,21 +695,30 @@ impl Fabric {
                 Fate::Dropped(reason)
             }
             Ok((to, departed, plan)) => {
-                for c in &plan.corruptions {
-                    datagram.payload[c.index] ^= c.xor;
-                }
-                self.counters.corrupted += u64::from(!plan.corruptions.is_empty());
-                self.counters.delayed += u64::from(plan.delay > Duration::ZERO);
-                self.counters.duplicated += plan.copies as u64 - 1;
                 let arrivals: Vec<Time> =
                     (0..plan.copies).map(|_| departed + self.config.latency + self.jitter() + plan.delay).collect();
-                if let Some((&last, copies)) = arrivals.split_last() {
-                    for &at in copies {
-                        self.schedule(at, to, datagram.clone());
+                match self.through_switch(to, &arrivals, datagram.payload.len()) {
+                    Err(reason) => {
+                        *self.counters.dropped.entry(reason).or_insert(0) += 1;
+                        Fate::Dropped(reason)
                     }
-                    self.schedule(last, to, datagram);
+                    Ok((arrivals, ce)) => {
+                        datagram.ce = ce;
+                        for c in &plan.corruptions {
+                            datagram.payload[c.index] ^= c.xor;
+                        }
+                        self.counters.corrupted += u64::from(!plan.corruptions.is_empty());
+                        self.counters.delayed += u64::from(plan.delay > Duration::ZERO);
+                        self.counters.duplicated += plan.copies as u64 - 1;
+                        if let Some((&last, copies)) = arrivals.split_last() {
+                            for &at in copies {
+                                self.schedule(at, to, datagram.clone());
+                            }
+                            self.schedule(last, to, datagram);
+                        }
+                        Fate::Delivered { arrivals, corruptions: plan.corruptions }
+                    }
                 }
-                Fate::Delivered { arrivals, corruptions: plan.corruptions }
             }
         };
         if self.config.trace_limit > 0 {
@@ -678,6 +745,39 @@ impl Fabric {
             return Err(DropReason::QueueFull);
         }
         Ok((to, departed, plan))
+    }
+
+    /// The switch's port toward `to` takes copies that reach it at `arrivals` (all copies of
+    /// one datagram share its fate): when each leaves the port, and whether it was marked;
+    /// or the drop, when the buffer is full.
+    fn through_switch(&mut self, to: NodeId, arrivals: &[Time], len: usize) -> Result<(Vec<Time>, bool), DropReason> {
+        let Some(port) = self.config.switch else { return Ok((arrivals.to_vec(), false)) };
+        let bytes = len as u64 + 18 + 40 + 8;
+        let nanos_per = |b: u64| (u128::from(b) * 8 * 1_000_000_000).div_ceil(u128::from(port.bits_per_sec.max(1)));
+        let mut out = Vec::with_capacity(arrivals.len());
+        let mut ce = false;
+        for &at in arrivals {
+            let waiting = self.nodes[to.0].port_free_at.saturating_duration_since(at);
+            let queued = (waiting.as_nanos() * u128::from(port.bits_per_sec) / 8 / 1_000_000_000) as u64;
+            if queued + bytes > port.buffer_bytes {
+                return Err(DropReason::PortFull);
+            }
+            if let Some(red) = port.ecn {
+                let p = if queued <= red.min_bytes {
+                    0.0
+                } else if queued >= red.max_bytes {
+                    1.0
+                } else {
+                    red.max_probability * (queued - red.min_bytes) as f64 / (red.max_bytes - red.min_bytes) as f64
+                };
+                ce |= p > 0.0 && self.link_rng.chance(p);
+            }
+            let slot = &mut self.nodes[to.0];
+            let start = slot.port_free_at.max(at);
+            slot.port_free_at = start + Duration::from_nanos(u64::try_from(nanos_per(bytes)).unwrap_or(u64::MAX));
+            out.push(slot.port_free_at);
+        }
+        Ok((out, ce))
     }
 
     fn jitter(&mut self) -> Duration {

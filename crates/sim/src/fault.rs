@@ -38,13 +38,15 @@ pub struct Datagram {
     pub(crate) src_node: Option<NodeId>,
     pub(crate) envelope: Envelope,
     pub(crate) payload: Vec<u8>,
+    /// A switch port marked it Congestion Experienced.
+    pub(crate) ce: bool,
 }
 
 impl Datagram {
     /// A datagram outside any fabric (id 0, sent at [`Time::ZERO`] by no node), for testing
     /// a rule on its own.
     pub fn new(envelope: Envelope, payload: Vec<u8>) -> Self {
-        Self { id: 0, sent_at: Time::ZERO, src_node: None, envelope, payload }
+        Self { id: 0, sent_at: Time::ZERO, src_node: None, envelope, payload, ce: false }
     }
 
     /// Its number: datagrams are numbered from 0 in the order they entered the network.

@@ -61,7 +61,7 @@ mod seed;
 mod time;
 mod trace;
 
-pub use fabric::{Config, Fabric, NodeId, RuleId, SimError, SimErrorKind};
+pub use fabric::{Config, Fabric, NodeId, Red, RuleId, SimError, SimErrorKind, SwitchPort};
 pub use fault::{
     Corrupt, Datagram, Duplicate, FaultConfig, Loss, MAX_COPIES, Match, Named, Partition, Reorder, Rule, RuleExt,
     Scope, Scoped, Verdict,

@@ -39,6 +39,14 @@ pub trait Node {
     /// UDP payload, possibly corrupted by the fabric's fault rules.
     fn handle_datagram(&mut self, now: Time, envelope: &Envelope, payload: &[u8]);
 
+    /// [`handle_datagram`](Self::handle_datagram) for a datagram a switch port marked
+    /// Congestion Experienced (`ce`: its IP header's ECN field reads 0b11). The default
+    /// ignores the mark.
+    fn handle_datagram_marked(&mut self, now: Time, envelope: &Envelope, payload: &[u8], ce: bool) {
+        let _ = ce;
+        self.handle_datagram(now, envelope, payload);
+    }
+
     /// The time reported by [`poll_timeout`](Self::poll_timeout) has come.
     fn handle_timeout(&mut self, now: Time);
 

@@ -20,6 +20,8 @@ pub enum DropReason {
     QueueFull,
     /// A fault rule dropped it; the rule's [`name`](crate::Rule::name).
     Rule(&'static str),
+    /// The switch port toward its destination had no room ([`SwitchPort`](crate::SwitchPort)).
+    PortFull,
 }
 
 impl fmt::Display for DropReason {
@@ -29,6 +31,7 @@ impl fmt::Display for DropReason {
             DropReason::NoRoute => f.write_str("no-route"),
             DropReason::QueueFull => f.write_str("queue-full"),
             DropReason::Rule(name) => f.write_str(name),
+            DropReason::PortFull => f.write_str("port-full"),
         }
     }
 }
@@ -128,6 +131,8 @@ pub struct Counters {
     pub transmit_budget_exhausted: u64,
     /// Steps taken.
     pub steps: u64,
+    /// Copies delivered marked Congestion Experienced by a switch port.
+    pub marked: u64,
 }
 
 impl Counters {

@@ -13,7 +13,8 @@ use proptest::prelude::*;
 use softrdma_pcap::CaptureReader;
 use softrdma_sim::{
     Config, Corrupt, Datagram, DropReason, Duplicate, Envelope, Fabric, Fate, FaultConfig, Loss, Match, Node, NodeId,
-    Reorder, RuleExt, Scope, SimErrorKind, SimRng, Tap, Time, TraceEntry, Verdict, seed_from_env_or, swarm,
+    Red, Reorder, RuleExt, Scope, SimErrorKind, SimRng, SwitchPort, Tap, Time, TraceEntry, Verdict, seed_from_env_or,
+    swarm,
 };
 use softrdma_wire::EthernetFrameRepr;
 
@@ -546,4 +547,29 @@ proptest! {
         prop_assert_eq!(c.sent + c.duplicated, c.dropped_total() + c.delivered);
         prop_assert_eq!(sim.node::<Sink>(rx).received.len() as u64, c.delivered);
     }
+}
+
+#[test]
+fn a_switch_port_serializes_marks_and_drops_what_its_buffer_cannot_hold() {
+    // 10 datagrams of 88 bytes (154 on the wire) at once into a 1 Gbit/s port whose buffer
+    // holds four: each takes 1 232 ns, the port keeps four queued and drops the rest; with
+    // marking from 1 byte queued (probability 1 above 2 bytes), all but the first are marked.
+    let port = SwitchPort {
+        bits_per_sec: 1_000_000_000,
+        buffer_bytes: 4 * 154,
+        ecn: Some(Red { min_bytes: 1, max_bytes: 2, max_probability: 1.0 }),
+    };
+    let mut sim = Fabric::with_config(21, Config { switch: Some(port), ..Config::default() });
+    let tx = sim.add_node(Blaster::new(A, B, 10, 10, micros(10)));
+    let rx = sim.add_node(Sink::new(&[B]));
+    sim.run_until_idle(Duration::from_secs(1)).unwrap();
+    assert_eq!(sim.node::<Blaster>(tx).sent.len(), 10);
+    let at: Vec<u64> = sim.node::<Sink>(rx).received.iter().map(|r| r.at.as_nanos()).collect();
+    let first = at[0];
+    assert!(at.windows(2).all(|w| w[1] - w[0] == 1_232), "one port-time apart: {at:?}");
+    assert_eq!(first, 5_000 + 1_232, "5 µs on the way, then the port");
+    let c = sim.counters();
+    assert_eq!(c.dropped_by(DropReason::PortFull), 10 - at.len() as u64);
+    assert!(c.dropped_by(DropReason::PortFull) > 0);
+    assert_eq!(c.marked, at.len() as u64 - 1, "every datagram that found a queue was marked");
 }
