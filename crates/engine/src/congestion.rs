@@ -6,9 +6,12 @@
 //! receiving NIC (the *notification point*) answers with a CNP (BTH opcode 0x81, BECN set)
 //! to the sending QP at most once per interval, and the sending NIC (the *reaction point*)
 //! cuts that QP's rate by a factor that grows with how often CNPs come (`alpha`), then
-//! recovers in stages on a timer and a byte counter. The parameters below are the ones
+//! recovers in stages on a timer and a byte counter. The parameters start from the ones
 //! NVIDIA ConnectX adapters default to (`/sys/class/net/<if>/ecn/roce_rp/*` and
-//! `roce_np/*`), except the line rate, which a software NIC has to be told.
+//! `roce_np/*`); where they differ (the CNP interval and the increase steps, from the
+//! paper) the simulated incast in `engine/tests/incast.rs` chose: with mlx5's 4 µs CNP
+//! interval every QP of an incast was cut to the minimum rate before the first queue
+//! drained. The line rate a software NIC has to be told.
 //!
 //! Both halves are pure state machines over the caller's time, like the rest of the engine.
 
@@ -31,7 +34,8 @@ pub struct DcqcnConfig {
     pub alpha_update_period: Duration,
     /// Alpha on the first CNP of a flow [`initial_alpha_value`, 1023/1024].
     pub initial_alpha: f64,
-    /// Least time between two rate cuts [`rate_reduce_monitor_period`, 4 µs].
+    /// Least time between two rate cuts (50 µs, the paper's CNP interval; mlx5's
+    /// `rate_reduce_monitor_period` is 4 µs).
     pub rate_reduce_period: Duration,
     /// Time between rate increase events [`rpg_time_reset`, 300 µs].
     pub increase_period: Duration,
@@ -40,9 +44,10 @@ pub struct DcqcnConfig {
     /// Increase events before additive increase, and again before hyper increase
     /// [`rpg_threshold`, 1].
     pub stage_threshold: u32,
-    /// Additive increase step, bytes per second [`rpg_ai_rate`, 5 Mb/s].
+    /// Additive increase step, bytes per second (40 Mb/s, the paper's; mlx5's `rpg_ai_rate`
+    /// is 5 Mb/s).
     pub additive_step: f64,
-    /// Hyper increase step, bytes per second [`rpg_hai_rate`, 50 Mb/s].
+    /// Hyper increase step, bytes per second (400 Mb/s; mlx5's `rpg_hai_rate` is 50 Mb/s).
     pub hyper_step: f64,
     /// Bytes a QP may send at once after idling, so that a paced QP still fills a GSO run.
     pub burst: u64,
@@ -58,12 +63,12 @@ impl Default for DcqcnConfig {
             alpha_g: 1019.0 / 1024.0,
             alpha_update_period: Duration::from_micros(55),
             initial_alpha: 1023.0 / 1024.0,
-            rate_reduce_period: Duration::from_micros(4),
+            rate_reduce_period: Duration::from_micros(50),
             increase_period: Duration::from_micros(300),
             increase_bytes: 32767,
             stage_threshold: 1,
-            additive_step: 5.0 * MBIT,
-            hyper_step: 50.0 * MBIT,
+            additive_step: 40.0 * MBIT,
+            hyper_step: 400.0 * MBIT,
             burst: 64 * 1024,
         }
     }
@@ -219,8 +224,9 @@ pub struct NotificationPoint {
     last: Option<Instant>,
 }
 
-/// Least time between two CNPs to one QP [`min_time_between_cnps`, 4 µs].
-pub const CNP_INTERVAL: Duration = Duration::from_micros(4);
+/// Least time between two CNPs to one QP (the DCQCN paper's 50 µs; mlx5's
+/// `min_time_between_cnps` is 4 µs).
+pub const CNP_INTERVAL: Duration = Duration::from_micros(50);
 
 impl NotificationPoint {
     /// A packet marked CE (or a drop the receiver attributes to this QP) at `now`: true
@@ -288,18 +294,18 @@ mod tests {
     }
 
     #[test]
-    fn a_cnp_halves_the_rate_and_cuts_come_at_most_every_4_us() {
+    fn a_cnp_halves_the_rate_and_cuts_come_at_most_once_per_period() {
         let c = DcqcnConfig::default();
         let mut rp = ReactionPoint::new(c);
         rp.on_cnp(us(0));
         let r1 = rp.rate().unwrap();
         assert!((r1 - c.line_rate * (1.0 - c.initial_alpha / 2.0)).abs() < 1.0, "{r1}");
-        rp.on_cnp(us(2));
+        rp.on_cnp(us(49));
         assert_eq!(rp.rate(), Some(r1), "within the reduce period");
-        rp.on_cnp(us(5));
+        rp.on_cnp(us(50));
         assert!(rp.rate().unwrap() < r1 * 0.6);
         for t in 0..200 {
-            rp.on_cnp(us(10 + 5 * t));
+            rp.on_cnp(us(100 + 50 * t));
         }
         assert_eq!(rp.rate(), Some(c.min_rate), "never below the minimum");
     }
@@ -309,10 +315,10 @@ mod tests {
         let c = DcqcnConfig { burst: 8192, ..DcqcnConfig::default() };
         let mut rp = ReactionPoint::new(c);
         for t in 0..40 {
-            rp.on_cnp(us(5 * t));
+            rp.on_cnp(us(50 * t));
         }
         let rate = rp.rate().unwrap();
-        let mut now = us(1000);
+        let mut now = us(2000);
         let mut sent = 0u64;
         let start = now;
         for _ in 0..200 {
@@ -334,11 +340,11 @@ mod tests {
         let c = DcqcnConfig::default();
         let mut rp = ReactionPoint::new(c);
         for t in 0..10 {
-            rp.on_cnp(us(5 * t));
+            rp.on_cnp(us(50 * t));
         }
         let cut = rp.rate().unwrap();
         let alpha = rp.alpha();
-        let mut now = us(100);
+        let mut now = us(500);
         let mut steps = 0;
         while let Some(t) = rp.poll_timeout() {
             now = t;
@@ -358,9 +364,9 @@ mod tests {
         let c = DcqcnConfig::default();
         let mut rp = ReactionPoint::new(c);
         for t in 0..10 {
-            rp.on_cnp(us(5 * t));
+            rp.on_cnp(us(50 * t));
         }
-        let mut now = us(100);
+        let mut now = us(500);
         for _ in 0..1_000_000 {
             if rp.rate().is_none() {
                 break;
@@ -381,11 +387,11 @@ mod tests {
         let c = DcqcnConfig::default();
         let (mut idle, mut busy) = (ReactionPoint::new(c), ReactionPoint::new(c));
         for t in 0..10 {
-            idle.on_cnp(us(5 * t));
-            busy.on_cnp(us(5 * t));
+            idle.on_cnp(us(50 * t));
+            busy.on_cnp(us(50 * t));
         }
         for k in 0..64 {
-            busy.on_sent(us(60 + k), 4096);
+            busy.on_sent(us(460 + k), 4096);
         }
         assert!(busy.rate().unwrap_or(c.line_rate) > idle.rate().unwrap());
     }
@@ -395,7 +401,7 @@ mod tests {
         let mut np = NotificationPoint::default();
         assert!(np.on_congestion(us(0)));
         assert!(!np.on_congestion(us(1)));
-        assert!(!np.on_congestion(us(3)));
-        assert!(np.on_congestion(us(4)));
+        assert!(!np.on_congestion(us(49)));
+        assert!(np.on_congestion(us(50)));
     }
 }
