@@ -14,7 +14,11 @@
 //! passive→active = BLAKE3-derive_key("softrdma 2026-11-24 packet key, passive to active", ikm)[..16]
 //! ```
 //!
-//! The runtime gives the keys to the QP before it moves to RTR. A peer that is not softrdma
+//! The runtime gives the keys to the QP before it moves to RTR. The connection's DREQ and
+//! DREP then carry a *seal* after their MAD ([`SEAL_MAGIC`] and a BLAKE3 tag under a third
+//! key derived the same way, [`SEAL_LEN`] bytes): an authenticated connection takes no
+//! DREQ or DREP without a valid one, so a host that sniffed the comm IDs cannot disconnect
+//! it. A peer that is not softrdma
 //! does not answer an offer (rdma_cm ignores the bytes after a MAD, and rxe drops a UD
 //! packet longer than the receive buffer its QP1 posted): the active side then gets no REP,
 //! or a REP without an offer, which it rejects. A passive side that requires authentication
@@ -29,6 +33,10 @@ use softrdma_engine::PacketKeys;
 pub const OFFER_MAGIC: [u8; 8] = *b"sRDMAau1";
 /// Bytes of an offer: the magic, then the X25519 public key.
 pub const OFFER_LEN: usize = 8 + 32;
+/// Marks a seal: "softrdma CM message authentication, version 1".
+pub const SEAL_MAGIC: [u8; 8] = *b"sRDMAcm1";
+/// Bytes of a seal after a DREQ's or DREP's MAD: the magic, then a 128-bit tag.
+pub const SEAL_LEN: usize = 8 + 16;
 
 /// An ID's authenticated mode ([`Cm::set_auth_policy`](crate::Cm::set_auth_policy); new
 /// IDs take [`CmConfig::auth`](crate::CmConfig::auth)).
@@ -57,6 +65,8 @@ pub(crate) struct Exchange {
     pub(crate) offer: [u8; OFFER_LEN],
     /// The keys, once the peer's offer came and both comm IDs are known.
     pub(crate) keys: Option<PacketKeys>,
+    /// Seals the connection's DREQ and DREP (both directions), once the keys are known.
+    cm_key: Option<[u8; 32]>,
 }
 
 impl core::fmt::Debug for Exchange {
@@ -72,7 +82,7 @@ impl Exchange {
         let mut offer = [0; OFFER_LEN];
         offer[..8].copy_from_slice(&OFFER_MAGIC);
         offer[8..].copy_from_slice(&public);
-        Self { secret, offer, keys: None }
+        Self { secret, offer, keys: None, cm_key: None }
     }
 
     /// Derives the keys from the peer's `offer`; `active` says which side we are. False
@@ -105,12 +115,40 @@ impl Exchange {
             k.copy_from_slice(&blake3::derive_key(context, &ikm)[..16]);
             k
         };
+        self.cm_key = Some(blake3::derive_key("softrdma 2026-11-24 CM message key", &ikm));
         let a2p = key("softrdma 2026-11-24 packet key, active to passive");
         let p2a = key("softrdma 2026-11-24 packet key, passive to active");
         self.keys =
             Some(if active { PacketKeys { send: a2p, receive: p2a } } else { PacketKeys { send: p2a, receive: a2p } });
         true
     }
+}
+
+impl Exchange {
+    /// The seal of a DREQ or DREP `mad` this connection sends, once keys exist.
+    pub(crate) fn seal(&self, mad: &[u8]) -> Option<[u8; SEAL_LEN]> {
+        let key = self.cm_key.as_ref()?;
+        let mut seal = [0; SEAL_LEN];
+        seal[..8].copy_from_slice(&SEAL_MAGIC);
+        seal[8..].copy_from_slice(&blake3::keyed_hash(key, mad).as_bytes()[..16]);
+        Some(seal)
+    }
+
+    /// Whether `seal` is this connection's for `mad`; true when the connection has no
+    /// keys (it is not authenticated, so nothing is required).
+    pub(crate) fn verify(&self, mad: &[u8], seal: Option<&[u8; SEAL_LEN]>) -> bool {
+        match (self.seal(mad), seal) {
+            (None, _) => true,
+            (Some(expected), Some(got)) => expected.iter().zip(got).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0,
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// The seal after a MAD's 256 bytes, if `rest` (the bytes after them) is one.
+pub(crate) fn seal_in(rest: &[u8]) -> Option<&[u8; SEAL_LEN]> {
+    let seal: &[u8; SEAL_LEN] = rest.get(..SEAL_LEN)?.try_into().ok()?;
+    (seal[..8] == SEAL_MAGIC).then_some(seal)
 }
 
 /// The offer after a MAD's 256 bytes, if `rest` (the bytes after them) is one.

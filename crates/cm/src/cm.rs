@@ -113,7 +113,7 @@ impl Out {
             return;
         }
         self.counters.mads_sent += 1;
-        self.transmits.push_back(CmTransmit { src, dst, mad, offer: None });
+        self.transmits.push_back(CmTransmit { src, dst, mad, offer: None, seal: None });
     }
 
     fn event(&mut self, id: CmId, kind: CmEventKind, status: CmStatus) {
@@ -1000,6 +1000,7 @@ impl Cm {
     pub fn poll_transmit(&mut self) -> Option<CmTransmit> {
         let mut t = self.out.transmits.pop_front()?;
         t.offer = self.offer_for(&t.mad);
+        t.seal = self.seal_for(&t.mad);
         Some(t)
     }
 
@@ -1089,10 +1090,14 @@ impl Cm {
 
     fn dispatch(&mut self, now: Instant, src: IpAddr, dst: IpAddr, payload: &[u8]) -> bool {
         // A MAD, or a MAD and authenticated mode's offer (crate::auth).
-        let (mad, offer) = match payload.split_at_checked(MAD_LEN) {
-            Some((mad, [])) => (mad, None),
+        let (mad, offer, seal) = match payload.split_at_checked(MAD_LEN) {
+            Some((mad, [])) => (mad, None, None),
             Some((mad, rest)) if rest.len() == crate::auth::OFFER_LEN => match crate::auth::offer_in(rest) {
-                Some(offer) => (mad, Some(*offer)),
+                Some(offer) => (mad, Some(*offer), None),
+                None => return false,
+            },
+            Some((mad, rest)) if rest.len() == crate::auth::SEAL_LEN => match crate::auth::seal_in(rest) {
+                Some(seal) => (mad, None, Some(seal)),
                 None => return false,
             },
             _ => return false,
@@ -1115,8 +1120,12 @@ impl Cm {
             CmMessage::Rtu(rtu) => self.on_rtu(src, rtu.remote_comm_id),
             CmMessage::Rej(rej) => self.on_rej(now, src, &rej),
             CmMessage::Mra(mra) => self.on_mra(now, src, &mra),
-            CmMessage::Dreq(dreq) => self.on_dreq(now, src, dst, tid, &dreq),
-            CmMessage::Drep(drep) => self.on_drep(now, src, drep.remote_comm_id),
+            CmMessage::Dreq(dreq) => {
+                self.sealed_by_peer(src, dreq.remote_comm_id, mad, seal) && self.on_dreq(now, src, dst, tid, &dreq)
+            }
+            CmMessage::Drep(drep) => {
+                self.sealed_by_peer(src, drep.remote_comm_id, mad, seal) && self.on_drep(now, src, drep.remote_comm_id)
+            }
             CmMessage::SidrReq(sreq) => self.on_sidr_req(src, dst, tid, &sreq),
             CmMessage::SidrRep(srep) => self.on_sidr_rep(src, &srep),
             CmMessage::Other { .. } => false,
@@ -1770,6 +1779,27 @@ impl Cm {
         let local_comm_id = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
         let id = self.by_comm_id.get(&local_comm_id)?;
         Some(self.ids.get(id)?.auth.as_ref()?.offer)
+    }
+
+    /// The seal to send after `mad`: an authenticated connection's DREQ or DREP carries one.
+    fn seal_for(&self, mad: &[u8; MAD_LEN]) -> Option<[u8; crate::auth::SEAL_LEN]> {
+        let packet = MadPacket::new_unchecked(&mad[..]);
+        let attr = packet.attribute_id();
+        if attr != AttributeId::DREQ && attr != AttributeId::DREP {
+            return None;
+        }
+        let data = packet.data();
+        let local_comm_id = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
+        let id = self.by_comm_id.get(&local_comm_id)?;
+        self.ids.get(id)?.auth.as_ref()?.seal(mad)
+    }
+
+    /// Whether a DREQ or DREP for our comm ID `local` may be acted on: always for a
+    /// connection that is not authenticated (or no connection: the handlers answer that),
+    /// and with a valid seal for one that is. A forged one is dropped (counted).
+    fn sealed_by_peer(&self, src: IpAddr, local: u32, mad: &[u8], seal: Option<&[u8; crate::auth::SEAL_LEN]>) -> bool {
+        let Some(id) = self.by_local(local, src) else { return true };
+        self.ids.get(&id).and_then(|i| i.auth.as_ref()).is_none_or(|ex| ex.verify(mad, seal))
     }
 
     /// Active side, a REP for `id` came with `offer` (or none): for an ID in authenticated

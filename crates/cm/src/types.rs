@@ -309,14 +309,20 @@ pub struct CmTransmit {
     pub mad: [u8; MAD_LEN],
     /// Authenticated mode's offer, sent right after the MAD (a REQ's or REP's only).
     pub offer: Option<[u8; crate::auth::OFFER_LEN]>,
+    /// Authenticated mode's seal, sent right after the MAD (an authenticated connection's
+    /// DREQ or DREP).
+    pub seal: Option<[u8; crate::auth::SEAL_LEN]>,
 }
 
 impl CmTransmit {
-    /// The UD payload: the MAD, then the offer if there is one.
+    /// The UD payload: the MAD, then the offer or the seal if there is one.
     pub fn payload(&self) -> Vec<u8> {
         let mut p = self.mad.to_vec();
         if let Some(offer) = &self.offer {
             p.extend_from_slice(offer);
+        }
+        if let Some(seal) = &self.seal {
+            p.extend_from_slice(seal);
         }
         p
     }

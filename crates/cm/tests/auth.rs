@@ -4,6 +4,8 @@ mod common;
 
 use common::*;
 use softrdma_cm::auth::{OFFER_LEN, OFFER_MAGIC, psk_from_passphrase};
+use std::time::Duration;
+
 use softrdma_cm::{CmConfig, CmEventKind, CmStatus};
 use softrdma_engine::QpType;
 use softrdma_wire::cm::RejReason;
@@ -124,4 +126,52 @@ fn a_second_connection_gets_other_keys() {
     p.b.accept(p.now, req.id, &passive_param()).unwrap();
     p.drive();
     assert_ne!(p.a.packet_keys(a1).unwrap(), p.a.packet_keys(a2).unwrap());
+}
+
+#[test]
+fn an_authenticated_connection_seals_its_dreq_and_drep_and_takes_no_forged_one() {
+    let (ca, cb) = configs(true, true);
+    let mut p = Pair::with_configs(ca, cb);
+    let (a, b) = exchange(&mut p);
+    let b = b.unwrap();
+    p.a.establish(p.now, a).unwrap();
+    p.drive();
+    assert_eq!(p.kinds_b(), [ConnectRequest, Established]);
+
+    // A's DREQ is lost on the way; a host that saw it replays its MAD without the seal,
+    // then with a seal of the wrong key: B acts on neither.
+    p.drop_first(Side::A, "DREQ", 1);
+    p.a.disconnect(p.now, a).unwrap();
+    p.drive();
+    let dreq = p.sent(Side::A, "DREQ")[0].clone();
+    let seal = dreq.seal.expect("an authenticated connection's DREQ is sealed");
+    let dropped = p.b.counters().mads_dropped;
+    p.b.handle_mad(p.now, IP_A, IP_B, &dreq.mad);
+    let mut forged = dreq.mad.to_vec();
+    let mut wrong = seal;
+    wrong[20] ^= 1;
+    forged.extend_from_slice(&wrong);
+    p.b.handle_mad(p.now, IP_A, IP_B, &forged);
+    p.drive();
+    assert_eq!(p.b.counters().mads_dropped, dropped + 2, "both refused");
+    assert_eq!(p.kinds_b(), [ConnectRequest, Established], "no DISCONNECTED from a forgery");
+
+    // The real DREQ, resent by A's retry, disconnects; B's DREP is sealed too.
+    p.drive_for(Duration::from_millis(100));
+    assert_eq!(p.kinds_b(), [ConnectRequest, Established, Disconnected]);
+    p.b.disconnect(p.now, b).unwrap();
+    p.drive();
+    assert!(p.kinds_a().contains(&Disconnected));
+    assert!(p.sent(Side::B, "DREP")[0].seal.is_some());
+}
+
+#[test]
+fn a_plain_connection_seals_nothing() {
+    let mut p = Pair::new();
+    let (a, _) = exchange(&mut p);
+    p.a.establish(p.now, a).unwrap();
+    p.a.disconnect(p.now, a).unwrap();
+    p.drive();
+    assert!(p.log.iter().all(|s| s.seal.is_none()));
+    assert!(p.kinds_b().contains(&Disconnected));
 }

@@ -35,6 +35,8 @@ pub struct Sent {
     pub mad: [u8; MAD_LEN],
     /// Authenticated mode's offer after the MAD, as it left (before `strip_offers`).
     pub offer: Option<[u8; softrdma_cm::auth::OFFER_LEN]>,
+    /// Authenticated mode's seal after the MAD, as it left.
+    pub seal: Option<[u8; softrdma_cm::auth::SEAL_LEN]>,
 }
 
 /// The name of a CM MAD ("REQ", "REP", ...).
@@ -133,7 +135,7 @@ impl Pair {
     fn carry(&mut self, from: Side, t: CmTransmit) {
         let name = name_of(&t.mad);
         let dropped = (self.drop)(from, name);
-        self.log.push(Sent { at: self.now, from, name, dropped, mad: t.mad, offer: t.offer });
+        self.log.push(Sent { at: self.now, from, name, dropped, mad: t.mad, offer: t.offer, seal: t.seal });
         if dropped {
             return;
         }
