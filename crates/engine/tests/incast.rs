@@ -8,114 +8,26 @@
 //! `cargo test -p softrdma-engine --release --test incast -- --nocapture` prints the
 //! figures the README quotes.
 
-use std::net::IpAddr;
+mod common;
+
 use std::time::Duration;
 
+use common::*;
 use softrdma_engine::congestion::DcqcnConfig;
 use softrdma_engine::*;
-use softrdma_sim::{Config, DropReason, Fabric, Node, NodeId, Red, SwitchPort, Time};
-use softrdma_wire::{Envelope, Gid, QKey, Qpn};
+use softrdma_sim::{Config, DropReason, Fabric, NodeId, Red, SwitchPort, Time};
 
-const BASE: u64 = 0x1000_0000;
-const MEM: usize = 1 << 20;
 const RATE_BPS: u64 = 10_000_000_000;
 const MSG: u32 = 65536;
 const WRITES_PER_SENDER: u64 = 128;
 const SENDERS: usize = 4;
 
-struct EngineNode {
-    engine: Engine,
-    mem: VecMemory,
-    ip: IpAddr,
-    pd: PdId,
-    cq: CqId,
-    mr: MrKeys,
-}
-
-fn instant(t: Time) -> Instant {
-    Instant::from_nanos(t.as_nanos())
-}
-
-impl Node for EngineNode {
-    fn addresses(&self) -> Vec<IpAddr> {
-        vec![self.ip]
-    }
-    fn handle_datagram(&mut self, now: Time, envelope: &Envelope, payload: &[u8]) {
-        self.engine.handle_datagram(instant(now), envelope, payload, &mut self.mem);
-    }
-    fn handle_datagram_marked(&mut self, now: Time, envelope: &Envelope, payload: &[u8], ce: bool) {
-        let ip = IpInfo { traffic_class: if ce { 0b11 } else { 0 }, ..IpInfo::default() };
-        self.engine.handle_datagram_with(instant(now), envelope, ip, payload, &mut self.mem);
-    }
-    fn handle_timeout(&mut self, now: Time) {
-        self.engine.handle_timeout(instant(now));
-    }
-    fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
-        self.engine.poll_transmit(instant(now), &mut self.mem, buf).map(|t| (t.envelope, t.len))
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        self.engine.poll_timeout().map(|t| Time::from_nanos(t.as_nanos()))
-    }
-}
-
-fn device(ip: [u8; 4], cc: bool) -> EngineNode {
-    let ip = IpAddr::from(ip);
+/// A device at `ip` whose one QP (of [`Node::qp`]) waits to be connected, congestion
+/// control on (`cc`) or off.
+fn device(ip: [u8; 4], cc: bool) -> Node {
     let congestion = cc.then(|| DcqcnConfig { line_rate: RATE_BPS as f64 / 8.0, ..DcqcnConfig::default() });
-    let mut engine = Engine::new(DeviceConfig { addresses: vec![ip], seed: 7, congestion, ..DeviceConfig::default() });
-    let pd = engine.alloc_pd();
-    let cq = engine.create_cq(4096).unwrap();
-    let mr = engine.reg_mr(pd, BASE, MEM as u64, Access::ALL).unwrap();
-    EngineNode { engine, mem: VecMemory::new(BASE, MEM), ip, pd, cq, mr }
-}
-
-fn qp(n: &mut EngineNode) -> Qpn {
     let cap = QpCap { max_send_wr: 256, max_recv_wr: 16, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let init =
-        QpInitAttr { pd: n.pd, send_cq: n.cq, recv_cq: n.cq, srq: None, qp_type: QpType::Rc, cap, sq_sig_all: false };
-    n.engine.create_qp(&init).unwrap()
-}
-
-fn connect(n: &mut EngineNode, qp: Qpn, peer: (Qpn, IpAddr)) {
-    let e = &mut n.engine;
-    let init = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, qkey: QKey(1), ..QpAttr::default() };
-    e.modify_qp(qp, &init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
-    let av =
-        AddressVector { dgid: Gid::from_ip(peer.1), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: Some(av),
-        path_mtu: Mtu::Mtu4096,
-        dest_qp_num: peer.0.value(),
-        rq_psn: 0,
-        max_dest_rd_atomic: 8,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    let mask = AttrMask::STATE
-        | AttrMask::AV
-        | AttrMask::PATH_MTU
-        | AttrMask::DEST_QPN
-        | AttrMask::RQ_PSN
-        | AttrMask::MAX_DEST_RD_ATOMIC
-        | AttrMask::MIN_RNR_TIMER;
-    e.modify_qp(qp, &rtr, mask).unwrap();
-    // timeout 10: a 4 ms local ACK timeout; 7 retries.
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 0,
-        timeout: 10,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 8,
-        ..QpAttr::default()
-    };
-    let mask = AttrMask::STATE
-        | AttrMask::SQ_PSN
-        | AttrMask::TIMEOUT
-        | AttrMask::RETRY_CNT
-        | AttrMask::RNR_RETRY
-        | AttrMask::MAX_QP_RD_ATOMIC;
-    e.modify_qp(qp, &rts, mask).unwrap();
+    node_configured(ip, 7, QpType::Rc, cap, &|c| c.congestion = congestion)
 }
 
 /// What one run measured.
@@ -151,14 +63,15 @@ fn run(cc: bool) -> Outcome {
     };
     let mut sim = Fabric::with_config(0x1ca57, config);
     let mut receiver = device([10, 0, 0, 100], cc);
-    let mut senders: Vec<EngineNode> = (0..SENDERS).map(|i| device([10, 0, 0, 1 + i as u8], cc)).collect();
+    let mut senders: Vec<Node> = (0..SENDERS).map(|i| device([10, 0, 0, 1 + i as u8], cc)).collect();
     let mut pinger = device([10, 0, 0, 50], cc);
     let mut pairs = Vec::new();
     for s in senders.iter_mut().chain(std::iter::once(&mut pinger)) {
-        let (a, b) = (qp(s), qp(&mut receiver));
-        connect(s, a, (b, receiver.ip));
-        connect(&mut receiver, b, (a, s.ip));
-        pairs.push(a);
+        let init =
+            QpInitAttr { cap: QpCap { max_send_wr: 256, ..QpCap::default() }, ..init_attr(&receiver, QpType::Rc) };
+        let theirs = connect_another(&mut receiver, &init, (s.qp, s.addr), Mtu::Mtu4096);
+        connect(s, theirs, receiver.addr, QpType::Rc, Mtu::Mtu4096, &|_| {});
+        pairs.push(s.qp);
     }
     let rkey = receiver.mr.rkey;
     for (s, &q) in senders.iter_mut().zip(&pairs) {
@@ -180,7 +93,7 @@ fn run(cc: bool) -> Outcome {
     let p = sim.add_node(pinger);
 
     let post_ping = |sim: &mut Fabric| {
-        let n = sim.node_mut::<EngineNode>(p);
+        let n = sim.node_mut::<Node>(p);
         let sge = Sge { addr: BASE + 0x8000, length: 8, lkey: n.mr.lkey };
         let wr = SendWr {
             wr_id: 1,
@@ -202,14 +115,14 @@ fn run(cc: bool) -> Outcome {
         }
         let now = sim.now();
         for (k, &id) in ids.iter().enumerate() {
-            let n = sim.node_mut::<EngineNode>(id);
+            let n = sim.node_mut::<Node>(id);
             while let Some(wc) = n.engine.poll_cq(n.cq) {
                 done[k] += 1;
                 failed += usize::from(wc.status != WcStatus::Success);
                 last_done = now;
             }
         }
-        let n = sim.node_mut::<EngineNode>(p);
+        let n = sim.node_mut::<Node>(p);
         if let Some(wc) = n.engine.poll_cq(n.cq) {
             assert_eq!(wc.status, WcStatus::Success, "the honest ping-pong survives");
             rtts.push(sim.now() - ping_at);
@@ -224,7 +137,7 @@ fn run(cc: bool) -> Outcome {
         sim.now()
     );
     let bytes = (SENDERS as u64 * WRITES_PER_SENDER * u64::from(MSG)) as f64;
-    let counters = |id: NodeId, sim: &Fabric| sim.node::<EngineNode>(id).engine.counters();
+    let counters = |id: NodeId, sim: &Fabric| sim.node::<Node>(id).engine.counters();
     let retransmitted = ids.iter().map(|&id| counters(id, &sim).retransmitted_packets).sum();
     Outcome {
         goodput: bytes / (last_done - Time::ZERO).as_secs_f64(),

@@ -370,3 +370,40 @@ pub fn ud_send(wr_id: u64, op: SendOp, sg_list: &[Sge], dest: UdDest) -> SendWr<
 pub fn outcomes(wcs: &[Wc]) -> Vec<(u64, WcStatus)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }
+
+fn instant(t: softrdma_sim::Time) -> Instant {
+    Instant::from_nanos(t.as_nanos())
+}
+
+/// A side as a node of the simulator's fabric (switch ports, link rates, faults).
+impl softrdma_sim::Node for Node {
+    fn addresses(&self) -> Vec<std::net::IpAddr> {
+        vec![self.addr]
+    }
+    fn handle_datagram(&mut self, now: softrdma_sim::Time, envelope: &Envelope, payload: &[u8]) {
+        self.engine.handle_datagram(instant(now), envelope, payload, &mut self.mem);
+    }
+    fn handle_datagram_marked(&mut self, now: softrdma_sim::Time, envelope: &Envelope, payload: &[u8], ce: bool) {
+        let ip = IpInfo { traffic_class: if ce { 0b11 } else { 0 }, ..IpInfo::default() };
+        self.engine.handle_datagram_with(instant(now), envelope, ip, payload, &mut self.mem);
+    }
+    fn handle_timeout(&mut self, now: softrdma_sim::Time) {
+        self.engine.handle_timeout(instant(now));
+    }
+    fn poll_transmit(&mut self, now: softrdma_sim::Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
+        self.engine.poll_transmit(instant(now), &mut self.mem, buf).map(|t| (t.envelope, t.len))
+    }
+    fn poll_timeout(&self) -> Option<softrdma_sim::Time> {
+        self.engine.poll_timeout().map(|t| softrdma_sim::Time::from_nanos(t.as_nanos()))
+    }
+}
+
+/// Creates QP `init` on `n` and connects it to `peer` (QPN and address) as [`connect`] does;
+/// [`Node::qp`] stays what it was.
+pub fn connect_another(n: &mut Node, init: &QpInitAttr, peer: (Qpn, std::net::IpAddr), mtu: Mtu) -> Qpn {
+    let qp = n.engine.create_qp(init).unwrap();
+    let saved = std::mem::replace(&mut n.qp, qp);
+    connect(n, peer.0, peer.1, init.qp_type, mtu, &|_| {});
+    n.qp = saved;
+    qp
+}
