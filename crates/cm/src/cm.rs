@@ -1770,28 +1770,25 @@ impl Cm {
 
     /// The offer to send after `mad`: an authenticated ID's REQ or REP carries its own.
     fn offer_for(&self, mad: &[u8; MAD_LEN]) -> Option<[u8; crate::auth::OFFER_LEN]> {
-        let packet = MadPacket::new_unchecked(&mad[..]);
-        let attr = packet.attribute_id();
-        if attr != AttributeId::REQ && attr != AttributeId::REP {
-            return None;
-        }
-        let data = packet.data();
-        let local_comm_id = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
-        let id = self.by_comm_id.get(&local_comm_id)?;
-        Some(self.ids.get(id)?.auth.as_ref()?.offer)
+        Some(self.exchange_sending(mad, [AttributeId::REQ, AttributeId::REP])?.offer)
     }
 
     /// The seal to send after `mad`: an authenticated connection's DREQ or DREP carries one.
     fn seal_for(&self, mad: &[u8; MAD_LEN]) -> Option<[u8; crate::auth::SEAL_LEN]> {
+        self.exchange_sending(mad, [AttributeId::DREQ, AttributeId::DREP])?.seal(mad)
+    }
+
+    /// The authenticated-mode exchange of the ID that sends `mad`, if it is a message of
+    /// one of `kinds` (each begins with the sender's local comm ID).
+    fn exchange_sending(&self, mad: &[u8; MAD_LEN], kinds: [AttributeId; 2]) -> Option<&crate::auth::Exchange> {
         let packet = MadPacket::new_unchecked(&mad[..]);
-        let attr = packet.attribute_id();
-        if attr != AttributeId::DREQ && attr != AttributeId::DREP {
+        if !kinds.contains(&packet.attribute_id()) {
             return None;
         }
         let data = packet.data();
         let local_comm_id = u32::from_be_bytes([data[0], data[1], data[2], data[3]]);
         let id = self.by_comm_id.get(&local_comm_id)?;
-        self.ids.get(id)?.auth.as_ref()?.seal(mad)
+        self.ids.get(id)?.auth.as_ref()
     }
 
     /// Whether a DREQ or DREP for our comm ID `local` may be acted on: always for a
