@@ -499,6 +499,16 @@ fn rdma_cm_connects_the_qps() {
 }
 
 #[test]
+fn authenticate_connects_the_qps_in_authenticated_mode() {
+    let _serial = serial();
+    let r = perf(&["write", "bw", "-n", "100", "--loopback", "--rdma-cm", "--authenticate"]);
+    assert_eq!(spec_of(&r, "authenticate"), true);
+    let done = softrdma(&["perf", "write", "bw", "--loopback", "--authenticate"], RUN_LIMIT);
+    assert_eq!(done.status.code(), Some(2), "--authenticate without --rdma-cm is a usage error");
+    assert!(done.stderr.contains("--rdma-cm"), "{}", done.stderr);
+}
+
+#[test]
 fn vs_baseline_adds_the_limits_and_ratios() {
     let _serial = serial();
     let r = perf(&["write", "bw", "--loopback", "-n", "100", "--vs-baseline"]);

@@ -12,7 +12,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use softrdma::{CmEvent, CmEventKind, CmId, ConnParam, EventChannel, PortSpace, QpType};
+use softrdma::{CmEvent, CmEventKind, CmId, ConnParam, ContextOptions, EventChannel, PortSpace, QpType};
 
 use super::PerfError;
 use super::control::{QpInfo, SideInfo};
@@ -44,11 +44,17 @@ fn kinds(conn: Conn) -> (PortSpace, QpType) {
     }
 }
 
+/// The test's event channel: authenticated mode if the spec asks for it.
+fn channel(spec: &Spec) -> Result<EventChannel, PerfError> {
+    let options = ContextOptions { authenticate: spec.authenticate, ..ContextOptions::default() };
+    EventChannel::with_options(options).map_err(cm("rdma_create_event_channel"))
+}
+
 impl CmConn {
     /// The client: one ID per QP, resolved from `local` toward the server's `server`
     /// (`rdma_resolve_addr`, `rdma_resolve_route`).
     pub(crate) fn resolve(spec: &Spec, local: IpAddr, server: SocketAddr) -> Result<CmConn, PerfError> {
-        let channel = EventChannel::new().map_err(cm("rdma_create_event_channel"))?;
+        let channel = channel(spec)?;
         let (ps, qp_type) = kinds(spec.conn);
         let mut ids = Vec::new();
         for _ in 0..spec.qps {
@@ -64,7 +70,7 @@ impl CmConn {
 
     /// The server: listens on `local` (`rdma_bind_addr`, `rdma_listen`).
     pub(crate) fn listen(spec: &Spec, local: SocketAddr) -> Result<CmConn, PerfError> {
-        let channel = EventChannel::new().map_err(cm("rdma_create_event_channel"))?;
+        let channel = channel(spec)?;
         let (ps, qp_type) = kinds(spec.conn);
         let id = channel.create_id(ps, qp_type).map_err(cm("rdma_create_id"))?;
         id.bind_addr(local).map_err(|e| {

@@ -261,8 +261,9 @@ impl Report {
         let _ = writeln!(o, "                    softrdma perf {}: {} over RoCEv2", self.test, operation_name(s.op));
         let _ = writeln!(
             o,
-            " Connection: {}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}",
+            " Connection: {}{}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}",
             s.conn,
+            if s.authenticate { " (authenticated)" } else { "" },
             s.qps,
             s.depth,
             s.inline,

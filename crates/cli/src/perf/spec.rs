@@ -122,6 +122,10 @@ pub(crate) struct TestArgs {
     /// Connect through rdma_cm (IB CM on QP1) instead of an out-of-band TCP exchange.
     #[arg(short = 'R', long)]
     pub(crate) rdma_cm: bool,
+    /// Authenticated mode (with --rdma-cm; softrdma at both ends): keys agreed through the
+    /// CM and an AES-128-GMAC on every packet, to measure what it costs.
+    #[arg(long, requires = "rdma_cm")]
+    pub(crate) authenticate: bool,
     /// Both sides send at once (bw only); the figures are the sum of both directions.
     #[arg(short, long)]
     pub(crate) bidirectional: bool,
@@ -164,6 +168,9 @@ pub(crate) struct Spec {
     /// The QPs are connected through rdma_cm (IB CM on QP1), not by the TCP exchange.
     #[serde(default)]
     pub(crate) rdma_cm: bool,
+    /// rdma_cm connects the QPs in authenticated mode.
+    #[serde(default)]
+    pub(crate) authenticate: bool,
 }
 
 /// Largest message `-a` runs.
@@ -228,6 +235,7 @@ impl Spec {
             mtu,
             bidirectional: a.bidirectional,
             rdma_cm: a.rdma_cm,
+            authenticate: a.authenticate,
         })
     }
 
