@@ -69,6 +69,8 @@ const IDLE_SOCKET_AFTER: u32 = 64;
 const IDLE_SOCKET_EVERY: u32 = 16;
 /// Bytes per datagram buffer: a 4096-byte payload with the largest headers and the ICRC.
 const DATAGRAM_MAX: usize = 4352;
+/// The ECN field's ECT(0) code point: "this transport reacts to congestion marks".
+const ECT0: u8 = 0b10;
 /// Socket buffer sizes asked for (each direction).
 const SOCKET_BUFFER: usize = 8 << 20;
 /// Datagrams per transmit batch (one `sendmmsg`).
@@ -101,6 +103,9 @@ impl Port {
                     gro,
                     // The scope of the link-local GIDs: the device is one interface.
                     scope_id: Some(device.interface_index()),
+                    // ECN-capable transport (ECT(0)) with congestion control, so that a
+                    // congested router marks our packets instead of dropping them.
+                    traffic_class: congestion_control(options).then_some(ECT0),
                     ..softrdma_udp::Config::default()
                 },
             };
@@ -278,6 +283,9 @@ pub(crate) struct State {
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
     /// Per socket, receives in a row that found nothing; and receives so far.
     rx_empty: Vec<u32>,
+    /// Each socket's count of datagrams the kernel dropped for a full receive buffer, as
+    /// last seen (`RecvBatch::drops`): a rise is congestion control's overrun signal.
+    rx_drops: Vec<u32>,
     rx_passes: u32,
     /// The CQ whose empty poll last received in the application's thread, and when.
     app_rx_last: Option<(u32, Instant)>,
@@ -475,6 +483,7 @@ impl Driver {
             port_mtu: device.active_mtu(),
             udp_source_port: Some(options.port),
             udp_port: options.port,
+            congestion: congestion_control(options).then(softrdma_engine::congestion::DcqcnConfig::default),
             ..DeviceConfig::default()
         };
         let capture = match &options.capture {
@@ -517,6 +526,7 @@ impl Driver {
             gsi_dropped: 0,
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
+            rx_drops: vec![0; port.sockets().len()],
             rx_passes: 0,
             app_rx_last: None,
             rx_batches: 0,
@@ -874,6 +884,12 @@ impl State {
                     Ok(n) => {
                         got = true;
                         self.rx_batches += 1;
+                        if let Some(drops) = self.rx.drops().filter(|&d| d != self.rx_drops[i]) {
+                            // The kernel dropped datagrams for this socket: the receiver is
+                            // overrun; the recent senders get CNPs.
+                            self.rx_drops[i] = drops;
+                            self.engine.handle_receive_drops(now);
+                        }
                         self.ingress(shared, now);
                         if n < RX_BATCH {
                             break;
@@ -1127,6 +1143,12 @@ impl State {
         };
         repr.emit(&gsi_envelope(shared, t)?, buf).ok()
     }
+}
+
+/// Whether the device runs congestion control: [`ContextOptions::congestion_control`], or
+/// `SOFTRDMA_CONGESTION_CONTROL=1` ([`crate::CONGESTION_CONTROL_ENV`]) for any program.
+fn congestion_control(options: &ContextOptions) -> bool {
+    options.congestion_control || std::env::var(crate::CONGESTION_CONTROL_ENV).is_ok_and(|v| v == "1")
 }
 
 /// `envelope` with IPv4 identification `id` (what the kernel gives GSO segment `id`).
