@@ -1145,10 +1145,14 @@ impl State {
     }
 }
 
-/// Whether the device runs congestion control: [`ContextOptions::congestion_control`], or
-/// `SOFTRDMA_CONGESTION_CONTROL=1` ([`crate::CONGESTION_CONTROL_ENV`]) for any program.
+/// Whether the device runs congestion control: `SOFTRDMA_CONGESTION_CONTROL=0` or `1`
+/// ([`crate::CONGESTION_CONTROL_ENV`]) if set, else [`ContextOptions::congestion_control`].
 fn congestion_control(options: &ContextOptions) -> bool {
-    options.congestion_control || std::env::var(crate::CONGESTION_CONTROL_ENV).is_ok_and(|v| v == "1")
+    match std::env::var(crate::CONGESTION_CONTROL_ENV).as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => options.congestion_control,
+    }
 }
 
 /// `envelope` with IPv4 identification `id` (what the kernel gives GSO segment `id`).

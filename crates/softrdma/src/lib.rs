@@ -116,15 +116,16 @@ pub struct ContextOptions {
     /// RoCEv2 congestion control (`softrdma_engine::congestion`, DCQCN): packets leave
     /// marked ECN-capable; packets that arrive marked Congestion Experienced, and datagrams
     /// the kernel drops for a full receive buffer, are answered with CNPs; and each QP paces
-    /// what it sends at the rate the CNPs it gets leave it.
+    /// what it sends at the rate the CNPs it gets leave it. On by default;
+    /// `SOFTRDMA_CONGESTION_CONTROL=0` turns it off for any program.
     pub congestion_control: bool,
 }
 
 /// Turns authenticated mode on (`1`) or off (`0`) for the contexts a process opens
 /// ([`ContextOptions::authenticate`]), C programs included.
 pub const AUTH_ENV: &str = "SOFTRDMA_AUTH";
-/// `1` turns congestion control on for the devices a process opens
-/// ([`ContextOptions::congestion_control`]), C programs included.
+/// `0` turns congestion control off (`1` on) for the devices a process opens, whatever
+/// [`ContextOptions::congestion_control`] says, C programs included.
 pub const CONGESTION_CONTROL_ENV: &str = "SOFTRDMA_CONGESTION_CONTROL";
 /// Authenticated mode's shared passphrase ([`ContextOptions::auth_passphrase`]).
 pub const AUTH_PSK_ENV: &str = "SOFTRDMA_AUTH_PSK";
@@ -140,7 +141,7 @@ impl Default for ContextOptions {
             gso: true,
             authenticate: false,
             auth_passphrase: None,
-            congestion_control: false,
+            congestion_control: true,
         }
     }
 }
