@@ -120,7 +120,7 @@ proptest! {
             cm.handle_mad(now, m.src, m.dst, &bad);
             cm.handle_mad(now, m.dst, m.src, &bad);
             exercise(&mut cm, &ids, now);
-            now = now + std::time::Duration::from_secs(5);
+            now += std::time::Duration::from_secs(5);
         }
     }
 }

@@ -178,7 +178,7 @@ fn drain(t: &mut Target) {
             break;
         }
     }
-    t.pair.now = t.pair.now + std::time::Duration::from_millis(1);
+    t.pair.now += std::time::Duration::from_millis(1);
     t.pair.b.engine.handle_timeout(t.pair.now);
     while t.pair.b.engine.poll_cq(t.pair.b.cq).is_some() {}
     while t.pair.b.engine.poll_event().is_some() {}

@@ -30,25 +30,21 @@ struct EngineNode {
     ip: IpAddr,
 }
 
-fn instant(t: Time) -> Instant {
-    Instant::from_nanos(t.as_nanos())
-}
-
 impl Node for EngineNode {
     fn addresses(&self) -> Vec<IpAddr> {
         vec![self.ip]
     }
     fn handle_datagram(&mut self, now: Time, envelope: &Envelope, payload: &[u8]) {
-        self.engine.handle_datagram(instant(now), envelope, payload, &mut self.mem);
+        self.engine.handle_datagram(now, envelope, payload, &mut self.mem);
     }
     fn handle_timeout(&mut self, now: Time) {
-        self.engine.handle_timeout(instant(now));
+        self.engine.handle_timeout(now);
     }
     fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
-        self.engine.poll_transmit(instant(now), &mut self.mem, buf).map(|t| (t.envelope, t.len))
+        self.engine.poll_transmit(now, &mut self.mem, buf).map(|t| (t.envelope, t.len))
     }
     fn poll_timeout(&self) -> Option<Time> {
-        self.engine.poll_timeout().map(|t| Time::from_nanos(t.as_nanos()))
+        self.engine.poll_timeout()
     }
 }
 

@@ -829,7 +829,7 @@ impl Fabric {
     fn write_captures(&mut self, tap: Tap, datagram: &Datagram) {
         for capture in self.captures.iter_mut().filter(|c| c.tap == tap) {
             let Some(writer) = &mut capture.writer else { continue };
-            if let Err(e) = writer.write_roce(self.now.since_start(), &datagram.envelope, &datagram.payload) {
+            if let Err(e) = writer.write_roce(self.now.since_epoch(), &datagram.envelope, &datagram.payload) {
                 capture.error = Some(e);
                 capture.writer = None;
             }

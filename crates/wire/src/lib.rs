@@ -62,6 +62,7 @@ pub mod mad;
 pub mod opcode;
 pub mod psn;
 pub mod roce;
+pub mod time;
 pub mod types;
 
 pub use aeth::{AethPacket, AethRepr, NakCode, RnrTimer, Syndrome};

@@ -371,30 +371,26 @@ pub fn outcomes(wcs: &[Wc]) -> Vec<(u64, WcStatus)> {
     wcs.iter().map(|w| (w.wr_id, w.status)).collect()
 }
 
-fn instant(t: softrdma_sim::Time) -> Instant {
-    Instant::from_nanos(t.as_nanos())
-}
-
 /// A side as a node of the simulator's fabric (switch ports, link rates, faults).
 impl softrdma_sim::Node for Node {
     fn addresses(&self) -> Vec<std::net::IpAddr> {
         vec![self.addr]
     }
     fn handle_datagram(&mut self, now: softrdma_sim::Time, envelope: &Envelope, payload: &[u8]) {
-        self.engine.handle_datagram(instant(now), envelope, payload, &mut self.mem);
+        self.engine.handle_datagram(now, envelope, payload, &mut self.mem);
     }
     fn handle_datagram_marked(&mut self, now: softrdma_sim::Time, envelope: &Envelope, payload: &[u8], ce: bool) {
         let ip = IpInfo { traffic_class: if ce { 0b11 } else { 0 }, ..IpInfo::default() };
-        self.engine.handle_datagram_with(instant(now), envelope, ip, payload, &mut self.mem);
+        self.engine.handle_datagram_with(now, envelope, ip, payload, &mut self.mem);
     }
     fn handle_timeout(&mut self, now: softrdma_sim::Time) {
-        self.engine.handle_timeout(instant(now));
+        self.engine.handle_timeout(now);
     }
     fn poll_transmit(&mut self, now: softrdma_sim::Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
-        self.engine.poll_transmit(instant(now), &mut self.mem, buf).map(|t| (t.envelope, t.len))
+        self.engine.poll_transmit(now, &mut self.mem, buf).map(|t| (t.envelope, t.len))
     }
     fn poll_timeout(&self) -> Option<softrdma_sim::Time> {
-        self.engine.poll_timeout().map(|t| softrdma_sim::Time::from_nanos(t.as_nanos()))
+        self.engine.poll_timeout()
     }
 }
 
