@@ -1,7 +1,7 @@
 //! `softrdma`: the command-line face of softrdma.
 //!
 //! `softrdma perf` measures the stack the way perftest does; `softrdma decode` reads RoCEv2
-//! captures; `softrdma loopback` is a one-process run of two engines.
+//! captures; `softrdma devices`, `devinfo` and `stats` show the devices.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -11,7 +11,6 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod decode;
 mod devices;
-mod loopback;
 mod perf;
 
 /// RDMA in software: RoCEv2 verbs and rdma_cm in user space.
@@ -37,10 +36,6 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// A real RDMA run over the kernel's UDP loopback: two softrdma devices in this process
-    /// (127.0.0.1 and 127.0.0.2, UDP port 4791) move data over an RC QP pair with RDMA WRITE,
-    /// READ or SEND, and report bandwidth and latency.
-    Loopback(loopback::Args),
     /// perftest for softrdma: bandwidth and latency of SEND, WRITE, READ and atomics
     /// between a server and a client (or both here with --loopback), and this machine's
     /// limits without RDMA (`softrdma perf baseline`).
@@ -69,24 +64,6 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::devices(&args),
         Command::Devinfo(args) => devices::devinfo(&args),
         Command::Stats(args) => devices::stats(&args),
-        Command::Loopback(args) => match loopback::run(&args) {
-            Ok(report) => {
-                let out = if args.json {
-                    serde_json::to_string(&report).unwrap_or_default() + "\n"
-                } else {
-                    loopback::text(&report)
-                };
-                let _ = io::stdout().write_all(out.as_bytes());
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                #[allow(clippy::print_stderr)]
-                {
-                    eprintln!("softrdma loopback: {e}");
-                }
-                ExitCode::FAILURE
-            }
-        },
         Command::Decode { file, json } => {
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());
