@@ -997,6 +997,7 @@ impl Cm {
     // ---------------------------------------------------------------- outputs
 
     /// The next MAD to send, if any.
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<CmTransmit> {
         let mut t = self.out.transmits.pop_front()?;
         t.offer = self.offer_for(&t.mad);
@@ -1005,12 +1006,14 @@ impl Cm {
     }
 
     /// The next event, if any.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<CmEvent> {
         self.out.events.pop_front()
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) wants to be called: the earliest
     /// retransmission or timewait end. `None` when nothing waits.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.ids.values().filter_map(|i| i.deadline).min()
     }
