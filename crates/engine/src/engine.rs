@@ -731,8 +731,8 @@ impl Engine {
     /// still addressed to it are dropped.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let mut qp = self.qps.remove(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
-        qp.req.retransmit_at = None;
-        qp.req.rnr_wait_until = None;
+        qp.comp.retransmit_at = None;
+        qp.comp.rnr_wait_until = None;
         self.shared.update_timer(&mut qp);
         self.pd_use(qp.pd, -1)
     }
@@ -845,10 +845,10 @@ impl Engine {
             qp.envelope = self.shared.envelope_for(&av, port);
         }
         if mask.contains(AttrMask::RETRY_CNT) {
-            qp.req.retry_left = attr.retry_cnt;
+            qp.comp.retry_left = attr.retry_cnt;
         }
         if mask.contains(AttrMask::RNR_RETRY) {
-            qp.req.rnr_retry_left = attr.rnr_retry;
+            qp.comp.rnr_retry_left = attr.rnr_retry;
         }
         if mask.contains(AttrMask::RQ_PSN) {
             qp.resp.psn = Psn::from_u24_truncating(attr.rq_psn);

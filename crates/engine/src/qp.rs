@@ -144,6 +144,13 @@ pub(crate) struct Requester {
     pub(crate) since_ack_req: u32,
     /// READs and atomics sent but not completed.
     pub(crate) rd_atomic_outstanding: u32,
+}
+
+/// The completer: the oldest PSN not yet acknowledged, and the retry state it owns (retry
+/// counters, the local ACK timer, the RNR back-off).
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    pub(crate) psn: Psn,
     /// Retries left after timeouts and sequence errors.
     pub(crate) retry_left: u8,
     /// RNR retries left (7 = forever).
@@ -156,12 +163,6 @@ pub(crate) struct Requester {
     /// NAKs and implied NAKs start no other until progress is made or the timer fires
     /// (rxe's `comp.started_retry`). Without it every duplicate's ACK would rewind again.
     pub(crate) retry_started: bool,
-}
-
-/// The completer: the oldest PSN not yet acknowledged.
-#[derive(Debug, Default)]
-pub(crate) struct Completer {
-    pub(crate) psn: Psn,
 }
 
 /// A response the responder owes, in the order it must go out.
@@ -307,6 +308,6 @@ impl Qp {
     /// The earliest instant this QP wants to be woken.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let cc = self.cc.as_deref().and_then(crate::congestion::QpCongestion::deadline);
-        [self.req.retransmit_at, self.req.rnr_wait_until, cc].into_iter().flatten().min()
+        [self.comp.retransmit_at, self.comp.rnr_wait_until, cc].into_iter().flatten().min()
     }
 }

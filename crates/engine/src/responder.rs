@@ -211,11 +211,11 @@ impl Engine {
             self.shared.timers.pop_first();
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.timer = None;
-            if qp.req.rnr_wait_until.is_some_and(|t| t <= now) {
-                qp.req.rnr_wait_until = None;
+            if qp.comp.rnr_wait_until.is_some_and(|t| t <= now) {
+                qp.comp.rnr_wait_until = None;
                 self.shared.schedule(qp);
             }
-            if qp.req.retransmit_at.is_some_and(|t| t <= now) {
+            if qp.comp.retransmit_at.is_some_and(|t| t <= now) {
                 completer::handle_retransmit_timeout(qp, &mut self.shared, now);
             }
             if let Some(cc) = qp.cc.as_deref_mut() {

@@ -263,11 +263,11 @@ fn request<M: Memory + ?Sized>(
     if !sending {
         return None;
     }
-    if let Some(until) = qp.req.rnr_wait_until {
+    if let Some(until) = qp.comp.rnr_wait_until {
         if now < until {
             return None;
         }
-        qp.req.rnr_wait_until = None;
+        qp.comp.rnr_wait_until = None;
     }
     let pos = qp.req.next;
     if pos >= qp.sq.tail() {
@@ -408,7 +408,7 @@ fn request<M: Memory + ?Sized>(
     }
     let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf);
     if rc {
-        if qp.req.retransmit_at.is_none() {
+        if qp.comp.retransmit_at.is_none() {
             completer::rearm(qp, now);
         }
     } else if message_done {
