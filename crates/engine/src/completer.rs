@@ -235,10 +235,7 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
             (k * mtu, psn)
         }
     };
-    qp.req.next = pos;
-    qp.req.offset = offset;
-    qp.req.psn = from;
-    qp.req.since_ack_req = 0;
+    qp.req.rewind(pos, offset, from);
     sh.schedule(qp);
 }
 

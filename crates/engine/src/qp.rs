@@ -146,8 +146,22 @@ pub(crate) struct Requester {
     pub(crate) rd_atomic_outstanding: u32,
 }
 
-/// The completer: the oldest PSN not yet acknowledged, and the retry state it owns (retry
-/// counters, the local ACK timer, the RNR back-off).
+impl Requester {
+    /// Goes back to send the WQE at ring position `pos` again from byte `offset`, whose
+    /// packet carries `psn` (go-back-N). The completer decides where; only the requester
+    /// moves its cursor.
+    pub(crate) fn rewind(&mut self, pos: u64, offset: u32, psn: Psn) {
+        debug_assert!(pos <= self.next, "a rewind never moves the requester forward");
+        debug_assert!(psn.distance_to(self.sent_end) >= 0, "a rewind stays inside the PSNs already sent");
+        self.next = pos;
+        self.offset = offset;
+        self.psn = psn;
+        self.since_ack_req = 0;
+    }
+}
+
+/// The completer: the oldest PSN not yet acknowledged, and the retry state it owns (the
+/// requester only learns of a retry as a rewind, `Requester::rewind`).
 #[derive(Debug, Default)]
 pub(crate) struct Completer {
     pub(crate) psn: Psn,
