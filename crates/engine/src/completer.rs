@@ -14,7 +14,7 @@ use crate::Instant;
 use crate::engine::{KeyError, Shared};
 use crate::memory::Memory;
 use crate::qp::{InMessage, Qp};
-use crate::verbs::{Access, AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
+use crate::verbs::{AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
 
 /// The completion of a WR flushed by the error state.
 pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> Wc {
@@ -427,25 +427,10 @@ fn scatter<M: Memory + ?Sized>(
     sh: &Shared,
     mem: &mut M,
     pos: u64,
-    mut offset: u32,
-    mut data: &[u8],
+    offset: u32,
+    data: &[u8],
 ) -> Result<(), WcStatus> {
-    for sge in &qp.sq.get(pos).sges {
-        if data.is_empty() {
-            break;
-        }
-        if offset >= sge.length {
-            offset -= sge.length;
-            continue;
-        }
-        let n = ((sge.length - offset) as usize).min(data.len());
-        let addr = sge.addr + u64::from(offset);
-        sh.check_lkey(qp.pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(local_key_status)?;
-        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
-        data = &data[n..];
-        offset = 0;
-    }
-    if data.is_empty() { Ok(()) } else { Err(WcStatus::LocLenErr) }
+    crate::sgl::scatter(sh, qp.pd, mem, &qp.sq.get(pos).sges, offset, data)
 }
 
 /// The local ACK timer of `qp` fired.

@@ -315,28 +315,15 @@ fn scatter_recv<M: Memory + ?Sized>(
     pd: crate::verbs::PdId,
     mem: &mut M,
     wqe: &RecvWqe,
-    mut offset: u32,
-    mut data: &[u8],
+    offset: u32,
+    data: &[u8],
 ) -> Result<(), WcStatus> {
     if u64::from(offset) + data.len() as u64 > u64::from(wqe.length) {
         return Err(WcStatus::LocLenErr);
     }
-    for sge in &wqe.sges {
-        if data.is_empty() {
-            break;
-        }
-        if offset >= sge.length {
-            offset -= sge.length;
-            continue;
-        }
-        let n = ((sge.length - offset) as usize).min(data.len());
-        let addr = sge.addr + u64::from(offset);
-        sh.check_lkey(pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(completer::local_key_status)?;
-        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
-        data = &data[n..];
-        offset = 0;
-    }
-    Ok(())
+    // The length check above keeps `data` inside the buffers, so `LocLenErr` comes only
+    // from there.
+    crate::sgl::scatter(sh, pd, mem, &wqe.sges, offset, data)
 }
 
 fn recv_wc(qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32, repr: &RoceRepr<'_>) -> Wc {
