@@ -230,6 +230,7 @@ impl Engine {
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.shared.timers.first().map(|&(at, _)| at)
     }

@@ -25,6 +25,7 @@ const MAX_PKTS_PER_ACK: u32 = 64;
 impl Engine {
     /// The next datagram to send, written into `buf` (which must hold 4096 + 80 bytes).
     /// Call after every input until it returns `None`.
+    #[must_use]
     pub fn poll_transmit<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, buf: &mut [u8]) -> Option<Transmit> {
         // CNPs first: they exist to slow a sender down now.
         while let Some((envelope, dest, local)) = self.shared.cnps.pop_front() {
