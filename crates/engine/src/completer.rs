@@ -14,7 +14,7 @@ use crate::Instant;
 use crate::engine::{KeyError, Shared};
 use crate::memory::Memory;
 use crate::qp::{InMessage, Qp};
-use crate::verbs::{Access, AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
+use crate::verbs::{AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
 
 /// The completion of a WR flushed by the error state.
 pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> Wc {
@@ -100,8 +100,8 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
         sh.events.push_back(Event::Async(AsyncEvent::QpLastWqeReached(qp.qpn)));
     }
     qp.req.rd_atomic_outstanding = 0;
-    qp.req.retransmit_at = None;
-    qp.req.rnr_wait_until = None;
+    qp.comp.retransmit_at = None;
+    qp.comp.rnr_wait_until = None;
     qp.resp.out.clear();
     sh.update_timer(qp);
 }
@@ -183,17 +183,17 @@ fn retire_acked(qp: &mut Qp, sh: &mut Shared, limit: Psn, inclusive: bool) -> Op
 fn progress(qp: &mut Qp, now: Instant, acked_through: Psn) {
     if qp.comp.psn.distance_to(acked_through.next()) > 0 {
         qp.comp.psn = acked_through.next();
-        qp.req.retry_started = false;
+        qp.comp.retry_started = false;
     }
-    qp.req.retry_left = qp.attr.retry_cnt;
-    qp.req.rnr_retry_left = qp.attr.rnr_retry;
+    qp.comp.retry_left = qp.attr.retry_cnt;
+    qp.comp.rnr_retry_left = qp.attr.rnr_retry;
     rearm(qp, now);
 }
 
 /// The local ACK timer runs while anything is unacknowledged.
 pub(crate) fn rearm(qp: &mut Qp, now: Instant) {
     let unacked = qp.comp.psn != qp.req.psn || qp.req.rd_atomic_outstanding > 0;
-    qp.req.retransmit_at = match local_ack_timeout(qp.attr.timeout) {
+    qp.comp.retransmit_at = match local_ack_timeout(qp.attr.timeout) {
         Some(t) if unacked && qp.qp_type == crate::verbs::QpType::Rc => Some(now + t),
         _ => None,
     };
@@ -235,25 +235,22 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
             (k * mtu, psn)
         }
     };
-    qp.req.next = pos;
-    qp.req.offset = offset;
-    qp.req.psn = from;
-    qp.req.since_ack_req = 0;
+    qp.req.rewind(pos, offset, from);
     sh.schedule(qp);
 }
 
 /// Starts a retry sequence from `psn` unless one is under way, spending one of `retry_cnt`;
 /// with none left the QP fails with RETRY_EXC_ERR. Returns whether the QP is still alive.
 fn start_retry(qp: &mut Qp, sh: &mut Shared, psn: Psn) -> bool {
-    if qp.req.retry_started {
+    if qp.comp.retry_started {
         return true;
     }
-    if qp.req.retry_left == 0 {
+    if qp.comp.retry_left == 0 {
         fail(qp, sh, WcStatus::RetryExcErr);
         return false;
     }
-    qp.req.retry_left -= 1;
-    qp.req.retry_started = true;
+    qp.comp.retry_left -= 1;
+    qp.comp.retry_started = true;
     retry_from(qp, sh, psn);
     true
 }
@@ -272,8 +269,8 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                 let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
                 if qp.comp.psn.distance_to(resume) > 0 {
                     qp.comp.psn = resume;
-                    qp.req.retry_started = false;
-                    qp.req.retry_left = qp.attr.retry_cnt; // progress, as for a NAK below
+                    qp.comp.retry_started = false;
+                    qp.comp.retry_left = qp.attr.retry_cnt; // progress, as for a NAK below
                 }
                 if start_retry(qp, sh, resume) {
                     rearm(qp, now);
@@ -289,15 +286,15 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                 return;
             }
             let _ = retire_acked(qp, sh, psn, false);
-            if qp.req.rnr_retry_left == 0 {
+            if qp.comp.rnr_retry_left == 0 {
                 fail(qp, sh, WcStatus::RnrRetryExcErr);
                 return;
             }
-            if qp.req.rnr_retry_left != 7 {
-                qp.req.rnr_retry_left -= 1; // 7 means retry forever (IBA 9.7.5.2.8)
+            if qp.comp.rnr_retry_left != 7 {
+                qp.comp.rnr_retry_left -= 1; // 7 means retry forever (IBA 9.7.5.2.8)
             }
-            qp.req.rnr_wait_until = Some(now + Duration::from_micros(u64::from(timer.delay_us())));
-            qp.req.retransmit_at = None;
+            qp.comp.rnr_wait_until = Some(now + Duration::from_micros(u64::from(timer.delay_us())));
+            qp.comp.retransmit_at = None;
             retry_from(qp, sh, psn);
             sh.update_timer(qp);
         }
@@ -311,11 +308,11 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                 NakCode::PsnSequenceError => {
                     if qp.comp.psn.distance_to(psn) > 0 {
                         qp.comp.psn = psn; // everything before the NAKed PSN arrived
-                        qp.req.retry_started = false;
+                        qp.comp.retry_started = false;
                         // Forward progress renews the retry budget, which is for retries
                         // that get nowhere (rxe's comp.retry_cnt reset on progress): on a
                         // lossy link nearly every window ends in a NAK, yet each advances.
-                        qp.req.retry_left = qp.attr.retry_cnt;
+                        qp.comp.retry_left = qp.attr.retry_cnt;
                     }
                     if start_retry(qp, sh, psn) {
                         rearm(qp, now);
@@ -430,40 +427,25 @@ fn scatter<M: Memory + ?Sized>(
     sh: &Shared,
     mem: &mut M,
     pos: u64,
-    mut offset: u32,
-    mut data: &[u8],
+    offset: u32,
+    data: &[u8],
 ) -> Result<(), WcStatus> {
-    for sge in &qp.sq.get(pos).sges {
-        if data.is_empty() {
-            break;
-        }
-        if offset >= sge.length {
-            offset -= sge.length;
-            continue;
-        }
-        let n = ((sge.length - offset) as usize).min(data.len());
-        let addr = sge.addr + u64::from(offset);
-        sh.check_lkey(qp.pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(local_key_status)?;
-        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
-        data = &data[n..];
-        offset = 0;
-    }
-    if data.is_empty() { Ok(()) } else { Err(WcStatus::LocLenErr) }
+    crate::sgl::scatter(sh, qp.pd, mem, &qp.sq.get(pos).sges, offset, data)
 }
 
 /// The local ACK timer of `qp` fired.
 pub(crate) fn handle_retransmit_timeout(qp: &mut Qp, sh: &mut Shared, now: Instant) {
-    qp.req.retransmit_at = None;
+    qp.comp.retransmit_at = None;
     if qp.state != QpState::Rts && qp.state != QpState::Sqd {
         return;
     }
     sh.counters.ack_timeouts += 1;
-    if qp.req.retry_left == 0 {
+    if qp.comp.retry_left == 0 {
         fail(qp, sh, WcStatus::RetryExcErr);
         return;
     }
-    qp.req.retry_left -= 1;
-    qp.req.retry_started = true;
+    qp.comp.retry_left -= 1;
+    qp.comp.retry_started = true;
     let from = if qp.sq.is_empty() {
         qp.comp.psn
     } else {

@@ -1,21 +1,6 @@
 //! The device: its object tables and the verbs.
 //!
-//! # The sans-IO contract
-//!
-//! [`Engine`] is a whole RDMA NIC with no sockets, clocks, threads or global randomness:
-//!
-//! - **Inputs**: [`handle_datagram`](Engine::handle_datagram) (one received UDP payload and
-//!   its envelope) and [`handle_timeout`](Engine::handle_timeout), each with `now`; and the
-//!   verbs ([`post_send`](Engine::post_send), [`modify_qp`](Engine::modify_qp), ...).
-//! - **Outputs**: [`poll_transmit`](Engine::poll_transmit) (the next datagram to send),
-//!   [`poll_timeout`](Engine::poll_timeout) (when to call `handle_timeout` next),
-//!   [`poll_event`](Engine::poll_event) (completion-channel and asynchronous events) and
-//!   [`poll_cq`](Engine::poll_cq).
-//!
-//! After any input, call `poll_transmit` until it returns `None`, then `poll_timeout`.
-//! Registered memory is reached only through the [`Memory`] passed to the calls that touch
-//! it, and only after the engine's own key, bounds and access checks. All randomness (R_Keys)
-//! comes from the seed in [`DeviceConfig`].
+//! [`Engine`] carries the calling contract.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::net::IpAddr;
@@ -234,7 +219,24 @@ pub(crate) struct Shared {
     pub(crate) cnps: VecDeque<(Envelope, Qpn, Qpn)>,
 }
 
-/// A software RDMA device. See the [module documentation](self) for the calling contract.
+/// A software RDMA device.
+///
+/// # The sans-IO contract
+///
+/// [`Engine`] is a whole RDMA NIC with no sockets, clocks, threads or global randomness:
+///
+/// - **Inputs**: [`handle_datagram`](Engine::handle_datagram) (one received UDP payload and
+///   its envelope) and [`handle_timeout`](Engine::handle_timeout), each with `now`; and the
+///   verbs ([`post_send`](Engine::post_send), [`modify_qp`](Engine::modify_qp), ...).
+/// - **Outputs**: [`poll_transmit`](Engine::poll_transmit) (the next datagram to send),
+///   [`poll_timeout`](Engine::poll_timeout) (when to call `handle_timeout` next),
+///   [`poll_event`](Engine::poll_event) (completion-channel and asynchronous events) and
+///   [`poll_cq`](Engine::poll_cq).
+///
+/// After any input, call `poll_transmit` until it returns `None`, then `poll_timeout`.
+/// Registered memory is reached only through the [`Memory`] passed to the calls that touch
+/// it, and only after the engine's own key, bounds and access checks. All randomness (R_Keys)
+/// comes from the seed in [`DeviceConfig`].
 #[derive(Debug)]
 pub struct Engine {
     pub(crate) shared: Shared,
@@ -571,6 +573,7 @@ impl Engine {
     }
 
     /// `ibv_poll_cq` for one completion.
+    #[must_use]
     pub fn poll_cq(&mut self, cq: CqId) -> Option<Wc> {
         self.shared.cqs.get_mut(cq.0 as usize)?.entries.pop_front()
     }
@@ -584,6 +587,7 @@ impl Engine {
     }
 
     /// The next completion-channel or asynchronous event.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<Event> {
         self.shared.events.pop_front()
     }
@@ -731,8 +735,8 @@ impl Engine {
     /// still addressed to it are dropped.
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let mut qp = self.qps.remove(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
-        qp.req.retransmit_at = None;
-        qp.req.rnr_wait_until = None;
+        qp.comp.retransmit_at = None;
+        qp.comp.rnr_wait_until = None;
         self.shared.update_timer(&mut qp);
         self.pd_use(qp.pd, -1)
     }
@@ -845,10 +849,10 @@ impl Engine {
             qp.envelope = self.shared.envelope_for(&av, port);
         }
         if mask.contains(AttrMask::RETRY_CNT) {
-            qp.req.retry_left = attr.retry_cnt;
+            qp.comp.retry_left = attr.retry_cnt;
         }
         if mask.contains(AttrMask::RNR_RETRY) {
-            qp.req.rnr_retry_left = attr.rnr_retry;
+            qp.comp.rnr_retry_left = attr.rnr_retry;
         }
         if mask.contains(AttrMask::RQ_PSN) {
             qp.resp.psn = Psn::from_u24_truncating(attr.rq_psn);

@@ -17,6 +17,7 @@ pub mod memory;
 mod qp;
 pub mod qp_state;
 mod responder;
+mod sgl;
 pub mod time;
 mod transmit;
 pub mod verbs;

@@ -144,6 +144,27 @@ pub(crate) struct Requester {
     pub(crate) since_ack_req: u32,
     /// READs and atomics sent but not completed.
     pub(crate) rd_atomic_outstanding: u32,
+}
+
+impl Requester {
+    /// Goes back to send the WQE at ring position `pos` again from byte `offset`, whose
+    /// packet carries `psn` (go-back-N). The completer decides where; only the requester
+    /// moves its cursor.
+    pub(crate) fn rewind(&mut self, pos: u64, offset: u32, psn: Psn) {
+        debug_assert!(pos <= self.next, "a rewind never moves the requester forward");
+        debug_assert!(psn.distance_to(self.sent_end) >= 0, "a rewind stays inside the PSNs already sent");
+        self.next = pos;
+        self.offset = offset;
+        self.psn = psn;
+        self.since_ack_req = 0;
+    }
+}
+
+/// The completer: the oldest PSN not yet acknowledged, and the retry state it owns (the
+/// requester only learns of a retry as a rewind, `Requester::rewind`).
+#[derive(Debug, Default)]
+pub(crate) struct Completer {
+    pub(crate) psn: Psn,
     /// Retries left after timeouts and sequence errors.
     pub(crate) retry_left: u8,
     /// RNR retries left (7 = forever).
@@ -156,12 +177,6 @@ pub(crate) struct Requester {
     /// NAKs and implied NAKs start no other until progress is made or the timer fires
     /// (rxe's `comp.started_retry`). Without it every duplicate's ACK would rewind again.
     pub(crate) retry_started: bool,
-}
-
-/// The completer: the oldest PSN not yet acknowledged.
-#[derive(Debug, Default)]
-pub(crate) struct Completer {
-    pub(crate) psn: Psn,
 }
 
 /// A response the responder owes, in the order it must go out.
@@ -307,6 +322,6 @@ impl Qp {
     /// The earliest instant this QP wants to be woken.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let cc = self.cc.as_deref().and_then(crate::congestion::QpCongestion::deadline);
-        [self.req.retransmit_at, self.req.rnr_wait_until, cc].into_iter().flatten().min()
+        [self.comp.retransmit_at, self.comp.rnr_wait_until, cc].into_iter().flatten().min()
     }
 }

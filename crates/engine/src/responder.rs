@@ -211,11 +211,11 @@ impl Engine {
             self.shared.timers.pop_first();
             let Some(qp) = self.qps.get_mut(&qpn) else { continue };
             qp.timer = None;
-            if qp.req.rnr_wait_until.is_some_and(|t| t <= now) {
-                qp.req.rnr_wait_until = None;
+            if qp.comp.rnr_wait_until.is_some_and(|t| t <= now) {
+                qp.comp.rnr_wait_until = None;
                 self.shared.schedule(qp);
             }
-            if qp.req.retransmit_at.is_some_and(|t| t <= now) {
+            if qp.comp.retransmit_at.is_some_and(|t| t <= now) {
                 completer::handle_retransmit_timeout(qp, &mut self.shared, now);
             }
             if let Some(cc) = qp.cc.as_deref_mut() {
@@ -230,6 +230,7 @@ impl Engine {
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.shared.timers.first().map(|&(at, _)| at)
     }
@@ -315,28 +316,15 @@ fn scatter_recv<M: Memory + ?Sized>(
     pd: crate::verbs::PdId,
     mem: &mut M,
     wqe: &RecvWqe,
-    mut offset: u32,
-    mut data: &[u8],
+    offset: u32,
+    data: &[u8],
 ) -> Result<(), WcStatus> {
     if u64::from(offset) + data.len() as u64 > u64::from(wqe.length) {
         return Err(WcStatus::LocLenErr);
     }
-    for sge in &wqe.sges {
-        if data.is_empty() {
-            break;
-        }
-        if offset >= sge.length {
-            offset -= sge.length;
-            continue;
-        }
-        let n = ((sge.length - offset) as usize).min(data.len());
-        let addr = sge.addr + u64::from(offset);
-        sh.check_lkey(pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(completer::local_key_status)?;
-        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
-        data = &data[n..];
-        offset = 0;
-    }
-    Ok(())
+    // The length check above keeps `data` inside the buffers, so `LocLenErr` comes only
+    // from there.
+    crate::sgl::scatter(sh, pd, mem, &wqe.sges, offset, data)
 }
 
 fn recv_wc(qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32, repr: &RoceRepr<'_>) -> Wc {

@@ -25,6 +25,7 @@ const MAX_PKTS_PER_ACK: u32 = 64;
 impl Engine {
     /// The next datagram to send, written into `buf` (which must hold 4096 + 80 bytes).
     /// Call after every input until it returns `None`.
+    #[must_use]
     pub fn poll_transmit<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, buf: &mut [u8]) -> Option<Transmit> {
         // CNPs first: they exist to slow a sender down now.
         while let Some((envelope, dest, local)) = self.shared.cnps.pop_front() {
@@ -263,11 +264,11 @@ fn request<M: Memory + ?Sized>(
     if !sending {
         return None;
     }
-    if let Some(until) = qp.req.rnr_wait_until {
+    if let Some(until) = qp.comp.rnr_wait_until {
         if now < until {
             return None;
         }
-        qp.req.rnr_wait_until = None;
+        qp.comp.rnr_wait_until = None;
     }
     let pos = qp.req.next;
     if pos >= qp.sq.tail() {
@@ -408,7 +409,7 @@ fn request<M: Memory + ?Sized>(
     }
     let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf);
     if rc {
-        if qp.req.retransmit_at.is_none() {
+        if qp.comp.retransmit_at.is_none() {
             completer::rearm(qp, now);
         }
     } else if message_done {
