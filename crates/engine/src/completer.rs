@@ -43,7 +43,7 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
     let wqe = qp.sq.get(pos);
     let op = wqe.op();
     if op.is_read_or_atomic() && wqe.started {
-        qp.req.rd_atomic_outstanding = qp.req.rd_atomic_outstanding.saturating_sub(1);
+        qp.req.read_atomic_done();
     }
     if wqe.signaled || status != WcStatus::Success {
         let wc = Wc {
@@ -60,10 +60,7 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
         sh.push_cqe(qp.send_cq, wc);
     }
     qp.sq.pop();
-    if qp.req.next < qp.sq.head() {
-        qp.req.next = qp.sq.head();
-        qp.req.offset = 0;
-    }
+    qp.req.skip_to(qp.sq.head());
     check_drained(qp, sh);
 }
 
@@ -99,7 +96,7 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
     if qp.srq.is_some() && !was_error {
         sh.events.push_back(Event::Async(AsyncEvent::QpLastWqeReached(qp.qpn)));
     }
-    qp.req.rd_atomic_outstanding = 0;
+    qp.req.flushed(qp.sq.tail());
     qp.comp.retransmit_at = None;
     qp.comp.rnr_wait_until = None;
     qp.resp.out.clear();
@@ -133,8 +130,7 @@ fn fail_send_queue(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>) {
         sh.push_cqe(qp.send_cq, wc);
         qp.sq.pop();
     }
-    qp.req.next = qp.sq.tail();
-    qp.req.offset = 0;
+    qp.req.flushed(qp.sq.tail());
 }
 
 /// The status a failed local key check gives.
@@ -219,7 +215,7 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
         if w.started {
             w.started = false;
             if w.op().is_read_or_atomic() {
-                qp.req.rd_atomic_outstanding = qp.req.rd_atomic_outstanding.saturating_sub(1);
+                qp.req.read_atomic_done();
             }
         }
     }

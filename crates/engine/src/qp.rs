@@ -158,6 +158,27 @@ impl Requester {
         self.psn = psn;
         self.since_ack_req = 0;
     }
+
+    /// A READ or atomic it had sent is over (completed, or to be sent again from scratch).
+    pub(crate) fn read_atomic_done(&mut self) {
+        self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
+    }
+
+    /// The WQEs before ring position `head` are gone: the cursor moves up to it if it was
+    /// behind.
+    pub(crate) fn skip_to(&mut self, head: u64) {
+        if self.next < head {
+            self.next = head;
+            self.offset = 0;
+        }
+    }
+
+    /// The send queue was emptied (flushed): nothing is left to send or outstanding.
+    pub(crate) fn flushed(&mut self, tail: u64) {
+        self.next = tail;
+        self.offset = 0;
+        self.rd_atomic_outstanding = 0;
+    }
 }
 
 /// The completer: the oldest PSN not yet acknowledged, and the retry state it owns (the
