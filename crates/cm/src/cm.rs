@@ -979,6 +979,11 @@ impl Cm {
         Some(service_id(i.ps, i.local?.port()))
     }
 
+    /// The type of QP the ID was created for.
+    pub fn qp_type(&self, id: CmId) -> Option<QpType> {
+        self.ids.get(&id).map(|i| i.qp_type)
+    }
+
     /// How many IDs are alive.
     pub fn id_count(&self) -> usize {
         self.ids.len()
