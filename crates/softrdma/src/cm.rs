@@ -24,12 +24,12 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
-use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
+use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, NicError, UdParam};
 use softrdma_engine::{Access, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Wc};
 use softrdma_wire::cma::PortSpace;
 use softrdma_wire::{QKey, Qpn, RKey};
 
-use crate::driver::{self, Driver, State};
+use crate::driver::{self, CmDelivery, Driver, State};
 use crate::verbs::{Cq, Mr, Pd, Qp, QpInit};
 use crate::{Context, ContextOptions, Device, Error, Result};
 use softrdma_cm::auth::AuthPolicy;
@@ -111,6 +111,15 @@ fn device_of(addr: SocketAddr) -> Result<Device> {
 impl From<CmError> for Error {
     fn from(e: CmError) -> Self {
         Error::Cm(e)
+    }
+}
+
+impl From<NicError> for Error {
+    fn from(e: NicError) -> Self {
+        match e {
+            NicError::Cm(e) => Error::Cm(e),
+            NicError::Verbs(e) => Error::Verbs(e),
+        }
     }
 }
 
@@ -324,17 +333,91 @@ impl Drop for CmIdInner {
     }
 }
 
-/// What an ID's events need from the device lock: where to deliver, what to drive.
-#[derive(Debug)]
-pub(crate) struct IdLink {
-    inner: Weak<CmIdInner>,
+/// The IDs of one device, by the CM's handle: where the driver delivers their events
+/// ([`CmDelivery`]). Its lock is taken inside the device lock, never around it.
+struct IdRegistry {
+    /// The device, for the IDs of connection requests.
+    drv: Weak<Driver>,
+    ids: Mutex<BTreeMap<u32, Weak<CmIdInner>>>,
+}
+
+impl IdRegistry {
+    /// The registry of `drv`'s IDs (made with the first), under its device lock `st`.
+    fn of<'a>(st: &'a mut State, drv: &Arc<Driver>) -> &'a IdRegistry {
+        let d = st
+            .cm_delivery
+            .get_or_insert_with(|| Arc::new(IdRegistry { drv: Arc::downgrade(drv), ids: Mutex::new(BTreeMap::new()) }));
+        d.as_any().downcast_ref().expect("the device's CM IDs are this module's")
+    }
+
+    fn insert(&self, id: softrdma_cm::CmId, inner: &Arc<CmIdInner>) {
+        self.ids.lock().unwrap_or_else(PoisonError::into_inner).insert(id.0, Arc::downgrade(inner));
+    }
+
+    fn get(&self, id: softrdma_cm::CmId) -> Option<Arc<CmIdInner>> {
+        self.ids.lock().unwrap_or_else(PoisonError::into_inner).get(&id.0).and_then(Weak::upgrade)
+    }
+}
+
+impl CmDelivery for IdRegistry {
+    /// Delivers a CM event to its ID's channel, making the ID of a connection request on
+    /// the way (the NIC drove the ID's QP already).
+    fn deliver(&self, ev: softrdma_cm::CmEvent, later: &mut Vec<Box<dyn std::any::Any + Send>>) {
+        let (owner, listen) = match ev.listen_id {
+            Some(l) => (None, self.get(l)),
+            None => (self.get(ev.id), None),
+        };
+        let target = match (&owner, &listen) {
+            (Some(o), _) => CmId { inner: o.clone() },
+            (None, Some(l)) => {
+                // A connection request: a new ID on the listener's channel, bound here.
+                let Some(drv) = self.drv.upgrade() else { return };
+                let channel = l.channel.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                let inner = Arc::new(CmIdInner::new(channel, l.options.clone(), l.auth, l.ps, l.qp_type));
+                self.insert(ev.id, &inner);
+                let binding = Binding { ctx: Context { drv }, id: ev.id, service: None };
+                inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(binding);
+                CmId { inner }
+            }
+            (None, None) => return, // its ID is gone: nothing to tell
+        };
+        if let Some(o) = owner {
+            later.push(Box::new(o));
+        }
+        let listen_id = listen.map(|inner| CmId { inner });
+        let event = CmEvent {
+            id: target.clone(),
+            kind: ev.kind,
+            status: ev.status,
+            private_data: ev.private_data,
+            param: ev.param,
+            listen_id,
+            ud: ev.ud,
+        };
+        let channel = target.inner.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
+        match channel {
+            Some(channel) => channel.push(event),
+            None => later.push(Box::new(event)),
+        }
+        // Possibly the last reference (the application let go meanwhile): dropping it
+        // destroys QPs and CQs, which takes the lock the caller holds.
+        later.push(Box::new(target));
+    }
+
+    fn forget(&self, id: softrdma_cm::CmId) {
+        self.ids.lock().unwrap_or_else(PoisonError::into_inner).remove(&id.0);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl CmId {
     /// The application took this ID's `CONNECT_REQUEST`: it leaves its listener's backlog.
     fn request_taken(&self) {
         if let Some(b) = self.inner.bindings().into_iter().next() {
-            b.ctx.drv.shared.lock().cm.request_taken(b.id);
+            b.ctx.drv.shared.lock().nic.cm_mut().request_taken(b.id);
         }
     }
 
@@ -343,7 +426,7 @@ impl CmId {
     }
 
     fn attach(&self, ctx: &Context, id: softrdma_cm::CmId) {
-        ctx.drv.shared.lock().cm_ids.insert(id.0, IdLink { inner: Arc::downgrade(&self.inner) });
+        IdRegistry::of(&mut ctx.drv.shared.lock(), &ctx.drv).insert(id, &self.inner);
         let b = Binding { ctx: ctx.clone(), id, service: None };
         self.inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(b);
     }
@@ -367,7 +450,7 @@ impl CmId {
         let mut made: Vec<(Context, softrdma_cm::CmId)> = Vec::new();
         let undo = |made: Vec<(Context, softrdma_cm::CmId)>| {
             for (ctx, id) in made {
-                let _ = ctx.drv.shared.lock().cm.destroy_id(ctx.drv.shared.now(), id);
+                let _ = ctx.drv.shared.lock().nic.destroy_id(ctx.drv.shared.now(), id);
             }
         };
         for device in devices {
@@ -379,10 +462,10 @@ impl CmId {
                 if st.bury_dead_cm_ids(sh, sh.now()) {
                     sh.after_verb(&mut st); // their DREQs and REJs
                 }
-                let id = st.cm.create_id(self.inner.ps, self.inner.qp_type)?;
-                st.cm.set_auth_policy(id, self.inner.auth)?;
-                if let Err(e) = st.cm.bind_addr(id, addr) {
-                    let _ = st.cm.destroy_id(sh.now(), id);
+                let id = st.nic.cm_mut().create_id(self.inner.ps, self.inner.qp_type)?;
+                st.nic.cm_mut().set_auth_policy(id, self.inner.auth)?;
+                if let Err(e) = st.nic.cm_mut().bind_addr(id, addr) {
+                    let _ = st.nic.cm_mut().destroy_id(sh.now(), id);
                     return Err(e.into());
                 }
                 drop(st);
@@ -415,8 +498,8 @@ impl CmId {
             None => {
                 let ctx = cm_context(&device_of(src_addr)?, &self.inner.options)?;
                 let mut st = ctx.drv.shared.lock();
-                let id = st.cm.create_id(self.inner.ps, self.inner.qp_type)?;
-                st.cm.set_auth_policy(id, self.inner.auth)?;
+                let id = st.nic.cm_mut().create_id(self.inner.ps, self.inner.qp_type)?;
+                st.nic.cm_mut().set_auth_policy(id, self.inner.auth)?;
                 drop(st);
                 self.attach(&ctx, id);
                 self.binding("resolve_addr")?
@@ -424,14 +507,14 @@ impl CmId {
         };
         let port = src.map_or(0, |s| s.port());
         self.with_cm(&binding, |st, now| {
-            Ok(st.cm.resolve_addr(now, binding.id, Some(SocketAddr::new(src_ip, port)), dst)?)
+            Ok(st.nic.cm_mut().resolve_addr(now, binding.id, Some(SocketAddr::new(src_ip, port)), dst)?)
         })
     }
 
     /// `rdma_resolve_route`: `ROUTE_RESOLVED` follows (RoCE needs no path query).
     pub fn resolve_route(&self) -> Result<()> {
         let b = self.binding("resolve_route (call resolve_addr first)")?;
-        self.with_cm(&b, |st, now| Ok(st.cm.resolve_route(now, b.id)?))
+        self.with_cm(&b, |st, now| Ok(st.nic.cm_mut().resolve_route(now, b.id)?))
     }
 
     /// `rdma_listen`: `CONNECT_REQUEST` events follow, each with a new ID. Registers the
@@ -451,8 +534,8 @@ impl CmId {
         let mut services = Vec::with_capacity(bindings.len());
         for b in bindings.iter() {
             let mut st = b.ctx.drv.shared.lock();
-            st.cm.listen(b.id, backlog)?;
-            services.push(st.cm.listen_service_id(b.id));
+            st.nic.cm_mut().listen(b.id, backlog)?;
+            services.push(st.nic.cm_mut().listen_service_id(b.id));
         }
         for (b, service) in bindings.iter_mut().zip(services) {
             if let Some(service) = service {
@@ -508,15 +591,9 @@ impl CmId {
         {
             let sh = &b.ctx.drv.shared;
             let mut st = sh.lock();
-            // librdmacm (ucma_init_ud_qp) takes a UD QP to RTS at once: it has no
+            // INIT; a UD QP on to RTS at once, as librdmacm's (ucma_init_ud_qp): it has no
             // connection to wait for, and programs post to it as soon as they have an AH.
-            let states: &[QpState] = if init.qp_type == QpType::Ud {
-                &[QpState::Init, QpState::Rtr, QpState::Rts]
-            } else {
-                &[QpState::Init]
-            };
-            move_qp(&mut st, b.id, qp.qpn(), states)?;
-            st.cm_qps.insert(qp.qpn(), b.id.0);
+            st.nic.attach_qp(b.id, Qpn::from_u24_truncating(qp.qpn()))?;
         }
         *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) =
             Some(IdQp { qp: qp.clone(), pd: pd.clone(), send_cq: init.send_cq.clone(), recv_cq: init.recv_cq.clone() });
@@ -540,7 +617,7 @@ impl CmId {
     pub fn connect(&self, param: &ConnParam) -> Result<()> {
         let b = self.binding("connect (resolve_addr and resolve_route first)")?;
         let p = self.param_with_qp(param);
-        self.with_cm(&b, |st, now| Ok(st.cm.connect(now, b.id, &p)?))
+        self.with_cm(&b, |st, now| Ok(st.nic.cm_mut().connect(now, b.id, &p)?))
     }
 
     /// `rdma_accept`, for the ID of a `CONNECT_REQUEST`: moves the attached QP to RTR and
@@ -548,34 +625,20 @@ impl CmId {
     pub fn accept(&self, param: &ConnParam) -> Result<()> {
         let b = self.binding("accept")?;
         let p = self.param_with_qp(param);
-        let qpn = self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
-        self.with_cm(&b, |st, now| {
-            if let Some(qpn) = qpn {
-                if self.inner.qp_type != QpType::Ud {
-                    move_qp(st, b.id, qpn, &[QpState::Init, QpState::Rtr, QpState::Rts])?;
-                }
-            }
-            Ok(st.cm.accept(now, b.id, &p)?)
-        })
+        self.with_cm(&b, |st, now| Ok(st.nic.accept(now, b.id, &p)?))
     }
 
     /// `rdma_reject`, for the ID of a `CONNECT_REQUEST`, with private data for the peer.
     pub fn reject(&self, private_data: &[u8]) -> Result<()> {
         let b = self.binding("reject")?;
-        self.with_cm(&b, |st, now| Ok(st.cm.reject(now, b.id, private_data)?))
+        self.with_cm(&b, |st, now| Ok(st.nic.cm_mut().reject(now, b.id, private_data)?))
     }
 
     /// `rdma_disconnect`: the attached QP goes to ERR (its work flushes), then a DREQ (or
     /// the DREP to the peer's DREQ); `DISCONNECTED` follows.
     pub fn disconnect(&self) -> Result<()> {
         let b = self.binding("disconnect")?;
-        let qpn = self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
-        self.with_cm(&b, |st, now| {
-            if let Some(qpn) = qpn {
-                qp_to_error(st, qpn);
-            }
-            Ok(st.cm.disconnect(now, b.id)?)
-        })
+        self.with_cm(&b, |st, now| Ok(st.nic.disconnect(now, b.id)?))
     }
 
     /// `rdma_init_qp_attr`: the attributes and mask that move a QP of this connection to
@@ -583,7 +646,7 @@ impl CmId {
     /// one attached to the ID (UCX).
     pub fn init_qp_attr(&self, target: QpState) -> Result<(softrdma_engine::QpAttr, softrdma_engine::AttrMask)> {
         let b = self.binding("init_qp_attr (resolve or bind the address first)")?;
-        self.with_cm(&b, |st, _| Ok(st.cm.qp_attr(b.id, target)?))
+        self.with_cm(&b, |st, _| Ok(st.nic.cm_mut().qp_attr(b.id, target)?))
     }
 
     /// `rdma_establish`, active side, when no QP is attached to the ID: after
@@ -592,13 +655,9 @@ impl CmId {
     /// gets no event, as from the kernel).
     pub fn establish(&self) -> Result<()> {
         let b = self.binding("establish")?;
-        self.with_cm(&b, |st, now| {
-            st.cm.establish(now, b.id)?;
-            // The kernel reports no ESTABLISHED to the side that sends the RTU: the CM's,
-            // which follows, is not reported (as after a CONNECT_RESPONSE with a QP).
-            st.cm_established_early.insert(b.id.0);
-            Ok(())
-        })
+        // The kernel reports no ESTABLISHED to the side that sends the RTU: the NIC does
+        // not report the CM's, which follows (as after a CONNECT_RESPONSE with a QP).
+        self.with_cm(&b, |st, now| Ok(st.nic.establish(now, b.id)?))
     }
 
     /// Runs one CM command under the device lock, then sends what it queued.
@@ -636,13 +695,13 @@ impl CmId {
     /// The local address (`rdma_get_local_addr`).
     pub fn local_addr(&self) -> Option<SocketAddr> {
         let b = self.inner.bindings().into_iter().next()?;
-        b.ctx.drv.shared.lock().cm.local_addr(b.id)
+        b.ctx.drv.shared.lock().nic.cm().local_addr(b.id)
     }
 
     /// The peer's address (`rdma_get_peer_addr`).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         let b = self.inner.bindings().into_iter().next()?;
-        b.ctx.drv.shared.lock().cm.peer_addr(b.id)
+        b.ctx.drv.shared.lock().nic.cm().peer_addr(b.id)
     }
 
     /// `rdma_migrate_id`: this ID's future events go to `channel`.
@@ -782,123 +841,6 @@ fn route_source(dst: SocketAddr) -> Result<SocketAddr> {
     let probe = UdpSocket::bind(any).map_err(|e| Error::io("route lookup", e))?;
     probe.connect(dst).map_err(|e| Error::io(format!("no route to {dst}"), e))?;
     probe.local_addr().map_err(|e| Error::io("route lookup", e))
-}
-
-/// Moves QP `qpn` through `states` with the attributes the CM gives for `id`.
-/// Moves an ID's QP through `states` with the CM's attributes. Connecting starts with
-/// INIT→INIT, as librdmacm's `ucma_modify_qp_rtr` does: a QP created before the exchange
-/// began (the active side's) got no remote access flags at INIT, and only now are they
-/// known (REMOTE_WRITE, and READ and atomics when the peer may issue them).
-fn move_qp(st: &mut State, id: softrdma_cm::CmId, qpn: u32, states: &[QpState]) -> Result<()> {
-    for &s in states {
-        if s == QpState::Rtr {
-            // Authenticated mode: the keys before the QP can receive (softrdma_cm::auth).
-            if let Some(keys) = st.cm.packet_keys(id) {
-                st.engine.set_qp_keys(Qpn::from_u24_truncating(qpn), keys)?;
-            }
-        }
-        let (attr, mask) = st.cm.qp_attr(id, s)?;
-        st.engine.modify_qp(Qpn::from_u24_truncating(qpn), &attr, mask)?;
-    }
-    Ok(())
-}
-
-fn qp_to_error(st: &mut State, qpn: u32) {
-    let attr = softrdma_engine::QpAttr { qp_state: QpState::Err, ..Default::default() };
-    let _ = st.engine.modify_qp(Qpn::from_u24_truncating(qpn), &attr, softrdma_engine::AttrMask::STATE);
-}
-
-/// Delivers the CM's events to their IDs' channels, doing what librdmacm does on the way
-/// (drives attached QPs, creates the ID of a connection request). Called by the progress
-/// loop under the device lock.
-pub(crate) fn dispatch(st: &mut State, ctx_drv: &Weak<Driver>, now: softrdma_engine::Instant) -> bool {
-    let mut any = false;
-    while let Some(ev) = st.cm.poll_event() {
-        any = true;
-        let link = |st: &State, id: softrdma_cm::CmId| st.cm_ids.get(&id.0).and_then(|l| l.inner.upgrade());
-        let (owner, listen) = match ev.listen_id {
-            Some(l) => (None, link(st, l)),
-            None => (link(st, ev.id), None),
-        };
-        let target = match (&owner, &listen) {
-            (Some(o), _) => CmId { inner: o.clone() },
-            (None, Some(l)) => {
-                // A connection request: a new ID on the listener's channel, bound here.
-                let Some(drv) = ctx_drv.upgrade() else { continue };
-                let channel = l.channel.lock().unwrap_or_else(PoisonError::into_inner).clone();
-                let inner = Arc::new(CmIdInner::new(channel, l.options.clone(), l.auth, l.ps, l.qp_type));
-                st.cm_ids.insert(ev.id.0, IdLink { inner: Arc::downgrade(&inner) });
-                let binding = Binding { ctx: Context { drv }, id: ev.id, service: None };
-                inner.bindings.lock().unwrap_or_else(PoisonError::into_inner).push(binding);
-                CmId { inner }
-            }
-            (None, None) => continue, // its ID is gone: nothing to tell
-        };
-        if let Some(o) = &owner {
-            st.drop_later.push(Box::new(o.clone()));
-        }
-        let qpn = target.inner.qp.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map(|q| q.qp.qpn());
-        let mut kind = ev.kind;
-        match (ev.kind, qpn) {
-            (CmEventKind::ConnectResponse, Some(qpn)) => {
-                // librdmacm completes the connection itself when a QP is attached and
-                // reports the CONNECT_RESPONSE, with the REP's private data, as
-                // ESTABLISHED (ucma_process_conn_resp); the CM's own ESTABLISHED for this
-                // ID, which follows, is not reported again.
-                match move_qp(st, ev.id, qpn, &[QpState::Init, QpState::Rtr, QpState::Rts])
-                    .and_then(|()| Ok(st.cm.establish(now, ev.id)?))
-                {
-                    Ok(()) => {
-                        kind = CmEventKind::Established;
-                        st.cm_established_early.insert(ev.id.0);
-                    }
-                    Err(_) => {
-                        // ucma_process_conn_resp's error path: the QP goes to ERR.
-                        qp_to_error(st, qpn);
-                        kind = CmEventKind::ConnectError;
-                    }
-                }
-            }
-            (CmEventKind::Established, _) if st.cm_established_early.remove(&ev.id.0) => {
-                st.drop_later.push(Box::new(target));
-                continue;
-            }
-            (CmEventKind::Disconnected, Some(qpn)) => qp_to_error(st, qpn),
-            // librdmacm's rdma_get_cm_event moves the QP of a REJECTED ID to ERR
-            // (ucma_modify_qp_err), so that receives posted before rdma_connect flush
-            // (WR_FLUSH_ERR) and the QP cannot be used by mistake; the ID's only way on is
-            // rdma_destroy_id (rdma_resolve_addr, _route and rdma_connect fail with EINVAL,
-            // as in the kernel, whose ID stays in RDMA_CM_CONNECT).
-            (CmEventKind::Rejected, Some(qpn)) => qp_to_error(st, qpn),
-            _ => {}
-        }
-        let listen_id = listen.map(|inner| CmId { inner });
-        let event = CmEvent {
-            id: target.clone(),
-            kind,
-            status: ev.status,
-            private_data: ev.private_data,
-            param: ev.param,
-            listen_id,
-            ud: ev.ud,
-        };
-        let channel = target.inner.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade();
-        match channel {
-            Some(channel) => channel.push(event),
-            None => st.drop_later.push(Box::new(event)),
-        }
-        // Possibly the last reference (the application let go meanwhile): dropping it
-        // destroys QPs and CQs, which takes the lock we hold.
-        st.drop_later.push(Box::new(target));
-    }
-    any
-}
-
-/// The first packet reached a passive QP whose RTU is still missing (`COMM_EST`).
-pub(crate) fn comm_established(st: &mut State, qpn: u32, now: softrdma_engine::Instant) {
-    if let Some(&id) = st.cm_qps.get(&qpn) {
-        let _ = st.cm.notify(now, softrdma_cm::CmId(id));
-    }
 }
 
 /// A CM ID with an event channel of its own whose calls wait for their outcome: librdmacm's

@@ -30,16 +30,17 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
-use softrdma_cm::{Cm, CmConfig, CmTransmit};
+use softrdma_cm::{Cm, CmConfig, CmEvent, CmId, Nic, NicEvent};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
+use softrdma_wire::Envelope;
 use softrdma_wire::icrc::Ipv4IdentificationCache;
-use softrdma_wire::{BthRepr, DethRepr, Envelope, ExtHeaders, Opcode, PKey, Psn, QKey, Qpn, RocePacket, RoceRepr};
 
 use crate::capture::Capture;
 use crate::device::Device;
 use crate::memory::ProcessMemory;
+use crate::stats::{Counters, Publisher};
 use crate::{ContextOptions, Error};
 
 /// The most asynchronous events a device keeps for the application to read.
@@ -217,7 +218,8 @@ impl TxQueue {
             let qpn = &self.arena[off + 5..off + 8];
             let mut count = 1;
             let mut total = first.len;
-            if self.gso {
+            // QP1's MADs leave one datagram each, IPv4 identification 0, as they always did.
+            if self.gso && *qpn != [0, 0, 1] {
                 while i + count < n && count < GSO_MAX_SEGMENTS {
                     let (o, t) = self.meta[i + count];
                     let previous_full = self.meta[i + count - 1].1.len == first.len;
@@ -254,31 +256,39 @@ impl TxQueue {
 /// Most segments in one GSO send (the kernel's UDP_MAX_SEGMENTS on every kernel with GSO).
 const GSO_MAX_SEGMENTS: usize = softrdma_udp::MAX_GSO_SEGMENTS;
 
+/// Where an armed CQ's completion events go: its completion channel. The channel belongs to
+/// the API layer above the driver, which registers one per CQ in [`State::cq_channels`].
+pub(crate) trait CompletionChannel: Send + Sync {
+    /// The CQ got a completion while armed.
+    fn fire(&self);
+}
+
+/// Where CM events go: the API layer's CM IDs. It sits above the driver, which knows it
+/// only through this; the API layer sets it in [`State::cm_delivery`] with its first ID.
+pub(crate) trait CmDelivery: Send + Sync {
+    /// Delivers `event` (its QP transitions done by the NIC) to its ID's channel. Called with
+    /// the device lock held: references whose drop may take the lock go into `later`.
+    fn deliver(&self, event: CmEvent, later: &mut Vec<Box<dyn std::any::Any + Send>>);
+    /// The NIC destroyed `id`: forget its object.
+    fn forget(&self, id: CmId);
+    /// The implementation, for the API layer that made it.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
 /// What the device lock protects.
 pub(crate) struct State {
-    pub(crate) engine: Engine,
+    /// The engine, the connection manager and QP1 between them.
+    pub(crate) nic: Nic,
     rx: RecvBatch,
     tx: TxQueue,
     /// Completion channels by CQ.
-    pub(crate) channels: BTreeMap<u32, Arc<crate::verbs::ChannelInner>>,
-    /// CQ objects by id, for completion events.
-    pub(crate) cqs: BTreeMap<u32, Weak<crate::verbs::CqInner>>,
-    /// Asynchronous events not yet taken.
+    pub(crate) cq_channels: BTreeMap<u32, Box<dyn CompletionChannel>>,
+    /// Where CM events go, once the API layer made a CM ID on this device.
+    pub(crate) cm_delivery: Option<Arc<dyn CmDelivery>>,
+    /// The packet capture, if on.
     capture: Option<Capture>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
-    /// The connection manager of this device (QP1).
-    pub(crate) cm: Cm,
-    /// CM IDs by the CM's handle, for delivering their events.
-    pub(crate) cm_ids: BTreeMap<u32, crate::cm::IdLink>,
-    /// QPs attached to CM IDs: QPN to the CM's handle.
-    pub(crate) cm_qps: BTreeMap<u32, u32>,
-    /// Active CM IDs whose ESTABLISHED was reported at the CONNECT_RESPONSE already.
-    pub(crate) cm_established_early: std::collections::BTreeSet<u32>,
-    /// The next PSN of QP1.
-    gsi_psn: Psn,
-    /// QP1 datagrams that were not CM MADs in a valid UD packet, dropped.
-    pub(crate) gsi_dropped: u64,
     /// References to drop once the lock is released ([`Locked`]).
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
     /// Per socket, receives in a row that found nothing; and receives so far.
@@ -292,7 +302,7 @@ pub(crate) struct State {
     /// Receive batches that held datagrams, since the device opened.
     rx_batches: u64,
     /// The counters published for `softrdma stats`.
-    pub(crate) stats: crate::stats::Publisher,
+    stats: Publisher,
 }
 
 /// The device lock held: the engine, the CM and their tables.
@@ -347,13 +357,8 @@ pub(crate) struct Shared {
     /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
     sleeping_until: AtomicU64,
     spin: Duration,
-    /// The UDP port (source and destination of every packet).
-    udp_port: u16,
-    /// The driver that owns this, for objects the progress loop creates (CM IDs of
-    /// connection requests).
-    pub(crate) driver: OnceLock<Weak<Driver>>,
     /// CM IDs dropped by the application, for the next pass to destroy.
-    cm_graveyard: Mutex<Vec<softrdma_cm::CmId>>,
+    cm_graveyard: Mutex<Vec<CmId>>,
     pub(crate) thread_id: OnceLock<std::thread::ThreadId>,
     /// The process that opened the device (a child of `fork` is another).
     pid: u32,
@@ -510,27 +515,21 @@ impl Driver {
             ..CmConfig::default()
         });
         let state = State {
-            engine: Engine::new(config),
+            nic: Nic::new(Engine::new(config), cm),
             // With GRO a message holds up to 64 KiB of coalesced datagrams.
             rx: RecvBatch::new(RX_BATCH, if gro { 65_536 } else { DATAGRAM_MAX }),
             tx: TxQueue::new(gro),
-            channels: BTreeMap::new(),
-            cqs: BTreeMap::new(),
+            cq_channels: BTreeMap::new(),
+            cm_delivery: None,
             capture,
             send_errors: 0,
-            cm,
-            cm_ids: BTreeMap::new(),
-            cm_qps: BTreeMap::new(),
-            cm_established_early: std::collections::BTreeSet::new(),
-            gsi_psn: Psn::default(),
-            gsi_dropped: 0,
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
             rx_passes: 0,
             app_rx_last: None,
             rx_batches: 0,
-            stats: crate::stats::Publisher::open(&device, options.port),
+            stats: Publisher::open(&device, options.port),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -545,8 +544,6 @@ impl Driver {
             thread_receives: AtomicU64::new(0),
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
-            udp_port: options.port,
-            driver: OnceLock::new(),
             cm_graveyard: Mutex::new(Vec::new()),
             thread_id: OnceLock::new(),
             pid: std::process::id(),
@@ -603,11 +600,11 @@ pub fn disconnect_all() -> usize {
         };
         let Some(mut st) = locked else { continue };
         let now = shared.now();
-        for id in st.cm.ids() {
+        for id in st.nic.cm().ids() {
             n += 1;
             st.destroy_cm_id(now, id);
         }
-        st.flush_cm(&shared);
+        st.flush(&shared, now);
     }
     n
 }
@@ -888,7 +885,7 @@ impl State {
                             // The kernel dropped datagrams for this socket: the receiver is
                             // overrun; the recent senders get CNPs.
                             self.rx_drops[i] = drops;
-                            self.engine.handle_receive_drops(now);
+                            self.nic.engine_mut().handle_receive_drops(now);
                         }
                         self.ingress(shared, now);
                         if n < RX_BATCH {
@@ -901,29 +898,29 @@ impl State {
             worked |= got;
             self.rx_empty[i] = if got { 0 } else { self.rx_empty[i].saturating_add(1) };
         }
-        if self.engine.poll_timeout().is_some_and(|t| t <= now) {
-            self.engine.handle_timeout(now);
+        if self.nic.poll_timeout().is_some_and(|t| t <= now) {
+            self.nic.handle_timeout(now);
             worked = true;
         }
-        if self.cm.poll_timeout().is_some_and(|t| t <= now) {
-            self.cm.handle_timeout(now);
-            worked = true;
-        }
-        crate::stats::after_receive(self, shared, now, worked);
+        let progress_thread = shared.thread_id.get().copied();
+        let State { stats, nic, send_errors, .. } = self;
+        stats.after_receive(now, worked, progress_thread, || counters(nic, *send_errors));
         worked
     }
 
     /// When the engine or the CM next wants to be called.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        match (self.engine.poll_timeout(), self.cm.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        self.nic.poll_timeout()
     }
 
-    /// Hands the received batch to the engine.
+    /// The device's counters.
+    pub(crate) fn counters(&self) -> Counters {
+        counters(&self.nic, self.send_errors)
+    }
+
+    /// Hands the received batch to the NIC.
     fn ingress(&mut self, shared: &Shared, now: Instant) {
-        let State { engine, rx, capture, cm, gsi_dropped, .. } = self;
+        let State { nic, rx, capture, .. } = self;
         for d in rx.iter() {
             if Member::is_probe(d.payload) {
                 shared.port.member.answer_probe(d.payload);
@@ -937,39 +934,28 @@ impl State {
                 Ok(i) if i > 0 && d.envelope().src_ip().is_loopback() => d.envelope_with_id(i),
                 _ => d.envelope(),
             };
-            let checked = engine.check_icrc(now, &guess, d.payload);
+            let checked = nic.engine_mut().check_icrc(now, &guess, d.payload);
             if let Some(c) = capture {
                 c.write(&checked.unwrap_or(guess), d.payload);
             }
             let Some(envelope) = checked else { continue };
-            if RocePacket::new_unchecked(d.payload).bth().dest_qp() == Qpn::GSI {
-                // QP1: a CM MAD in a UD SEND_ONLY with the GSI Q_Key, or nothing.
-                match RoceRepr::parse_ignoring_icrc(&RocePacket::new_unchecked(d.payload)) {
-                    Ok(r)
-                        if r.bth.opcode == Opcode::UD_SEND_ONLY && r.ext.deth.is_some_and(|x| x.qkey == QKey::GSI) =>
-                    {
-                        cm.handle_mad(now, envelope.src_ip(), envelope.dst_ip(), r.payload);
-                    }
-                    _ => *gsi_dropped += 1,
-                }
-                continue;
-            }
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            engine.handle_checked_datagram(now, &envelope, info, d.payload, &mut ProcessMemory);
+            nic.handle_checked_datagram(now, &envelope, info, d.payload, &mut ProcessMemory);
         }
     }
 
-    /// Sends everything the engine has to send. Returns whether it sent anything.
+    /// Sends everything the NIC has to send (the CM's MADs first, then the engine's
+    /// packets). Returns whether it sent anything.
     pub(crate) fn flush(&mut self, shared: &Shared, now: Instant) -> bool {
         let port = &shared.port;
-        let mut any = self.flush_cm(shared);
+        let mut any = false;
         loop {
             self.tx.meta.clear();
             let mut at = 0;
             while self.tx.meta.len() < TX_BATCH {
-                let State { engine, tx, .. } = self;
-                match engine.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
+                let State { nic, tx, .. } = self;
+                match nic.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
                     Some(t) => {
                         tx.meta.push((at, t));
                         at += t.len;
@@ -1049,34 +1035,38 @@ impl State {
         }
     }
 
-    /// Delivers completion events to their channels and asynchronous events to the queue.
+    /// Delivers completion events to their channels, asynchronous events to the queue and
+    /// CM events to their IDs' channels.
     fn dispatch_events(&mut self, shared: &Shared, now: Instant) -> bool {
         let mut any = false;
-        while let Some(event) = self.engine.poll_event() {
+        let mut moved = false;
+        while let Some(event) = self.nic.poll_event() {
             any = true;
             match event {
-                Event::Completion(CqId(cq)) => {
-                    if let (Some(ch), Some(weak)) = (self.channels.get(&cq), self.cqs.get(&cq)) {
-                        ch.fire(weak.clone());
+                NicEvent::Engine(Event::Completion(CqId(cq))) => {
+                    if let Some(ch) = self.cq_channels.get(&cq) {
+                        ch.fire();
                     }
                 }
-                Event::Async(e) => {
-                    if let AsyncEvent::CommEstablished(qpn) = e {
-                        crate::cm::comm_established(self, qpn.value(), now);
-                    }
+                NicEvent::Engine(Event::Async(e)) => {
                     // An event the engine queued for a QP destroyed since has no one to
                     // go to (QpInner's drop forgot those already dispatched).
-                    let gone = e.qpn().is_some_and(|n| self.engine.qp_state(n).is_none());
+                    let gone = e.qpn().is_some_and(|n| self.nic.engine().qp_state(n).is_none());
                     if !gone && shared.async_events.len() < ASYNC_EVENTS_MAX {
                         shared.async_events.push(e);
                     }
                 }
+                NicEvent::Cm(e) => {
+                    moved = true;
+                    // Without a delivery no ID was made on this device: nobody to tell.
+                    if let Some(d) = &self.cm_delivery {
+                        d.deliver(e, &mut self.drop_later);
+                    }
+                }
             }
         }
-        let driver = shared.driver.get().cloned().unwrap_or_default();
-        if crate::cm::dispatch(self, &driver, now) {
-            any = true;
-            // Driving attached QPs may have queued packets and MADs.
+        if moved {
+            // The NIC may have moved attached QPs, queuing packets and MADs.
             self.flush(shared, now);
         }
         any
@@ -1093,55 +1083,23 @@ impl State {
         any
     }
 
-    /// Destroys a CM ID and forgets what the driver kept about it.
-    fn destroy_cm_id(&mut self, now: Instant, id: softrdma_cm::CmId) {
-        self.cm_ids.remove(&id.0);
-        self.cm_qps.retain(|_, cm| *cm != id.0);
-        self.cm_established_early.remove(&id.0);
-        let _ = self.cm.destroy_id(now, id);
-    }
-
-    /// Sends the MADs the CM queued, each in a UD SEND_ONLY from QP1 to QP1.
-    fn flush_cm(&mut self, shared: &Shared) -> bool {
-        let mut any = false;
-        let mut buf = [0u8; 512];
-        while let Some(t) = self.cm.poll_transmit() {
-            any = true;
-            let Some(len) = self.gsi_packet(shared, &t, &mut buf) else {
-                self.send_errors += 1;
-                continue;
-            };
-            let Some(envelope) = gsi_envelope(shared, &t) else { continue };
-            if let Some(c) = &mut self.capture {
-                c.write(&envelope, &buf[..len]);
-            }
-            match shared.port.socket_for(t.src) {
-                Some(socket) if send_all(socket, &[Outgoing::new(envelope, &buf[..len])]) == 1 => {}
-                _ => self.send_errors += 1,
-            }
+    /// Destroys a CM ID and forgets the API layer's object of it.
+    fn destroy_cm_id(&mut self, now: Instant, id: CmId) {
+        if let Some(d) = &self.cm_delivery {
+            d.forget(id);
         }
-        any
+        let _ = self.nic.destroy_id(now, id);
     }
+}
 
-    fn gsi_packet(&mut self, shared: &Shared, t: &CmTransmit, buf: &mut [u8]) -> Option<usize> {
-        let psn = self.gsi_psn;
-        self.gsi_psn = psn.next();
-        let repr = RoceRepr {
-            bth: BthRepr {
-                opcode: Opcode::UD_SEND_ONLY,
-                solicited_event: false,
-                mig_req: false,
-                pkey: PKey::DEFAULT,
-                fecn: false,
-                becn: false,
-                dest_qp: Qpn::GSI,
-                ack_req: true, // as kernel rxe sends its MADs
-                psn,
-            },
-            ext: ExtHeaders { deth: Some(DethRepr { qkey: QKey::GSI, src_qp: Qpn::GSI }), ..ExtHeaders::default() },
-            payload: &t.payload(),
-        };
-        repr.emit(&gsi_envelope(shared, t)?, buf).ok()
+/// The counters of a device: the NIC's and the sockets'.
+fn counters(nic: &Nic, send_errors: u64) -> Counters {
+    let gsi = nic.counters();
+    Counters {
+        engine: nic.engine().counters(),
+        send_errors: send_errors + gsi.gsi_unsendable,
+        gsi_dropped: gsi.gsi_dropped,
+        cm: nic.cm().counters(),
     }
 }
 
@@ -1167,11 +1125,6 @@ fn with_identification(mut envelope: Envelope, id: u16) -> Envelope {
 /// ACKNOWLEDGE, RDMA READ response): opcodes 0x0d..=0x12 of the RC transport (IBA 9.2.1).
 fn is_response(opcode: u8) -> bool {
     (0x0d..=0x12).contains(&opcode)
-}
-
-/// The envelope of a MAD: port to port (the device sends from its one socket).
-fn gsi_envelope(shared: &Shared, t: &CmTransmit) -> Option<Envelope> {
-    Some(Envelope::rocev2(t.src, shared.udp_port, t.dst)?.with_dst_port(shared.udp_port))
 }
 
 /// Sends a batch, retrying once after the socket drains if its buffer was full. Returns how

@@ -76,9 +76,9 @@ pub use softrdma_engine::{
 };
 pub use softrdma_wire::cma::PortSpace;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
+pub use stats::Counters;
 pub use verbs::{
-    Ah, CompChannel, ConnectOptions, Context, Counters, Cq, EMPTY_WC, Endpoint, Mr, Pd, Qp, QpInit, RawMr, RemoteMr,
-    Srq,
+    Ah, CompChannel, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Mr, Pd, Qp, QpInit, RawMr, RemoteMr, Srq,
 };
 
 /// How to open a device ([`Device::open_with`]).

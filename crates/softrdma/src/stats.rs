@@ -69,8 +69,6 @@ use rustix::fs::FlockOperation;
 use rustix::mm::{MapFlags, ProtFlags};
 
 use crate::device::Device;
-use crate::driver::{Shared, State};
-use crate::verbs::Counters;
 
 /// The environment variable that names the directory of published counters (default
 /// [`DEFAULT_STATS_DIR`]). Processes that should see each other must agree on it.
@@ -328,6 +326,94 @@ fn read_values(map: &Mapping, count: usize) -> Option<Vec<u64>> {
     None
 }
 
+/// Counters of a device.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub struct Counters {
+    /// The engine's protocol counters.
+    pub engine: softrdma_engine::Counters,
+    /// Datagrams the kernel would not take (full socket buffer, no route).
+    pub send_errors: u64,
+    /// Datagrams for QP1 that were not CM MADs in valid UD packets, dropped.
+    pub gsi_dropped: u64,
+    /// The connection manager's counters (MADs sent, received, dropped, retried).
+    pub cm: softrdma_cm::CmCounters,
+}
+
+impl Counters {
+    /// Every counter with its name, in a fixed order: the engine's (named as its fields),
+    /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
+    /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
+    pub fn named(&self) -> [(&'static str, u64); 31] {
+        // Destructured in full, so that a new counter cannot be left out.
+        let softrdma_engine::Counters {
+            sent_packets,
+            rcvd_packets,
+            rcvd_malformed,
+            rcvd_icrc_exact,
+            rcvd_icrc_predicted,
+            rcvd_icrc_solved,
+            rcvd_icrc_errors,
+            rcvd_dropped,
+            duplicate_requests,
+            out_of_sequence,
+            retransmitted_packets,
+            ack_timeouts,
+            rnr_naks_sent,
+            rnr_naks_rcvd,
+            naks_sent,
+            naks_rcvd,
+            resp_remote_access_errors,
+            resp_invalid_requests,
+            resp_operational_errors,
+            rcvd_wrong_source,
+            rcvd_auth_failures,
+            cnps_sent,
+            cnps_rcvd,
+        } = self.engine;
+        let softrdma_cm::CmCounters {
+            mads_sent,
+            mads_received,
+            mads_dropped,
+            mads_retried,
+            duplicates,
+            transmit_queue_full,
+        } = self.cm;
+        [
+            ("sent_packets", sent_packets),
+            ("rcvd_packets", rcvd_packets),
+            ("rcvd_malformed", rcvd_malformed),
+            ("rcvd_icrc_exact", rcvd_icrc_exact),
+            ("rcvd_icrc_predicted", rcvd_icrc_predicted),
+            ("rcvd_icrc_solved", rcvd_icrc_solved),
+            ("rcvd_icrc_errors", rcvd_icrc_errors),
+            ("rcvd_dropped", rcvd_dropped),
+            ("duplicate_requests", duplicate_requests),
+            ("out_of_sequence", out_of_sequence),
+            ("retransmitted_packets", retransmitted_packets),
+            ("ack_timeouts", ack_timeouts),
+            ("rnr_naks_sent", rnr_naks_sent),
+            ("rnr_naks_rcvd", rnr_naks_rcvd),
+            ("naks_sent", naks_sent),
+            ("naks_rcvd", naks_rcvd),
+            ("resp_remote_access_errors", resp_remote_access_errors),
+            ("resp_invalid_requests", resp_invalid_requests),
+            ("resp_operational_errors", resp_operational_errors),
+            ("rcvd_wrong_source", rcvd_wrong_source),
+            ("rcvd_auth_failures", rcvd_auth_failures),
+            ("cnps_sent", cnps_sent),
+            ("cnps_rcvd", cnps_rcvd),
+            ("send_errors", self.send_errors),
+            ("gsi_dropped", self.gsi_dropped),
+            ("cm_mads_sent", mads_sent),
+            ("cm_mads_received", mads_received),
+            ("cm_mads_dropped", mads_dropped),
+            ("cm_mads_retried", mads_retried),
+            ("cm_duplicates", duplicates),
+            ("cm_transmit_queue_full", transmit_queue_full),
+        ]
+    }
+}
+
 // ---- the writer --------------------------------------------------------------------------
 
 /// A context's published counters: its file, and what it last wrote.
@@ -350,41 +436,49 @@ impl Publisher {
     }
 }
 
-/// The hook at the end of each receive step (`worked`: whether it received anything or
-/// fired a timer); see the module documentation for when it writes.
-pub(crate) fn after_receive(st: &mut State, shared: &Shared, now: softrdma_engine::Instant, worked: bool) {
-    let now = now.as_nanos();
-    if st.stats.file.is_none() {
-        return;
-    }
-    let busy_due = now.saturating_sub(st.stats.last_ns) >= BUSY_PERIOD_NS;
-    if !busy_due && (worked || !is_progress_thread(shared)) {
-        return;
-    }
-    let counters = crate::verbs::counters_of(st);
-    let p = &mut st.stats;
-    p.last_ns = now;
-    if counters != p.last {
-        if let Some(f) = &p.file {
-            f.write(&counters);
+impl Publisher {
+    /// The hook at the end of each receive step (`worked`: whether it received anything or
+    /// fired a timer; `progress_thread`: the device's progress thread, if it started);
+    /// see the module documentation for when it writes, and so when it calls `counters`.
+    pub(crate) fn after_receive(
+        &mut self,
+        now: softrdma_engine::Instant,
+        worked: bool,
+        progress_thread: Option<std::thread::ThreadId>,
+        counters: impl FnOnce() -> Counters,
+    ) {
+        let now = now.as_nanos();
+        if self.file.is_none() {
+            return;
         }
-        p.last = counters;
+        let busy_due = now.saturating_sub(self.last_ns) >= BUSY_PERIOD_NS;
+        if !busy_due && (worked || !is_progress_thread(progress_thread)) {
+            return;
+        }
+        let counters = counters();
+        self.last_ns = now;
+        if counters != self.last {
+            if let Some(f) = &self.file {
+                f.write(&counters);
+            }
+            self.last = counters;
+        }
     }
 }
 
-/// Whether this thread is the progress thread of `shared`'s device. A thread is the
+/// Whether this thread is `progress`, the progress thread of a device. A thread is the
 /// progress thread of at most one device and every other device's application thread, so
 /// the first answer holds for the thread's life; it is kept, since applications ask on
 /// every poll.
-fn is_progress_thread(shared: &Shared) -> bool {
+fn is_progress_thread(progress: Option<std::thread::ThreadId>) -> bool {
     thread_local! {
         static PROGRESS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     }
     PROGRESS.with(|p| {
         p.get().unwrap_or_else(|| {
-            match shared.thread_id.get() {
+            match progress {
                 Some(id) => {
-                    let mine = *id == std::thread::current().id();
+                    let mine = id == std::thread::current().id();
                     p.set(Some(mine));
                     mine
                 }

@@ -55,7 +55,6 @@ impl Device {
     /// Opens the device with `options`.
     pub fn open_with(&self, options: &ContextOptions) -> Result<Context> {
         let drv = Arc::new(Driver::start(self.clone(), options)?);
-        let _ = drv.shared.driver.set(Arc::downgrade(&drv));
         Ok(Context { drv })
     }
 }
@@ -78,7 +77,7 @@ impl Context {
 
     /// `ibv_alloc_pd`.
     pub fn alloc_pd(&self) -> Result<Pd> {
-        let id = self.drv.shared.lock().engine.alloc_pd();
+        let id = self.drv.shared.lock().nic.engine_mut().alloc_pd();
         Ok(Pd { inner: Arc::new(PdInner { ctx: self.clone(), id }) })
     }
 
@@ -94,11 +93,11 @@ impl Context {
     pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
         let sh = &self.drv.shared;
         let mut st = sh.lock();
-        let id = st.engine.create_cq(cqe)?;
+        let id = st.nic.engine_mut().create_cq(cqe)?;
         let inner = Arc::new(CqInner { ctx: self.clone(), id, cqe, channel: channel.cloned() });
-        st.cqs.insert(id.0, Arc::downgrade(&inner));
         if let Some(ch) = channel {
-            st.channels.insert(id.0, Arc::clone(&ch.inner));
+            let to = ChannelOfCq { channel: Arc::clone(&ch.inner), cq: Arc::downgrade(&inner) };
+            st.cq_channels.insert(id.0, Box::new(to));
         }
         Ok(Cq { inner })
     }
@@ -139,123 +138,25 @@ impl Context {
 
     /// The device's packet and error counters (like rxe's `hw_counters`). Other processes
     /// read them with `softrdma stats` ([`crate::stats`]).
-    pub fn counters(&self) -> Counters {
-        counters_of(&self.drv.shared.lock())
+    pub fn counters(&self) -> crate::stats::Counters {
+        self.drv.shared.lock().counters()
     }
 
     /// `ibv_query_device`: what this device allows, from the limits its engine enforces.
     pub fn query_device(&self) -> DeviceAttr {
         let st = self.drv.shared.lock();
-        DeviceAttr::new(&self.drv.device, st.engine.config())
+        DeviceAttr::new(&self.drv.device, st.nic.engine().config())
     }
 
     /// `ibv_query_port`: the state and attributes of port `port` (softrdma devices have
     /// one port, 1).
     pub fn query_port(&self, port: u8) -> Result<PortAttr> {
         let st = self.drv.shared.lock();
-        PortAttr::new(&self.drv.device, port, st.engine.config())
+        PortAttr::new(&self.drv.device, port, st.nic.engine().config())
     }
 
     fn same(&self, other: &Context) -> bool {
         Arc::ptr_eq(&self.drv, &other.drv)
-    }
-}
-
-/// Counters of a device.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
-pub struct Counters {
-    /// The engine's protocol counters.
-    pub engine: softrdma_engine::Counters,
-    /// Datagrams the kernel would not take (full socket buffer, no route).
-    pub send_errors: u64,
-    /// Datagrams for QP1 that were not CM MADs in valid UD packets, dropped.
-    pub gsi_dropped: u64,
-    /// The connection manager's counters (MADs sent, received, dropped, retried).
-    pub cm: softrdma_cm::CmCounters,
-}
-
-impl Counters {
-    /// Every counter with its name, in a fixed order: the engine's (named as its fields),
-    /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
-    /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 31] {
-        // Destructured in full, so that a new counter cannot be left out.
-        let softrdma_engine::Counters {
-            sent_packets,
-            rcvd_packets,
-            rcvd_malformed,
-            rcvd_icrc_exact,
-            rcvd_icrc_predicted,
-            rcvd_icrc_solved,
-            rcvd_icrc_errors,
-            rcvd_dropped,
-            duplicate_requests,
-            out_of_sequence,
-            retransmitted_packets,
-            ack_timeouts,
-            rnr_naks_sent,
-            rnr_naks_rcvd,
-            naks_sent,
-            naks_rcvd,
-            resp_remote_access_errors,
-            resp_invalid_requests,
-            resp_operational_errors,
-            rcvd_wrong_source,
-            rcvd_auth_failures,
-            cnps_sent,
-            cnps_rcvd,
-        } = self.engine;
-        let softrdma_cm::CmCounters {
-            mads_sent,
-            mads_received,
-            mads_dropped,
-            mads_retried,
-            duplicates,
-            transmit_queue_full,
-        } = self.cm;
-        [
-            ("sent_packets", sent_packets),
-            ("rcvd_packets", rcvd_packets),
-            ("rcvd_malformed", rcvd_malformed),
-            ("rcvd_icrc_exact", rcvd_icrc_exact),
-            ("rcvd_icrc_predicted", rcvd_icrc_predicted),
-            ("rcvd_icrc_solved", rcvd_icrc_solved),
-            ("rcvd_icrc_errors", rcvd_icrc_errors),
-            ("rcvd_dropped", rcvd_dropped),
-            ("duplicate_requests", duplicate_requests),
-            ("out_of_sequence", out_of_sequence),
-            ("retransmitted_packets", retransmitted_packets),
-            ("ack_timeouts", ack_timeouts),
-            ("rnr_naks_sent", rnr_naks_sent),
-            ("rnr_naks_rcvd", rnr_naks_rcvd),
-            ("naks_sent", naks_sent),
-            ("naks_rcvd", naks_rcvd),
-            ("resp_remote_access_errors", resp_remote_access_errors),
-            ("resp_invalid_requests", resp_invalid_requests),
-            ("resp_operational_errors", resp_operational_errors),
-            ("rcvd_wrong_source", rcvd_wrong_source),
-            ("rcvd_auth_failures", rcvd_auth_failures),
-            ("cnps_sent", cnps_sent),
-            ("cnps_rcvd", cnps_rcvd),
-            ("send_errors", self.send_errors),
-            ("gsi_dropped", self.gsi_dropped),
-            ("cm_mads_sent", mads_sent),
-            ("cm_mads_received", mads_received),
-            ("cm_mads_dropped", mads_dropped),
-            ("cm_mads_retried", mads_retried),
-            ("cm_duplicates", duplicates),
-            ("cm_transmit_queue_full", transmit_queue_full),
-        ]
-    }
-}
-
-/// The counters of a device, read under its lock.
-pub(crate) fn counters_of(st: &crate::driver::State) -> Counters {
-    Counters {
-        engine: st.engine.counters(),
-        send_errors: st.send_errors,
-        gsi_dropped: st.gsi_dropped,
-        cm: st.cm.counters(),
     }
 }
 
@@ -274,7 +175,7 @@ struct PdInner {
 impl Drop for PdInner {
     fn drop(&mut self) {
         // Children hold the PD alive, so nothing uses it any more.
-        let _ = self.ctx.drv.shared.lock().engine.dealloc_pd(self.id);
+        let _ = self.ctx.drv.shared.lock().nic.engine_mut().dealloc_pd(self.id);
     }
 }
 
@@ -307,18 +208,18 @@ impl Pd {
     }
 
     fn register(&self, addr: u64, len: u64, access: Access) -> Result<MrKeys> {
-        Ok(self.inner.ctx.drv.shared.lock().engine.reg_mr(self.inner.id, addr, len, access)?)
+        Ok(self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr(self.inner.id, addr, len, access)?)
     }
 
     /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
-        let id = self.inner.ctx.drv.shared.lock().engine.create_srq(self.inner.id, max_wr, max_sge)?;
+        let id = self.inner.ctx.drv.shared.lock().nic.engine_mut().create_srq(self.inner.id, max_wr, max_sge)?;
         Ok(Srq { inner: Arc::new(SrqInner { pd: Arc::clone(&self.inner), id }) })
     }
 
     /// `ibv_create_ah`: where UD sends go.
     pub fn create_ah(&self, av: AddressVector) -> Result<Ah> {
-        let id = self.inner.ctx.drv.shared.lock().engine.create_ah(self.inner.id, av)?;
+        let id = self.inner.ctx.drv.shared.lock().nic.engine_mut().create_ah(self.inner.id, av)?;
         Ok(Ah { inner: Arc::new(AhInner { pd: Arc::clone(&self.inner), id, av }) })
     }
 
@@ -344,7 +245,7 @@ impl Pd {
             cap: init.cap,
             sq_sig_all: init.sq_sig_all,
         };
-        let qpn = ctx.drv.shared.lock().engine.create_qp(&attr)?;
+        let qpn = ctx.drv.shared.lock().nic.engine_mut().create_qp(&attr)?;
         Ok(Qp {
             inner: Arc::new(QpInner {
                 pd: Arc::clone(&self.inner),
@@ -488,7 +389,7 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         // Deregister under the device lock before the buffer is freed (field drop, after).
-        let _ = self.pd.ctx.drv.shared.lock().engine.dereg_mr(self.keys.lkey);
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey);
     }
 }
 
@@ -526,7 +427,7 @@ impl RawMr {
 
 impl Drop for RawMr {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.drv.shared.lock().engine.dereg_mr(self.keys.lkey);
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey);
     }
 }
 
@@ -558,9 +459,8 @@ pub(crate) struct CqInner {
 impl Drop for CqInner {
     fn drop(&mut self) {
         let mut st = self.ctx.drv.shared.lock();
-        st.cqs.remove(&self.id.0);
-        st.channels.remove(&self.id.0);
-        let _ = st.engine.destroy_cq(self.id);
+        st.cq_channels.remove(&self.id.0);
+        let _ = st.nic.engine_mut().destroy_cq(self.id);
     }
 }
 
@@ -588,7 +488,7 @@ impl Cq {
         let mut st = sh.lock();
         let mut n = 0;
         while n < out.len() {
-            match st.engine.poll_cq(self.inner.id) {
+            match st.nic.engine_mut().poll_cq(self.inner.id) {
                 Some(wc) => {
                     out[n] = wc;
                     n += 1;
@@ -597,7 +497,7 @@ impl Cq {
             }
         }
         if n == 0 && !out.is_empty() && sh.app_receive(&mut st, self.inner.id.0) {
-            if let Some(wc) = st.engine.poll_cq(self.inner.id) {
+            if let Some(wc) = st.nic.engine_mut().poll_cq(self.inner.id) {
                 out[0] = wc;
                 n = 1;
                 sh.app_received(&mut st);
@@ -650,7 +550,7 @@ impl Cq {
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let sh = &self.inner.ctx.drv.shared;
         let mut st = sh.lock();
-        st.engine.req_notify_cq(self.inner.id, solicited_only)?;
+        st.nic.engine_mut().req_notify_cq(self.inner.id, solicited_only)?;
         drop(st);
         // The application is about to wait for the event, perhaps in its own epoll loop
         // rather than in get_cq_event: the sockets go back to the progress thread now.
@@ -705,10 +605,16 @@ pub(crate) struct ChannelInner {
     shared: Weak<driver::Shared>,
 }
 
-impl ChannelInner {
+/// A CQ's completion channel, as the driver knows it.
+struct ChannelOfCq {
+    channel: Arc<ChannelInner>,
+    cq: Weak<CqInner>,
+}
+
+impl driver::CompletionChannel for ChannelOfCq {
     /// An armed CQ of this channel got its completion.
-    pub(crate) fn fire(&self, cq: Weak<CqInner>) {
-        self.fired.push(cq);
+    fn fire(&self) {
+        self.channel.fired.push(self.cq.clone());
     }
 }
 
@@ -779,7 +685,7 @@ struct SrqInner {
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.drv.shared.lock().engine.destroy_srq(self.id);
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().destroy_srq(self.id);
     }
 }
 
@@ -793,14 +699,14 @@ impl Srq {
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = &self.inner.pd.ctx.drv.shared;
         let mut st = sh.lock();
-        st.engine.post_srq_recv(self.inner.id, wrs)?;
+        st.nic.engine_mut().post_srq_recv(self.inner.id, wrs)?;
         Ok(())
     }
 
     /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: raise `SrqLimitReached` once when fewer than
     /// `limit` receives remain.
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
-        Ok(self.inner.pd.ctx.drv.shared.lock().engine.arm_srq_limit(self.inner.id, limit)?)
+        Ok(self.inner.pd.ctx.drv.shared.lock().nic.engine_mut().arm_srq_limit(self.inner.id, limit)?)
     }
 }
 
@@ -844,7 +750,7 @@ struct AhInner {
 
 impl Drop for AhInner {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.drv.shared.lock().engine.destroy_ah(self.id);
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().destroy_ah(self.id);
     }
 }
 
@@ -941,7 +847,7 @@ impl Drop for QpInner {
         let sh = &self.pd.ctx.drv.shared;
         let mut st = sh.lock();
         sh.app_flush(&mut st);
-        let _ = st.engine.destroy_qp(self.qpn);
+        let _ = st.nic.engine_mut().destroy_qp(self.qpn);
         drop(st);
         // As the kernel's destroy (ib_uverbs_release_uevent): its events are gone with it,
         // and its QPN may name another QP next. Those the engine queued before the destroy
@@ -1019,7 +925,7 @@ impl Qp {
         let mut st = sh.lock();
         // ACKs a poll deferred leave before a state change could discard them.
         sh.app_flush(&mut st);
-        st.engine.modify_qp(self.inner.qpn, attr, mask)?;
+        st.nic.engine_mut().modify_qp(self.inner.qpn, attr, mask)?;
         sh.after_verb(&mut st);
         Ok(())
     }
@@ -1028,20 +934,21 @@ impl Qp {
     pub fn query(&self) -> Result<(QpAttr, QpCap)> {
         self.shared()
             .lock()
-            .engine
+            .nic
+            .engine()
             .query_qp(self.inner.qpn)
             .ok_or(Error::Verbs(softrdma_engine::VerbsError::NotFound { kind: "QP", id: self.qpn() }))
     }
 
     /// The QP's state.
     pub fn state(&self) -> Option<QpState> {
-        self.shared().lock().engine.qp_state(self.inner.qpn)
+        self.shared().lock().nic.engine().qp_state(self.inner.qpn)
     }
 
     /// Whether the QP is in authenticated mode ([`ContextOptions::authenticate`](crate::ContextOptions::authenticate)):
     /// every packet it sends and accepts carries a MAC of the connection's keys.
     pub fn authenticated(&self) -> bool {
-        self.shared().lock().engine.qp_authenticated(self.inner.qpn)
+        self.shared().lock().nic.engine().qp_authenticated(self.inner.qpn)
     }
 
     /// This QP as a peer must see it, sending from GID `sgid_index` and starting at `psn`.
@@ -1118,7 +1025,7 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
-        let posted = st.engine.post_send(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
+        let posted = st.nic.engine_mut().post_send(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
         // WRs before a bad one were posted: send them either way.
         sh.after_verb(&mut st);
         Ok(posted?)
@@ -1129,7 +1036,7 @@ impl Qp {
     pub fn post_send_all(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
-        let posted = st.engine.post_send_all(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
+        let posted = st.nic.engine_mut().post_send_all(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
         if posted.is_ok() {
             sh.after_verb(&mut st);
         }
@@ -1140,7 +1047,7 @@ impl Qp {
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
-        st.engine.post_recv(self.inner.qpn, wrs)?;
+        st.nic.engine_mut().post_recv(self.inner.qpn, wrs)?;
         Ok(())
     }
 }
