@@ -34,8 +34,8 @@ use softrdma_cm::{Cm, CmConfig, CmEvent, CmId, Nic, NicEvent};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
-use softrdma_wire::Envelope;
 use softrdma_wire::icrc::Ipv4IdentificationCache;
+use softrdma_wire::{BthPacket, Envelope, Qpn};
 
 use crate::capture::Capture;
 use crate::device::Device;
@@ -163,6 +163,18 @@ impl TxQueue {
         }
     }
 
+    /// The destination QP of the packet at `off` in the arena.
+    fn dest_qp(&self, off: usize) -> Qpn {
+        BthPacket::new_unchecked(&self.arena[off..]).dest_qp()
+    }
+
+    /// Whether the packet at `off` in the arena is a response (an ACK, atomic ACK or READ
+    /// response), by the opcode table.
+    fn is_response(&self, off: usize) -> bool {
+        let opcode = BthPacket::new_unchecked(&self.arena[off..]).opcode();
+        opcode.info().is_some_and(|i| i.is_response())
+    }
+
     /// An ACK (any response) queued just before a request of the same QP to the same
     /// destination trades places with it in the arena, so that the two leave as
     /// one GSO datagram (the request first, the ACK, no longer, last) and arrive together.
@@ -178,20 +190,20 @@ impl TxQueue {
         let mut i = 0;
         while i + 1 < self.meta.len() {
             let ((oa, a), (ob, b)) = (self.meta[i], self.meta[i + 1]);
-            let qpn = &self.arena[oa + 5..oa + 8];
+            let qpn = self.dest_qp(oa);
             // The pair leaves with the requests (send_units sends requests first): only
             // the QP's first response of the batch may, or its responses would reorder.
             let first_response = || {
-                self.meta[..i].iter().all(|&(o, t)| {
-                    !(is_response(self.arena[o]) && t.envelope == a.envelope && self.arena[o + 5..o + 8] == *qpn)
-                })
+                self.meta[..i]
+                    .iter()
+                    .all(|&(o, t)| !(self.is_response(o) && t.envelope == a.envelope && self.dest_qp(o) == qpn))
             };
-            let pair = is_response(self.arena[oa])
-                && !is_response(self.arena[ob])
+            let pair = self.is_response(oa)
+                && !self.is_response(ob)
                 && ob == oa + a.len
                 && b.len >= a.len
                 && a.envelope == b.envelope
-                && self.arena[ob + 5..ob + 8] == *qpn
+                && self.dest_qp(ob) == qpn
                 && first_response();
             if pair {
                 self.arena[oa..ob + b.len].rotate_left(a.len);
@@ -215,11 +227,11 @@ impl TxQueue {
         let mut i = 0;
         while i < n {
             let (off, first) = self.meta[i];
-            let qpn = &self.arena[off + 5..off + 8];
+            let qpn = self.dest_qp(off);
             let mut count = 1;
             let mut total = first.len;
             // QP1's MADs leave one datagram each, IPv4 identification 0, as they always did.
-            if self.gso && *qpn != [0, 0, 1] {
+            if self.gso && qpn != Qpn::GSI {
                 while i + count < n && count < GSO_MAX_SEGMENTS {
                     let (o, t) = self.meta[i + count];
                     let previous_full = self.meta[i + count - 1].1.len == first.len;
@@ -227,7 +239,7 @@ impl TxQueue {
                         || t.len > first.len
                         || !previous_full
                         || total + t.len > 65_000
-                        || self.arena[o + 5..o + 8] != *qpn
+                        || self.dest_qp(o) != qpn
                     {
                         break;
                     }
@@ -989,7 +1001,7 @@ impl State {
         for response in [false, true] {
             for (j, &(first, _, _)) in units[..live].iter().enumerate() {
                 let off = tx.meta[first].0;
-                if is_response(tx.arena[off]) == response {
+                if tx.is_response(off) == response {
                     order[k] = j;
                     k += 1;
                 }
@@ -1119,12 +1131,6 @@ fn with_identification(mut envelope: Envelope, id: u16) -> Envelope {
         e.identification = id;
     }
     envelope
-}
-
-/// Whether a packet with this BTH opcode is an RC response (ACKNOWLEDGE, ATOMIC
-/// ACKNOWLEDGE, RDMA READ response): opcodes 0x0d..=0x12 of the RC transport (IBA 9.2.1).
-fn is_response(opcode: u8) -> bool {
-    (0x0d..=0x12).contains(&opcode)
 }
 
 /// Sends a batch, retrying once after the socket drains if its buffer was full. Returns how
