@@ -741,6 +741,11 @@ impl Engine {
         self.pd_use(qp.pd, -1)
     }
 
+    /// How many QPs exist.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
     /// The QP's state.
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
         self.qps.get(&qpn.value()).map(|q| q.state)
