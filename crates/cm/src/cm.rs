@@ -381,6 +381,11 @@ fn emit_mad(msg: &CmMessage<'_>, tid: u64) -> [u8; MAD_LEN] {
     mad
 }
 
+/// Whether `mad` is a REJ.
+fn is_rej(mad: &[u8; MAD_LEN]) -> bool {
+    MadPacket::new_checked(&mad[..]).is_ok_and(|p| p.attribute_id() == AttributeId::REJ)
+}
+
 fn unspecified(v6: bool) -> IpAddr {
     if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() }
 }
@@ -792,6 +797,8 @@ impl Cm {
         i.pending = None;
         i.deadline = None;
         i.listener = None;
+        // Kept for a repeat of the REQ, whose sender did not get it (on_req).
+        i.last_reply = Some(Box::new(mad));
         let route = i.route.ok_or(CmError::NoSuchId { op: OP, id })?;
         self.out.send(route.src, route.dst, mad);
         Ok(())
@@ -1205,6 +1212,11 @@ impl Cm {
                     Some(emit_mad(&CmMessage::Mra(mra), i.tid))
                 }
                 State::RepSent => i.last_reply.as_deref().copied(),
+                // A REQ repeated after we rejected it: the REJ was lost, and its sender would
+                // wait out every REQ retry (or an MRA's 69 s) to report UNREACHABLE. cm.c
+                // forgets a rejected REQ and raises a new request, which the consumer
+                // rejects again; the REJ goes out again here, without a second request.
+                State::Closed => i.last_reply.as_deref().copied().filter(is_rej),
                 // cm.c: cm_dup_req_handler answers a REQ for a connection in timewait
                 // with REJ 10 (stale connection).
                 State::Timewait => {

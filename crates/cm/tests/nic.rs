@@ -336,3 +336,38 @@ fn destroying_every_id_and_qp_leaves_nothing() {
     }
     assert_eq!(net.a().kinds(c.a_id), [AddrResolved, RouteResolved, Established]);
 }
+
+#[test]
+fn a_lost_rej_is_sent_again_for_the_repeated_req() {
+    // Found by the swarm: the passive side kept no REJ, so the active side waited out every
+    // REQ retry (69 s after an MRA) and reported UNREACHABLE instead of REJECTED.
+    let mut net = Net::new(seed_from_env_or(21));
+    net.sim.add_rule(drop_first("REJ", 1));
+    let (a_id, a_qp, b_id) = net.request(b"hello");
+    let now = net.now();
+    net.b().reject(now, b_id);
+    net.settle();
+    assert_eq!(net.a().kinds(a_id), [AddrResolved, RouteResolved, Rejected]);
+    assert!(net.now() < now + Duration::from_millis(5), "at the REQ's first resend");
+    assert_eq!(net.a().qp_state(a_qp), Some(QpState::Err));
+    assert_eq!(net.b().requests().len(), 1, "the repeated REQ is no new request");
+}
+
+#[test]
+fn a_repeated_req_after_a_lost_rej_and_an_mra_still_ends_rejected() {
+    // The REQ arrives twice before the application rejects: the second gets rdma_cm's MRA
+    // (service timeout 2^24 · 4.096 µs ≈ 69 s), and the REJ is lost. The REQ's next resend
+    // comes after the MRA's wait, and gets the REJ again.
+    let mut net = Net::new(seed_from_env_or(22));
+    net.sim.add_rule(Match::new(|d| mad_name(d) == Some("REQ"), Verdict::Duplicate).times(1));
+    net.sim.add_rule(drop_first("REJ", 1));
+    let (a_id, _, b_id) = net.request(b"hello");
+    net.run_for(Duration::from_micros(50)); // the duplicate REQ, and B's MRA
+    let now = net.now();
+    net.b().reject(now, b_id);
+    net.run_for(Duration::from_secs(60));
+    assert_eq!(net.a().kinds(a_id), [AddrResolved, RouteResolved], "A waits as the MRA asked");
+    net.run_for(Duration::from_secs(20));
+    assert_eq!(net.a().kinds(a_id), [AddrResolved, RouteResolved, Rejected]);
+    assert_eq!(net.b().requests().len(), 1);
+}
