@@ -275,9 +275,11 @@ impl Net {
         self.sim.run_for(d).unwrap();
     }
 
-    /// Runs until nothing is in flight and no timer is armed (within a minute).
+    /// Runs until nothing is in flight and no timer is armed, within a minute of virtual
+    /// time (a timer armed beyond it fails the test).
     pub fn settle(&mut self) {
         self.sim.run_until_idle(Duration::from_secs(60)).unwrap();
+        assert_eq!(self.sim.next_event(), None, "a timer is still armed at {:?}", self.now());
     }
 
     /// B listens; A connects with `private`; runs until the request reaches B.
