@@ -1,9 +1,12 @@
 //! Swarm simulation of rdma_cm connections and their QPs together (a `Nic` on each side):
 //! for each seed, a bad network drawn from the seed (loss, duplication, reordering,
-//! corruption), a few connections that are accepted or rejected, carry a SEND and a WRITE
-//! and are disconnected from either side, both or neither, as a librdmacm program would
-//! (answering a DISCONNECTED with its own `rdma_disconnect`); then the network heals, and
-//! the run must converge. Checked here, outside the code under test:
+//! corruption, and sometimes a stretch in which nothing gets through), up to six
+//! connections that are accepted or rejected, carry a SEND and a WRITE and are disconnected
+//! from either side, both or neither, as a librdmacm program would (answering a
+//! DISCONNECTED with its own `rdma_disconnect`), and now and then an application on either
+//! side that destroys its ID and QP whatever their state; then the network heals, and the
+//! run must converge. Checked here, outside the code under test (an application that
+//! destroyed its ID is held only to what it saw before):
 //!
 //! - every connect ends with exactly one outcome (ESTABLISHED, REJECTED, UNREACHABLE or
 //!   CONNECT_ERROR), then at most DISCONNECTED and TIMEWAIT_EXIT; every accepted request
@@ -58,6 +61,9 @@ struct Plan {
     /// The active application destroys its ID and QP at this instant, whatever their
     /// state (it exits).
     vanish: Option<Instant>,
+    /// The passive application destroys the request's ID and QP at this instant (or when
+    /// the request comes, if later).
+    b_vanish: Option<Instant>,
 }
 
 #[derive(Default, Debug)]
@@ -72,6 +78,8 @@ struct Conn {
     b_disconnected: bool,
     /// The active side's ID and QP were destroyed (the plan's `vanish`).
     a_gone: bool,
+    /// The passive side's ID and QP were destroyed (the plan's `b_vanish`).
+    b_gone: bool,
     /// Completions with the instant they were polled.
     a_wcs: Vec<(Instant, Wc)>,
     b_wcs: Vec<(Instant, Wc)>,
@@ -132,6 +140,15 @@ impl Run {
                 }
             }
         }
+        for i in 0..self.plans.len() {
+            let c = &self.conns[i];
+            if self.plans[i].b_vanish.is_some_and(|t| t <= now) && !c.b_gone {
+                if let Some(id) = c.b_id {
+                    self.conns[i].b_gone = true;
+                    self.net.b().destroy(now, id);
+                }
+            }
+        }
         // The passive side: requests, and DISCONNECTED answered with rdma_disconnect.
         let events: Vec<_> = self.net.b().events[self.b_seen..].to_vec();
         self.b_seen += events.len();
@@ -139,6 +156,14 @@ impl Run {
             if e.kind == ConnectRequest {
                 let i = e.private_data[1] as usize;
                 let c = &mut self.conns[i];
+                if c.b_gone {
+                    // The REQ, repeated after the application destroyed the request's ID,
+                    // is a new request (as in cm.c): the application turns it down.
+                    let b = self.net.b();
+                    let _ = b.nic.cm_mut().reject(now, e.id, b"gone");
+                    b.drain();
+                    continue;
+                }
                 c.requests += 1;
                 if c.b_id.is_some() {
                     continue; // a second request: the checker reports it
@@ -174,7 +199,8 @@ impl Run {
         for e in events {
             let Some(i) = self.conns.iter().position(|c| c.a_id == Some(e.id)) else { continue };
             match e.kind {
-                Established => {
+                // Not if the application destroyed the QP meanwhile.
+                Established if !self.conns[i].a_gone => {
                     let qpn = self.conns[i].a_qp.unwrap();
                     let kb = self.net.b().mr;
                     let a = self.net.a();
@@ -205,7 +231,7 @@ impl Run {
         for i in 0..self.conns.len() {
             let c = &self.conns[i];
             let (Some(a_id), who) = (c.a_id, self.plans[i].disconnect) else { continue };
-            if !c.data_posted || c.a_wcs.len() < 2 || c.a_gone {
+            if !c.data_posted || c.a_wcs.len() < 2 || c.a_gone || c.b_gone {
                 continue;
             }
             let b_established = c.b_id.is_some_and(|b| {
@@ -232,7 +258,13 @@ impl Run {
         loop {
             self.react();
             let now = self.net.now();
-            let start = self.plans.iter().flat_map(|p| [Some(p.start), p.vanish]).flatten().filter(|&s| s > now).min();
+            let start = self
+                .plans
+                .iter()
+                .flat_map(|p| [Some(p.start), p.vanish, p.b_vanish])
+                .flatten()
+                .filter(|&s| s > now)
+                .min();
             let next = [self.net.sim.next_event(), start].into_iter().flatten().min();
             match next {
                 None if quiet => return Ok(()),
@@ -289,7 +321,8 @@ fn run(seed: u64, tally: &mut Tally) -> Result<(), String> {
                 accept: !rng.chance(0.25),
                 start,
                 disconnect: pick(&mut rng, &[Who::Nobody, Who::Active, Who::Passive, Who::Both]),
-                vanish: rng.chance(0.15).then(|| start + Duration::from_micros(rng.below(20_000))),
+                vanish: rng.chance(0.1).then(|| start + Duration::from_micros(rng.below(20_000))),
+                b_vanish: rng.chance(0.1).then(|| start + Duration::from_micros(rng.below(20_000))),
             }
         })
         .collect();
@@ -345,7 +378,7 @@ fn run(seed: u64, tally: &mut Tally) -> Result<(), String> {
         if let Some(id) = c.a_id.filter(|_| !c.a_gone) {
             run.net.a().destroy(now, id);
         }
-        if let Some(id) = c.b_id {
+        if let Some(id) = c.b_id.filter(|_| !c.b_gone) {
             run.net.b().destroy(now, id);
         }
     }
@@ -398,15 +431,25 @@ fn check(run: &Run, healed: Instant) -> Result<(), String> {
         let kb = c.b_id.map(|id| b.kinds(id)).unwrap_or_default();
         let b_est = kb.contains(&Established);
         let b_state = c.b_qp.and_then(|q| b.qp_state(q));
-        if kb.contains(&Disconnected) && b_state != Some(QpState::Err) {
+        if !c.b_gone && kb.contains(&Disconnected) && b_state != Some(QpState::Err) {
             return Err(format!("conn {i}: B's QP in {b_state:?} after {kb:?}"));
         }
         if gone {
             // Only the passive side is left to check: one outcome, and established only if
             // the active side was.
             let n = kb.iter().filter(|k| matches!(k, Established | Rejected | Unreachable)).count();
-            if n > 1 || (b_est && !a_est) || (plan.accept && c.b_id.is_some() && kb.len() < 2) {
+            if n > 1 || (b_est && !a_est) || (plan.accept && c.b_id.is_some() && !c.b_gone && kb.len() < 2) {
                 return Err(format!("conn {i}: the active side exited; A {ka:?} B {kb:?}"));
+            }
+            continue;
+        }
+        if c.b_gone {
+            // The active side had its one outcome (checked above); what it sent completed
+            // once each, and established on B means established on A.
+            let mut ids: Vec<u64> = c.a_wcs.iter().map(|(_, w)| w.wr_id).collect();
+            ids.sort_unstable();
+            if (b_est && !a_est) || (c.data_posted && ids != [2 * i as u64, 2 * i as u64 + 1]) {
+                return Err(format!("conn {i}: the passive side exited; A {ka:?} B {kb:?} A's WRs {ids:?}"));
             }
             continue;
         }
