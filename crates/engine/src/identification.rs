@@ -22,8 +22,9 @@
 //! its 255 masks form a subspace that an identification explains). From a trusted peer
 //! none of them passed, nor any of 2^20 random corruptions.
 //!
-//! A peer becomes trusted after [`TRUST`] packets in a row that were exact or predicted (a
-//! steady rxe peer after its first few packets, a softrdma peer at once): from then on, an
+//! A peer becomes trusted at its first exact packet (a softrdma peer, whose packets are all
+//! exact), or after [`TRUST`] packets in a row that were predicted (a steady rxe peer after
+//! its first few packets): from then on, an
 //! identification outside its window is not believed at once. Such a packet is dropped
 //! (counted bad) and remembered; the next one in sequence with it is accepted (solved) and
 //! the peer follows the new sequence. A sender whose counter jumps further than Linux's
@@ -117,8 +118,12 @@ impl Identifications {
         let peer = slot.filter(|p| p.src == e.src && p.dst == e.dst);
         let syndrome = computed ^ packet.icrc();
         if syndrome == 0 {
-            let streak = peer.map_or(1, |p| p.streak.saturating_add(1).min(TRUST));
-            *slot = Some(Peer { src: e.src, dst: e.dst, last: e.identification, at: now, streak, pending: None });
+            // An exact match is the sender's own identification (2^-32 for a corrupted
+            // packet): a softrdma peer, which sends exact packets only, is trusted at once,
+            // so that its corrupted packets never meet the solved path's 2^-16 after its
+            // first one.
+            *slot =
+                Some(Peer { src: e.src, dst: e.dst, last: e.identification, at: now, streak: TRUST, pending: None });
             return (IcrcCheck::Exact, *envelope);
         }
         // `computed` holds the envelope's own identification's delta: take it out.
@@ -226,6 +231,17 @@ mod tests {
         assert_eq!(check(&mut ids, 1, &packet(30_000, 64)), IcrcCheck::Bad);
         assert_eq!(check(&mut ids, 1, &packet(30_001, 64)), IcrcCheck::Solved(30_001));
         assert_eq!(check(&mut ids, 1, &packet(30_002, 64)), IcrcCheck::Predicted(30_002));
+    }
+
+    #[test]
+    fn an_exact_packet_makes_its_peer_trusted_at_once() {
+        // A softrdma peer sends identification 0 (exact); one exact packet, then a
+        // corrupted one that some identification far out of the window explains.
+        let mut ids = Identifications::default();
+        assert_eq!(check(&mut ids, 0, &packet(0, 64)), IcrcCheck::Exact);
+        assert_eq!(check(&mut ids, 0, &packet(30_000, 64)), IcrcCheck::Bad);
+        // A Linux sender that happened to send 0 goes on in sequence, predicted.
+        assert_eq!(check(&mut ids, 0, &packet(1, 64)), IcrcCheck::Predicted(1));
     }
 
     #[test]
