@@ -48,6 +48,11 @@ fn a_forked_child_that_exits_leaves_its_parents_connections_alone() {
 }
 
 #[test]
+fn a_child_forked_from_a_process_with_60_contexts_connects() {
+    passes("fork_many_contexts");
+}
+
+#[test]
 fn create_qp_ex_takes_the_create_flags_bit_with_no_flag() {
     passes("qp_ex_create_flags");
 }

@@ -1,0 +1,93 @@
+/* A process that holds many open device contexts forks, and its child uses rdma_cm: the
+ * child must join the host's softrdma group and connect as any process does (a report had
+ * the child's host join time out, EIO from rdma_*, with ~60 contexts open in the parent).
+ * The parent opens 60 contexts and keeps them; the child connects two rdma_cm IDs to each
+ * other and moves a message over them, then the parent, still holding its contexts, does
+ * the same. Prints "ok" and exits 0, or names the failed check and exits 1. */
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common.h"
+
+#define CONTEXTS 60
+
+/* The next CM event of `ch`, which must be `type`; its ID. */
+static struct rdma_cm_id *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type) {
+    struct rdma_cm_event *ev;
+    if (rdma_get_cm_event(ch, &ev))
+        return NULL;
+    struct rdma_cm_id *id = ev->event == type ? ev->id : NULL;
+    if (!id)
+        fprintf(stderr, "got %s, expected %s\n", rdma_event_str(ev->event), rdma_event_str(type));
+    rdma_ack_cm_event(ev);
+    return id;
+}
+
+/* Connects two IDs of one channel through 127.0.0.1:`port` and sends one message. */
+static int connect_and_send(int port) {
+    struct rdma_event_channel *ch = rdma_create_event_channel();
+    CHECK(ch, "rdma_create_event_channel");
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(0x7f000001)};
+    struct rdma_cm_id *listen_id, *client;
+    CHECK(rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (listener)");
+    CHECK(rdma_bind_addr(listen_id, (struct sockaddr *)&addr) == 0 && rdma_listen(listen_id, 1) == 0, "listening");
+    CHECK(rdma_create_id(ch, &client, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
+    CHECK(rdma_resolve_addr(client, NULL, (struct sockaddr *)&addr, 2000) == 0, "rdma_resolve_addr");
+    CHECK(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED) == client, "ADDR_RESOLVED");
+    CHECK(rdma_resolve_route(client, 2000) == 0 && expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED) == client,
+          "ROUTE_RESOLVED");
+    struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
+                                  .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+    CHECK(rdma_create_qp(client, NULL, &qa) == 0, "rdma_create_qp (client)");
+    CHECK(rdma_connect(client, NULL) == 0, "rdma_connect");
+    struct rdma_cm_id *server = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
+    CHECK(server, "CONNECT_REQUEST");
+    struct ibv_qp_init_attr sa = {.qp_type = IBV_QPT_RC,
+                                  .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+    CHECK(rdma_create_qp(server, NULL, &sa) == 0, "rdma_create_qp (server)");
+    char rbuf[16] = {0}, sbuf[16] = "over the child";
+    struct ibv_mr *rmr = rdma_reg_msgs(server, rbuf, sizeof rbuf);
+    struct ibv_mr *smr = rdma_reg_msgs(client, sbuf, sizeof sbuf);
+    CHECK(rmr && smr, "rdma_reg_msgs");
+    CHECK(rdma_post_recv(server, NULL, rbuf, sizeof rbuf, rmr) == 0, "rdma_post_recv");
+    CHECK(rdma_accept(server, NULL) == 0, "rdma_accept");
+    /* Both ESTABLISHED events, in either order. */
+    for (int i = 0; i < 2; i++) {
+        struct rdma_cm_event *ev;
+        CHECK(rdma_get_cm_event(ch, &ev) == 0 && ev->event == RDMA_CM_EVENT_ESTABLISHED, "ESTABLISHED");
+        rdma_ack_cm_event(ev);
+    }
+    CHECK(rdma_post_send(client, NULL, sbuf, sizeof sbuf, smr, IBV_SEND_SIGNALED) == 0, "rdma_post_send");
+    struct ibv_wc wc;
+    CHECK(rdma_get_send_comp(client, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "the SEND's completion");
+    CHECK(rdma_get_recv_comp(server, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "the receive's completion");
+    CHECK(memcmp(rbuf, sbuf, sizeof sbuf) == 0, "the message");
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    alarm(40);
+    int port = argc > 1 ? atoi(argv[1]) : 7000 + getpid() % 1000;
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    CHECK(list && list[0], "ibv_get_device_list");
+    struct ibv_context *ctx[CONTEXTS];
+    for (int i = 0; i < CONTEXTS; i++)
+        CHECK((ctx[i] = ibv_open_device(list[0])) != NULL, "ibv_open_device");
+    pid_t child = fork();
+    CHECK(child >= 0, "fork");
+    if (child == 0)
+        _exit(connect_and_send(port + 1));
+    int status;
+    CHECK(waitpid(child, &status, 0) == child, "waitpid");
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child connects and sends");
+    CHECK(connect_and_send(port + 2) == 0, "the parent connects and sends after its child");
+    for (int i = 0; i < CONTEXTS; i++)
+        CHECK(ibv_close_device(ctx[i]) == 0, "ibv_close_device");
+    ibv_free_device_list(list);
+    printf("ok\n");
+    return 0;
+}
