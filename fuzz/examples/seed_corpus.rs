@@ -1,8 +1,10 @@
-//! Seeds `fuzz/corpus/{roce_packet,ip_datagram,mad}` from the rxe captures in `tests/data`:
+//! Seeds `fuzz/corpus/{roce_packet,ip_datagram,mad,engine_ingress}` from the rxe captures in `tests/data`:
 //!
 //! - `ip_datagram`: every RoCEv2 IP packet (Ethernet header stripped), and the whole frame;
 //! - `roce_packet`: its UDP payload (BTH through ICRC);
-//! - `mad`: the payload of every UD packet to QP1 (a 256-byte MAD).
+//! - `mad`: the payload of every UD packet to QP1 (a 256-byte MAD);
+//! - `engine_ingress`: each capture's UDP payloads as one sequence (a little-endian
+//!   two-byte length before each).
 //!
 //! `cargo run --manifest-path fuzz/Cargo.toml --example seed_corpus` (stable is enough).
 
@@ -19,11 +21,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     let fuzz_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let captures = fuzz_dir.join("../tests/data");
     let corpus = fuzz_dir.join("corpus");
-    let targets = ["ip_datagram", "roce_packet", "mad"];
+    let targets = ["ip_datagram", "roce_packet", "mad", "engine_ingress"];
     for target in targets {
         fs::create_dir_all(corpus.join(target))?;
     }
-    let mut written = [0usize; 3];
+    let mut written = [0usize; 4];
     let mut write = |target: usize, name: &str, bytes: &[u8]| -> std::io::Result<()> {
         written[target] += 1;
         fs::write(corpus.join(targets[target]).join(name), bytes)
@@ -36,6 +38,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         let stem = path.file_stem().unwrap_or_default().to_string_lossy().into_owned();
         let mut reader = PcapReader::new(File::open(&path)?)?;
         let mut index = 0;
+        let mut sequence = Vec::new();
         while let Some(packet) = reader.next_packet() {
             let frame = packet?.data;
             index += 1;
@@ -48,6 +51,10 @@ fn main() -> Result<(), Box<dyn Error>> {
             write(0, &name, ip)?;
             write(0, &format!("{name}-frame"), &frame)?;
             write(1, &name, dgram.payload)?;
+            if let Ok(len) = u16::try_from(dgram.payload.len()) {
+                sequence.extend_from_slice(&len.to_le_bytes());
+                sequence.extend_from_slice(dgram.payload);
+            }
             if let Ok(p) = RocePacket::new_checked(dgram.payload)
                 && p.deth().is_some()
                 && p.bth().dest_qp() == Qpn::GSI
@@ -55,6 +62,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 write(2, &name, p.payload())?;
             }
         }
+        write(3, &stem, &sequence)?;
     }
     for (target, n) in targets.iter().zip(written) {
         println!("{n:5} seeds in {}", corpus.join(target).display());
