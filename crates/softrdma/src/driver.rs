@@ -32,7 +32,7 @@ use std::time::Duration;
 use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use softrdma_cm::{Cm, CmConfig, CmEvent, CmId, Nic, NicEvent};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
-use softrdma_udp::host::{HostConfig, Member};
+use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::icrc::Ipv4IdentificationCache;
 use softrdma_wire::{BthPacket, Envelope, Qpn};
@@ -216,8 +216,22 @@ impl TxQueue {
         }
     }
 
+    /// Whether the packet at `off` may join a GSO run led by the packet at `lead` (to QP
+    /// `qpn`): to the same QP, or to another QP of the same process (the receiving host
+    /// steers a GSO datagram by its first segment's QPN, and a process owns one slot of
+    /// QPNs: `softrdma_udp::host`) if both are requests or both responses, so that
+    /// `send_units`, which sends requests before responses, moves no response of a QP
+    /// ahead of an earlier one. The engine takes its QPs in turn, packet by packet: runs of
+    /// one QP alone were a packet long as soon as two QPs sent at once.
+    fn same_unit(&self, off: usize, lead: usize, qpn: Qpn) -> bool {
+        let dest = self.dest_qp(off);
+        dest == qpn
+            || (dest.value() >> QPN_SLOT_BITS == qpn.value() >> QPN_SLOT_BITS
+                && self.is_response(off) == self.is_response(lead))
+    }
+
     /// Splits the batch into send units: single packets, or GSO runs (equal-sized packets,
-    /// the last possibly shorter, consecutive in the arena, to one QP on this host), each
+    /// the last possibly shorter, consecutive in the arena, to one process on this host), each
     /// `(first, count, segment)`. IPv4 segments after the first get their ICRC corrected
     /// for the identification the kernel will give them.
     fn gso_runs(&mut self) -> [(usize, usize, usize); TX_BATCH] {
@@ -239,7 +253,7 @@ impl TxQueue {
                         || t.len > first.len
                         || !previous_full
                         || total + t.len > 65_000
-                        || self.dest_qp(o) != qpn
+                        || !self.same_unit(o, off, qpn)
                     {
                         break;
                     }
@@ -1224,6 +1238,22 @@ mod tests {
             q.pair_answers();
             assert_eq!(order(&q), before, "{gso} {dst:?} {packets:?}");
         }
+    }
+
+    #[test]
+    fn packets_of_two_qps_of_one_process_form_one_gso_run() {
+        const WRITE: u8 = 0x0a; // RC RDMA WRITE ONLY
+        const READ_RESP: u8 = 0x10;
+        // QPs 0x4000 and 0x4100 lie in one slot (one process); 0x6000 in another.
+        let q = |packets: &[(u8, u8, usize)]| queue(true, [127, 0, 0, 1], packets).gso_runs();
+        // The engine's turn-taking: one packet of each QP in turn, all one run.
+        let units = q(&[(WRITE, 0x40, 100), (WRITE, 0x41, 100), (WRITE, 0x40, 100), (WRITE, 0x41, 60)]);
+        assert_eq!(units[..2], [(0, 4, 100), (0, 0, 0)]);
+        // Another process's QP, or a response among requests: a new unit.
+        let units = q(&[(WRITE, 0x40, 100), (WRITE, 0x60, 100), (WRITE, 0x40, 100)]);
+        assert_eq!(units[..3], [(0, 1, 0), (1, 1, 0), (2, 1, 0)]);
+        let units = q(&[(WRITE, 0x40, 100), (READ_RESP, 0x41, 100), (WRITE, 0x40, 100)]);
+        assert_eq!(units[..3], [(0, 1, 0), (1, 1, 0), (2, 1, 0)]);
     }
 
     /// A thread blocked on a completion channel receives the device's datagrams itself;
