@@ -58,6 +58,11 @@ pub struct DeviceConfig {
     /// receive drops with CNPs and pace what they send at the rate CNPs leave them. `None`
     /// (the default): CNPs are neither sent nor obeyed.
     pub congestion: Option<crate::congestion::DcqcnConfig>,
+    /// Packets the device's RC QPs together may have sent to one peer address and not yet
+    /// seen acknowledged ([`crate::window`]); each QP also stops 128 ahead on its own.
+    /// `None` (the default): no limit but each QP's. A runtime sets what the peer's receive
+    /// buffer holds.
+    pub peer_window: Option<u32>,
 }
 
 impl Default for DeviceConfig {
@@ -78,6 +83,7 @@ impl Default for DeviceConfig {
             udp_source_port: None,
             udp_port: softrdma_wire::ROCEV2_UDP_PORT,
             congestion: None,
+            peer_window: None,
         }
     }
 }
@@ -217,6 +223,8 @@ pub(crate) struct Shared {
     /// CNPs owed: where, and to which QP.
     /// CNPs owed: where, to which QP, and for which of ours.
     pub(crate) cnps: VecDeque<(Envelope, Qpn, Qpn)>,
+    /// Each peer's window, shared by the RC QPs that send to it.
+    pub(crate) windows: crate::window::PeerWindows,
 }
 
 /// A software RDMA device.
@@ -331,6 +339,15 @@ impl Shared {
         }
     }
 
+    /// Counts the packets `qp` has sent and not yet seen acknowledged in its peer's window
+    /// ([`crate::window`]): an RC QP that sends, none otherwise.
+    pub(crate) fn count_window(&mut self, qp: &mut Qp) {
+        let sending = qp.qp_type == QpType::Rc && matches!(qp.state, QpState::Rts | QpState::Sqd);
+        let outstanding = if sending { qp.comp.psn.distance_to(qp.req.psn).max(0).unsigned_abs() } else { 0 };
+        let peer = qp.av.map(|av| av.dgid.to_ip());
+        self.windows.recount(&mut qp.window, peer, outstanding);
+    }
+
     /// Puts `qp` in the transmit round-robin.
     pub(crate) fn schedule(&mut self, qp: &mut Qp) {
         if !qp.in_ready {
@@ -434,6 +451,7 @@ impl Engine {
     pub fn new(config: DeviceConfig) -> Self {
         let rng = ChaCha12Rng::seed_from_u64(config.seed);
         let next_qpn = config.qpn_base;
+        let windows = crate::window::PeerWindows::new(config.peer_window);
         Self {
             shared: Shared {
                 config,
@@ -452,6 +470,7 @@ impl Engine {
                 identifications: Identifications::default(),
                 sge_pool: Vec::new(),
                 cnps: VecDeque::new(),
+                windows,
             },
             qps: BTreeMap::new(),
             next_qpn,
@@ -738,7 +757,19 @@ impl Engine {
         qp.comp.retransmit_at = None;
         qp.comp.rnr_wait_until = None;
         self.shared.update_timer(&mut qp);
+        self.shared.windows.forget(qpn, &mut qp.window);
+        self.wake_window_waiters();
         self.pd_use(qp.pd, -1)
+    }
+
+    /// Schedules the QPs that waited for room in a peer's window and may now have it.
+    pub(crate) fn wake_window_waiters(&mut self) {
+        while let Some(qpn) = self.shared.windows.pop_woken() {
+            if let Some(qp) = self.qps.get_mut(&qpn.value()) {
+                crate::window::PeerWindows::left(&mut qp.window);
+                self.shared.schedule(qp);
+            }
+        }
     }
 
     /// How many QPs exist.
@@ -898,6 +929,8 @@ impl Engine {
             QpState::Rts | QpState::Sqe => self.shared.schedule(qp),
             _ => {}
         }
+        self.shared.count_window(qp);
+        self.wake_window_waiters();
         Ok(())
     }
 

@@ -21,6 +21,7 @@ mod sgl;
 pub mod time;
 mod transmit;
 pub mod verbs;
+pub mod window;
 
 pub use auth::PacketKeys;
 pub use engine::{Counters, DeviceConfig, Engine, Transmit, udp_source_port};

@@ -289,6 +289,8 @@ pub(crate) struct Qp {
     pub(crate) resp: Responder,
     /// Queued in the engine's transmit round-robin.
     pub(crate) in_ready: bool,
+    /// Its part in its peer's window (RC).
+    pub(crate) window: crate::window::Share,
     /// `IBV_EVENT_SQ_DRAINED` was raised for the current stay in SQD.
     pub(crate) sq_drained_reported: bool,
     /// The deadline registered in the engine's timer set.
@@ -330,6 +332,7 @@ impl Qp {
             comp: Completer::default(),
             resp: Responder { out: VecDeque::with_capacity(64), ..Responder::default() },
             in_ready: false,
+            window: crate::window::Share::default(),
             sq_drained_reported: false,
             timer: None,
         }

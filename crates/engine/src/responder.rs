@@ -177,6 +177,7 @@ impl Engine {
             }
             sh.counters.rcvd_packets += 1;
             complete_response(qp, sh, mem, now, &repr, info.operation, info.position);
+            sh.count_window(qp);
         } else {
             // The responder works from RTR on (IBA 10.3.1.3).
             if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
@@ -200,6 +201,7 @@ impl Engine {
             sh.schedule(qp);
         }
         sh.update_timer(qp);
+        self.wake_window_waiters();
     }
 
     /// Fires every timer due at `now`.
@@ -217,6 +219,7 @@ impl Engine {
             }
             if qp.comp.retransmit_at.is_some_and(|t| t <= now) {
                 completer::handle_retransmit_timeout(qp, &mut self.shared, now);
+                self.shared.count_window(qp);
             }
             if let Some(cc) = qp.cc.as_deref_mut() {
                 cc.rp.handle_timeout(now);
@@ -227,6 +230,7 @@ impl Engine {
             }
             self.shared.update_timer(qp);
         }
+        self.wake_window_waiters();
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.

@@ -51,6 +51,7 @@ impl Engine {
                 }
             }
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
+            self.shared.count_window(qp);
             if let (Some(t), Some(cc)) = (&sent, qp.cc.as_deref_mut()) {
                 cc.rp.on_sent(now, t.len);
             }
@@ -278,6 +279,11 @@ fn request<M: Memory + ?Sized>(
     if rc && qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS {
         return None; // wait for ACKs
     }
+    let peer = qp.av.map(|av| av.dgid.to_ip());
+    if rc && !sh.windows.admits(&qp.window, peer) {
+        sh.windows.wait(qp.qpn, &mut qp.window);
+        return None; // wait for room in the peer's window (crate::window)
+    }
     let mtu = qp.mtu();
     let w = qp.sq.get(pos);
     let op = w.op();
@@ -383,7 +389,10 @@ fn request<M: Memory + ?Sized>(
             if let Some(dest) = w.ud {
                 ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
             }
-            header.ack_req = rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK);
+            header.ack_req = rc
+                && (last
+                    || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK
+                    || sh.windows.fills(qp.av.map(|av| av.dgid.to_ip())));
             // Copy the payload straight from the application's memory into the datagram.
             let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
             let out = buf.get_mut(at..at + chunk as usize)?;
@@ -398,6 +407,7 @@ fn request<M: Memory + ?Sized>(
         }
     }
     qp.req.since_ack_req = if header.ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    crate::window::PeerWindows::sent(&mut qp.window, header.ack_req);
     if psn.distance_to(qp.req.sent_end) > 0 {
         sh.counters.retransmitted_packets += 1;
     } else {

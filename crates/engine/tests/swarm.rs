@@ -1,5 +1,6 @@
 //! Swarm simulation: for each seed, a bad network drawn from the seed (loss, duplication,
-//! reordering, corruption), a random mix of every operation over RC, UC and UD, then the
+//! reordering, corruption), a random mix of every operation over RC, UC and UD (on devices
+//! whose RC QPs share a small window per peer in a third of the seeds), then the
 //! network heals and the run must converge. The invariants are checked here, outside the
 //! code under test, against a reference model of what memory and completions must be:
 //!
@@ -109,9 +110,9 @@ impl Layout {
 
 const OPS_PER_CONN: usize = 16;
 
-fn device(ip: [u8; 4], seed: u64) -> (EngineNode, PdId, CqId, MrKeys) {
+fn device(ip: [u8; 4], seed: u64, peer_window: Option<u32>) -> (EngineNode, PdId, CqId, MrKeys) {
     let ip = IpAddr::from(ip);
-    let mut engine = Engine::new(DeviceConfig { addresses: vec![ip], seed, ..DeviceConfig::default() });
+    let mut engine = Engine::new(DeviceConfig { addresses: vec![ip], seed, peer_window, ..DeviceConfig::default() });
     let pd = engine.alloc_pd();
     let cq = engine.create_cq(4096).unwrap();
     let keys = engine.reg_mr(pd, BASE, MEM as u64, Access::ALL).unwrap();
@@ -174,8 +175,11 @@ fn run(seed: u64) -> Result<(), String> {
     let faults = FaultConfig::random(&mut SimRng::with_stream(seed, 1));
     let fault_rules = sim.add_faults(&faults);
 
-    let (mut a, a_pd, a_cq, a_keys) = device([10, 0, 0, 1], rng.next_u64());
-    let (mut b, b_pd, b_cq, b_keys) = device([10, 0, 0, 2], rng.next_u64());
+    // In a third of the seeds, the RC QPs share a window of 1 to 48 packets per peer.
+    let w = rng.next_u64();
+    let peer_window = (w % 3 == 0).then(|| 1 + ((w >> 8) % 48) as u32);
+    let (mut a, a_pd, a_cq, a_keys) = device([10, 0, 0, 1], rng.next_u64(), peer_window);
+    let (mut b, b_pd, b_cq, b_keys) = device([10, 0, 0, 2], rng.next_u64(), peer_window);
     let cap = QpCap { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 2, max_recv_sge: 2, max_inline_data: 64 };
 
     // Three connections: RC, UC, UD, each with its own MTU.
