@@ -74,6 +74,10 @@ const DATAGRAM_MAX: usize = 4352;
 const ECT0: u8 = 0b10;
 /// Socket buffer sizes asked for (each direction).
 const SOCKET_BUFFER: usize = 8 << 20;
+/// Packets the device's RC QPs together may have unacknowledged to one peer
+/// (`DeviceConfig::peer_window`): what half a receive buffer like ours holds, at the
+/// kernel's accounting of about 8 KiB per 4 KiB datagram.
+const PEER_WINDOW: u32 = (SOCKET_BUFFER / 2 / 8192) as u32;
 /// Datagrams per transmit batch (one `sendmmsg`).
 const TX_BATCH: usize = 32;
 
@@ -515,6 +519,7 @@ impl Driver {
             udp_source_port: Some(options.port),
             udp_port: options.port,
             congestion: congestion_control(options).then(softrdma_engine::congestion::DcqcnConfig::default),
+            peer_window: Some(PEER_WINDOW),
             ..DeviceConfig::default()
         };
         let capture = match &options.capture {
