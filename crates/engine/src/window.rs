@@ -53,6 +53,16 @@ impl PeerWindows {
         if self.limit.is_none() || (share.peer == peer && share.counted == outstanding) {
             return;
         }
+        // The common case, once per packet sent or ACK taken: same peer, a new count.
+        if let (Some(p), true, true) = (peer, share.peer == peer, outstanding > 0) {
+            let total = self.outstanding.entry(p).or_default();
+            *total = *total + outstanding - share.counted;
+            if outstanding < share.counted && !self.waiters.is_empty() {
+                self.freed += share.counted - outstanding;
+            }
+            share.counted = outstanding;
+            return;
+        }
         if let Some(old) = share.peer {
             let total = self.outstanding.entry(old).or_default();
             *total -= share.counted;
@@ -150,7 +160,14 @@ mod tests {
         assert!(w.admits(&b, Some(PEER)), "a QP under its minimum share is always admitted");
         w.recount(&mut b, Some(PEER), 4);
         assert_eq!(w.outstanding(PEER), 12);
-        assert!(!w.admits(&a, Some(PEER)) && !w.admits(&b, Some(PEER)));
+        // Full: B's last packet asked for no ACK, so it may send one more (which will);
+        // A's did, so A waits.
+        PeerWindows::sent(&mut a, true);
+        PeerWindows::sent(&mut b, false);
+        assert!(w.fills(Some(PEER)));
+        assert!(!w.admits(&a, Some(PEER)) && w.admits(&b, Some(PEER)));
+        PeerWindows::sent(&mut b, true);
+        assert!(!w.admits(&b, Some(PEER)));
         w.wait(Qpn::new(0x20).unwrap(), &mut b);
         w.wait(Qpn::new(0x20).unwrap(), &mut b);
         w.wait(Qpn::new(0x10).unwrap(), &mut a);
