@@ -622,6 +622,68 @@ fn separate_server_and_client() {
 }
 
 #[test]
+fn qps_sweep_runs_each_count_against_one_server() {
+    let _serial = serial();
+    // --loopback: one line of JSON per count, each a whole report; --sizes in their order.
+    let cmd = "perf write bw --loopback --qps-sweep 1,2,4 --sizes 8K,4K -n 100 --json";
+    let done = softrdma(&cmd.split(' ').collect::<Vec<_>>(), RUN_LIMIT);
+    assert!(done.status.success(), "{cmd}: {}\n{}", done.status, done.stderr);
+    let lines: Vec<&str> = done.stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "one report per QP count:\n{}", done.stdout);
+    for (k, (line, qps)) in lines.iter().zip([1u64, 2, 4]).enumerate() {
+        let r = check_report(serde_json::from_str(line).expect("JSON"), cmd);
+        assert_eq!(u(&r["spec"], "qps"), qps);
+        assert_eq!(r["spec"]["sizes"], serde_json::json!([8192, 4096]));
+        assert_eq!(r["spec"]["more"], k < 2, "every test but the last says another follows");
+    }
+    // Against a separate server, which serves one connection per count and then exits;
+    // the table has a row per count and size.
+    let port = free_port().to_string();
+    let mut server = Proc::spawn(&["perf", "write", "bw", "-p", &port]);
+    server.wait_for_stdout("waiting for a client", QUICK);
+    let args = ["perf", "write", "bw", "127.0.0.1", "-p", &port, "-n", "100", "-s", "4096", "--qps-sweep", "1,3"];
+    let client = softrdma(&args, RUN_LIMIT);
+    let served = server.finish(RUN_LIMIT);
+    assert!(client.status.success(), "client: {}\n{}", client.status, client.stderr);
+    assert!(served.status.success(), "server: {}\n{}", served.status, served.stderr);
+    let rows: Vec<Vec<&str>> = client
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|c| c.len() == 6 && c[1] == "4096")
+        .collect();
+    assert_eq!(rows.iter().map(|c| c[0]).collect::<Vec<_>>(), ["1", "3"], "a row per count:\n{}", client.stdout);
+    for c in &rows {
+        assert!(c[2].parse::<f64>().expect("MB/s") > 0.0 && c[4].parse::<f64>().expect("Mpps") > 0.0, "{c:?}");
+    }
+    assert_eq!(served.stdout.matches("write bw: served RC").count(), 2, "the server served both: {}", served.stdout);
+}
+
+#[test]
+fn plot_qps_sweep_draws_a_curve_per_size() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("sweep.svg");
+    let p = path.to_str().expect("utf-8");
+    let args =
+        ["perf", "write", "bw", "--loopback", "--qps-sweep", "1,2,4", "--sizes", "4K,16K", "-n", "50", "--plot", p];
+    let done = softrdma(&args, RUN_LIMIT);
+    assert!(done.status.success(), "{}\n{}", done.status, done.stderr);
+    let source = svg(&path);
+    let doc = roxmltree::Document::parse(&source).expect("XML");
+    let labels = texts(&doc);
+    for want in ["queue pairs", "average bandwidth (Gb/s)", "4096 B", "16384 B"] {
+        assert!(labels.iter().any(|t| t == want), "no text {want:?} in {labels:?}");
+    }
+    let curves = doc
+        .descendants()
+        .filter(|n| n.has_tag_name("polyline") && n.attribute("stroke-width") == Some("2"))
+        .map(|n| n.attribute("points").unwrap_or("").split_whitespace().count())
+        .collect::<Vec<_>>();
+    assert_eq!(curves, vec![3, 3], "a curve per size, a point per QP count");
+}
+
+#[test]
 fn server_refuses_a_client_of_another_test() {
     let _serial = serial();
     let port = free_port().to_string();
@@ -679,6 +741,11 @@ fn bad_options_are_one_line_and_exit_2() {
         &["write", "bw", "-q", "0"],
         &["write", "bw", "127.0.0.1", "--loopback"],
         &["write", "bw", "--rdma-cm", "--mtu", "1024"],
+        &["write", "lat", "--qps-sweep", "1,2"],
+        &["write", "bw", "--qps-sweep", "0,2"],
+        &["write", "bw", "--qps-sweep", "2", "-q", "2"],
+        &["write", "bw", "--sizes", "4K", "-s", "64"],
+        &["write", "bw", "--sizes", "64,0"],
         &["write", "sideways"],
         &["write"],
         &["teleport", "bw"],

@@ -139,6 +139,9 @@ fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
             )));
         }
     }
+    if !a.qps_sweep.is_empty() && (a.loopback || a.host.is_some()) {
+        return sweep(op, a, &spec);
+    }
     if a.loopback {
         return loopback(op, a, &spec);
     }
@@ -246,16 +249,28 @@ fn server(op: Op, a: &TestArgs) -> Result<(), PerfError> {
         PerfError::Usage(format!("cannot listen on TCP {bind}: {e} (is another server running? pick another -p)"))
     })?;
     let port = listener.local_addr().map_err(|e| PerfError::Io(e.to_string()))?.port();
-    let stream = if a.announce {
+    if a.announce {
         print(&format!("LISTENING {port}\n"))?;
-        accept_within(&listener, HANDSHAKE)?
-    } else {
-        if !a.json {
-            print(&format!("softrdma perf: waiting for a client on TCP port {port} (Ctrl-C to stop)\n"))?;
+    } else if !a.json {
+        print(&format!("softrdma perf: waiting for a client on TCP port {port} (Ctrl-C to stop)\n"))?;
+    }
+    // One test per connection; a client that sweeps says another follows (Spec::more).
+    let mut first = true;
+    loop {
+        let stream = if a.announce || !first {
+            accept_within(&listener, HANDSHAKE)?
+        } else {
+            listener.accept().map_err(|e| PerfError::Io(format!("accept: {e}")))?.0
+        };
+        first = false;
+        if !serve(op, a, Control::new(stream)?)? {
+            return Ok(());
         }
-        listener.accept().map_err(|e| PerfError::Io(format!("accept: {e}")))?.0
-    };
-    let ctl = Control::new(stream)?;
+    }
+}
+
+/// Serves one client's test on `ctl`; whether the client said another test follows.
+fn serve(op: Op, a: &TestArgs, ctl: Control) -> Result<bool, PerfError> {
     let (version, spec, mut peer) = ctl.expect("Hello", HANDSHAKE, |m| match m {
         Msg::Hello { version, spec, side } => Some((version, spec, side)),
         _ => None,
@@ -338,7 +353,7 @@ fn server(op: Op, a: &TestArgs) -> Result<(), PerfError> {
             lines.join("\n")
         ))?;
     }
-    Ok(())
+    Ok(spec.more)
 }
 
 fn accept_within(listener: &TcpListener, timeout: Duration) -> Result<TcpStream, PerfError> {
@@ -499,15 +514,56 @@ fn unreachable(host: &str, port: u16, e: &std::io::Error) -> PerfError {
 }
 
 /// `--loopback`: the server as a child process on 127.0.0.1, this process the client.
-fn loopback(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
-    let mut args = vec![
-        "perf".to_string(),
-        op.to_string(),
-        spec.mode.to_string(),
-        "--port".into(),
-        "0".into(),
-        "--announce".into(),
-    ];
+/// `--qps-sweep`: the test once per QP count, against one server (the loopback's, or
+/// `host`, which serves one connection per count), then one table, one line of JSON per
+/// count, and one plot.
+fn sweep(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
+    let counts = &a.qps_sweep;
+    let spec_for = |i: usize| Spec { qps: counts[i], more: i + 1 < counts.len(), ..spec.clone() };
+    let mut reports = Vec::new();
+    if a.loopback {
+        let (server, port) = loopback_server(op, a)?;
+        let client_args = TestArgs { port, ..a.clone() };
+        for i in 0..counts.len() {
+            reports.push(client("127.0.0.1", &client_args, &spec_for(i))?);
+        }
+        let status = server.wait(Duration::from_secs(30))?;
+        if !status.success() {
+            return Err(PerfError::Peer(format!("the loopback server failed: {status}")));
+        }
+    } else if let Some(host) = &a.host {
+        for i in 0..counts.len() {
+            reports.push(client(host, a, &spec_for(i))?);
+        }
+    }
+    let baseline = if a.vs_baseline {
+        Some(baseline::measure(5000, Duration::from_millis(500), spec.max_size().max(64))?)
+    } else {
+        None
+    };
+    if let Some(path) = &a.plot {
+        plot::draw_sweep(&reports, baseline.as_ref(), path)?;
+    }
+    if a.json {
+        let mut out = String::new();
+        for mut r in reports {
+            if let Some(b) = &baseline {
+                r.vs_baseline = ratios(&r, b);
+                r.baseline = Some(b.clone());
+            }
+            let line = serde_json::to_string(&r).map_err(|e| PerfError::Io(format!("encoding JSON: {e}")))?;
+            out.push_str(&line);
+            out.push('\n');
+        }
+        return print(&out);
+    }
+    print(&report::sweep_text(&reports, baseline.as_ref()))
+}
+
+/// Starts the loopback server: a child `softrdma perf` on an ephemeral port of 127.0.0.1.
+fn loopback_server(op: Op, a: &TestArgs) -> Result<(child::Peer, u16), PerfError> {
+    let mut args =
+        vec!["perf".to_string(), op.to_string(), a.mode.to_string(), "--port".into(), "0".into(), "--announce".into()];
     if let Some(d) = &a.device {
         args.extend(["-d".into(), d.clone()]);
     }
@@ -518,6 +574,11 @@ fn loopback(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
         .nth(1)
         .and_then(|p| p.parse().ok())
         .ok_or_else(|| PerfError::Io(format!("the loopback server said {line:?}")))?;
+    Ok((server, port))
+}
+
+fn loopback(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
+    let (server, port) = loopback_server(op, a)?;
     let client_args = TestArgs { port, ..a.clone() };
     let report = client("127.0.0.1", &client_args, spec)?;
     let status = server.wait(Duration::from_secs(30))?;

@@ -1,11 +1,13 @@
 //! `--plot FILE.svg`: a bandwidth-vs-size curve (bw) or a latency histogram (lat; a
-//! median-and-p99-vs-size curve when several sizes ran).
+//! median-and-p99-vs-size curve when several sizes ran); with `--qps-sweep`, bandwidth
+//! against QPs, one curve per size.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
 use super::PerfError;
+use super::baseline::Baseline;
 use super::report::Report;
 use super::spec::Mode;
 
@@ -22,7 +24,8 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
                 results.iter().map(|r| (r.bytes, r.bw_avg_gbit_per_sec.unwrap_or(0.0))).collect();
             let top = points.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.15;
             let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
-            let mut chart = size_chart(&root, &title, (lo, hi), top, "average bandwidth (Gb/s)").map_err(fail)?;
+            let mut chart = log_chart(&root, &title, (lo, hi), top, "message size (bytes)", "average bandwidth (Gb/s)")
+                .map_err(fail)?;
             chart
                 .draw_series(LineSeries::new(points.iter().copied(), BLUE.stroke_width(2)))
                 .map_err(|e| fail(e.to_string()))?
@@ -49,7 +52,8 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
             let p99: Vec<(u64, f64)> = results.iter().filter_map(|r| r.latency_us.map(|l| (r.bytes, l.p99))).collect();
             let top = p99.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.15;
             let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
-            let mut chart = size_chart(&root, &title, (lo, hi), top, "latency (us)").map_err(fail)?;
+            let mut chart =
+                log_chart(&root, &title, (lo, hi), top, "message size (bytes)", "latency (us)").map_err(fail)?;
             for (points, color, name) in [(med, BLUE, "median"), (p99, RED, "p99")] {
                 chart
                     .draw_series(LineSeries::new(points, color.stroke_width(2)))
@@ -125,13 +129,61 @@ fn legend<'a, 'b: 'a, CT: plotters::coord::CoordTranslate>(
         .map_err(|e| e.to_string())
 }
 
-/// A chart of some figure (0 to `top`, named `y_desc`) against message size on a log axis
-/// over `sizes`, with its mesh drawn.
-fn size_chart<'a, 'b>(
+/// `--qps-sweep --plot`: average bandwidth against QPs (log axis), one curve per size,
+/// and the machine's UDP GSO+GRO goodput when it was measured.
+pub(crate) fn draw_sweep(reports: &[Report], baseline: Option<&Baseline>, path: &Path) -> Result<(), PerfError> {
+    let fail = |e: String| PerfError::Io(format!("drawing {}: {e}", path.display()));
+    let Some(first) = reports.first() else { return Ok(()) };
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+    let title = format!("softrdma perf {} ({}): bandwidth against QPs", first.test, first.spec.conn);
+    let gbits = |mb: Option<f64>| mb.unwrap_or(0.0) * 8.0 / 1e3;
+    let mut top: f64 = 1e-3;
+    for r in reports {
+        for x in &r.results {
+            top = top.max(gbits(x.bw_avg_mb_per_sec));
+        }
+    }
+    let limit = baseline.map(|b| b.udp_gso_gro_gbytes_per_sec * 8.0).filter(|l| *l < top * 4.0);
+    let top = top.max(limit.unwrap_or(0.0)) * 1.15;
+    let (lo, hi) = size_range(reports.iter().map(|r| u64::from(r.spec.qps)));
+    let mut chart = log_chart(&root, &title, (lo, hi), top, "queue pairs", "average bandwidth (Gb/s)").map_err(fail)?;
+    for (k, &size) in first.spec.sizes.iter().enumerate() {
+        let color = Palette99::pick(k).to_rgba();
+        let points: Vec<(u64, f64)> = reports
+            .iter()
+            .filter_map(|r| r.results.iter().find(|x| x.bytes == size).map(|x| (u64::from(r.spec.qps), x)))
+            .map(|(q, x)| (q, gbits(x.bw_avg_mb_per_sec)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| fail(e.to_string()))?
+            .label(format!("{size} B"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        chart
+            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    if let Some(limit) = limit {
+        chart
+            .draw_series(LineSeries::new([(lo, limit), (hi, limit)], RED.stroke_width(1)))
+            .map_err(|e| fail(e.to_string()))?
+            .label("UDP GSO+GRO goodput (baseline)")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    }
+    legend(&mut chart).map_err(fail)?;
+    root.present().map_err(|e| fail(e.to_string()))?;
+    Ok(())
+}
+
+/// A chart of some figure (0 to `top`, named `y_desc`) against a log axis (named
+/// `x_desc`) over `lo..hi`, with its mesh drawn.
+fn log_chart<'a, 'b>(
     root: &'a DrawingArea<SVGBackend<'b>, plotters::coord::Shift>,
     title: &str,
     (lo, hi): (u64, u64),
     top: f64,
+    x_desc: &str,
     y_desc: &str,
 ) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<LogCoord<u64>, plotters::coord::types::RangedCoordf64>>, String>
 {
@@ -142,11 +194,11 @@ fn size_chart<'a, 'b>(
         .y_label_area_size(64)
         .build_cartesian_2d((lo..hi).log_scale(), 0f64..top)
         .map_err(|e| e.to_string())?;
-    chart.configure_mesh().x_desc("message size (bytes)").y_desc(y_desc).draw().map_err(|e| e.to_string())?;
+    chart.configure_mesh().x_desc(x_desc).y_desc(y_desc).draw().map_err(|e| e.to_string())?;
     Ok(chart)
 }
 
-/// The x range of a log axis over `sizes`, a little wider than they span.
+/// The x range of a log axis over `sizes` (or QP counts), a little wider than they span.
 fn size_range(sizes: impl Iterator<Item = u64>) -> (u64, u64) {
     let (mut lo, mut hi) = (u64::MAX, 1);
     for s in sizes {

@@ -371,6 +371,61 @@ impl Report {
 }
 
 /// A GID as `ibv_devinfo` shows it: `::ffff:a.b.c.d` for IPv4.
+/// `--qps-sweep`'s table: one row per QP count and size, bandwidth and message rate
+/// (and, with a baseline, the bandwidth as a ratio of UDP GSO+GRO goodput).
+pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> String {
+    let mut o = String::new();
+    let Some(first) = reports.first() else { return o };
+    let s = &first.spec;
+    let _ = writeln!(o, "{RULE}");
+    let _ =
+        writeln!(o, "                    softrdma perf {}: {} over RoCEv2, QP sweep", first.test, operation_name(s.op));
+    let _ = writeln!(
+        o,
+        " Connection: {}   TX depth: {} per QP   Inline: {}   MTU: {}   {}   device {}",
+        s.conn,
+        s.depth,
+        s.inline,
+        if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
+        if s.bidirectional { "bidirectional" } else { "unidirectional" },
+        first.local.device
+    );
+    let _ = writeln!(o, "{RULE}");
+    let gso = baseline.map(|b| b.udp_gso_gro_gbytes_per_sec * 1e3);
+    let _ = writeln!(
+        o,
+        " {:>5} {:<10} {:>18} {:>17} {:>14} {:>14}{}",
+        "QPs",
+        "#bytes",
+        "BW average[MB/s]",
+        "BW average[Gb/s]",
+        "MsgRate[Mpps]",
+        "retransmitted",
+        if gso.is_some() { "   x GSO+GRO" } else { "" }
+    );
+    for r in reports {
+        for x in &r.results {
+            let bw = x.bw_avg_mb_per_sec.unwrap_or(0.0);
+            let ratio = gso.map(|g| format!("   {:>10.2}", bw / g)).unwrap_or_default();
+            let _ = writeln!(
+                o,
+                " {:>5} {:<10} {:>18.2} {:>17.2} {:>14.6} {:>14}{ratio}",
+                r.spec.qps,
+                x.bytes,
+                bw,
+                x.bw_avg_gbit_per_sec.unwrap_or(0.0),
+                x.msg_rate_mpps.unwrap_or(0.0),
+                x.client.retransmitted + x.server.retransmitted
+            );
+        }
+    }
+    let _ = writeln!(o, "{RULE}");
+    if let Some(g) = gso {
+        let _ = writeln!(o, " UDP GSO+GRO goodput on this machine, measured in this run: {g:.2} MB/s");
+    }
+    o
+}
+
 fn gid_text(ip: std::net::IpAddr) -> String {
     match ip {
         std::net::IpAddr::V4(v4) => format!("::ffff:{v4}"),

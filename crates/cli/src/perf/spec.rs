@@ -96,6 +96,15 @@ pub(crate) struct TestArgs {
     /// Every size from 2 bytes to 8 MiB, doubling (up to the path MTU for UD).
     #[arg(short, long, conflicts_with = "size")]
     pub(crate) all: bool,
+    /// These sizes, in this order (`--sizes 64,4K,64K`): one table, one curve.
+    #[arg(long, value_delimiter = ',', value_parser = parse_size, conflicts_with_all = ["size", "all"])]
+    pub(crate) sizes: Vec<u64>,
+    /// Run the test once per QP count (`--qps-sweep 1,2,4,16,128`, bw only): one table of
+    /// bandwidth and message rate against QPs and sizes, and with --plot one curve per size.
+    /// Against a server, the server serves one connection per count.
+    #[arg(long = "qps-sweep", value_delimiter = ',', conflicts_with = "qps",
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub(crate) qps_sweep: Vec<u32>,
     /// Operations per size (default: 5000 for bw, 1000 for lat).
     #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..=1_000_000_000))]
     pub(crate) iters: Option<u64>,
@@ -171,6 +180,10 @@ pub(crate) struct Spec {
     /// rdma_cm connects the QPs in authenticated mode.
     #[serde(default)]
     pub(crate) authenticate: bool,
+    /// Another test follows this one on the same server (`--qps-sweep`): the server
+    /// waits for its client once this one is done.
+    #[serde(default)]
+    pub(crate) more: bool,
 }
 
 /// Largest message `-a` runs.
@@ -182,6 +195,9 @@ impl Spec {
         let mode = a.mode;
         if mode == Mode::Lat && a.qps != 1 {
             return Err("-q/--qps: latency tests use one QP".into());
+        }
+        if mode == Mode::Lat && !a.qps_sweep.is_empty() {
+            return Err("--qps-sweep: latency tests use one QP".into());
         }
         if mode == Mode::Lat && a.bidirectional {
             return Err("--bidirectional: only for bw tests".into());
@@ -197,16 +213,29 @@ impl Spec {
                 .into());
         }
         let mtu = a.mtu.unwrap_or(0);
+        let ud_max = u64::from(if mtu == 0 { 4096 } else { mtu });
         let sizes = if op == Op::Atomic {
-            if a.all || a.size.is_some_and(|s| s != 8) {
-                return Err("atomic tests move 8 bytes; drop -s/--size and -a/--all".into());
+            if a.all || a.size.is_some_and(|s| s != 8) || a.sizes.iter().any(|&s| s != 8) {
+                return Err("atomic tests move 8 bytes; drop -s/--size, --sizes and -a/--all".into());
             }
             vec![8]
+        } else if !a.sizes.is_empty() {
+            if a.sizes.len() > 64 {
+                return Err(format!("--sizes: {} sizes, at most 64", a.sizes.len()));
+            }
+            for &s in &a.sizes {
+                if s == 0 || s > MAX_SIZE {
+                    return Err(format!("--sizes: {s} must be 1 to {MAX_SIZE} bytes"));
+                }
+                if a.connection == Conn::Ud && s > ud_max {
+                    return Err(format!("--sizes: {s}: a UD message must fit one packet (the path MTU)"));
+                }
+            }
+            a.sizes.clone()
         } else if a.all {
             let top = if a.connection == Conn::Ud { u64::from(if mtu == 0 { 4096 } else { mtu }) } else { MAX_SIZE };
             std::iter::successors(Some(2u64), |s| Some(s * 2)).take_while(|s| *s <= top).collect()
         } else {
-            let ud_max = u64::from(if mtu == 0 { 4096 } else { mtu });
             let default = match (mode, a.connection) {
                 (Mode::Bw, Conn::Ud) => ud_max, // a UD message is one packet
                 (Mode::Bw, _) => 65536,
@@ -236,6 +265,7 @@ impl Spec {
             bidirectional: a.bidirectional,
             rdma_cm: a.rdma_cm,
             authenticate: a.authenticate,
+            more: false,
         })
     }
 
