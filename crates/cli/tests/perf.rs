@@ -512,9 +512,16 @@ fn authenticate_connects_the_qps_in_authenticated_mode() {
 fn vs_baseline_adds_the_limits_and_ratios() {
     let _serial = serial();
     let r = perf(&["write", "bw", "--loopback", "-n", "100", "--vs-baseline"]);
-    let ratios = r["vs_baseline"].as_array().expect("vs_baseline");
+    let ratios = r["vs_baseline"].as_array().expect("vs_baseline").clone();
     assert!(ratios.iter().any(|x| x["baseline"] == "UDP GSO+GRO goodput"), "{ratios:?}");
-    for x in ratios {
+    // 64 B SEND message rate against the two-copy shared-memory ring, with its target.
+    let send = perf(&["send", "bw", "--loopback", "-n", "200", "-s", "64", "--vs-baseline"]);
+    let send_ratios = send["vs_baseline"].as_array().expect("vs_baseline");
+    assert!(
+        send_ratios.iter().any(|x| x["baseline"] == "2-copy shared-memory ring (64 B)" && x["target"] == ">= 0.5"),
+        "{send_ratios:?}"
+    );
+    for x in ratios.iter().chain(send_ratios) {
         let ratio = f(x, "ratio");
         assert!(close(ratio, f(x, "value") / f(x, "baseline_value")), "{x}: ratio is value / baseline");
         if let Some(target) = x["target"].as_str() {
@@ -892,12 +899,22 @@ fn baseline_json_is_positive() {
     let _serial = serial();
     let b = perf_json(&["perf", "baseline", "--json", "-n", "200", "-D", "0.05"]);
     validate(&b, Some("baseline"), "perf baseline --json");
-    for key in ["udp_busy_one_way_us", "udp_blocking_one_way_us"] {
+    for key in ["udp_busy_one_way_us", "udp_blocking_one_way_us", "shm_pingpong_one_way_us"] {
         check_lat_stats(&b[key], key);
     }
-    for key in ["udp_gso_gro_gbytes_per_sec", "memcpy_gbytes_per_sec"] {
+    for key in ["udp_gso_gro_gbytes_per_sec", "memcpy_gbytes_per_sec", "shm_ring_64b_mmsgs_per_sec"] {
         assert!(f(&b, key) > 0.0, "{key}: {b}");
     }
+    // Shared memory answers faster than any socket, and its peer left no file behind.
+    assert!(f(&b["shm_pingpong_one_way_us"], "median") < f(&b["udp_busy_one_way_us"], "median"), "{b}");
+    let left = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("softrdma-baseline-"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(left, 0, "a shared-memory baseline page left in /dev/shm");
     match b["process_vm_writev_gbytes_per_sec"].as_f64() {
         Some(v) => assert!(v > 0.0, "process_vm_writev {v}"),
         None => assert!(b["process_vm_writev_unavailable"].is_string(), "{b}"),

@@ -60,6 +60,12 @@ pub(crate) struct Baseline {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) process_vm_writev_unavailable: Option<String>,
     pub(crate) chunk_bytes: u64,
+    /// 8-byte ping-pong through shared memory, both processes spinning on a cache line:
+    /// what a same-host path's doorbell could answer in, one way.
+    pub(crate) shm_pingpong_one_way_us: LatStats,
+    /// 64-byte messages through a ring in shared memory, copied in by one process and out
+    /// by the other (two copies, as a same-host SEND would make), in millions per second.
+    pub(crate) shm_ring_64b_mmsgs_per_sec: f64,
 }
 
 const SEGMENT: usize = 4096 + 40; // an MTU-4096 RoCE packet: payload, BTH, RETH, ICRC
@@ -75,7 +81,10 @@ pub(crate) fn measure(iters: u64, duration: Duration, chunk: u64) -> Result<Base
         Ok(v) => (Some(v), None),
         Err(e) => (None, Some(e.to_string())),
     };
+    let (shm_pingpong_one_way_us, shm_ring_64b_mmsgs_per_sec) = shared_memory(iters, duration)?;
     Ok(Baseline {
+        shm_pingpong_one_way_us,
+        shm_ring_64b_mmsgs_per_sec,
         udp_busy_one_way_us,
         udp_blocking_one_way_us,
         udp_gso_gro_gbytes_per_sec,
@@ -91,6 +100,7 @@ pub(crate) fn text(b: &Baseline) -> String {
     let l = |x: &LatStats| format!("min {:.2}  median {:.2}  p99 {:.2}  max {:.2} us", x.min, x.median, x.p99, x.max);
     let mut o = String::new();
     o += "softrdma perf baseline: this machine without RDMA semantics, two processes on 127.0.0.1\n";
+    o += "(shm: a page of shared memory between the two)\n";
     o += &format!("  UDP ping-pong 8 B, busy-polled, one way     {}\n", l(&b.udp_busy_one_way_us));
     o += &format!("  UDP ping-pong 8 B, blocking, one way        {}\n", l(&b.udp_blocking_one_way_us));
     o += &format!("  UDP GSO+GRO goodput, 4136 B segments        {:.2} GB/s\n", b.udp_gso_gro_gbytes_per_sec);
@@ -100,7 +110,142 @@ pub(crate) fn text(b: &Baseline) -> String {
         (None, Some(why)) => o += &format!("  process_vm_writev: not measured: {why}\n"),
         (None, None) => {}
     }
+    o += &format!("  shm ping-pong 8 B, spinning, one way        {}\n", l(&b.shm_pingpong_one_way_us));
+    o += &format!("  shm ring, 64 B messages, 2 copies           {:.2} M msg/s\n", b.shm_ring_64b_mmsgs_per_sec);
     o
+}
+
+/// The shared-memory page of the `shm-peer` role: control words on cache lines of their
+/// own, then a ring of 64-byte slots.
+mod shm {
+    use std::sync::atomic::AtomicU64;
+
+    /// Messages the consumer has taken (written by the peer).
+    pub(super) const TAIL: usize = 0;
+    /// Messages the producer has put in (written by the measuring process).
+    pub(super) const HEAD: usize = 8;
+    /// The ping-pong's ball: the measuring process writes n, the peer answers n in PONG.
+    pub(super) const PING: usize = 16;
+    pub(super) const PONG: usize = 24;
+    /// Set to 1 to end the peer.
+    pub(super) const QUIT: usize = 32;
+    pub(super) const RING: usize = 4096;
+    pub(super) const SLOT: usize = 64;
+    pub(super) const SLOTS: usize = 1024;
+    pub(super) const LEN: usize = RING + SLOT * SLOTS;
+
+    /// A shared mapping of [`LEN`] bytes of a file in /dev/shm.
+    pub(super) struct Page {
+        ptr: *mut u8,
+    }
+
+    impl Page {
+        #[allow(unsafe_code)] // mapping memory another process writes
+        pub(super) fn map(file: &std::fs::File) -> std::io::Result<Page> {
+            use std::os::fd::AsRawFd;
+            file.set_len(LEN as u64)?;
+            // SAFETY: a fresh shared mapping of a file of LEN bytes; nothing else in this
+            // process refers to that range, and Drop unmaps it.
+            let ptr = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    LEN,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    file.as_raw_fd(),
+                    0,
+                )
+            };
+            if ptr == libc::MAP_FAILED {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Page { ptr: ptr.cast() })
+        }
+
+        /// The control word at 8-byte index `i` (one of the constants above).
+        #[allow(unsafe_code)] // a word of memory another process writes
+        pub(super) fn word(&self, i: usize) -> &AtomicU64 {
+            assert!(i * 8 + 8 <= RING);
+            // SAFETY: in bounds of the mapping (asserted), 8-byte aligned (the mapping is
+            // page-aligned), alive as long as `self`; both processes touch it only atomically.
+            unsafe { AtomicU64::from_ptr(self.ptr.add(i * 8).cast()) }
+        }
+
+        /// Copies `msg` into ring slot `k` (copy one of two).
+        #[allow(unsafe_code)] // a copy into memory another process reads
+        pub(super) fn put(&self, k: usize, msg: &[u8; SLOT]) {
+            // SAFETY: the slot is in bounds; the producer owns it until it publishes HEAD
+            // past it, and the consumer reads it only after that (Release/Acquire).
+            unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), self.ptr.add(RING + (k % SLOTS) * SLOT), SLOT) }
+        }
+
+        /// Copies ring slot `k` out into `msg` (copy two of two).
+        #[allow(unsafe_code)] // a copy out of memory another process writes
+        pub(super) fn take(&self, k: usize, msg: &mut [u8; SLOT]) {
+            // SAFETY: the slot is in bounds; the consumer owns it from the HEAD it read
+            // (Acquire) until it publishes TAIL past it.
+            unsafe { std::ptr::copy_nonoverlapping(self.ptr.add(RING + (k % SLOTS) * SLOT), msg.as_mut_ptr(), SLOT) }
+        }
+    }
+
+    impl Drop for Page {
+        #[allow(unsafe_code)] // unmapping our own mapping
+        fn drop(&mut self) {
+            // SAFETY: the mapping `map` made; no reference into it outlives `self`.
+            unsafe { libc::munmap(self.ptr.cast(), LEN) };
+        }
+    }
+}
+
+/// The shared-memory ping-pong (one-way latencies) and ring (million 64-byte messages per
+/// second), against a peer process spinning on the same page.
+pub(crate) fn shared_memory(n: u64, time: Duration) -> Result<(LatStats, f64), PerfError> {
+    use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+    let (child, line) = peer("shm-peer")?;
+    let path = line.split_whitespace().nth(1).ok_or_else(|| PerfError::Io(format!("the peer said {line:?}")))?;
+    let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(io("opening the shared page"))?;
+    let page = shm::Page::map(&file).map_err(io("mapping the shared page"))?;
+    let _ = std::fs::remove_file(path);
+    let stalled = |t: Instant| t.elapsed() > Duration::from_secs(5);
+    // The ping-pong.
+    let warmup = (n / 10).max(1);
+    let mut rtts = Vec::with_capacity(n as usize);
+    for i in 1..=n + warmup {
+        let t = Instant::now();
+        page.word(shm::PING).store(i, Release);
+        while page.word(shm::PONG).load(Acquire) != i {
+            if stalled(t) {
+                return Err(PerfError::Io("the shared-memory peer stopped answering".into()));
+            }
+            std::hint::spin_loop();
+        }
+        if i > warmup {
+            rtts.push(t.elapsed());
+        }
+    }
+    // The ring: count what the consumer took while this side produced for `time`.
+    let msg = [0x5au8; shm::SLOT];
+    let (start, tail0) = (Instant::now(), page.word(shm::TAIL).load(Acquire));
+    let mut head = page.word(shm::HEAD).load(Relaxed);
+    while start.elapsed() < time {
+        for _ in 0..256 {
+            let t = Instant::now();
+            while head - page.word(shm::TAIL).load(Acquire) >= shm::SLOTS as u64 {
+                if stalled(t) {
+                    return Err(PerfError::Io("the shared-memory peer stopped consuming".into()));
+                }
+                std::hint::spin_loop();
+            }
+            page.put(head as usize, &msg);
+            head += 1;
+            page.word(shm::HEAD).store(head, Release);
+        }
+    }
+    let taken = page.word(shm::TAIL).load(Acquire) - tail0;
+    let rate = taken as f64 / start.elapsed().as_secs_f64() / 1e6;
+    page.word(shm::QUIT).store(1, Release);
+    let _ = child.wait(Duration::from_secs(5));
+    Ok((one_way(rtts)?, rate))
 }
 
 fn one_way(mut rtts: Vec<Duration>) -> Result<LatStats, PerfError> {
@@ -314,6 +459,38 @@ pub(crate) fn role(role: &str) -> Result<(), PerfError> {
             let mut line = String::new();
             let _ = std::io::stdin().read_line(&mut line);
             std::hint::black_box(&buf);
+            Ok(())
+        }
+        "shm-peer" => {
+            use std::sync::atomic::Ordering::{Acquire, Release};
+            let path = format!("/dev/shm/softrdma-baseline-{}", std::process::id());
+            let file = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(io("creating the shared page"))?;
+            let page = shm::Page::map(&file).map_err(io("mapping the shared page"))?;
+            say(format!("READY {path}"));
+            let (mut idle, mut tail, mut msg) = (Instant::now(), 0u64, [0u8; shm::SLOT]);
+            while page.word(shm::QUIT).load(Acquire) == 0 {
+                let ping = page.word(shm::PING).load(Acquire);
+                if ping != page.word(shm::PONG).load(Acquire) {
+                    page.word(shm::PONG).store(ping, Release);
+                    idle = Instant::now();
+                }
+                if tail < page.word(shm::HEAD).load(Acquire) {
+                    page.take(tail as usize, &mut msg);
+                    std::hint::black_box(&msg);
+                    tail += 1;
+                    page.word(shm::TAIL).store(tail, Release);
+                    idle = Instant::now();
+                } else if idle.elapsed() > Duration::from_secs(30) {
+                    let _ = std::fs::remove_file(&path);
+                    return Err(PerfError::Io("the shared-memory peer heard nothing for 30 s".into()));
+                }
+                std::hint::spin_loop();
+            }
             Ok(())
         }
         other => Err(PerfError::Usage(format!("unknown baseline role {other:?}"))),

@@ -170,9 +170,10 @@ fn output(a: &TestArgs, mut report: Report) -> Result<(), PerfError> {
 /// Each figure of `report` against the limits that bound it. The like-for-like limit
 /// comes first: a polled latency against a busy-polled UDP ping-pong, a bandwidth
 /// between network stacks against UDP GSO+GRO goodput; the others are for reference
-/// (softrdma has no same-host path that copies once, so `process_vm_writev` bounds what
-/// one could reach, not what this path does). Issue 6's targets are attached where they
-/// apply: 8 B WRITE latency and 64 KiB WRITE bandwidth.
+/// (softrdma has no same-host path that copies once, so `process_vm_writev`, the
+/// shared-memory ping-pong and ring bound what one could reach, not what this path does).
+/// The project's targets are attached where they apply: 8 B WRITE latency, 64 KiB WRITE
+/// bandwidth, 64 B SEND message rate.
 fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
     let mut out = Vec::new();
     let write = report.spec.op == Op::Write;
@@ -184,6 +185,9 @@ fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
             let target = (write && r.bytes == 8).then_some(Target::AtMost(1.3));
             out.push(lat("busy-polled UDP one way", b.udp_busy_one_way_us.median, true, target));
             out.push(lat("blocking UDP one way", b.udp_blocking_one_way_us.median, false, None));
+            // Between processes of one host, what a path that skips the network could reach.
+            let target = (write && r.bytes == 8).then_some(Target::AtMost(3.0));
+            out.push(lat("spinning shared-memory ping-pong one way", b.shm_pingpong_one_way_us.median, false, target));
         }
         if let Some(mbs) = r.bw_avg_mb_per_sec {
             let bw = |what: &str, limit: f64, like_for_like: bool, target: Option<Target>| {
@@ -203,6 +207,18 @@ fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
                 out.push(bw("process_vm_writev", pvm, false, None));
             }
             out.push(bw("memcpy", b.memcpy_gbytes_per_sec, false, None));
+        }
+        if let (Some(rate), true) = (r.msg_rate_mpps, report.spec.op == Op::Send && r.bytes <= 64) {
+            let target = (r.bytes == 64).then_some(Target::AtLeast(0.5));
+            out.push(Ratio::new(
+                format!("{} B message rate", r.bytes),
+                rate,
+                "M/s",
+                "2-copy shared-memory ring (64 B)",
+                b.shm_ring_64b_mmsgs_per_sec,
+                false,
+                target,
+            ));
         }
     }
     out
