@@ -32,6 +32,8 @@ use softrdma_engine::{Instant, QpType};
 use softrdma_wire::cma::PortSpace;
 use softrdma_wire::mad::MAD_LEN;
 
+use crate::flight;
+
 const IPS: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))];
 const PORT: u16 = 7174;
 /// IDs a CM may hold: the fuzzer's floods of REQs must meet this bound.
@@ -185,35 +187,28 @@ impl World {
 
     fn step(&mut self, step: Step) {
         let now = self.now;
-        let at = |n: usize, index: u8| (n > 0).then(|| usize::from(index) % n);
         match step {
             Step::Deliver { index } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    let f = self.flight.remove(i);
+                if let Some(f) = flight::take(&mut self.flight, index.into()) {
                     self.deliver(&f);
                 }
             }
             Step::Drop { index } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    self.flight.remove(i);
-                }
+                flight::take(&mut self.flight, index.into());
             }
             Step::Duplicate { index } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    let f = self.flight[i].clone();
+                if let Some(f) = flight::copy(&self.flight, index.into()) {
                     self.deliver(&f);
                 }
             }
             Step::Mutate { index, edits } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    let mut f = self.flight[i].clone();
+                if let Some(mut f) = flight::copy(&self.flight, index.into()) {
                     f.payload = mutate(&f.payload, &edits);
                     self.deliver(&f);
                 }
             }
             Step::Replay { index, to_b, edits } => {
-                if !self.history.is_empty() {
-                    let mut f = self.history[usize::from(index) % self.history.len()].clone();
+                if let Some(mut f) = flight::copy(&self.history, index.into()) {
                     f.payload = mutate(&f.payload, &edits);
                     f.to_b = to_b;
                     (f.src, f.dst) = (IPS[usize::from(!to_b)], IPS[usize::from(to_b)]);

@@ -17,6 +17,7 @@
 
 pub mod cm;
 pub mod engine_ingress;
+mod flight;
 pub mod ip_datagram;
 pub mod mad;
 pub mod nic;

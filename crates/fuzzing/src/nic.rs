@@ -36,6 +36,7 @@ use softrdma_wire::cma::PortSpace;
 use softrdma_wire::{Envelope, Qpn, RKey, RocePacket};
 
 use crate::cm::mutate;
+use crate::flight;
 
 const IPS: [IpAddr; 2] = [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1)), IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2))];
 const STRANGER: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 9));
@@ -381,11 +382,9 @@ impl World {
 
     fn step(&mut self, step: Step) {
         let now = self.now;
-        let at = |n: usize, index: u16| (n > 0).then(|| usize::from(index) % n);
         match step {
             Step::Deliver { index } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    let f = self.flight.remove(i);
+                if let Some(f) = flight::take(&mut self.flight, index.into()) {
                     self.deliver(&f);
                 }
             }
@@ -395,19 +394,15 @@ impl World {
                 }
             }
             Step::Drop { index } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    self.flight.remove(i);
-                }
+                flight::take(&mut self.flight, index.into());
             }
             Step::Duplicate { index } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    let f = self.flight[i].clone();
+                if let Some(f) = flight::copy(&self.flight, index.into()) {
                     self.deliver(&f);
                 }
             }
             Step::Corrupt { index, edits, fix_icrc } => {
-                if let Some(i) = at(self.flight.len(), index) {
-                    let mut f = self.flight[i].clone();
+                if let Some(mut f) = flight::copy(&self.flight, index.into()) {
                     f.payload = mutate(&f.payload, &edits);
                     if fix_icrc {
                         Self::fix_icrc(&mut f);
@@ -416,8 +411,7 @@ impl World {
                 }
             }
             Step::Replay { index, to_b, edits } => {
-                if let Some(i) = at(self.history.len(), index) {
-                    let mut f = self.history[i].clone();
+                if let Some(mut f) = flight::copy(&self.history, index.into()) {
                     f.payload = mutate(&f.payload, &edits);
                     if f.to_b != to_b {
                         // Sent the other way: from the other side, to the same port.

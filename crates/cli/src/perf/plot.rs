@@ -26,22 +26,11 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
             let (lo, hi) = size_range(results.iter().map(|r| r.bytes));
             let mut chart = log_chart(&root, &title, (lo, hi), top, "message size (bytes)", "average bandwidth (Gb/s)")
                 .map_err(fail)?;
-            chart
-                .draw_series(LineSeries::new(points.iter().copied(), BLUE.stroke_width(2)))
-                .map_err(|e| fail(e.to_string()))?
-                .label("softrdma")
-                .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 3, BLUE.filled())))
-                .map_err(|e| fail(e.to_string()))?;
+            curve(&mut chart, &points, BLUE.to_rgba(), "softrdma".into()).map_err(fail)?;
             if let Some(b) = &report.baseline {
                 let limit = b.udp_gso_gro_gbytes_per_sec * 8.0;
                 if limit < top * 4.0 {
-                    chart
-                        .draw_series(LineSeries::new([(lo, limit), (hi, limit)], RED.stroke_width(1)))
-                        .map_err(|e| fail(e.to_string()))?
-                        .label("UDP GSO+GRO goodput (baseline)")
-                        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+                    limit_line(&mut chart, (lo, hi), limit).map_err(fail)?;
                 }
             }
             legend(&mut chart).map_err(fail)?;
@@ -117,6 +106,31 @@ pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), PerfError> {
     Ok(())
 }
 
+/// A chart of bandwidth against a log axis, as `log_chart` makes it.
+type LogChart<'a, 'b> =
+    ChartContext<'a, SVGBackend<'b>, Cartesian2d<LogCoord<u64>, plotters::coord::types::RangedCoordf64>>;
+
+/// Draws `points` as a labelled line with a dot at each point.
+fn curve(chart: &mut LogChart<'_, '_>, points: &[(u64, f64)], color: RGBAColor, label: String) -> Result<(), String> {
+    chart
+        .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+        .map_err(|e| e.to_string())?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    chart.draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Draws the machine's UDP GSO+GRO goodput across the chart, as the limit it is.
+fn limit_line(chart: &mut LogChart<'_, '_>, (lo, hi): (u64, u64), limit: f64) -> Result<(), String> {
+    chart
+        .draw_series(LineSeries::new([(lo, limit), (hi, limit)], RED.stroke_width(1)))
+        .map_err(|e| e.to_string())?
+        .label("UDP GSO+GRO goodput (baseline)")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    Ok(())
+}
+
 /// Draws the legend of `chart`'s labelled series, in its one style.
 fn legend<'a, 'b: 'a, CT: plotters::coord::CoordTranslate>(
     chart: &mut ChartContext<'a, SVGBackend<'b>, CT>,
@@ -155,21 +169,10 @@ pub(crate) fn draw_sweep(reports: &[Report], baseline: Option<&Baseline>, path: 
             .filter_map(|r| r.results.iter().find(|x| x.bytes == size).map(|x| (u64::from(r.spec.qps), x)))
             .map(|(q, x)| (q, gbits(x.bw_avg_mb_per_sec)))
             .collect();
-        chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
-            .map_err(|e| fail(e.to_string()))?
-            .label(format!("{size} B"))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        chart
-            .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-            .map_err(|e| fail(e.to_string()))?;
+        curve(&mut chart, &points, color, format!("{size} B")).map_err(fail)?;
     }
     if let Some(limit) = limit {
-        chart
-            .draw_series(LineSeries::new([(lo, limit), (hi, limit)], RED.stroke_width(1)))
-            .map_err(|e| fail(e.to_string()))?
-            .label("UDP GSO+GRO goodput (baseline)")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+        limit_line(&mut chart, (lo, hi), limit).map_err(fail)?;
     }
     legend(&mut chart).map_err(fail)?;
     root.present().map_err(|e| fail(e.to_string()))?;
@@ -185,8 +188,7 @@ fn log_chart<'a, 'b>(
     top: f64,
     x_desc: &str,
     y_desc: &str,
-) -> Result<ChartContext<'a, SVGBackend<'b>, Cartesian2d<LogCoord<u64>, plotters::coord::types::RangedCoordf64>>, String>
-{
+) -> Result<LogChart<'a, 'b>, String> {
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
         .margin(16)

@@ -13,20 +13,9 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "cm_common.h"
 
 static struct rdma_event_channel *ch;
-
-/* The next CM event, which must be `type`; its ID (for CONNECT_REQUEST, the new one). */
-static struct rdma_cm_id *expect(enum rdma_cm_event_type type) {
-    struct rdma_cm_event *ev;
-    if (rdma_get_cm_event(ch, &ev))
-        return NULL;
-    struct rdma_cm_id *id = ev->event == type ? ev->id : NULL;
-    if (!id)
-        fprintf(stderr, "got %s, expected %s\n", rdma_event_str(ev->event), rdma_event_str(type));
-    rdma_ack_cm_event(ev);
-    return id;
-}
 
 int main(int argc, char **argv) {
     alarm(20);
@@ -39,13 +28,13 @@ int main(int argc, char **argv) {
     CHECK(rdma_bind_addr(listen_id, (struct sockaddr *)&addr) == 0 && rdma_listen(listen_id, 1) == 0, "listening");
     CHECK(rdma_create_id(ch, &client, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
     CHECK(rdma_resolve_addr(client, NULL, (struct sockaddr *)&addr, 2000) == 0, "rdma_resolve_addr");
-    CHECK(expect(RDMA_CM_EVENT_ADDR_RESOLVED) == client, "ADDR_RESOLVED");
-    CHECK(rdma_resolve_route(client, 2000) == 0 && expect(RDMA_CM_EVENT_ROUTE_RESOLVED) == client, "ROUTE_RESOLVED");
+    CHECK(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED) == client, "ADDR_RESOLVED");
+    CHECK(rdma_resolve_route(client, 2000) == 0 && expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED) == client, "ROUTE_RESOLVED");
     struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
                                   .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
     CHECK(rdma_create_qp(client, NULL, &qa) == 0, "rdma_create_qp (client)");
     CHECK(rdma_connect(client, NULL) == 0, "rdma_connect");
-    struct rdma_cm_id *server = expect(RDMA_CM_EVENT_CONNECT_REQUEST);
+    struct rdma_cm_id *server = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
     CHECK(server, "CONNECT_REQUEST");
     /* A fresh attr: rdma_create_qp wrote the client's CQs into qa, as librdmacm does. */
     struct ibv_qp_init_attr sa = {.qp_type = IBV_QPT_RC,
@@ -56,7 +45,7 @@ int main(int argc, char **argv) {
     CHECK(mr && rdma_post_recv(server, NULL, buf, 64, mr) == 0, "a receive on the server");
     CHECK(rdma_accept(server, NULL) == 0, "rdma_accept");
     for (int i = 0; i < 2; i++) /* the client's and the server's, in either order */
-        CHECK(expect(RDMA_CM_EVENT_ESTABLISHED), "ESTABLISHED");
+        CHECK(expect(ch, RDMA_CM_EVENT_ESTABLISHED), "ESTABLISHED");
 
     pid_t child = fork();
     CHECK(child >= 0, "fork");

@@ -12,20 +12,9 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "cm_common.h"
 
 #define CONTEXTS 60
-
-/* The next CM event of `ch`, which must be `type`; its ID. */
-static struct rdma_cm_id *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type) {
-    struct rdma_cm_event *ev;
-    if (rdma_get_cm_event(ch, &ev))
-        return NULL;
-    struct rdma_cm_id *id = ev->event == type ? ev->id : NULL;
-    if (!id)
-        fprintf(stderr, "got %s, expected %s\n", rdma_event_str(ev->event), rdma_event_str(type));
-    rdma_ack_cm_event(ev);
-    return id;
-}
 
 /* Connects two IDs of one channel through 127.0.0.1:`port` and sends one message. */
 static int connect_and_send(int port) {

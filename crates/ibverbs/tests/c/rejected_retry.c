@@ -30,24 +30,12 @@
 #include <unistd.h>
 
 #include "common.h"
+#include "cm_common.h"
 
 static struct sockaddr_in addr_of(const char *ip, int port) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
     inet_pton(AF_INET, ip, &a.sin_addr);
     return a;
-}
-
-/* The next event of `ch`, which must be `type`; its ID, or NULL having said what came. */
-static struct rdma_cm_id *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type type) {
-    struct rdma_cm_event *ev;
-    if (rdma_get_cm_event(ch, &ev))
-        return NULL;
-    struct rdma_cm_id *id = ev->event == type ? ev->id : NULL;
-    if (!id)
-        fprintf(stderr, "got %s (status %d), expected %s\n", rdma_event_str(ev->event), ev->status,
-                rdma_event_str(type));
-    rdma_ack_cm_event(ev);
-    return id;
 }
 
 static int server(const char *ip, int port) {
