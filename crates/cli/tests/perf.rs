@@ -922,6 +922,27 @@ fn baseline_json_is_positive() {
     assert_eq!(b["chunk_bytes"], 65536);
 }
 
+#[test]
+fn gso_goodput_to_a_sink_elsewhere() {
+    let _serial = serial();
+    // The sink stays for any number of senders (another host's or namespace's); each gets
+    // what the sink received from it.
+    let mut sink = Proc::spawn(&["perf", "baseline", "--gso-sink", "127.0.0.1"]);
+    sink.wait_for_stdout("LISTENING", QUICK);
+    let port = text(&sink.out).split_whitespace().nth(1).expect("a port").to_string();
+    let to = format!("127.0.0.1:{port}");
+    for _ in 0..2 {
+        let b = perf_json(&["perf", "baseline", "--gso-to", &to, "-D", "0.2", "--json"]);
+        assert!(f(&b, "udp_gso_gro_gbytes_per_sec") > 0.0, "{b}");
+    }
+    let text = softrdma(&["perf", "baseline", "--gso-to", &to, "-D", "0.1"], RUN_LIMIT);
+    assert!(text.status.success() && text.stdout.starts_with("UDP GSO+GRO goodput to 127.0.0.1:"), "{}", text.stdout);
+    // Nobody there: one line, exit 1 (a run that failed), within the answer's retries.
+    let dead = softrdma(&["perf", "baseline", "--gso-to", "127.0.0.1:9", "-D", "0.05"], RUN_LIMIT);
+    assert_eq!(dead.status.code(), Some(1), "{}", dead.stderr);
+    assert!(dead.stderr.contains("never answered"), "{}", dead.stderr);
+}
+
 // ---------------------------------------------------------------------------------------
 // The schema itself rejects what it must (so that a passing validation means something).
 

@@ -37,6 +37,15 @@ pub(crate) struct BaselineArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Receive UDP with GRO on this address (any port), for a `--gso-to` on another host or
+    /// network namespace: prints `LISTENING <port>`, then answers each sender with what it
+    /// received.
+    #[arg(long, value_name = "ADDR", conflicts_with = "gso_to")]
+    pub(crate) gso_sink: Option<std::net::IpAddr>,
+    /// Measure UDP GSO+GRO goodput to a `--gso-sink` at ADDR:PORT for `-D` seconds: the
+    /// limit of RoCE between two hosts.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub(crate) gso_to: Option<SocketAddr>,
     /// Run as a measurement's peer (internal).
     #[arg(long, hide = true)]
     pub(crate) role: Option<String>,
@@ -304,12 +313,25 @@ pub(crate) fn udp_pingpong(busy: bool, n: u64) -> Result<LatStats, PerfError> {
     one_way(rtts)
 }
 
-/// UDP goodput with GSO on the sender and GRO on the receiver, in GB/s received.
+/// UDP goodput with GSO on the sender and GRO on the receiver (a peer process on
+/// 127.0.0.1), in GB/s received.
 pub(crate) fn udp_goodput(time: Duration) -> Result<f64, PerfError> {
-    let (mut child, line) = peer("udp-sink-gro")?;
+    let (child, line) = peer("udp-sink-gro")?;
     let to = SocketAddr::from((Ipv4Addr::LOCALHOST, ready_port(&line)?));
-    let sock = RoceSocket::bind_with(Ipv4Addr::LOCALHOST.into(), &Config { port: 0, ..Config::default() })
-        .map_err(io("binding the GSO socket"))?;
+    let goodput = gso_to(to, time);
+    let _ = child.wait(Duration::from_secs(5));
+    goodput
+}
+
+/// Sends RoCE-sized segments with GSO to the sink at `to` for `time`, then asks it what it
+/// received: its goodput in GB/s.
+pub(crate) fn gso_to(to: SocketAddr, time: Duration) -> Result<f64, PerfError> {
+    // The address the route to the sink leaves from (what a connected socket picks).
+    let probe = UdpSocket::bind(if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }).map_err(io("binding a probe"))?;
+    probe.connect(to).map_err(|e| PerfError::Io(format!("no route to the sink at {to}: {e}")))?;
+    let local = probe.local_addr().map_err(io("the probe's address"))?.ip();
+    let sock =
+        RoceSocket::bind_with(local, &Config { port: 0, ..Config::default() }).map_err(io("binding the GSO socket"))?;
     let buf = vec![7u8; SEGMENT * 15]; // under the 64 KiB a GSO buffer may hold
     let envelope = sock.envelope_to(to).map_err(io("the GSO socket's envelope"))?;
     let start = Instant::now();
@@ -323,13 +345,58 @@ pub(crate) fn udp_goodput(time: Duration) -> Result<f64, PerfError> {
             Err(e) => return Err(PerfError::Io(format!("GSO send: {e}"))),
         }
     }
-    let _ = sock.send_to(to, b"quit");
-    let got = child.expect_line("GOT", Duration::from_secs(10))?;
-    let _ = child.wait(Duration::from_secs(5));
-    let f: Vec<f64> = got.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
-    match f[..] {
-        [bytes, secs] if secs > 0.0 => Ok(bytes / secs / 1e9),
-        _ => Err(PerfError::Io(format!("the sink said {got:?}"))),
+    // The sink answers "quit" with what it got; resent, since a datagram may be lost.
+    let mut batch = RecvBatch::new(4, 2048);
+    for _ in 0..20 {
+        sock.send_to(to, b"quit").map_err(io("asking the sink"))?;
+        if sock.recv_timeout(&mut batch, Duration::from_millis(250)).map_err(io("the sink's answer"))? == 0 {
+            continue;
+        }
+        for d in batch.iter() {
+            let got = String::from_utf8_lossy(d.payload);
+            let f: Vec<f64> = got.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+            if let [bytes, secs] = f[..] {
+                return if secs > 0.0 && got.starts_with("GOT ") {
+                    Ok(bytes / secs / 1e9)
+                } else {
+                    Err(PerfError::Io(format!("the sink said {got:?}")))
+                };
+            }
+        }
+    }
+    Err(PerfError::Io(format!("the GSO sink at {to} never answered")))
+}
+
+/// The GRO receiver of [`gso_to`], on `addr`: prints `LISTENING <port>`, counts what
+/// arrives and answers each sender's "quit" with `GOT <bytes> <seconds>`; ends after 30 s of
+/// silence, or after answering when `once`.
+pub(crate) fn gso_sink(addr: std::net::IpAddr, once: bool, announce: &dyn Fn(u16)) -> Result<(), PerfError> {
+    let config = Config { port: 0, gro: true, recv_buffer_size: Some(8 << 20), ..Config::default() };
+    let sock = RoceSocket::bind_with(addr, &config).map_err(io("binding the sink"))?;
+    let mut batch = RecvBatch::new(32, 65536);
+    announce(sock.local_addr().port());
+    let (mut bytes, mut first) = (0u64, None);
+    loop {
+        if sock.recv_timeout(&mut batch, Duration::from_secs(30)).map_err(io("sink receive"))? == 0 {
+            return if once { Err(PerfError::Io("the sender went quiet".into())) } else { Ok(()) };
+        }
+        let mut answer = None;
+        for d in batch.iter() {
+            if d.payload == b"quit" {
+                answer = Some(d.source);
+                continue;
+            }
+            first.get_or_insert_with(Instant::now);
+            bytes += d.payload.len() as u64;
+        }
+        if let Some(to) = answer {
+            let secs = first.map_or(1.0, |f: Instant| f.elapsed().as_secs_f64());
+            let _ = sock.send_to(to, format!("GOT {bytes} {secs}").as_bytes());
+            if once {
+                return Ok(());
+            }
+            (bytes, first) = (0, None);
+        }
     }
 }
 
@@ -430,28 +497,7 @@ pub(crate) fn role(role: &str) -> Result<(), PerfError> {
                 }
             }
         }
-        "udp-sink-gro" => {
-            let config = Config { port: 0, gro: true, recv_buffer_size: Some(8 << 20), ..Config::default() };
-            let sock = RoceSocket::bind_with(Ipv4Addr::LOCALHOST.into(), &config).map_err(io("binding the sink"))?;
-            let port = sock.local_addr().port();
-            let mut batch = RecvBatch::new(32, 65536);
-            say(format!("READY {port}"));
-            let (mut bytes, mut first) = (0u64, None);
-            loop {
-                if sock.recv_timeout(&mut batch, Duration::from_secs(30)).map_err(io("sink receive"))? == 0 {
-                    return Err(PerfError::Io("the sender went quiet".into()));
-                }
-                for d in batch.iter() {
-                    if d.payload == b"quit" {
-                        let secs = first.map_or(1.0, |f: Instant| f.elapsed().as_secs_f64());
-                        say(format!("GOT {bytes} {secs}"));
-                        return Ok(());
-                    }
-                    first.get_or_insert_with(Instant::now);
-                    bytes += d.payload.len() as u64;
-                }
-            }
-        }
+        "udp-sink-gro" => gso_sink(Ipv4Addr::LOCALHOST.into(), true, &|port| say(format!("READY {port}"))),
         "vm-target" => {
             let buf = vec![0u8; DEST_BYTES];
             say(format!("READY {} {} {}", std::process::id(), buf.as_ptr() as usize, buf.len()));

@@ -122,6 +122,19 @@ fn baseline_main(a: &BaselineArgs) -> Result<(), PerfError> {
     if !(0.01..=600.0).contains(&a.duration) {
         return Err(PerfError::Usage(format!("-D/--duration {}: 0.01 to 600 seconds", a.duration)));
     }
+    if let Some(addr) = a.gso_sink {
+        return baseline::gso_sink(addr, false, &|port| {
+            let _ = print(&format!("LISTENING {port}\n"));
+        });
+    }
+    if let Some(to) = a.gso_to {
+        let goodput = baseline::gso_to(to, Duration::from_secs_f64(a.duration))?;
+        return print(&if a.json {
+            format!("{{\"udp_gso_gro_gbytes_per_sec\":{goodput}}}\n")
+        } else {
+            format!("UDP GSO+GRO goodput to {to}, 4136 B segments: {goodput:.2} GB/s\n")
+        });
+    }
     let b = baseline::measure(a.iters, Duration::from_secs_f64(a.duration), a.size)?;
     print(&if a.json { json(&b)? } else { baseline::text(&b) })
 }
