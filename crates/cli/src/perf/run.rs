@@ -27,8 +27,10 @@ use super::spec::{Conn, Mode, Op, Spec};
 const QKEY: u32 = 0x1111_1111;
 /// Bytes of GRH in front of every UD receive.
 const GRH: u64 = 40;
-/// A region's buffers never take more than this much memory per QP.
-const REGION_PER_QP: u64 = 64 << 20;
+/// A side's buffers, all QPs together, take at most this much memory (but one slot per
+/// QP), as perftest's few buffers per QP do: 128 QPs of 128 slots of 64 KiB each touched
+/// 1 GiB per process, and the run measured page faults and cache misses as much as RDMA.
+const REGION: u64 = 64 << 20;
 /// Receives kept posted on each QP.
 const RECV_DEPTH_BW: u32 = 512;
 const RECV_DEPTH_LAT: u32 = 64;
@@ -91,7 +93,7 @@ impl Side {
         let pd = ctx.alloc_pd().map_err(rdma("ibv_alloc_pd"))?;
         let stride = (spec.max_size() + GRH).next_multiple_of(64);
         let want_slots = u64::from(spec.depth.max(RECV_DEPTH_LAT));
-        let slots = (REGION_PER_QP / stride).clamp(1, want_slots);
+        let slots = (REGION / (u64::from(spec.qps) * stride)).clamp(1, want_slots);
         let recv_depth = if spec.mode == Mode::Bw { RECV_DEPTH_BW.max(spec.depth) } else { RECV_DEPTH_LAT };
         let cqe = spec.qps * (Self::send_depth(spec) + recv_depth) + 64;
         let cq = ctx.create_cq(cqe, None).map_err(rdma("ibv_create_cq"))?;
