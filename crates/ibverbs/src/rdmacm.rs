@@ -1199,6 +1199,27 @@ unsafe extern "C" fn free_devices(list: *mut *mut IbvContext) {
 }
 export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", free_devices);
 
+/// The port of `addr` in network byte order, 0 for none: librdmacm's `ucma_get_port`.
+fn port_of(addr: &libc::sockaddr_storage) -> u16 {
+    // SAFETY: a sockaddr_storage holds any address; sockaddr_to reads it by its family.
+    unsafe { sockaddr_to((&raw const *addr).cast()) }.map_or(0, |a| a.port().to_be())
+}
+
+/// `rdma_get_src_port`: the port of the ID's local address, as the application sees it in
+/// `id->route.addr.src_addr` (network byte order; 0 for an ID with no address).
+unsafe extern "C" fn get_src_port(id: *mut RdmaCmId) -> u16 {
+    // SAFETY: NULL or an ID of ours, alive until rdma_destroy_id (the API's contract).
+    unsafe { id.as_ref() }.map_or(0, |id| port_of(&id.route.addr.src_addr))
+}
+export!("softrdma_rdmacm_rdma_get_src_port", "SOFTRDMA_PRIVATE_1", get_src_port);
+
+/// `rdma_get_dst_port`: the port of the ID's peer address (`id->route.addr.dst_addr`).
+unsafe extern "C" fn get_dst_port(id: *mut RdmaCmId) -> u16 {
+    // SAFETY: NULL or an ID of ours, alive until rdma_destroy_id (the API's contract).
+    unsafe { id.as_ref() }.map_or(0, |id| port_of(&id.route.addr.dst_addr))
+}
+export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", get_dst_port);
+
 // ---- not done yet ----------------------------------------------------------------------
 
 /// Not supported yet: -1 with `errno = ENOSYS` (for the calls returning `int`, `ssize_t`
@@ -1206,11 +1227,6 @@ export!("softrdma_rdmacm_rdma_free_devices", "SOFTRDMA_PRIVATE_1", free_devices)
 unsafe extern "C" fn minus_one_enosys() -> c_long {
     errno::set(libc::ENOSYS);
     -1
-}
-
-/// 0 (`rdma_get_src_port`/`rdma_get_dst_port` of an ID with no address).
-unsafe extern "C" fn zero() -> c_long {
-    0
 }
 
 macro_rules! enosys {
@@ -1231,5 +1247,3 @@ enosys!(
     "softrdma_rdmacm_rdma_set_local_ece",
     "softrdma_rdmacm_rdma_reject_ece",
 );
-export!("softrdma_rdmacm_rdma_get_src_port", "SOFTRDMA_PRIVATE_1", zero);
-export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", zero);

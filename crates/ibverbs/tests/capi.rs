@@ -53,6 +53,11 @@ fn a_child_forked_from_a_process_with_60_contexts_connects() {
 }
 
 #[test]
+fn rdma_get_src_and_dst_port_read_the_ids_addresses() {
+    passes("ports");
+}
+
+#[test]
 fn create_qp_ex_takes_the_create_flags_bit_with_no_flag() {
     passes("qp_ex_create_flags");
 }
