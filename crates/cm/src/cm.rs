@@ -307,6 +307,10 @@ struct Id {
     auth: Option<crate::auth::Exchange>,
     /// Whether this ID requires authenticated mode, and with which pre-shared key.
     policy: crate::auth::AuthPolicy,
+    /// `RDMA_OPTION_ID_TOS`: the traffic class its route takes, instead of the device's.
+    tos: Option<u8>,
+    /// `RDMA_OPTION_ID_ACK_TIMEOUT`: its QP's local ACK timeout, instead of the path's.
+    ack_timeout: Option<u8>,
 }
 
 impl Id {
@@ -342,6 +346,8 @@ impl Id {
             cm_retries: config.max_retries,
             auth: None,
             policy: config.auth,
+            tos: None,
+            ack_timeout: None,
         }
     }
 }
@@ -458,6 +464,32 @@ impl Cm {
             }
             s => Err(invalid(OP, id, s, "set the authentication policy before connect or listen")),
         }
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_TOS)` (`rdma_set_service_type`): the traffic class
+    /// (DSCP and ECN bits) of the route `resolve_route` makes for `id` from now on, and so of
+    /// its QP's packets; in any state, as the kernel's, but a route already made keeps its
+    /// own.
+    pub fn set_tos(&mut self, id: CmId, tos: u8) -> Result<(), CmError> {
+        self.get_mut("set_tos", id)?.tos = Some(tos);
+        Ok(())
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID_ACK_TIMEOUT)` (`rdma_set_ack_timeout`): the local
+    /// ACK timeout exponent (4.096 µs · 2^`timeout`, 0..=31) that [`qp_attr`](Self::qp_attr)
+    /// gives `id`'s QP at RTS, instead of the one derived from the path. RC only, as the
+    /// kernel's.
+    pub fn set_ack_timeout(&mut self, id: CmId, timeout: u8) -> Result<(), CmError> {
+        const OP: &str = "set_ack_timeout";
+        let i = self.get_mut(OP, id)?;
+        if i.qp_type != QpType::Rc {
+            return Err(invalid(OP, id, i.state, "only an RC ID's QP has a local ACK timeout"));
+        }
+        if timeout > 31 {
+            return Err(invalid(OP, id, i.state, "the ACK timeout is a 5-bit exponent (0..=31)"));
+        }
+        i.ack_timeout = Some(timeout);
+        Ok(())
     }
 
     /// `rdma_destroy_id`: forgets the ID, first sending what its state calls for
@@ -579,9 +611,9 @@ impl Cm {
     pub fn resolve_route(&mut self, now: Instant, id: CmId) -> Result<(), CmError> {
         const OP: &str = "resolve_route";
         let _ = now;
-        let (hop_limit, traffic_class) = (self.config.hop_limit, self.config.traffic_class);
         let sgid = |ip: IpAddr| self.config.addresses.iter().position(|a| *a == ip);
         let i = self.get(OP, id)?;
+        let (hop_limit, traffic_class) = (self.config.hop_limit, i.tos.unwrap_or(self.config.traffic_class));
         if i.state != State::AddrResolved {
             return Err(invalid(OP, id, i.state, "call resolve_addr first and wait for ADDR_RESOLVED"));
         }
@@ -951,7 +983,7 @@ impl Cm {
                 a.sq_psn = i.conn.remote_psn;
                 let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
                 if rc {
-                    a.timeout = i.conn.ack_timeout;
+                    a.timeout = i.ack_timeout.unwrap_or(i.conn.ack_timeout);
                     a.retry_cnt = i.conn.retry_count;
                     a.rnr_retry = i.conn.rnr_retry;
                     a.max_rd_atomic = i.conn.initiator_depth;
@@ -1733,6 +1765,10 @@ impl Cm {
 
     fn get(&self, op: &'static str, id: CmId) -> Result<&Id, CmError> {
         self.ids.get(&id).ok_or(CmError::NoSuchId { op, id })
+    }
+
+    fn get_mut(&mut self, op: &'static str, id: CmId) -> Result<&mut Id, CmError> {
+        self.ids.get_mut(&id).ok_or(CmError::NoSuchId { op, id })
     }
 
     fn insert(&mut self, i: Id, op: &'static str) -> Result<CmId, CmError> {

@@ -114,6 +114,38 @@ fn qp_attrs_cross_the_psns_and_swap_the_depths() {
 }
 
 #[test]
+fn tos_and_ack_timeout_options_reach_the_route_the_req_and_the_qp() {
+    let mut p = Pair::new();
+    p.listen(PortSpace::TCP, QpType::Rc);
+    let a = p.a.create_id(PortSpace::TCP, QpType::Rc).unwrap();
+    // Before the route, as rping -T and perftest --tos set it.
+    p.a.set_tos(a, 0xb8).unwrap();
+    p.a.set_ack_timeout(a, 14).unwrap();
+    assert!(p.a.set_ack_timeout(a, 32).is_err(), "a 5-bit exponent");
+    p.a.resolve_addr(p.now, a, Some(SocketAddr::new(IP_A, 0)), SocketAddr::new(IP_B, PORT)).unwrap();
+    p.a.resolve_route(p.now, a).unwrap();
+    p.drive();
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    let b = p.take_request().id;
+    p.b.accept(p.now, b, &passive_param()).unwrap();
+    p.drive();
+    p.a.establish(p.now, a).unwrap();
+    p.drive();
+    // The traffic class is A's route's, and the REQ's path carries it to B.
+    let (a_rtr, _) = p.a.qp_attr(a, QpState::Rtr).unwrap();
+    let (b_rtr, _) = p.b.qp_attr(b, QpState::Rtr).unwrap();
+    assert_eq!((a_rtr.ah_attr.unwrap().traffic_class, b_rtr.ah_attr.unwrap().traffic_class), (0xb8, 0xb8));
+    // A's QP takes the ACK timeout set; B's the path's (cm_ack_timeout(15, 18) = 19).
+    let (a_rts, _) = p.a.qp_attr(a, QpState::Rts).unwrap();
+    let (b_rts, _) = p.b.qp_attr(b, QpState::Rts).unwrap();
+    assert_eq!((a_rts.timeout, b_rts.timeout), (14, 19));
+    // UD has no ACK timeout.
+    let u = p.a.create_id(PortSpace::UDP, QpType::Ud).unwrap();
+    assert!(p.a.set_ack_timeout(u, 14).is_err());
+}
+
+#[test]
 fn qp_attr_before_the_exchange() {
     let mut p = Pair::new();
     let a = p.resolve(PortSpace::TCP, QpType::Rc);

@@ -594,6 +594,42 @@ unsafe extern "C" fn listen(id: *mut RdmaCmId, backlog: c_int) -> c_int {
 }
 export!("softrdma_rdmacm_rdma_listen", "SOFTRDMA_PRIVATE_1", listen);
 
+/// `rdma_set_option`: the ID options of the kernel's `ucma_set_option_id`, with its checks
+/// (the value's size; EINVAL otherwise): `RDMA_OPTION_ID_TOS` (a `uint8_t` traffic class
+/// for the route made after it) and `RDMA_OPTION_ID_ACK_TIMEOUT` (a `uint8_t` ACK timeout
+/// exponent for an RC ID's QP). `RDMA_OPTION_ID_REUSEADDR`, `RDMA_OPTION_ID_AFONLY` and the
+/// IB level's path records are not supported: ENOSYS, as the kernel answers an option it
+/// does not know.
+unsafe extern "C" fn set_option(
+    id: *mut RdmaCmId,
+    level: c_int,
+    optname: c_int,
+    optval: *const c_void,
+    optlen: libc::size_t,
+) -> c_int {
+    const RDMA_OPTION_ID: c_int = 0;
+    const RDMA_OPTION_ID_TOS: c_int = 0;
+    const RDMA_OPTION_ID_ACK_TIMEOUT: c_int = 3;
+    guard(-1, || {
+        // SAFETY: id is ours or NULL.
+        let Some(i) = (unsafe { id_mut(id) }) else { return fail_with(libc::EINVAL) };
+        if level != RDMA_OPTION_ID || !matches!(optname, RDMA_OPTION_ID_TOS | RDMA_OPTION_ID_ACK_TIMEOUT) {
+            return fail_with(libc::ENOSYS);
+        }
+        if optval.is_null() || optlen != 1 {
+            return fail_with(libc::EINVAL);
+        }
+        // SAFETY: optval points at optlen (1) readable bytes (the API's contract).
+        let value = unsafe { *optval.cast::<u8>() };
+        let set = if optname == RDMA_OPTION_ID_TOS { i.inner.set_tos(value) } else { i.inner.set_ack_timeout(value) };
+        match set {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_set_option", "SOFTRDMA_PRIVATE_1", set_option);
+
 unsafe extern "C" fn migrate_id(id: *mut RdmaCmId, channel: *mut RdmaEventChannel) -> c_int {
     guard(-1, || {
         // SAFETY: id is ours or NULL.
@@ -1242,7 +1278,6 @@ enosys!(
     "softrdma_rdmacm_rdma_join_multicast_ex",
     "softrdma_rdmacm_rdma_leave_multicast",
     "softrdma_rdmacm_rdma_notify",
-    "softrdma_rdmacm_rdma_set_option",
     "softrdma_rdmacm_rdma_get_remote_ece",
     "softrdma_rdmacm_rdma_set_local_ece",
     "softrdma_rdmacm_rdma_reject_ece",

@@ -58,6 +58,11 @@ fn rdma_get_src_and_dst_port_read_the_ids_addresses() {
 }
 
 #[test]
+fn rdma_set_option_sets_the_tos_and_the_ack_timeout() {
+    passes("set_option");
+}
+
+#[test]
 fn create_qp_ex_takes_the_create_flags_bit_with_no_flag() {
     passes("qp_ex_create_flags");
 }

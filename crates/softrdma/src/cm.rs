@@ -276,6 +276,15 @@ pub(crate) struct CmIdInner {
     /// listener, one otherwise).
     bindings: Mutex<Vec<Binding>>,
     qp: Mutex<Option<IdQp>>,
+    /// `rdma_set_option`'s ID options, given to each device's CM ID as it is made.
+    id_options: Mutex<IdOptions>,
+}
+
+/// What `rdma_set_option` sets on an ID (`RDMA_OPTION_ID_*`).
+#[derive(Debug, Clone, Copy, Default)]
+struct IdOptions {
+    tos: Option<u8>,
+    ack_timeout: Option<u8>,
 }
 
 #[derive(Debug, Clone)]
@@ -310,11 +319,27 @@ impl CmIdInner {
             qp_type,
             bindings: Mutex::new(Vec::new()),
             qp: Mutex::new(None),
+            id_options: Mutex::new(IdOptions::default()),
         }
     }
 
     fn bindings(&self) -> Vec<Binding> {
         self.bindings.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// Makes this ID's CM ID on one device, with its authentication policy and options.
+    fn create_in(&self, cm: &mut softrdma_cm::Cm) -> Result<softrdma_cm::CmId> {
+        let id = cm.create_id(self.ps, self.qp_type)?;
+        let options = *self.id_options.lock().unwrap_or_else(PoisonError::into_inner);
+        let configured = cm.set_auth_policy(id, self.auth).and_then(|()| {
+            options.tos.map_or(Ok(()), |t| cm.set_tos(id, t))?;
+            options.ack_timeout.map_or(Ok(()), |t| cm.set_ack_timeout(id, t))
+        });
+        if let Err(e) = configured {
+            let _ = cm.destroy_id(softrdma_engine::Instant::ZERO, id);
+            return Err(e.into());
+        }
+        Ok(id)
     }
 }
 
@@ -462,8 +487,7 @@ impl CmId {
                 if st.bury_dead_cm_ids(sh, sh.now()) {
                     sh.after_verb(&mut st); // their DREQs and REJs
                 }
-                let id = st.nic.cm_mut().create_id(self.inner.ps, self.inner.qp_type)?;
-                st.nic.cm_mut().set_auth_policy(id, self.inner.auth)?;
+                let id = self.inner.create_in(st.nic.cm_mut())?;
                 if let Err(e) = st.nic.cm_mut().bind_addr(id, addr) {
                     let _ = st.nic.cm_mut().destroy_id(sh.now(), id);
                     return Err(e.into());
@@ -498,8 +522,7 @@ impl CmId {
             None => {
                 let ctx = cm_context(&device_of(src_addr)?, &self.inner.options)?;
                 let mut st = ctx.drv.shared.lock();
-                let id = st.nic.cm_mut().create_id(self.inner.ps, self.inner.qp_type)?;
-                st.nic.cm_mut().set_auth_policy(id, self.inner.auth)?;
+                let id = self.inner.create_in(st.nic.cm_mut())?;
                 drop(st);
                 self.attach(&ctx, id);
                 self.binding("resolve_addr")?
@@ -515,6 +538,38 @@ impl CmId {
     pub fn resolve_route(&self) -> Result<()> {
         let b = self.binding("resolve_route (call resolve_addr first)")?;
         self.with_cm(&b, |st, now| Ok(st.nic.cm_mut().resolve_route(now, b.id)?))
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, RDMA_OPTION_ID_TOS)`: the traffic class (DSCP and
+    /// ECN bits) of the route `resolve_route` makes, and so of the packets of the QP the
+    /// connection moves; set it before `resolve_route`, as `rping -T` does.
+    pub fn set_tos(&self, tos: u8) -> Result<()> {
+        self.set_id_option(|o| o.tos = Some(tos), |cm, id| cm.set_tos(id, tos))
+    }
+
+    /// `rdma_set_option(RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT)`: the local ACK timeout
+    /// exponent (4.096 µs · 2^`timeout`) of the ID's QP at RTS, instead of the path's. RC only.
+    pub fn set_ack_timeout(&self, timeout: u8) -> Result<()> {
+        if self.inner.qp_type != QpType::Rc || timeout > 31 {
+            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "set_ack_timeout({timeout}) on a {:?} ID: only an RC ID's QP has an ACK timeout, a 5-bit exponent (0..=31)",
+                self.inner.qp_type
+            ))));
+        }
+        self.set_id_option(|o| o.ack_timeout = Some(timeout), |cm, id| cm.set_ack_timeout(id, timeout))
+    }
+
+    /// Records an option for the CM IDs to come and gives it to those made already.
+    fn set_id_option(
+        &self,
+        record: impl FnOnce(&mut IdOptions),
+        apply: impl Fn(&mut softrdma_cm::Cm, softrdma_cm::CmId) -> Result<(), softrdma_cm::CmError>,
+    ) -> Result<()> {
+        record(&mut self.inner.id_options.lock().unwrap_or_else(PoisonError::into_inner));
+        for b in self.inner.bindings() {
+            apply(b.ctx.drv.shared.lock().nic.cm_mut(), b.id)?;
+        }
+        Ok(())
     }
 
     /// `rdma_listen`: `CONNECT_REQUEST` events follow, each with a new ID. Registers the
