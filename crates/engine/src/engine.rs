@@ -160,6 +160,10 @@ pub struct Transmit {
     pub envelope: Envelope,
     /// Bytes of UDP payload written at the start of the buffer.
     pub len: usize,
+    /// The IPv4 TOS / IPv6 traffic class the QP's address vector asks for (DSCP and the
+    /// ECN bits; 0 for the device's default). Not covered by the ICRC: the runtime sets it
+    /// on the datagram.
+    pub traffic_class: u8,
 }
 
 #[derive(Debug)]

@@ -52,6 +52,10 @@ impl Engine {
             }
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
             self.shared.count_window(qp);
+            if let (Some(t), Some(av)) = (&mut sent, qp.av) {
+                // Responses too (requests carry their AH's or the QP's already).
+                t.traffic_class = av.traffic_class;
+            }
             if let (Some(t), Some(cc)) = (&sent, qp.cc.as_deref_mut()) {
                 cc.rp.on_sent(now, t.len);
             }
@@ -93,7 +97,7 @@ impl Engine {
         }
         self.shared.counters.sent_packets += 1;
         self.shared.counters.cnps_sent += 1;
-        Some(Transmit { envelope, len })
+        Some(Transmit { envelope, len, traffic_class: 0 })
     }
 }
 
@@ -129,7 +133,7 @@ fn bth(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
 /// Writes `repr` with a payload of `payload_len` bytes already placed after its headers.
 fn emit(repr: &RoceRepr<'_>, envelope: Envelope, payload_len: usize, buf: &mut [u8]) -> Option<Transmit> {
     match repr.emit_around_payload(&envelope, payload_len, buf) {
-        Ok(len) => Some(Transmit { envelope, len }),
+        Ok(len) => Some(Transmit { envelope, len, traffic_class: 0 }),
         Err(e) => {
             debug_assert!(false, "the engine built a packet the codec refuses: {e}");
             None
@@ -321,14 +325,14 @@ fn request<M: Memory + ?Sized>(
     }
 
     let w = qp.sq.get(pos);
-    let (envelope, dest_qp) = match qp.qp_type {
+    let (envelope, dest_qp, traffic_class) = match qp.qp_type {
         QpType::Ud | QpType::Gsi => {
             let dest = w.ud?;
             let ah = sh.ahs.get(dest.ah.0 as usize)?;
             let port = udp_source_port(ah.av.flow_label, qp.qpn.value(), dest.remote_qpn.value());
-            (sh.envelope_for(&ah.av, port)?, dest.remote_qpn.value())
+            (sh.envelope_for(&ah.av, port)?, dest.remote_qpn.value(), ah.av.traffic_class)
         }
-        _ => (qp.envelope?, qp.attr.dest_qp_num),
+        _ => (qp.envelope?, qp.attr.dest_qp_num, qp.av.map_or(0, |av| av.traffic_class)),
     };
     let psn = qp.req.psn;
     let mut ext = ExtHeaders::default();
@@ -417,7 +421,8 @@ fn request<M: Memory + ?Sized>(
         qp.req.next = pos + 1;
         qp.req.offset = 0;
     }
-    let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf);
+    let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf)
+        .map(|t| Transmit { traffic_class, ..t });
     if rc {
         if qp.comp.retransmit_at.is_none() {
             completer::rearm(qp, now);

@@ -254,6 +254,7 @@ impl TxQueue {
                     let (o, t) = self.meta[i + count];
                     let previous_full = self.meta[i + count - 1].1.len == first.len;
                     if t.envelope != first.envelope
+                        || t.traffic_class != first.traffic_class
                         || t.len > first.len
                         || !previous_full
                         || total + t.len > 65_000
@@ -319,6 +320,8 @@ pub(crate) struct State {
     capture: Option<Capture>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
+    /// The ECN bits of every datagram: ECT(0) when congestion control runs, else 0.
+    ecn: u8,
     /// References to drop once the lock is released ([`Locked`]).
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
     /// Per socket, receives in a row that found nothing; and receives so far.
@@ -554,6 +557,7 @@ impl Driver {
             cm_delivery: None,
             capture,
             send_errors: 0,
+            ecn: if congestion_control(options) { ECT0 } else { 0 },
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
@@ -1013,7 +1017,7 @@ impl State {
     /// for the request, should not first be woken by the ACK; each stream keeps its own
     /// order, which is all RC asks), units from one source address in one sendmmsg.
     fn send_units(&mut self, port: &Port, units: &[(usize, usize, usize); TX_BATCH]) {
-        let State { tx, capture, send_errors, .. } = self;
+        let State { tx, capture, send_errors, ecn, .. } = self;
         let live: usize = units.iter().take_while(|x| x.1 > 0).count();
         let mut order = [0usize; TX_BATCH];
         let mut k = 0;
@@ -1046,6 +1050,10 @@ impl State {
                 let (last_off, last) = tx.meta[first + count - 1];
                 let bytes = &tx.arena[off..last_off + last.len];
                 let mut o = Outgoing::new(t.envelope, bytes);
+                if t.traffic_class != 0 {
+                    // The QP's DSCP; the ECN bits stay ECT(0) where congestion control runs.
+                    o.traffic_class = Some(t.traffic_class & !0b11 | *ecn);
+                }
                 if count > 1 {
                     o.segment_size = u16::try_from(segment).ok();
                 }
@@ -1196,7 +1204,7 @@ mod tests {
             p.fill(b'a' + i as u8);
             p[0] = opcode;
             p[5..8].copy_from_slice(&[0, qpn, 0]);
-            q.meta.push((at, Transmit { envelope, len }));
+            q.meta.push((at, Transmit { envelope, len, traffic_class: 0 }));
             at += len;
         }
         q

@@ -70,6 +70,29 @@ fn ud_receive_starts_with_the_grh_of_the_sender() {
     assert!(err.contains("127.0.0.2") && err.contains("not an address of"), "{err}");
 }
 
+#[test]
+fn the_address_vectors_traffic_class_is_the_datagrams() {
+    // An AH's traffic class (DSCP 46, "expedited forwarding") reaches the wire: the
+    // receiver's GRH shows it, with the ECN bits the device sends with (ECT(0) when
+    // congestion control runs, 0 otherwise).
+    let port = test_port();
+    let (a, b) = (ud_side([127, 0, 0, 1], port), ud_side([127, 0, 0, 2], port));
+    b.qp.post_recv(&[RecvWr { wr_id: 4, sg_list: &[b.mr.sge(0..2048).unwrap()] }]).unwrap();
+    let av =
+        AddressVector { dgid: b.ctx.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0xb8, flow_label: 0 };
+    let ah = a.pd.create_ah(av).unwrap();
+    let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(b.qp.qpn()), remote_qkey: QKey(0x1111_2222) };
+    let sge = [a.mr.sge(0..8).unwrap()];
+    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])
+        .unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    assert_eq!(b.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let tos = got_header(&b)[21];
+    assert_eq!(tos & !0b11, 0xb8, "the DSCP of the AH, in the IPv4 header's TOS: {tos:#04x}");
+    assert!(matches!(tos & 0b11, 0b00 | 0b10), "not ECT(0) or not-ECT: {tos:#04x}");
+    assert_eq!(b.ctx.device().reply_av(&got_header(&b)).unwrap().traffic_class & !0b11, 0xb8);
+}
+
 /// The first 40 bytes of B's receive buffer (the GRH of A's datagram to 127.0.0.2).
 fn got_header(b: &Side) -> [u8; 40] {
     let mut h = [0u8; 40];
