@@ -41,6 +41,12 @@ pub type PollCqFn = unsafe extern "C" fn(*mut IbvCq, c_int, *mut IbvWc) -> c_int
 pub type ReqNotifyFn = unsafe extern "C" fn(*mut IbvCq, c_int) -> c_int;
 /// `verbs_context.query_port`.
 pub type QueryPortFn = unsafe extern "C" fn(*mut IbvContext, u8, *mut IbvPortAttr, usize) -> c_int;
+/// `verbs_context.query_device_ex`: (context, input, attr, attr_size).
+pub type QueryDeviceExFn = unsafe extern "C" fn(*mut IbvContext, *const c_void, *mut u8, usize) -> c_int;
+/// `sizeof(struct ibv_device_attr_ex)` in rdma-core 44 (its `orig_attr` first).
+pub const DEVICE_ATTR_EX_LEN: usize = 400;
+/// `offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex)`.
+pub const PHYS_PORT_CNT_EX_OFFSET: usize = 396;
 /// `verbs_context.create_qp_ex`.
 pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
 
@@ -95,9 +101,8 @@ pub struct VerbsContext {
     pub query_port: Option<QueryPortFn>,
     /// `advise_mr` .. `priv`.
     pub _ops1: [usize; 26],
-    /// `query_device_ex` (216): NULL, so `ibv_query_device_ex` falls back to
-    /// `ibv_query_device`.
-    pub query_device_ex: usize,
+    /// `query_device_ex` (216), which the `ibv_query_device_ex` inline calls.
+    pub query_device_ex: Option<QueryDeviceExFn>,
     /// `ibv_destroy_flow` .. `open_qp`.
     pub _ops2: [usize; 5],
     /// `create_qp_ex` (264), which the `ibv_create_qp_ex` inline calls.

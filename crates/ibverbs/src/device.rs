@@ -198,7 +198,7 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
     let vctx = VerbsContext {
         query_port: Some(vctx_query_port),
         _ops1: [0; 26],
-        query_device_ex: 0,
+        query_device_ex: Some(query_device_ex),
         _ops2: [0; 5],
         create_qp_ex: Some(crate::wr::create_qp_ex),
         _ops3: [0; 5],
@@ -318,6 +318,41 @@ unsafe extern "C" fn query_device(ctx: *mut IbvContext, out: *mut IbvDeviceAttr)
     })
 }
 export!("ibv_query_device", "IBVERBS_1.1", query_device);
+
+/// `verbs_context.query_device_ex`: `ibv_query_device`'s attributes in `orig_attr`, one
+/// physical port in `phys_port_cnt_ex`, and no extended capability (timestamps, ODP, TSO,
+/// RSS, tag matching, device memory: 0), within the `attr_size` bytes the caller's
+/// `struct ibv_device_attr_ex` has (an older program's is shorter), as rdma-core's
+/// providers fill it. EINVAL for an input with a comp_mask, as the inline checks.
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut IbvContext,
+    input: *const c_void,
+    attr: *mut u8,
+    attr_size: usize,
+) -> c_int {
+    if attr.is_null() || attr_size < size_of::<IbvDeviceAttr>() {
+        return libc::EINVAL;
+    }
+    // SAFETY: input is NULL or a struct ibv_query_device_ex_input, whose first field is
+    // the u32 comp_mask.
+    if !input.is_null() && unsafe { *input.cast::<u32>() } != 0 {
+        return libc::EINVAL;
+    }
+    let len = attr_size.min(crate::abi::DEVICE_ATTR_EX_LEN);
+    // SAFETY: attr points at attr_size writable bytes (the caller's contract); we write
+    // `len` <= attr_size of them.
+    unsafe { std::ptr::write_bytes(attr, 0, len) };
+    // SAFETY: ctx is ours or NULL (checked inside); orig_attr is attr's first field.
+    let rc = unsafe { query_device(ctx, attr.cast()) };
+    if rc != 0 {
+        return rc;
+    }
+    if len >= crate::abi::PHYS_PORT_CNT_EX_OFFSET + 4 {
+        // SAFETY: in bounds (checked); an unaligned write of the u32 field.
+        unsafe { attr.add(crate::abi::PHYS_PORT_CNT_EX_OFFSET).cast::<u32>().write_unaligned(1) };
+    }
+    0
+}
 
 /// `ibv_port_attr` of port `port` of `c`.
 fn port_attr(c: &Ctx, port: u8) -> Result<IbvPortAttr, softrdma::Error> {

@@ -63,6 +63,11 @@ fn rdma_set_option_sets_the_tos_and_the_ack_timeout() {
 }
 
 #[test]
+fn query_device_ex_gives_one_physical_port() {
+    passes("query_device_ex");
+}
+
+#[test]
 fn create_qp_ex_takes_the_create_flags_bit_with_no_flag() {
     passes("qp_ex_create_flags");
 }

@@ -30,6 +30,10 @@ fn entries() -> Vec<Entry> {
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
     layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", query_device_ex => "query_device_ex",
         create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
+    // query_device_ex writes `struct ibv_device_attr_ex` by these two numbers.
+    v.push(("struct ibv_device_attr_ex", "sizeof".to_owned(), DEVICE_ATTR_EX_LEN));
+    v.push(("struct ibv_device_attr_ex", "phys_port_cnt_ex".to_owned(), PHYS_PORT_CNT_EX_OFFSET));
+    v.push(("struct ibv_device_attr_ex", "comp_mask".to_owned(), size_of::<IbvDeviceAttr>()));
     layout!(v, IbvQpEx, "struct ibv_qp_ex", [qp_base => "qp_base", comp_mask => "comp_mask", wr_id => "wr_id",
         wr_flags => "wr_flags", wr_atomic_cmp_swp => "wr_atomic_cmp_swp", wr_atomic_fetch_add => "wr_atomic_fetch_add",
         wr_bind_mw => "wr_bind_mw", wr_local_inv => "wr_local_inv", wr_rdma_read => "wr_rdma_read",
