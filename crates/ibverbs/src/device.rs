@@ -35,6 +35,10 @@ pub(crate) struct Ctx {
     /// The same for CQs (`CqId` → `ibv_cq`) and SRQs (`SrqId` → `ibv_srq`).
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+    /// What `ibv_context.cmd_fd` holds: programs dup it, poll it or hand it to a child
+    /// (pyverbs, rdma-core's tests). There is no uverbs device behind softrdma, so it is
+    /// `/dev/null`, opened read-write, closed with the context (-1 if it cannot be opened).
+    cmd_fd: Option<std::fs::File>,
 }
 
 /// The devices, made once per process and never freed: a device pointer stays valid after
@@ -186,10 +190,12 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         post_recv: Some(crate::post::post_recv),
         _after: [0; 5],
     };
+    // Opened with O_CLOEXEC, as the kernel's uverbs file is.
+    let cmd_fd = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").ok();
     let context = IbvContext {
         device: dev,
         ops,
-        cmd_fd: -1,
+        cmd_fd: cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd()),
         async_fd: inner.async_fd().as_raw_fd(),
         num_comp_vectors: NUM_COMP_VECTORS,
         mutex: [0; 5],
@@ -211,6 +217,7 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         qps: Mutex::default(),
         cqs: Mutex::default(),
         srqs: Mutex::default(),
+        cmd_fd,
     }));
     // SAFETY: ctx was just allocated; the pointer to its member lives as long as it.
     unsafe { &raw mut (*ctx).vctx.context }

@@ -63,7 +63,7 @@ fn rdma_set_option_sets_the_tos_and_the_ack_timeout() {
 }
 
 #[test]
-fn query_device_ex_gives_one_physical_port() {
+fn query_device_ex_gives_one_physical_port_and_cmd_fd_is_a_file() {
     passes("query_device_ex");
 }
 

@@ -1,8 +1,10 @@
 /* ibv_query_device_ex reaches softrdma's query_device_ex (it fell back to
  * ibv_query_device, leaving phys_port_cnt_ex 0): orig_attr as ibv_query_device gives it,
- * one physical port, no extended capability; an input with a comp_mask is EINVAL.
+ * one physical port, no extended capability; an input with a comp_mask is EINVAL. And the
+ * context's cmd_fd is an open file a program can dup (it was -1).
  * Prints "ok" and exits 0, or names the failed check and exits 1. */
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "common.h"
 
@@ -25,6 +27,9 @@ int main(void) {
           "no extended capability (and nothing left of the caller's bytes)");
     struct ibv_query_device_ex_input input = {.comp_mask = 1};
     CHECK(ibv_query_device_ex(ctx, &input, &ex) == EINVAL, "an input comp_mask is EINVAL");
+    CHECK(ctx->cmd_fd >= 0, "cmd_fd is a file descriptor");
+    int copy = dup(ctx->cmd_fd);
+    CHECK(copy >= 0 && close(copy) == 0, "dup(cmd_fd)");
     CHECK(ibv_close_device(ctx) == 0, "ibv_close_device");
     ibv_free_device_list(list);
     printf("ok\n");
