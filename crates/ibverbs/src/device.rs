@@ -36,9 +36,10 @@ pub(crate) struct Ctx {
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
     /// What `ibv_context.cmd_fd` holds: programs dup it, poll it or hand it to a child
-    /// (pyverbs, rdma-core's tests). There is no uverbs device behind softrdma, so it is
-    /// `/dev/null`, opened read-write, closed with the context (-1 if it cannot be opened).
-    cmd_fd: Option<std::fs::File>,
+    /// (pyverbs, rdma-core's tests). There is no uverbs device behind softrdma, so it is an
+    /// empty memfd of its own (an inode per context, which `ibv_import_device` can tell
+    /// apart), closed with the context; -1 if it cannot be made.
+    cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 /// The devices, made once per process and never freed: a device pointer stays valid after
@@ -190,8 +191,11 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         post_recv: Some(crate::post::post_recv),
         _after: [0; 5],
     };
-    // Opened with O_CLOEXEC, as the kernel's uverbs file is.
-    let cmd_fd = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").ok();
+    // Close-on-exec, as the kernel's uverbs file is.
+    // SAFETY: a NUL-terminated name; memfd_create returns a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(c"softrdma-cmd-fd".as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: fd, if not -1, is a descriptor of our own that nothing else closes.
+    let cmd_fd = (fd >= 0).then(|| unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
     let context = IbvContext {
         device: dev,
         ops,
