@@ -583,6 +583,25 @@ impl Engine {
         Ok(CqId(self.shared.cqs.insert(cq) as u32))
     }
 
+    /// `ibv_resize_cq`: CQ `cq` holds up to `cqe` completions from now on (1 to the
+    /// device's `max_cqe`). The completions it holds stay; fewer room than they take is
+    /// EINVAL, as rdma-core's providers answer. Returns the new size.
+    pub fn resize_cq(&mut self, cq: CqId, cqe: u32) -> Result<u32, VerbsError> {
+        let max = self.shared.config.max_cqe;
+        let c = self.shared.cqs.get_mut(cq.0 as usize).ok_or(VerbsError::NotFound { kind: "CQ", id: cq.0 })?;
+        if cqe == 0 || cqe > max {
+            return Err(invalid(format!("resize_cq: cqe = {cqe}; it must be 1..={max}")));
+        }
+        if (cqe as usize) < c.entries.len() {
+            return Err(invalid(format!(
+                "resize_cq: cqe = {cqe} is fewer than the {} completions the CQ holds; poll them first",
+                c.entries.len()
+            )));
+        }
+        c.capacity = cqe;
+        Ok(cqe)
+    }
+
     /// `ibv_destroy_cq`. Fails while a QP or SRQ uses it.
     pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), VerbsError> {
         if !self.shared.cqs.contains(cq.0 as usize) {

@@ -551,6 +551,38 @@ fn cq_overflow_is_an_async_cq_error() {
     assert_eq!(pair.a.poll_all().len(), 2, "the CQ holds what fit");
 }
 
+#[test]
+fn resize_cq_keeps_what_it_holds_and_the_new_size_bounds_it() {
+    let mut pair = connected_after_setup(QpType::Rc, Mtu::Mtu1024, &|n| {
+        n.cq = n.engine.create_cq(2).unwrap();
+        n.qp = n.engine.create_qp(&init_attr(n, QpType::Rc)).unwrap();
+    });
+    for i in 0..4 {
+        pair.b.post_recv(i, 0x100 * (i + 1), 64);
+    }
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(0, SendOp::Send, &[sge]));
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    // Two completions held: not fewer room than that, nor 0, nor past the device's limit.
+    let (cq, max) = (pair.a.cq, pair.a.engine.config().max_cqe);
+    for bad in [1, 0, max + 1] {
+        let e = pair.a.engine.resize_cq(cq, bad).unwrap_err().to_string();
+        assert!(e.contains("resize_cq"), "{e}");
+    }
+    assert_eq!(pair.a.engine.resize_cq(cq, 4), Ok(4));
+    let b_cq = pair.b.cq;
+    assert_eq!(pair.b.engine.resize_cq(b_cq, 4), Ok(4));
+    // Room for four now: two more SENDs complete without a CQ error, and all four are there.
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.a.post_send(wr(3, SendOp::Send, &[sge]));
+    pair.drive();
+    assert_eq!(pair.a.events(), [], "no CQ error with the room the resize gave");
+    assert_eq!(pair.b.events(), []);
+    assert_eq!(outcomes(&pair.a.poll_all()).len(), 4);
+    assert!(pair.a.engine.resize_cq(CqId(999), 8).is_err(), "no such CQ");
+}
+
 // ---- SQD ---------------------------------------------------------------------------------------
 
 #[test]

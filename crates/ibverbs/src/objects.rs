@@ -289,6 +289,31 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
 }
 export!("ibv_destroy_cq", "IBVERBS_1.1", destroy_cq);
 
+/// `ibv_resize_cq`: the CQ holds up to `cqe` completions, which `cq->cqe` then says; 0 or
+/// the errno value (EINVAL for 0, past `max_cqe`, or fewer than it holds).
+unsafe extern "C" fn resize_cq(cq: *mut IbvCq, cqe: c_int) -> c_int {
+    guard(libc::EIO, || {
+        let resized = {
+            // SAFETY: cq is ours or NULL.
+            let Some(c) = (unsafe { obj::<IbvCq, CqC>(cq) }) else {
+                return libc::EINVAL;
+            };
+            let Ok(n) = u32::try_from(cqe) else { return libc::EINVAL };
+            c.inner.resize(n)
+        };
+        match resized {
+            Ok(n) => {
+                // SAFETY: cq is a live CQ of ours (checked above); nothing else refers to
+                // its fields now.
+                unsafe { (*cq).cqe = c_int::try_from(n).unwrap_or(c_int::MAX) };
+                0
+            }
+            Err(e) => errno::fail(&e),
+        }
+    })
+}
+export!("ibv_resize_cq", "IBVERBS_1.1", resize_cq);
+
 unsafe extern "C" fn get_cq_event(ch: *mut IbvCompChannel, cq: *mut *mut IbvCq, cq_context: *mut *mut c_void) -> c_int {
     guard(-1, || {
         // SAFETY: ch is ours or NULL.

@@ -68,6 +68,11 @@ fn query_device_ex_gives_one_physical_port_and_cmd_fd_is_a_file() {
 }
 
 #[test]
+fn resize_cq_grows_and_keeps_what_it_holds() {
+    passes("resize_cq");
+}
+
+#[test]
 fn create_qp_ex_takes_the_create_flags_bit_with_no_flag() {
     passes("qp_ex_create_flags");
 }

@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
@@ -94,7 +95,7 @@ impl Context {
         let sh = &self.drv.shared;
         let mut st = sh.lock();
         let id = st.nic.engine_mut().create_cq(cqe)?;
-        let inner = Arc::new(CqInner { ctx: self.clone(), id, cqe, channel: channel.cloned() });
+        let inner = Arc::new(CqInner { ctx: self.clone(), id, cqe: AtomicU32::new(cqe), channel: channel.cloned() });
         if let Some(ch) = channel {
             let to = ChannelOfCq { channel: Arc::clone(&ch.inner), cq: Arc::downgrade(&inner) };
             st.cq_channels.insert(id.0, Box::new(to));
@@ -452,7 +453,8 @@ pub struct Cq {
 pub(crate) struct CqInner {
     ctx: Context,
     id: CqId,
-    cqe: u32,
+    /// Its size: asked for at creation, or by the last `resize`.
+    cqe: AtomicU32,
     channel: Option<CompChannel>,
 }
 
@@ -470,9 +472,19 @@ impl Cq {
         self.inner.id
     }
 
-    /// Entries asked for at creation.
+    /// Entries asked for at creation, or by the last [`resize`](Self::resize).
     pub fn cqe(&self) -> u32 {
-        self.inner.cqe
+        self.inner.cqe.load(Ordering::Relaxed)
+    }
+
+    /// `ibv_resize_cq`: the CQ holds up to `cqe` completions from now on; the ones it holds
+    /// stay. Fails (naming why) for 0, more than the device's `max_cqe`, or fewer than it
+    /// holds now. Returns the new size.
+    pub fn resize(&self, cqe: u32) -> Result<u32> {
+        let mut st = self.inner.ctx.drv.shared.lock();
+        let n = st.nic.engine_mut().resize_cq(self.inner.id, cqe)?;
+        self.inner.cqe.store(n, Ordering::Relaxed);
+        Ok(n)
     }
 
     /// The completion channel, if any.
