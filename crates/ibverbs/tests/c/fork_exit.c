@@ -22,30 +22,18 @@ int main(int argc, char **argv) {
     int port = argc > 1 ? atoi(argv[1]) : 7000 + getpid() % 1000;
     ch = rdma_create_event_channel();
     CHECK(ch, "rdma_create_event_channel");
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(0x7f000001)};
-    struct rdma_cm_id *listen_id, *client;
-    CHECK(rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (listener)");
-    CHECK(rdma_bind_addr(listen_id, (struct sockaddr *)&addr) == 0 && rdma_listen(listen_id, 1) == 0, "listening");
+    struct rdma_cm_id *listen_id, *client, *server;
+    if (listen_loopback(ch, port, &listen_id))
+        return 1;
     CHECK(rdma_create_id(ch, &client, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (client)");
-    CHECK(rdma_resolve_addr(client, NULL, (struct sockaddr *)&addr, 2000) == 0, "rdma_resolve_addr");
-    CHECK(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED) == client, "ADDR_RESOLVED");
-    CHECK(rdma_resolve_route(client, 2000) == 0 && expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED) == client, "ROUTE_RESOLVED");
-    struct ibv_qp_init_attr qa = {.qp_type = IBV_QPT_RC,
-                                  .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
-    CHECK(rdma_create_qp(client, NULL, &qa) == 0, "rdma_create_qp (client)");
-    CHECK(rdma_connect(client, NULL) == 0, "rdma_connect");
-    struct rdma_cm_id *server = expect(ch, RDMA_CM_EVENT_CONNECT_REQUEST);
-    CHECK(server, "CONNECT_REQUEST");
-    /* A fresh attr: rdma_create_qp wrote the client's CQs into qa, as librdmacm does. */
-    struct ibv_qp_init_attr sa = {.qp_type = IBV_QPT_RC,
-                                  .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
-    CHECK(rdma_create_qp(server, NULL, &sa) == 0, "rdma_create_qp (server)");
+    if (connect_loopback(ch, client, port) || take_request(ch, &server))
+        return 1;
     char *buf = calloc(1, 64);
     struct ibv_mr *mr = rdma_reg_msgs(server, buf, 64);
     CHECK(mr && rdma_post_recv(server, NULL, buf, 64, mr) == 0, "a receive on the server");
     CHECK(rdma_accept(server, NULL) == 0, "rdma_accept");
-    for (int i = 0; i < 2; i++) /* the client's and the server's, in either order */
-        CHECK(expect(ch, RDMA_CM_EVENT_ESTABLISHED), "ESTABLISHED");
+    if (both_established(ch))
+        return 1;
 
     pid_t child = fork();
     CHECK(child >= 0, "fork");

@@ -16,7 +16,7 @@ int main(int argc, char **argv) {
     int port = argc > 1 ? atoi(argv[1]) : 7000 + getpid() % 1000;
     struct rdma_event_channel *ch = rdma_create_event_channel();
     CHECK(ch, "rdma_create_event_channel");
-    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(0x7f000001)};
+    struct sockaddr_in addr = loopback_addr(port);
     struct rdma_cm_id *listen_id, *client;
     CHECK(rdma_create_id(ch, &listen_id, NULL, RDMA_PS_TCP) == 0, "rdma_create_id (listener)");
     CHECK(rdma_get_src_port(listen_id) == 0 && rdma_get_dst_port(listen_id) == 0, "an unbound ID's ports are 0");
