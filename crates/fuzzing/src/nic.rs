@@ -1,7 +1,8 @@
 //! The whole NIC's ingress (engine, CM and QP1 together) against live connections, with
 //! the network, an attacker on it and both applications played by the fuzzer.
 //!
-//! Two `Nic`s, A (10.0.0.1) and B (10.0.0.2). B listens; A connects an RC QP to it
+//! Two `Nic`s, A (10.0.0.1) and B (10.0.0.2), whose RC QPs share a window of 24 packets
+//! per peer (`softrdma_engine::window`). B listens; A connects an RC QP to it
 //! through the CM, honestly, before the input starts. Each side's memory is laid out
 //! `guard | local | guard | remote | guard`: SGEs (sources, receive buffers, READ
 //! targets) lie in `local`, registered for local access only; the peer's RDMA WRITE, READ
@@ -148,8 +149,10 @@ fn in_guard(addr: u64) -> bool {
 impl Side {
     fn new(k: usize) -> Self {
         let ip = IPS[k];
-        let mut engine =
-            Engine::new(DeviceConfig { addresses: vec![ip], seed: 11 + k as u64, ..DeviceConfig::default() });
+        // A small window per peer, so that its waits and wake-ups are fuzzed too.
+        let config =
+            DeviceConfig { addresses: vec![ip], seed: 11 + k as u64, peer_window: Some(24), ..DeviceConfig::default() };
+        let mut engine = Engine::new(config);
         let pd = engine.alloc_pd();
         let cq = engine.create_cq(1 << 12).expect("a CQ");
         let local = engine.reg_mr(pd, LOCAL, LOCAL_LEN, Access::LOCAL_WRITE).expect("the local MR");
