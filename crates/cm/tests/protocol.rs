@@ -122,16 +122,8 @@ fn tos_and_ack_timeout_options_reach_the_route_the_req_and_the_qp() {
     p.a.set_tos(a, 0xb8).unwrap();
     p.a.set_ack_timeout(a, 14).unwrap();
     assert!(p.a.set_ack_timeout(a, 32).is_err(), "a 5-bit exponent");
-    p.a.resolve_addr(p.now, a, Some(SocketAddr::new(IP_A, 0)), SocketAddr::new(IP_B, PORT)).unwrap();
-    p.a.resolve_route(p.now, a).unwrap();
-    p.drive();
-    p.a.connect(p.now, a, &active_param()).unwrap();
-    p.drive();
-    let b = p.take_request().id;
-    p.b.accept(p.now, b, &passive_param()).unwrap();
-    p.drive();
-    p.a.establish(p.now, a).unwrap();
-    p.drive();
+    p.resolve_id(a);
+    let b = p.connect_accept_establish(a);
     // The traffic class is A's route's, and the REQ's path carries it to B.
     let (a_rtr, _) = p.a.qp_attr(a, QpState::Rtr).unwrap();
     let (b_rtr, _) = p.b.qp_attr(b, QpState::Rtr).unwrap();
@@ -344,13 +336,7 @@ fn lost_rtu_is_recovered_by_the_rep_retry() {
         p.listen(PortSpace::TCP, QpType::Rc);
         let a = p.resolve(PortSpace::TCP, QpType::Rc);
         p.drop_first(Side::A, "RTU", 1);
-        p.a.connect(p.now, a, &active_param()).unwrap();
-        p.drive();
-        let b = p.take_request().id;
-        p.b.accept(p.now, b, &passive_param()).unwrap();
-        p.drive();
-        p.a.establish(p.now, a).unwrap();
-        p.drive();
+        let b = p.connect_accept_establish(a);
         (p, a, b)
     };
     assert!(p.events_b.is_empty());
@@ -367,13 +353,7 @@ fn lost_rtu_first_data_establishes_with_notify() {
     p.listen(PortSpace::TCP, QpType::Rc);
     let a = p.resolve(PortSpace::TCP, QpType::Rc);
     p.drop = Box::new(|s, m| s == Side::A && m == "RTU");
-    p.a.connect(p.now, a, &active_param()).unwrap();
-    p.drive();
-    let b = p.take_request().id;
-    p.b.accept(p.now, b, &passive_param()).unwrap();
-    p.drive();
-    p.a.establish(p.now, a).unwrap();
-    p.drive();
+    let b = p.connect_accept_establish(a);
     p.b.notify(p.now, b).unwrap();
     p.drive();
     assert_eq!(p.kinds_b(), [Established]);
@@ -847,13 +827,7 @@ fn established_carries_the_peers_parameters() {
     let mut p = Pair::new();
     p.listen(PortSpace::TCP, QpType::Rc);
     let a = p.resolve(PortSpace::TCP, QpType::Rc);
-    p.a.connect(p.now, a, &active_param()).unwrap();
-    p.drive();
-    let b = p.take_request().id;
-    p.b.accept(p.now, b, &passive_param()).unwrap();
-    p.drive();
-    p.a.establish(p.now, a).unwrap();
-    p.drive();
+    p.connect_accept_establish(a);
     let on_a = p.events_a.last().unwrap().param.clone().unwrap();
     let on_b = p.events_b.last().unwrap().param.clone().unwrap();
     assert_eq!((on_a.qp_num, on_a.start_psn), (0x22, Some(0x2000)));

@@ -205,12 +205,29 @@ impl Pair {
     /// A resolves B's port 7174 and has a route.
     pub fn resolve(&mut self, ps: PortSpace, qp_type: QpType) -> CmId {
         let id = self.a.create_id(ps, qp_type).unwrap();
+        self.resolve_id(id);
+        id
+    }
+
+    /// A's `id` resolved (address and route) to B's port, events cleared.
+    pub fn resolve_id(&mut self, id: CmId) {
         self.a.resolve_addr(self.now, id, Some(SocketAddr::new(IP_A, 0)), SocketAddr::new(IP_B, PORT)).unwrap();
         self.a.resolve_route(self.now, id).unwrap();
         self.drive();
         assert_eq!(self.kinds_a(), [CmEventKind::AddrResolved, CmEventKind::RouteResolved]);
         self.events_a.clear();
-        id
+    }
+
+    /// A's resolved RC `a` connects, B accepts the request, A establishes: B's ID.
+    pub fn connect_accept_establish(&mut self, a: CmId) -> CmId {
+        self.a.connect(self.now, a, &active_param()).unwrap();
+        self.drive();
+        let b = self.take_request().id;
+        self.b.accept(self.now, b, &passive_param()).unwrap();
+        self.drive();
+        self.a.establish(self.now, a).unwrap();
+        self.drive();
+        b
     }
 
     /// The last event of B, which must be a CONNECT_REQUEST: its new ID.
@@ -249,13 +266,7 @@ pub fn connected() -> (Pair, CmId, CmId) {
     let mut p = Pair::new();
     p.listen(PortSpace::TCP, QpType::Rc);
     let a = p.resolve(PortSpace::TCP, QpType::Rc);
-    p.a.connect(p.now, a, &active_param()).unwrap();
-    p.drive();
-    let b = p.take_request().id;
-    p.b.accept(p.now, b, &passive_param()).unwrap();
-    p.drive();
-    p.a.establish(p.now, a).unwrap();
-    p.drive();
+    let b = p.connect_accept_establish(a);
     assert_eq!(p.kinds_a(), [CmEventKind::ConnectResponse, CmEventKind::Established]);
     assert_eq!(p.kinds_b(), [CmEventKind::Established]);
     p.events_a.clear();
