@@ -348,7 +348,7 @@ impl Shared {
     pub(crate) fn count_window(&mut self, qp: &mut Qp) {
         let sending = qp.qp_type == QpType::Rc && matches!(qp.state, QpState::Rts | QpState::Sqd);
         let outstanding = if sending { qp.comp.psn.distance_to(qp.req.psn).max(0).unsigned_abs() } else { 0 };
-        let peer = qp.av.map(|av| av.dgid.to_ip());
+        let peer = qp.peer_ip();
         self.windows.recount(&mut qp.window, peer, outstanding);
     }
 

@@ -338,6 +338,11 @@ impl Qp {
         }
     }
 
+    /// The connected peer's address (RC/UC, from RTR on).
+    pub(crate) fn peer_ip(&self) -> Option<core::net::IpAddr> {
+        self.av.map(|av| av.dgid.to_ip())
+    }
+
     /// Path MTU in bytes (UD: the device's port MTU, set at creation in `attr.path_mtu`).
     pub(crate) fn mtu(&self) -> u32 {
         self.attr.path_mtu.bytes()

@@ -142,8 +142,8 @@ impl Engine {
         // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`), and from
         // the one UDP source port it uses (see `peer_port`).
         if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
-            let from_peer = qp.av.is_some_and(|av| av.dgid.to_ip() == envelope.src_ip())
-                && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
+            let from_peer =
+                qp.peer_ip() == Some(envelope.src_ip()) && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
             if !from_peer {
                 sh.counters.rcvd_dropped += 1;
                 return;

@@ -53,7 +53,8 @@ impl Engine {
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
             self.shared.count_window(qp);
             if let (Some(t), Some(av)) = (&mut sent, qp.av) {
-                // Responses too (requests carry their AH's or the QP's already).
+                // A connected QP's packets, requests and responses, take its AV's traffic
+                // class (a UD request has its AH's already).
                 t.traffic_class = av.traffic_class;
             }
             if let (Some(t), Some(cc)) = (&sent, qp.cc.as_deref_mut()) {
@@ -283,7 +284,7 @@ fn request<M: Memory + ?Sized>(
     if rc && qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS {
         return None; // wait for ACKs
     }
-    let peer = qp.av.map(|av| av.dgid.to_ip());
+    let peer = qp.peer_ip();
     if rc && !sh.windows.admits(&qp.window, peer) {
         sh.windows.wait(qp.qpn, &mut qp.window);
         return None; // wait for room in the peer's window (crate::window)
@@ -332,7 +333,8 @@ fn request<M: Memory + ?Sized>(
             let port = udp_source_port(ah.av.flow_label, qp.qpn.value(), dest.remote_qpn.value());
             (sh.envelope_for(&ah.av, port)?, dest.remote_qpn.value(), ah.av.traffic_class)
         }
-        _ => (qp.envelope?, qp.attr.dest_qp_num, qp.av.map_or(0, |av| av.traffic_class)),
+        // A connected QP's: poll_transmit sets its AV's on each of its packets.
+        _ => (qp.envelope?, qp.attr.dest_qp_num, 0),
     };
     let psn = qp.req.psn;
     let mut ext = ExtHeaders::default();
@@ -393,10 +395,7 @@ fn request<M: Memory + ?Sized>(
             if let Some(dest) = w.ud {
                 ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
             }
-            header.ack_req = rc
-                && (last
-                    || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK
-                    || sh.windows.fills(qp.av.map(|av| av.dgid.to_ip())));
+            header.ack_req = rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.fills(peer));
             // Copy the payload straight from the application's memory into the datagram.
             let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
             let out = buf.get_mut(at..at + chunk as usize)?;
