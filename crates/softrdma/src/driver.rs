@@ -320,8 +320,6 @@ pub(crate) struct State {
     capture: Option<Capture>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
-    /// The ECN bits of every datagram: ECT(0) when congestion control runs, else 0.
-    ecn: u8,
     /// References to drop once the lock is released ([`Locked`]).
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
     /// Per socket, receives in a row that found nothing; and receives so far.
@@ -557,7 +555,6 @@ impl Driver {
             cm_delivery: None,
             capture,
             send_errors: 0,
-            ecn: if congestion_control(options) { ECT0 } else { 0 },
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
@@ -1017,7 +1014,9 @@ impl State {
     /// for the request, should not first be woken by the ACK; each stream keeps its own
     /// order, which is all RC asks), units from one source address in one sendmmsg.
     fn send_units(&mut self, port: &Port, units: &[(usize, usize, usize); TX_BATCH]) {
-        let State { tx, capture, send_errors, ecn, .. } = self;
+        let State { tx, capture, send_errors, nic, .. } = self;
+        // The ECN bits of every datagram: ECT(0) where congestion control runs.
+        let ecn = if nic.engine().config().congestion.is_some() { ECT0 } else { 0 };
         let live: usize = units.iter().take_while(|x| x.1 > 0).count();
         let mut order = [0usize; TX_BATCH];
         let mut k = 0;
@@ -1052,7 +1051,7 @@ impl State {
                 let mut o = Outgoing::new(t.envelope, bytes);
                 if t.traffic_class != 0 {
                     // The QP's DSCP; the ECN bits stay ECT(0) where congestion control runs.
-                    o.traffic_class = Some(t.traffic_class & !0b11 | *ecn);
+                    o.traffic_class = Some(t.traffic_class & !0b11 | ecn);
                 }
                 if count > 1 {
                     o.segment_size = u16::try_from(segment).ok();
