@@ -170,14 +170,24 @@ fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
 /// Prints (and plots) a client's report, measuring the baseline first if asked.
 fn output(a: &TestArgs, mut report: Report) -> Result<(), PerfError> {
     if a.vs_baseline {
-        let b = baseline::measure(5000, Duration::from_millis(500), report.spec.max_size().max(64))?;
-        report.vs_baseline = ratios(&report, &b);
-        report.baseline = Some(b);
+        let b = measure_baseline(&report.spec)?;
+        with_baseline(&mut report, b);
     }
     if let Some(path) = &a.plot {
         plot::draw(&report, path)?;
     }
     print(&if a.json { json(&report)? } else { report.text() })
+}
+
+/// `--vs-baseline`'s measurement of this machine, sized for `spec`'s messages.
+fn measure_baseline(spec: &Spec) -> Result<baseline::Baseline, PerfError> {
+    baseline::measure(5000, Duration::from_millis(500), spec.max_size().max(64))
+}
+
+/// Puts `b` and each figure's ratio to it into `report`.
+fn with_baseline(report: &mut Report, b: baseline::Baseline) {
+    report.vs_baseline = ratios(report, &b);
+    report.baseline = Some(b);
 }
 
 /// Each figure of `report` against the limits that bound it. The like-for-like limit
@@ -556,20 +566,13 @@ fn sweep(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
         for i in 0..counts.len() {
             reports.push(client("127.0.0.1", &client_args, &spec_for(i))?);
         }
-        let status = server.wait(Duration::from_secs(30))?;
-        if !status.success() {
-            return Err(PerfError::Peer(format!("the loopback server failed: {status}")));
-        }
+        loopback_server_done(server)?;
     } else if let Some(host) = &a.host {
         for i in 0..counts.len() {
             reports.push(client(host, a, &spec_for(i))?);
         }
     }
-    let baseline = if a.vs_baseline {
-        Some(baseline::measure(5000, Duration::from_millis(500), spec.max_size().max(64))?)
-    } else {
-        None
-    };
+    let baseline = if a.vs_baseline { Some(measure_baseline(spec)?) } else { None };
     if let Some(path) = &a.plot {
         plot::draw_sweep(&reports, baseline.as_ref(), path)?;
     }
@@ -577,8 +580,7 @@ fn sweep(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
         let mut out = String::new();
         for mut r in reports {
             if let Some(b) = &baseline {
-                r.vs_baseline = ratios(&r, b);
-                r.baseline = Some(b.clone());
+                with_baseline(&mut r, b.clone());
             }
             let line = serde_json::to_string(&r).map_err(|e| PerfError::Io(format!("encoding JSON: {e}")))?;
             out.push_str(&line);
@@ -606,13 +608,19 @@ fn loopback_server(op: Op, a: &TestArgs) -> Result<(child::Peer, u16), PerfError
     Ok((server, port))
 }
 
-fn loopback(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
-    let (server, port) = loopback_server(op, a)?;
-    let client_args = TestArgs { port, ..a.clone() };
-    let report = client("127.0.0.1", &client_args, spec)?;
+/// Waits for the loopback server to end, as it does after its last client.
+fn loopback_server_done(server: child::Peer) -> Result<(), PerfError> {
     let status = server.wait(Duration::from_secs(30))?;
     if !status.success() {
         return Err(PerfError::Peer(format!("the loopback server failed: {status}")));
     }
+    Ok(())
+}
+
+fn loopback(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
+    let (server, port) = loopback_server(op, a)?;
+    let client_args = TestArgs { port, ..a.clone() };
+    let report = client("127.0.0.1", &client_args, spec)?;
+    loopback_server_done(server)?;
     output(a, report)
 }

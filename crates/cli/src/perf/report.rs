@@ -370,7 +370,6 @@ impl Report {
     }
 }
 
-/// A GID as `ibv_devinfo` shows it: `::ffff:a.b.c.d` for IPv4.
 /// `--qps-sweep`'s table: one row per QP count and size, bandwidth and message rate
 /// (and, with a baseline, the bandwidth as a ratio of UDP GSO+GRO goodput).
 pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> String {
@@ -426,6 +425,7 @@ pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> Str
     o
 }
 
+/// A GID as `ibv_devinfo` shows it: `::ffff:a.b.c.d` for IPv4.
 fn gid_text(ip: std::net::IpAddr) -> String {
     match ip {
         std::net::IpAddr::V4(v4) => format!("::ffff:{v4}"),

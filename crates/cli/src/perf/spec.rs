@@ -214,6 +214,16 @@ impl Spec {
         }
         let mtu = a.mtu.unwrap_or(0);
         let ud_max = u64::from(if mtu == 0 { 4096 } else { mtu });
+        // A size the option `flag` gave.
+        let check = |flag: &str, s: u64| {
+            if s == 0 || s > MAX_SIZE {
+                return Err(format!("{flag} {s}: must be 1 to {MAX_SIZE} bytes"));
+            }
+            if a.connection == Conn::Ud && s > ud_max {
+                return Err(format!("{flag} {s}: a UD message must fit one packet (the path MTU)"));
+            }
+            Ok(())
+        };
         let sizes = if op == Op::Atomic {
             if a.all || a.size.is_some_and(|s| s != 8) || a.sizes.iter().any(|&s| s != 8) {
                 return Err("atomic tests move 8 bytes; drop -s/--size, --sizes and -a/--all".into());
@@ -224,16 +234,11 @@ impl Spec {
                 return Err(format!("--sizes: {} sizes, at most 64", a.sizes.len()));
             }
             for &s in &a.sizes {
-                if s == 0 || s > MAX_SIZE {
-                    return Err(format!("--sizes: {s} must be 1 to {MAX_SIZE} bytes"));
-                }
-                if a.connection == Conn::Ud && s > ud_max {
-                    return Err(format!("--sizes: {s}: a UD message must fit one packet (the path MTU)"));
-                }
+                check("--sizes", s)?;
             }
             a.sizes.clone()
         } else if a.all {
-            let top = if a.connection == Conn::Ud { u64::from(if mtu == 0 { 4096 } else { mtu }) } else { MAX_SIZE };
+            let top = if a.connection == Conn::Ud { ud_max } else { MAX_SIZE };
             std::iter::successors(Some(2u64), |s| Some(s * 2)).take_while(|s| *s <= top).collect()
         } else {
             let default = match (mode, a.connection) {
@@ -242,12 +247,7 @@ impl Spec {
                 (Mode::Lat, _) => 2,
             };
             let s = a.size.unwrap_or(default);
-            if s == 0 || s > MAX_SIZE {
-                return Err(format!("-s/--size {s}: must be 1 to {MAX_SIZE} bytes"));
-            }
-            if a.connection == Conn::Ud && s > ud_max {
-                return Err(format!("-s/--size {s}: a UD message must fit one packet (the path MTU)"));
-            }
+            check("-s/--size", s)?;
             vec![s]
         };
         let depth = if mode == Mode::Lat { 1 } else { a.tx_depth.unwrap_or(128) };
