@@ -368,14 +368,17 @@ pub(crate) fn gso_to(to: SocketAddr, time: Duration) -> Result<f64, PerfError> {
 }
 
 /// The GRO receiver of [`gso_to`], on `addr`: prints `LISTENING <port>`, counts what
-/// arrives and answers each sender's "quit" with `GOT <bytes> <seconds>`; ends after 30 s of
-/// silence, or after answering when `once`.
+/// arrives and answers each sender's "quit" with `GOT <bytes> <seconds>` (a "quit" resent
+/// with nothing in between, because the answer was lost, gets the same answer again);
+/// ends after 30 s of silence, or after answering when `once`.
 pub(crate) fn gso_sink(addr: std::net::IpAddr, once: bool, announce: &dyn Fn(u16)) -> Result<(), PerfError> {
     let config = Config { port: 0, gro: true, recv_buffer_size: Some(8 << 20), ..Config::default() };
     let sock = RoceSocket::bind_with(addr, &config).map_err(io("binding the sink"))?;
     let mut batch = RecvBatch::new(32, 65536);
     announce(sock.local_addr().port());
     let (mut bytes, mut first) = (0u64, None);
+    // Nothing received before a "quit": nothing got through.
+    let mut last = String::from("GOT 0 1");
     loop {
         if sock.recv_timeout(&mut batch, Duration::from_secs(30)).map_err(io("sink receive"))? == 0 {
             return if once { Err(PerfError::Io("the sender went quiet".into())) } else { Ok(()) };
@@ -390,8 +393,10 @@ pub(crate) fn gso_sink(addr: std::net::IpAddr, once: bool, announce: &dyn Fn(u16
             bytes += d.payload.len() as u64;
         }
         if let Some(to) = answer {
-            let secs = first.map_or(1.0, |f: Instant| f.elapsed().as_secs_f64());
-            let _ = sock.send_to(to, format!("GOT {bytes} {secs}").as_bytes());
+            if let Some(f) = first {
+                last = format!("GOT {bytes} {}", f.elapsed().as_secs_f64());
+            }
+            let _ = sock.send_to(to, last.as_bytes());
             if once {
                 return Ok(());
             }
