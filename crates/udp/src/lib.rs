@@ -39,7 +39,8 @@
 //!
 //! - **Many processes, one host.** [`host::Member`] joins a device's reuseport group with
 //!   a classic-BPF program that steers each datagram to the process owning its QPN or CM
-//!   connection (docs/architecture.md, "Many processes, one host").
+//!   connection (docs/architecture.md, "Many processes, one host"); [`local`] carries
+//!   datagrams between those processes through shared memory instead of the kernel.
 //!
 //! # What the receiver cannot see: the IPv4 identification
 //!
@@ -128,6 +129,8 @@
 mod sys;
 
 pub mod host;
+#[allow(unsafe_code)]
+pub mod local;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};

@@ -1,0 +1,617 @@
+//! Datagrams between processes of one host through shared memory, instead of through the
+//! kernel's UDP stack.
+//!
+//! Each process that uses a device makes an [`Inbox`]: a file in `/dev/shm`, mode 0600,
+//! named by its user, network namespace, device, port and slot ([`inbox_name`]), so that a
+//! sender finds it from nothing but a packet's destination: an address of the same device
+//! and a destination QPN, whose slot (QPN >> 13, see [`crate::host`]) names the process.
+//! The inbox holds [`LANES`] single-producer rings of [`SLOTS`] datagrams each; a sender
+//! ([`Outbox`]) claims one lane (its process ID in the lane's owner word, taken back from a
+//! process that is gone) and is its only producer, the inbox's owner its only consumer.
+//!
+//! What travels is exactly what the socket would have carried: a whole RoCE packet (ICRC
+//! included) and the envelope and IP fields the receiver would have read from the kernel.
+//! The engine above sees no difference: its checks, its ordering and its retries are the
+//! same, only the two system calls, the kernel's two copies and the loopback interface are
+//! gone. A full lane keeps the datagrams in the sender's backlog, in order (the engine's
+//! windows bound it), rather than dropping them.
+//!
+//! **Waking a receiver.** A receiver that is about to sleep in `poll` says so in the inbox
+//! ([`Inbox::sleep_if_empty`]), and a sender that published datagrams looks
+//! ([`Outbox::wake`]) and then rings the receiver's eventfd, which it got once with
+//! `pidfd_getfd`. Sender and receiver each write their word before they read the other's
+//! (sequentially consistent), so one of them always sees the other: no wake-up is lost.
+//!
+//! **Who can use it.** Only processes of the inbox owner's user can open the file, and
+//! `pidfd_getfd` needs the right to ptrace the receiver: where the kernel refuses it (Yama's
+//! `ptrace_scope` ≥ 1 between unrelated processes, another user), [`Outbox::open`] fails
+//! and the caller stays on the sockets. A process that may ptrace another can read and
+//! write all of its memory already; the inbox gives it nothing more. Within those limits a
+//! lane's contents are copied out before they are parsed, so a misbehaving producer can
+//! give wrong datagrams (which the engine checks like any from the network) but cannot
+//! change one while it is read.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+
+use rustix::mm::{MapFlags, ProtFlags};
+use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags};
+
+use crate::{Envelope, IpInfo};
+
+/// Producers an inbox admits at once (one per sending process and device).
+pub const LANES: usize = 4;
+/// Datagrams a lane holds.
+pub const SLOTS: usize = 1024;
+/// The largest datagram a lane carries (a 4096-byte payload and every header and trailer,
+/// with room to spare).
+pub const DATAGRAM_MAX: usize = 4096 + 256;
+
+const MAGIC: u64 = u64::from_be_bytes(*b"sRDMAinb");
+const VERSION: u32 = 1;
+/// The file's header: magic, version, geometry, owner, doorbell, closed, sleeping.
+const HEADER: usize = 64;
+/// A lane's header: the owner word, then head and tail each on its own cache line.
+const LANE_HEADER: usize = 192;
+/// An entry: its header (length, envelope, IP fields), then the datagram.
+const ENTRY_HEADER: usize = 64;
+const ENTRY: usize = ENTRY_HEADER + DATAGRAM_MAX;
+const ENTRIES_AT: usize = (HEADER + LANES * LANE_HEADER).next_multiple_of(4096);
+/// The file's size.
+pub const INBOX_BYTES: usize = ENTRIES_AT + LANES * SLOTS * ENTRY;
+
+// Header fields.
+const H_MAGIC: usize = 0;
+const H_VERSION: usize = 8;
+const H_LANES: usize = 12;
+const H_SLOTS: usize = 16;
+const H_ENTRY: usize = 20;
+const H_PID: usize = 24;
+const H_DOORBELL: usize = 28;
+const H_CLOSED: usize = 32;
+const H_SLEEPING: usize = 36;
+// Lane fields (from the lane header).
+const L_OWNER: usize = 0;
+const L_HEAD: usize = 64;
+const L_TAIL: usize = 128;
+
+/// The inbox of `slot` on `device`/`port`, for this user and network namespace.
+pub fn inbox_name(device: &str, port: u16, slot: u32) -> io::Result<String> {
+    let netns = std::fs::metadata("/proc/self/ns/net")?.ino();
+    let uid = rustix::process::getuid().as_raw();
+    let device: String = device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    Ok(format!("softrdma.{uid}.{netns}.{device}.{port}.{slot}"))
+}
+
+fn path_of(name: &str) -> PathBuf {
+    PathBuf::from("/dev/shm").join(name)
+}
+
+fn invalid(what: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+/// A shared mapping of a whole inbox file.
+struct Mapping {
+    base: NonNull<u8>,
+}
+
+// SAFETY: the mapping is plain shared memory; every access to it goes through atomics or
+// raw copies of bytes that no Rust reference covers, so any thread may make them.
+unsafe impl Send for Mapping {}
+// SAFETY: as above.
+unsafe impl Sync for Mapping {}
+
+impl Mapping {
+    fn new(file: &File) -> io::Result<Mapping> {
+        // SAFETY: a fresh shared mapping of a file at least INBOX_BYTES long (the callers
+        // set or check its length); nothing else in this process uses the range.
+        let p = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                INBOX_BYTES,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                file,
+                0,
+            )
+        }?;
+        Ok(Mapping { base: NonNull::new(p.cast()).expect("mmap returns a non-null address") })
+    }
+
+    fn u32(&self, off: usize) -> &AtomicU32 {
+        assert!(off + 4 <= INBOX_BYTES && off % 4 == 0);
+        // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned), and the
+        // mapping lives as long as `self`. Shared memory written by other processes is read
+        // only through atomics.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
+    }
+
+    fn u64(&self, off: usize) -> &AtomicU64 {
+        assert!(off + 8 <= INBOX_BYTES && off % 8 == 0);
+        // SAFETY: as for `u32`.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU64>() }
+    }
+
+    /// Copies `data` to `off`.
+    fn put(&self, off: usize, data: &[u8]) {
+        assert!(off + data.len() <= INBOX_BYTES);
+        // SAFETY: in bounds; the range belongs to an entry this process produces and the
+        // consumer does not read until the head moves past it (Release), so no one reads it
+        // now; `data` is private memory.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.base.as_ptr().add(off), data.len()) };
+    }
+
+    /// Copies `buf.len()` bytes from `off`.
+    fn get(&self, off: usize, buf: &mut [u8]) {
+        assert!(off + buf.len() <= INBOX_BYTES);
+        // SAFETY: in bounds; the entry was published (Acquire on the head) and its producer
+        // does not reuse it before the tail moves past it; `buf` is private memory.
+        unsafe { std::ptr::copy_nonoverlapping(self.base.as_ptr().add(off), buf.as_mut_ptr(), buf.len()) };
+    }
+
+    fn lane(lane: usize) -> usize {
+        HEADER + lane * LANE_HEADER
+    }
+
+    fn entry(lane: usize, index: u64) -> usize {
+        ENTRIES_AT + (lane * SLOTS + (index % SLOTS as u64) as usize) * ENTRY
+    }
+
+    fn pending(&self) -> bool {
+        (0..LANES).any(|l| {
+            let at = Self::lane(l);
+            self.u64(at + L_HEAD).load(Ordering::SeqCst) != self.u64(at + L_TAIL).load(Ordering::Relaxed)
+        })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; no reference into it outlives `self`.
+        let _ = unsafe { rustix::mm::munmap(self.base.as_ptr().cast(), INBOX_BYTES) };
+    }
+}
+
+/// An entry's header: the datagram's length and what the socket would have told.
+fn encode(envelope: &Envelope, ip: IpInfo, len: usize) -> [u8; ENTRY_HEADER] {
+    let mut h = [0u8; ENTRY_HEADER];
+    h[0..4].copy_from_slice(&(len as u32).to_le_bytes());
+    h[5] = ip.traffic_class;
+    h[6] = ip.hop_limit;
+    h[8..10].copy_from_slice(&envelope.src_port().to_le_bytes());
+    h[10..12].copy_from_slice(&envelope.dst_port().to_le_bytes());
+    h[12..16].copy_from_slice(&ip.flow_label.to_le_bytes());
+    match envelope {
+        Envelope::V4(e) => {
+            h[4] = 4;
+            h[7] = u8::from(e.dont_fragment);
+            h[16..18].copy_from_slice(&e.identification.to_le_bytes());
+            h[20..24].copy_from_slice(&e.src.octets());
+            h[36..40].copy_from_slice(&e.dst.octets());
+        }
+        Envelope::V6(e) => {
+            h[4] = 6;
+            h[20..36].copy_from_slice(&e.src.octets());
+            h[36..52].copy_from_slice(&e.dst.octets());
+        }
+    }
+    h
+}
+
+fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize)> {
+    let u16_at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]);
+    let len = u32::from_le_bytes(h[0..4].try_into().ok()?) as usize;
+    let (src, dst): (IpAddr, IpAddr) = match h[4] {
+        4 => (
+            Ipv4Addr::from(<[u8; 4]>::try_from(&h[20..24]).ok()?).into(),
+            Ipv4Addr::from(<[u8; 4]>::try_from(&h[36..40]).ok()?).into(),
+        ),
+        6 => (
+            Ipv6Addr::from(<[u8; 16]>::try_from(&h[20..36]).ok()?).into(),
+            Ipv6Addr::from(<[u8; 16]>::try_from(&h[36..52]).ok()?).into(),
+        ),
+        _ => return None,
+    };
+    let mut envelope = Envelope::rocev2(src, u16_at(8), dst)?;
+    match &mut envelope {
+        Envelope::V4(e) => {
+            e.dst_port = u16_at(10);
+            e.dont_fragment = h[7] != 0;
+            e.identification = u16_at(16);
+        }
+        Envelope::V6(e) => e.dst_port = u16_at(10),
+    }
+    let ip =
+        IpInfo { hop_limit: h[6], traffic_class: h[5], flow_label: u32::from_le_bytes(h[12..16].try_into().ok()?) };
+    (len <= DATAGRAM_MAX).then_some((envelope, ip, len))
+}
+
+/// This process's inbox on one device: datagrams from other processes of the host.
+pub struct Inbox {
+    map: Mapping,
+    path: PathBuf,
+    ino: u64,
+    _file: File,
+    /// The datagram being handed over, copied out of its lane.
+    scratch: Box<[u8]>,
+    /// The lane the next receive starts with (lanes take turns).
+    next_lane: usize,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl Inbox {
+    /// Makes the inbox `name` ([`inbox_name`]), whose senders wake this process by writing
+    /// to `doorbell` (an eventfd this process keeps open as long as the inbox). An inbox left
+    /// under that name by a process that held the slot before is closed (its senders see it
+    /// and open the new one) and replaced.
+    pub fn create(name: &str, doorbell: BorrowedFd<'_>) -> io::Result<Inbox> {
+        let path = path_of(name);
+        if let Ok(old) = OpenOptions::new().read(true).write(true).open(&path) {
+            if old.metadata()?.len() == INBOX_BYTES as u64 {
+                Mapping::new(&old)?.u32(H_CLOSED).store(1, Ordering::SeqCst);
+            }
+            let _ = std::fs::remove_file(&path);
+        }
+        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
+        file.set_len(INBOX_BYTES as u64)?;
+        let ino = file.metadata()?.ino();
+        let map = Mapping::new(&file)?;
+        map.u32(H_VERSION).store(VERSION, Ordering::Relaxed);
+        map.u32(H_LANES).store(LANES as u32, Ordering::Relaxed);
+        map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
+        map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
+        map.u32(H_PID).store(rustix::process::getpid().as_raw_nonzero().get() as u32, Ordering::Relaxed);
+        map.u32(H_DOORBELL).store(doorbell.as_raw_fd() as u32, Ordering::Relaxed);
+        map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
+        Ok(Inbox { map, path, ino, _file: file, scratch: vec![0; ENTRY].into_boxed_slice(), next_lane: 0 })
+    }
+
+    /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet), lanes in
+    /// turn. Returns how many.
+    pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8])) -> usize {
+        let mut n = 0;
+        let mut idle = 0;
+        while n < max && idle < LANES {
+            let lane = self.next_lane;
+            self.next_lane = (lane + 1) % LANES;
+            let at = Mapping::lane(lane);
+            let tail = self.map.u64(at + L_TAIL).load(Ordering::Relaxed);
+            if self.map.u64(at + L_HEAD).load(Ordering::Acquire) == tail {
+                idle += 1;
+                continue;
+            }
+            idle = 0;
+            let entry = Mapping::entry(lane, tail);
+            self.map.get(entry, &mut self.scratch[..ENTRY_HEADER]);
+            let decoded = decode(&self.scratch[..ENTRY_HEADER]);
+            if let Some((_, _, len)) = decoded {
+                self.map.get(entry + ENTRY_HEADER, &mut self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
+            }
+            // The slot is free again once copied out.
+            self.map.u64(at + L_TAIL).store(tail.wrapping_add(1), Ordering::Release);
+            n += 1;
+            if let Some((envelope, ip, len)) = decoded {
+                deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
+            }
+        }
+        n
+    }
+
+    /// Whether a datagram waits.
+    pub fn pending(&self) -> bool {
+        self.map.pending()
+    }
+
+    /// Before sleeping: tells senders to ring the doorbell, unless a datagram already waits
+    /// (then returns `false` and stays awake).
+    pub fn sleep_if_empty(&self) -> bool {
+        self.map.u32(H_SLEEPING).store(1, Ordering::SeqCst);
+        if self.map.pending() {
+            self.map.u32(H_SLEEPING).store(0, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    /// Awake again: senders need not ring.
+    pub fn awake(&self) {
+        self.map.u32(H_SLEEPING).store(0, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        self.map.u32(H_CLOSED).store(1, Ordering::SeqCst);
+        // Remove the name only while it is still this inbox's.
+        if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// A lane of another process's inbox, claimed by this process.
+pub struct Outbox {
+    map: Mapping,
+    lane: usize,
+    /// The receiver's doorbell, duplicated into this process.
+    doorbell: OwnedFd,
+    /// Datagrams that found the lane full, in order, entry header first.
+    backlog: VecDeque<Vec<u8>>,
+    /// Whether anything was published since the last [`Outbox::wake`].
+    published: bool,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox").field("lane", &self.lane).field("backlog", &self.backlog.len()).finish()
+    }
+}
+
+impl Outbox {
+    /// Opens the inbox `name` and claims a lane. Fails when there is no such inbox (the
+    /// process is not on this host, or has not made one), when it belongs to another user,
+    /// is closed or of another version, when every lane is taken by a live process, or when
+    /// the kernel does not let this process take the receiver's doorbell (`EPERM` from
+    /// `pidfd_getfd`: Yama, another user).
+    pub fn open(name: &str) -> io::Result<Outbox> {
+        let file = OpenOptions::new().read(true).write(true).open(path_of(name))?;
+        let meta = file.metadata()?;
+        if meta.uid() != rustix::process::getuid().as_raw() {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the inbox belongs to another user"));
+        }
+        if meta.len() != INBOX_BYTES as u64 {
+            return Err(invalid("the inbox has another size (another softrdma version)"));
+        }
+        let map = Mapping::new(&file)?;
+        if map.u64(H_MAGIC).load(Ordering::Acquire) != MAGIC
+            || map.u32(H_VERSION).load(Ordering::Relaxed) != VERSION
+            || map.u32(H_LANES).load(Ordering::Relaxed) != LANES as u32
+            || map.u32(H_SLOTS).load(Ordering::Relaxed) != SLOTS as u32
+            || map.u32(H_ENTRY).load(Ordering::Relaxed) != ENTRY as u32
+        {
+            return Err(invalid("the inbox is not ready or of another softrdma version"));
+        }
+        if map.u32(H_CLOSED).load(Ordering::SeqCst) != 0 {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "the inbox is closed"));
+        }
+        let pid = Pid::from_raw(map.u32(H_PID).load(Ordering::Relaxed) as i32)
+            .ok_or_else(|| invalid("the inbox names no process"))?;
+        let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())?;
+        let doorbell = rustix::process::pidfd_getfd(
+            &pidfd,
+            map.u32(H_DOORBELL).load(Ordering::Relaxed) as i32,
+            PidfdGetfdFlags::empty(),
+        )?;
+        let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let lane = claim(&map, me)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::WouldBlock, "every lane of the inbox is taken"))?;
+        Ok(Outbox { map, lane, doorbell, backlog: VecDeque::new(), published: false })
+    }
+
+    /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
+    /// open its name again.
+    pub fn is_closed(&self) -> bool {
+        self.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0
+    }
+
+    /// Datagrams waiting in the sender's backlog for room in the lane.
+    pub fn backlog(&self) -> usize {
+        self.backlog.len()
+    }
+
+    /// Queues one datagram: into the lane, or behind the backlog. Fails only for a datagram
+    /// over [`DATAGRAM_MAX`] bytes.
+    pub fn send(&mut self, envelope: &Envelope, ip: IpInfo, datagram: &[u8]) -> io::Result<()> {
+        if datagram.len() > DATAGRAM_MAX {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
+        }
+        let header = encode(envelope, ip, datagram.len());
+        if self.flush() && put(&self.map, self.lane, &header, datagram) {
+            self.published = true;
+            return Ok(());
+        }
+        let mut entry = Vec::with_capacity(ENTRY_HEADER + datagram.len());
+        entry.extend_from_slice(&header);
+        entry.extend_from_slice(datagram);
+        self.backlog.push_back(entry);
+        Ok(())
+    }
+
+    /// Moves the backlog into the lane as far as it has room. Returns whether the backlog
+    /// is empty.
+    pub fn flush(&mut self) -> bool {
+        while let Some(entry) = self.backlog.front() {
+            let (header, datagram) = entry.split_at(ENTRY_HEADER);
+            let header: [u8; ENTRY_HEADER] = header.try_into().expect("an entry starts with its header");
+            if !put(&self.map, self.lane, &header, datagram) {
+                return false;
+            }
+            self.published = true;
+            self.backlog.pop_front();
+        }
+        true
+    }
+
+    /// After a batch: rings the receiver's doorbell if it sleeps and something was
+    /// published since the last call.
+    pub fn wake(&mut self) {
+        if !std::mem::take(&mut self.published) {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        if self.map.u32(H_SLEEPING).load(Ordering::SeqCst) != 0 {
+            // An eventfd write fails only when its counter would overflow, and then the
+            // receiver has a wake-up pending anyway.
+            let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
+        }
+    }
+}
+
+/// Publishes one entry in `lane` if it has room.
+fn put(map: &Mapping, lane: usize, header: &[u8; ENTRY_HEADER], datagram: &[u8]) -> bool {
+    let at = Mapping::lane(lane);
+    let head = map.u64(at + L_HEAD).load(Ordering::Relaxed);
+    let tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
+    if head.wrapping_sub(tail) >= SLOTS as u64 {
+        return false;
+    }
+    let entry = Mapping::entry(lane, head);
+    map.put(entry, header);
+    map.put(entry + ENTRY_HEADER, datagram);
+    map.u64(at + L_HEAD).store(head.wrapping_add(1), Ordering::SeqCst);
+    true
+}
+
+/// Takes a free lane, or one whose owner is no longer alive.
+fn claim(map: &Mapping, me: u32) -> Option<usize> {
+    for lane in 0..LANES {
+        let owner = map.u32(Mapping::lane(lane) + L_OWNER);
+        if owner.compare_exchange(0, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return Some(lane);
+        }
+    }
+    for lane in 0..LANES {
+        let owner = map.u32(Mapping::lane(lane) + L_OWNER);
+        let held = owner.load(Ordering::Acquire);
+        let gone = Pid::from_raw(held as i32)
+            .is_none_or(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
+        if gone && owner.compare_exchange(held, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            return Some(lane);
+        }
+    }
+    None
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        // What the lane holds stays for the receiver; a later producer continues at the head.
+        self.map.u32(Mapping::lane(self.lane) + L_OWNER).store(0, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::fd::AsFd;
+
+    use super::*;
+
+    fn envelope_v4(id: u16) -> Envelope {
+        let mut e = Envelope::rocev2([127, 0, 0, 1].into(), 4791, [127, 0, 0, 2].into()).unwrap();
+        if let Envelope::V4(v4) = &mut e {
+            v4.identification = id;
+        }
+        e
+    }
+
+    fn unique(tag: &str) -> String {
+        format!("softrdma-test.{}.{tag}", std::process::id())
+    }
+
+    #[test]
+    fn entry_header_round_trips_both_families() {
+        let ip = IpInfo { hop_limit: 63, traffic_class: 0x2a, flow_label: 0xabcde };
+        let v4 = envelope_v4(7);
+        assert_eq!(decode(&encode(&v4, ip, 100)), Some((v4, ip, 100)));
+        let v6 = Envelope::rocev2("fe80::1".parse().unwrap(), 51000, "::1".parse().unwrap()).unwrap();
+        assert_eq!(decode(&encode(&v6, ip, 4096)), Some((v6, ip, 4096)));
+        let mut bad = encode(&v4, ip, DATAGRAM_MAX + 1);
+        assert_eq!(decode(&bad), None, "an entry longer than its slot is refused");
+        bad[4] = 5;
+        assert_eq!(decode(&bad), None, "an unknown family is refused");
+    }
+
+    #[test]
+    fn datagrams_arrive_in_order_through_a_full_lane_and_its_backlog() {
+        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
+        let name = unique("order");
+        let mut inbox = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        let total = SLOTS * 3 + 5;
+        for i in 0..total {
+            let payload = vec![(i % 251) as u8; 1 + i % 4096];
+            out.send(&envelope_v4(i as u16), IpInfo::default(), &payload).unwrap();
+        }
+        assert_eq!(out.backlog(), total - SLOTS, "the lane holds SLOTS, the rest waits in order");
+        let mut got = Vec::new();
+        while got.len() < total {
+            let n = inbox.receive(64, |e, _, d| {
+                let Envelope::V4(v4) = e else { panic!("family changed") };
+                got.push((v4.identification, d.len(), d[0]));
+            });
+            assert!(n > 0 || out.backlog() > 0, "nothing received and nothing left to send");
+            out.flush();
+        }
+        for (i, g) in got.iter().enumerate() {
+            assert_eq!(*g, (i as u16, 1 + i % 4096, (i % 251) as u8), "datagram {i}");
+        }
+        assert!(!inbox.pending());
+    }
+
+    #[test]
+    fn a_sleeping_receiver_is_rung_once_per_batch_and_an_awake_one_not_at_all() {
+        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
+        let name = unique("wake");
+        let mut inbox = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        let rung = || {
+            let mut b = [0u8; 8];
+            rustix::io::read(&doorbell, &mut b).map(|_| u64::from_ne_bytes(b)).unwrap_or(0)
+        };
+        out.send(&envelope_v4(0), IpInfo::default(), b"awake").unwrap();
+        out.wake();
+        assert_eq!(rung(), 0, "an awake receiver is not rung");
+        assert!(!inbox.sleep_if_empty(), "a receiver with a datagram waiting does not sleep");
+        inbox.receive(8, |_, _, _| {});
+        assert!(inbox.sleep_if_empty());
+        out.send(&envelope_v4(1), IpInfo::default(), b"one").unwrap();
+        out.send(&envelope_v4(2), IpInfo::default(), b"two").unwrap();
+        out.wake();
+        out.wake();
+        assert_eq!(rung(), 1, "one ring for the batch");
+        inbox.awake();
+        assert_eq!(inbox.receive(8, |_, _, _| {}), 2);
+    }
+
+    #[test]
+    fn a_replaced_inbox_is_closed_and_lanes_of_dead_or_departed_senders_are_taken_again() {
+        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
+        let name = unique("replace");
+        let old = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let first = Outbox::open(&name).unwrap();
+        let second = Outbox::open(&name).unwrap();
+        assert_ne!(first.lane, second.lane, "one lane per producer");
+        let lane = first.lane;
+        drop(first);
+        let third = Outbox::open(&name).unwrap();
+        assert_eq!(third.lane, lane, "a departed sender's lane is free again");
+        // A lane held by a process that no longer exists (PID 0x7fff_fff0 is above pid_max).
+        for l in 0..LANES {
+            let _ = old.map.u32(Mapping::lane(l) + L_OWNER).compare_exchange(
+                0,
+                0x7fff_fff0,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            );
+        }
+        assert!(Outbox::open(&name).is_ok(), "a dead owner's lane is taken back");
+        let new = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        assert!(third.is_closed(), "the old inbox tells its senders it is gone");
+        drop(old); // must not remove the new inbox's name
+        assert!(Outbox::open(&name).is_ok());
+        drop(new);
+        assert_eq!(Outbox::open(&name).unwrap_err().kind(), io::ErrorKind::NotFound);
+    }
+}
