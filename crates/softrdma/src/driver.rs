@@ -40,6 +40,7 @@ use softrdma_wire::{BthPacket, Envelope, Qpn};
 use crate::capture::Capture;
 use crate::device::Device;
 use crate::memory::ProcessMemory;
+use crate::same_host::SameHost;
 use crate::stats::{Counters, Publisher};
 use crate::{ContextOptions, Error};
 
@@ -62,10 +63,12 @@ const RX_ROUNDS: usize = 4;
 /// Datagrams per receive batch.
 const RX_BATCH: usize = 32;
 /// A socket that found nothing this many receives in a row is *idle*: while another socket
-/// of the device is not, it is asked only every [`IDLE_SOCKET_EVERY`]-th receive. A busy
-/// poll then makes one `recvmmsg` per pass, not one per address (`softrdma_lo` has
-/// 127.0.0.1 and ::1), at the cost of up to that many passes (microseconds) for the first
-/// datagram to reach an idle socket while another is busy.
+/// of the device, or its same-host inbox, is not, it is asked only every
+/// [`IDLE_SOCKET_EVERY`]-th receive. A busy poll then makes one `recvmmsg` per pass, not one
+/// per address (`softrdma_lo` has 127.0.0.1 and ::1), and none while all traffic comes
+/// through shared memory (empty `recvmmsg` calls took 30 % of a same-host requester's
+/// time), at the cost of up to that many passes (microseconds) for the first datagram to
+/// reach an idle socket while another source is busy.
 const IDLE_SOCKET_AFTER: u32 = 64;
 const IDLE_SOCKET_EVERY: u32 = 16;
 /// Bytes per datagram buffer: a 4096-byte payload with the largest headers and the ICRC.
@@ -78,6 +81,9 @@ const SOCKET_BUFFER: usize = 8 << 20;
 /// (`DeviceConfig::peer_window`): what half a receive buffer like ours holds, at the
 /// kernel's accounting of about 8 KiB per 4 KiB datagram.
 const PEER_WINDOW: u32 = (SOCKET_BUFFER / 2 / 8192) as u32;
+/// How soon a progress thread with packets waiting for room in another process's inbox
+/// looks again, when nothing else wakes it.
+const BACKLOG_RETRY: Duration = Duration::from_micros(100);
 /// Datagrams per transmit batch (one `sendmmsg`).
 const TX_BATCH: usize = 32;
 
@@ -328,12 +334,18 @@ pub(crate) struct State {
     /// last seen (`RecvBatch::drops`): a rise is congestion control's overrun signal.
     rx_drops: Vec<u32>,
     rx_passes: u32,
+    /// Receives in a row that found the same-host inbox empty.
+    inbox_empty: u32,
     /// The CQ whose empty poll last received in the application's thread, and when.
     app_rx_last: Option<(u32, Instant)>,
     /// Receive batches that held datagrams, since the device opened.
     rx_batches: u64,
     /// The counters published for `softrdma stats`.
     stats: Publisher,
+    /// The same-host path: this process's inbox and its routes to others'.
+    pub(crate) same_host: Option<SameHost>,
+    /// Packets wait in the same-host path's backlogs for room in an inbox.
+    same_host_backlog: bool,
 }
 
 /// The device lock held: the engine, the CM and their tables.
@@ -546,6 +558,12 @@ impl Driver {
             same_host_rej_retries: 6,
             ..CmConfig::default()
         });
+        let doorbell = eventfd()?;
+        let same_host = if same_host(options) {
+            SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), doorbell.as_fd())
+        } else {
+            None
+        };
         let state = State {
             nic: Nic::new(Engine::new(config), cm),
             // With GRO a message holds up to 64 KiB of coalesced datagrams.
@@ -559,14 +577,17 @@ impl Driver {
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
             rx_passes: 0,
+            inbox_empty: 0,
             app_rx_last: None,
             rx_batches: 0,
             stats: Publisher::open(&device, options.port),
+            same_host,
+            same_host_backlog: false,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
             port,
-            doorbell: eventfd()?,
+            doorbell,
             async_events: EventQueue::new("the asynchronous event queue")?,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
@@ -734,7 +755,7 @@ impl Shared {
             return false;
         }
         st.app_rx_last = Some((cq, now));
-        st.receive(self, now, true);
+        st.receive(self, now, true, true);
         true
     }
 
@@ -796,7 +817,7 @@ impl Shared {
             }
             drop(fds);
             let now = self.now();
-            self.lock().progress(self, now, true);
+            self.lock().progress(self, now, true, true);
             // The channel fired if that delivered our completion; otherwise wait again.
             if wait_readable(fd, Some(Duration::ZERO)) {
                 return;
@@ -830,19 +851,27 @@ impl Shared {
             let app_polling = app_polled || self.app_waiting.load(Ordering::SeqCst) > 0;
             let timeout = {
                 let mut st = self.lock();
+                if let Some(local) = &st.same_host {
+                    local.awake();
+                }
                 // While the application polls, it receives: this thread keeps to the timers
                 // and sends what is queued. Receiving here as well only fought the
                 // application for the device lock and split its work across two threads
-                // (64 KiB WRITE requester: ~20 % of a second core, futex wake-ups).
+                // (64 KiB WRITE requester: ~20 % of a second core, futex wake-ups). The
+                // inbox is this thread's while the application only waits on a channel:
+                // a sender rings this thread's doorbell, not the channel.
                 let received = st.rx_batches;
-                let worked = st.progress(&self, now, !app_polling);
+                let worked = st.progress(&self, now, !app_polling, !app_polled);
                 self.thread_receives.fetch_add(st.rx_batches - received, Ordering::Relaxed);
                 if worked {
                     last_work = now;
                     continue;
                 }
-                if !app_polling && now - last_work < self.spin {
-                    None // spin: stay awake, publish nothing
+                // Stay awake, publishing nothing: spinning, or a packet came through shared
+                // memory meanwhile.
+                let spinning = !app_polling && now - last_work < self.spin;
+                if spinning || (!app_polled && st.same_host.as_ref().is_some_and(|l| !l.sleep_if_empty())) {
+                    None
                 } else {
                     // While the application polls, it does the receiving; this thread
                     // only keeps the timers, waking at least every APP_POLL_WINDOW to see
@@ -850,6 +879,10 @@ impl Shared {
                     let mut timeout = st.deadline().map(|d| d - now);
                     if app_polled {
                         timeout = Some(timeout.map_or(APP_POLL_WINDOW, |t| t.min(APP_POLL_WINDOW)));
+                    }
+                    if st.same_host_backlog {
+                        // Packets wait for room in another process's inbox: look again soon.
+                        timeout = Some(timeout.map_or(BACKLOG_RETRY, |t| t.min(BACKLOG_RETRY)));
                     }
                     // Published under the lock, as the instant this thread will wake by
                     // itself: a verb that arms an earlier timer after this sees it and
@@ -886,22 +919,31 @@ impl Shared {
 }
 
 impl State {
-    /// One pass: receive what the sockets hold (with `sockets`), fire due timers, transmit,
+    /// One pass: receive what the sockets and the inbox hold (with `sockets`, `inbox`), fire
+    /// due timers, transmit,
     /// deliver events. Returns whether there was anything to do.
-    fn progress(&mut self, shared: &Shared, now: Instant, sockets: bool) -> bool {
-        let mut worked = self.receive(shared, now, sockets);
+    fn progress(&mut self, shared: &Shared, now: Instant, sockets: bool, inbox: bool) -> bool {
+        let mut worked = self.receive(shared, now, sockets, inbox);
         worked |= self.flush(shared, now);
         worked |= self.dispatch_events(shared, now);
         worked
     }
 
-    /// Receives what the sockets hold (with `sockets`) and fires due timers; sends nothing.
-    fn receive(&mut self, shared: &Shared, now: Instant, sockets: bool) -> bool {
+    /// Receives what the sockets hold (with `sockets`) and the inbox holds (with `inbox`),
+    /// and fires due timers; sends nothing.
+    fn receive(&mut self, shared: &Shared, now: Instant, sockets: bool, inbox: bool) -> bool {
         let mut worked = false;
         worked |= self.bury_dead_cm_ids(shared, now);
+        if inbox {
+            let got = self.inbox_ingress(now);
+            self.inbox_empty = if got { 0 } else { self.inbox_empty.saturating_add(1) };
+            worked |= got;
+        }
         let sockets = if sockets { shared.port.sockets() } else { &[] };
         self.rx_passes = self.rx_passes.wrapping_add(1);
-        let all = self.rx_passes % IDLE_SOCKET_EVERY == 0 || self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER);
+        let all = self.rx_passes % IDLE_SOCKET_EVERY == 0
+            || (self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER)
+                && (self.same_host.is_none() || self.inbox_empty >= IDLE_SOCKET_AFTER));
         for (i, socket) in sockets.iter().enumerate() {
             if !all && self.rx_empty[i] >= IDLE_SOCKET_AFTER {
                 continue;
@@ -935,8 +977,8 @@ impl State {
             worked = true;
         }
         let progress_thread = shared.thread_id.get().copied();
-        let State { stats, nic, send_errors, .. } = self;
-        stats.after_receive(now, worked, progress_thread, || counters(nic, *send_errors));
+        let State { stats, nic, send_errors, same_host, .. } = self;
+        stats.after_receive(now, worked, progress_thread, || counters(nic, *send_errors, same_host.as_ref()));
         worked
     }
 
@@ -947,7 +989,7 @@ impl State {
 
     /// The device's counters.
     pub(crate) fn counters(&self) -> Counters {
-        counters(&self.nic, self.send_errors)
+        counters(&self.nic, self.send_errors, self.same_host.as_ref())
     }
 
     /// Hands the received batch to the NIC.
@@ -966,29 +1008,50 @@ impl State {
                 Ok(i) if i > 0 && d.envelope().src_ip().is_loopback() => d.envelope_with_id(i),
                 _ => d.envelope(),
             };
-            let checked = nic.engine_mut().check_icrc(now, &guess, d.payload);
-            if let Some(c) = capture {
-                c.write(&checked.unwrap_or(guess), d.payload);
-            }
-            let Some(envelope) = checked else { continue };
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            nic.handle_checked_datagram(now, &envelope, info, d.payload, &mut ProcessMemory);
+            deliver(nic, capture, now, &guess, info, d.payload);
         }
+    }
+
+    /// Hands what other processes of the host put in this device's inbox to the NIC.
+    fn inbox_ingress(&mut self, now: Instant) -> bool {
+        let State { nic, capture, same_host, .. } = self;
+        let Some(local) = same_host else { return false };
+        let max = RX_BATCH * RX_ROUNDS;
+        local.receive(max, |envelope, ip, datagram| deliver(nic, capture, now, envelope, ip, datagram)) > 0
     }
 
     /// Sends everything the NIC has to send (the CM's MADs first, then the engine's
     /// packets). Returns whether it sent anything.
     pub(crate) fn flush(&mut self, shared: &Shared, now: Instant) -> bool {
+        let any = self.flush_packets(shared, now);
+        if let Some(local) = &mut self.same_host {
+            self.same_host_backlog = local.flush();
+        }
+        any
+    }
+
+    fn flush_packets(&mut self, shared: &Shared, now: Instant) -> bool {
         let port = &shared.port;
         let mut any = false;
+        // The ECN bits of every datagram: ECT(0) where congestion control runs.
+        let ecn = if self.nic.engine().config().congestion.is_some() { ECT0 } else { 0 };
         loop {
             self.tx.meta.clear();
             let mut at = 0;
             while self.tx.meta.len() < TX_BATCH {
-                let State { nic, tx, .. } = self;
+                let State { nic, tx, same_host, capture, .. } = self;
                 match nic.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
                     Some(t) => {
+                        let datagram = &tx.arena[at..at + t.len];
+                        if same_host.as_mut().is_some_and(|l| l.send(now, &t, ecn, datagram)) {
+                            if let Some(c) = capture {
+                                c.write(&t.envelope, datagram);
+                            }
+                            any = true;
+                            continue;
+                        }
                         tx.meta.push((at, t));
                         at += t.len;
                     }
@@ -1131,13 +1194,36 @@ impl State {
 }
 
 /// The counters of a device: the NIC's and the sockets'.
-fn counters(nic: &Nic, send_errors: u64) -> Counters {
+/// One received datagram to the NIC, after its ICRC check (and to the capture).
+fn deliver(nic: &mut Nic, capture: &mut Option<Capture>, now: Instant, guess: &Envelope, ip: IpInfo, datagram: &[u8]) {
+    let checked = nic.engine_mut().check_icrc(now, guess, datagram);
+    if let Some(c) = capture {
+        c.write(&checked.unwrap_or(*guess), datagram);
+    }
+    if let Some(envelope) = checked {
+        nic.handle_checked_datagram(now, &envelope, ip, datagram, &mut ProcessMemory);
+    }
+}
+
+fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>) -> Counters {
     let gsi = nic.counters();
     Counters {
         engine: nic.engine().counters(),
         send_errors: send_errors + gsi.gsi_unsendable,
         gsi_dropped: gsi.gsi_dropped,
+        same_host_sent: same_host.map_or(0, |l| l.sent),
+        same_host_rcvd: same_host.map_or(0, |l| l.received),
         cm: nic.cm().counters(),
+    }
+}
+
+/// Whether the device takes the same-host path: `SOFTRDMA_SAME_HOST=0` or `1`
+/// ([`crate::SAME_HOST_ENV`]) if set, else [`ContextOptions::same_host`].
+fn same_host(options: &ContextOptions) -> bool {
+    match std::env::var(crate::SAME_HOST_ENV).as_deref() {
+        Ok("0") => false,
+        Ok("1") => true,
+        _ => options.same_host,
     }
 }
 

@@ -56,6 +56,7 @@ mod error;
 #[allow(unsafe_code)]
 mod memory;
 pub mod rsocket;
+mod same_host;
 pub mod stats;
 pub mod sysfs;
 mod verbs;
@@ -69,6 +70,7 @@ pub use device::{AtomicCap, Device, DeviceAttr, PhysState, PortAttr, PortState, 
 pub use driver::{APP_POLL_WINDOW, disconnect_all};
 pub use error::{Error, Result};
 pub use memory::MR_ALIGN;
+pub use same_host::SAME_HOST_ENV;
 pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
 pub use softrdma_engine::{
     Access, AddressVector, AsyncEvent, AttrMask, CqId, LKey, Mtu, NetworkHdr, PostErrorKind, QpAttr, QpCap, QpState,
@@ -119,6 +121,13 @@ pub struct ContextOptions {
     /// what it sends at the rate the CNPs it gets leave it. On by default;
     /// `SOFTRDMA_CONGESTION_CONTROL=0` turns it off for any program.
     pub congestion_control: bool,
+    /// The same-host path: packets to another process of this host on the same device go
+    /// through its shared-memory inbox, not through the kernel's UDP stack (the same
+    /// packets, checked and retried by the engine as on the wire; see
+    /// docs/architecture.md, "A same-host path"). On by default; `SOFTRDMA_SAME_HOST=0`
+    /// ([`SAME_HOST_ENV`]) turns it off for any program. Where the kernel does not let two
+    /// processes share it (another user, Yama's `ptrace_scope`), they use the sockets.
+    pub same_host: bool,
 }
 
 /// Turns authenticated mode on (`1`) or off (`0`) for the contexts a process opens
@@ -142,6 +151,7 @@ impl Default for ContextOptions {
             authenticate: false,
             auth_passphrase: None,
             congestion_control: true,
+            same_host: true,
         }
     }
 }

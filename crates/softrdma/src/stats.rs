@@ -335,15 +335,20 @@ pub struct Counters {
     pub send_errors: u64,
     /// Datagrams for QP1 that were not CM MADs in valid UD packets, dropped.
     pub gsi_dropped: u64,
+    /// Packets sent to other processes of this host through shared memory (the same-host
+    /// path), not a socket; they count in `sent_packets` too.
+    pub same_host_sent: u64,
+    /// Packets received through shared memory; they count in `rcvd_packets` too if accepted.
+    pub same_host_rcvd: u64,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
     pub cm: softrdma_cm::CmCounters,
 }
 
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
-    /// `send_errors`, `gsi_dropped`, then the connection manager's with a `cm_` prefix.
+    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 31] {
+    pub fn named(&self) -> [(&'static str, u64); 33] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -404,6 +409,8 @@ impl Counters {
             ("cnps_rcvd", cnps_rcvd),
             ("send_errors", self.send_errors),
             ("gsi_dropped", self.gsi_dropped),
+            ("same_host_sent", self.same_host_sent),
+            ("same_host_rcvd", self.same_host_rcvd),
             ("cm_mads_sent", mads_sent),
             ("cm_mads_received", mads_received),
             ("cm_mads_dropped", mads_dropped),

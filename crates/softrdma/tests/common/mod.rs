@@ -43,9 +43,15 @@ pub fn rc_pair(len: usize) -> (Side, Side) {
 }
 
 pub fn pair(qp_type: QpType, len: usize) -> (Side, Side) {
+    pair_with(qp_type, len, [ContextOptions::default(), ContextOptions::default()])
+}
+
+/// [`pair`] with each side's context options (their ports replaced by one test port).
+pub fn pair_with(qp_type: QpType, len: usize, options: [ContextOptions; 2]) -> (Side, Side) {
     let port = test_port();
-    let mk = |ip: [u8; 4]| {
-        let ctx = open(ip, port);
+    let [a, b] = options.map(|o| {
+        let device = Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, ..o }).expect("open a loopback device");
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(256, None).unwrap();
         let mut init = QpInit::new(qp_type, &cq);
@@ -54,9 +60,7 @@ pub fn pair(qp_type: QpType, len: usize) -> (Side, Side) {
         let qp = pd.create_qp(&init).unwrap();
         let mr = pd.reg_mr(len, Access::ALL).unwrap();
         Side { ctx, pd, cq, qp, mr }
-    };
-    let a = mk([127, 0, 0, 1]);
-    let b = mk([127, 0, 0, 1]);
+    });
     let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
     let opts = ConnectOptions { timeout: 10, ..ConnectOptions::default() };
     a.qp.connect(100, &eb, &opts).unwrap();

@@ -1,0 +1,141 @@
+//! The same-host path: packets to another process of this host on the same device go
+//! through that process's shared-memory inbox ([`softrdma_udp::local`]) instead of a socket.
+//!
+//! The engine sees no difference: each packet is the one the socket would have carried, in
+//! the envelope the receiver would have read, so every check, PSN, ACK, retry and error is
+//! the engine's as on the wire. A destination is on this host when its address is one of
+//! the device's and its port the device's; its process is the owner of its QPN's slot
+//! (`softrdma_udp::host`). Where the inbox cannot be opened (no such process or none made,
+//! another user, the kernel refusing `pidfd_getfd` under Yama) the packets take the socket,
+//! and the inbox is tried again a second later.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::os::fd::BorrowedFd;
+use std::time::Duration;
+
+use softrdma_engine::{Instant, IpInfo, Transmit};
+use softrdma_udp::IpInfo as UdpIpInfo;
+use softrdma_udp::host::QPN_SLOT_BITS;
+use softrdma_udp::local::{Inbox, Outbox, inbox_name};
+use softrdma_wire::{BthPacket, Envelope};
+
+/// How long a destination whose inbox could not be opened stays on the socket.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// `SOFTRDMA_SAME_HOST=0` keeps every packet on the sockets (`ContextOptions::same_host`).
+pub const SAME_HOST_ENV: &str = "SOFTRDMA_SAME_HOST";
+/// IP hop limit reported for a packet that came through shared memory: what a loopback
+/// datagram from a default socket arrives with.
+const HOP_LIMIT: u8 = 64;
+
+enum Route {
+    Inbox(Outbox),
+    /// On the socket until then.
+    Socket(Instant),
+}
+
+/// The device's inbox and its routes to other processes' inboxes.
+pub(crate) struct SameHost {
+    inbox: Inbox,
+    device: String,
+    port: u16,
+    addresses: Vec<IpAddr>,
+    /// By destination slot.
+    routes: HashMap<u32, Route>,
+    /// Packets sent and received through shared memory.
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+}
+
+impl SameHost {
+    /// Makes this process's inbox for `slot` of `device`; senders wake it through
+    /// `doorbell`. `None` where shared memory is not available (no writable `/dev/shm`).
+    pub(crate) fn open(
+        device: &str,
+        port: u16,
+        slot: u32,
+        addresses: &[IpAddr],
+        doorbell: BorrowedFd<'_>,
+    ) -> Option<SameHost> {
+        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name, doorbell)).ok()?;
+        Some(SameHost {
+            inbox,
+            device: device.to_string(),
+            port,
+            addresses: addresses.to_vec(),
+            routes: HashMap::new(),
+            sent: 0,
+            received: 0,
+        })
+    }
+
+    /// Sends `datagram` (what the engine wrote for `t`) through shared memory if its
+    /// destination is a process of this host; `false`: send it on the socket.
+    pub(crate) fn send(&mut self, now: Instant, t: &Transmit, ecn: u8, datagram: &[u8]) -> bool {
+        let dst = t.envelope.dst_ip();
+        if t.envelope.dst_port() != self.port || !self.addresses.contains(&dst) {
+            return false;
+        }
+        let slot = BthPacket::new_unchecked(datagram).dest_qp().value() >> QPN_SLOT_BITS;
+        if slot == 0 {
+            return false; // QP0/QP1: the CM's MADs, steered by the host's program
+        }
+        let route = self.routes.entry(slot).or_insert(Route::Socket(Instant::ZERO));
+        if let Route::Inbox(out) = route
+            && out.is_closed()
+        {
+            *route = Route::Socket(Instant::ZERO);
+        }
+        if let Route::Socket(until) = *route {
+            if now < until {
+                return false;
+            }
+            *route = match inbox_name(&self.device, self.port, slot).and_then(|name| Outbox::open(&name)) {
+                Ok(out) => Route::Inbox(out),
+                Err(_) => Route::Socket(now.saturating_add(RETRY_AFTER)),
+            };
+        }
+        let Route::Inbox(out) = route else { return false };
+        let traffic_class = if t.traffic_class != 0 { t.traffic_class & !0b11 | ecn } else { ecn };
+        let ip = UdpIpInfo { hop_limit: HOP_LIMIT, traffic_class, flow_label: 0 };
+        if out.send(&t.envelope, ip, datagram).is_err() {
+            return false;
+        }
+        self.sent += 1;
+        true
+    }
+
+    /// After a batch of sends: wakes the receivers that sleep, and moves what waits for
+    /// room in a lane. Returns whether anything still waits.
+    pub(crate) fn flush(&mut self) -> bool {
+        let mut waiting = false;
+        for route in self.routes.values_mut() {
+            if let Route::Inbox(out) = route {
+                waiting |= !out.flush();
+                out.wake();
+            }
+        }
+        waiting
+    }
+
+    /// Hands up to `max` packets from other processes to `deliver`. Returns how many.
+    pub(crate) fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8])) -> usize {
+        let n = self.inbox.receive(max, |envelope, ip, datagram| {
+            let ip = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
+            deliver(envelope, ip, datagram);
+        });
+        self.received += n as u64;
+        n
+    }
+
+    /// The progress thread is about to sleep: senders are to ring its doorbell. `false`
+    /// (and stays awake) when a packet already waits.
+    pub(crate) fn sleep_if_empty(&self) -> bool {
+        self.inbox.sleep_if_empty()
+    }
+
+    /// The progress thread is awake.
+    pub(crate) fn awake(&self) {
+        self.inbox.awake();
+    }
+}
