@@ -47,9 +47,9 @@ use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags};
 use crate::{Envelope, IpInfo};
 
 /// Producers an inbox admits at once (one per sending process and device).
-pub const LANES: usize = 4;
+pub const LANES: usize = 16;
 /// Datagrams a lane holds.
-pub const SLOTS: usize = 1024;
+pub const SLOTS: usize = 256;
 /// The largest datagram a lane carries (a 4096-byte payload and every header and trailer,
 /// with room to spare).
 pub const DATAGRAM_MAX: usize = 4096 + 256;
