@@ -71,6 +71,10 @@ const RX_BATCH: usize = 32;
 /// reach an idle socket while another source is busy.
 const IDLE_SOCKET_AFTER: u32 = 64;
 const IDLE_SOCKET_EVERY: u32 = 16;
+/// The inbox counts as busy this long after its last packet: a same-host ping-pong waits
+/// far more than 64 passes for each answer, and asking both idle sockets on every one of
+/// those passes (two `recvmmsg` calls, over a microsecond) delayed seeing the answer.
+const INBOX_ACTIVE: Duration = Duration::from_millis(1);
 /// Bytes per datagram buffer: a 4096-byte payload with the largest headers and the ICRC.
 const DATAGRAM_MAX: usize = 4352;
 /// The ECN field's ECT(0) code point: "this transport reacts to congestion marks".
@@ -334,8 +338,8 @@ pub(crate) struct State {
     /// last seen (`RecvBatch::drops`): a rise is congestion control's overrun signal.
     rx_drops: Vec<u32>,
     rx_passes: u32,
-    /// Receives in a row that found the same-host inbox empty.
-    inbox_empty: u32,
+    /// When the same-host inbox last held a packet.
+    inbox_last: Option<Instant>,
     /// The CQ whose empty poll last received in the application's thread, and when.
     app_rx_last: Option<(u32, Instant)>,
     /// Receive batches that held datagrams, since the device opened.
@@ -577,7 +581,7 @@ impl Driver {
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
             rx_passes: 0,
-            inbox_empty: 0,
+            inbox_last: None,
             app_rx_last: None,
             rx_batches: 0,
             stats: Publisher::open(&device, options.port),
@@ -936,14 +940,16 @@ impl State {
         worked |= self.bury_dead_cm_ids(shared, now);
         if inbox {
             let got = self.inbox_ingress(now);
-            self.inbox_empty = if got { 0 } else { self.inbox_empty.saturating_add(1) };
+            if got {
+                self.inbox_last = Some(now);
+            }
             worked |= got;
         }
         let sockets = if sockets { shared.port.sockets() } else { &[] };
         self.rx_passes = self.rx_passes.wrapping_add(1);
         let all = self.rx_passes % IDLE_SOCKET_EVERY == 0
             || (self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER)
-                && (self.same_host.is_none() || self.inbox_empty >= IDLE_SOCKET_AFTER));
+                && self.inbox_last.is_none_or(|t| now - t >= INBOX_ACTIVE));
         for (i, socket) in sockets.iter().enumerate() {
             if !all && self.rx_empty[i] >= IDLE_SOCKET_AFTER {
                 continue;

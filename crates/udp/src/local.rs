@@ -84,10 +84,45 @@ const L_TAIL: usize = 128;
 
 /// The inbox of `slot` on `device`/`port`, for this user and network namespace.
 pub fn inbox_name(device: &str, port: u16, slot: u32) -> io::Result<String> {
+    let device: String = device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    Ok(format!("{}{device}.{port}.{slot}", prefix()?))
+}
+
+/// The start of every inbox name of this user and network namespace.
+fn prefix() -> io::Result<String> {
     let netns = std::fs::metadata("/proc/self/ns/net")?.ino();
     let uid = rustix::process::getuid().as_raw();
-    let device: String = device.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
-    Ok(format!("softrdma.{uid}.{netns}.{device}.{port}.{slot}"))
+    Ok(format!("softrdma.{uid}.{netns}."))
+}
+
+fn my_pid() -> u32 {
+    rustix::process::getpid().as_raw_nonzero().get() as u32
+}
+
+/// Whether process `pid` is gone (not merely beyond our right to signal it).
+fn is_gone(pid: u32) -> bool {
+    Pid::from_raw(pid as i32).is_none_or(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH))
+}
+
+/// Removes the inboxes of this user and network namespace whose processes are gone (killed
+/// before they could remove their own): their pages stay in `/dev/shm` until then.
+fn sweep() {
+    let Ok(prefix) = prefix() else { return };
+    let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
+    for entry in dir.flatten() {
+        if !entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+            continue;
+        }
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(entry.path()) else { continue };
+        if file.metadata().is_ok_and(|m| m.len() == INBOX_BYTES as u64)
+            && let Ok(map) = Mapping::new(&file)
+            && map.u64(H_MAGIC).load(Ordering::Acquire) == MAGIC
+            && is_gone(map.u32(H_PID).load(Ordering::Relaxed))
+        {
+            map.u32(H_CLOSED).store(1, Ordering::SeqCst);
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn path_of(name: &str) -> PathBuf {
@@ -239,6 +274,8 @@ pub struct Inbox {
     map: Mapping,
     path: PathBuf,
     ino: u64,
+    /// The process that made it (a child of `fork` inherits the inbox but does not own it).
+    pid: u32,
     _file: File,
     /// The datagram being handed over, copied out of its lane.
     scratch: Box<[u8]>,
@@ -258,6 +295,7 @@ impl Inbox {
     /// under that name by a process that held the slot before is closed (its senders see it
     /// and open the new one) and replaced.
     pub fn create(name: &str, doorbell: BorrowedFd<'_>) -> io::Result<Inbox> {
+        sweep();
         let path = path_of(name);
         if let Ok(old) = OpenOptions::new().read(true).write(true).open(&path) {
             if old.metadata()?.len() == INBOX_BYTES as u64 {
@@ -273,10 +311,18 @@ impl Inbox {
         map.u32(H_LANES).store(LANES as u32, Ordering::Relaxed);
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
-        map.u32(H_PID).store(rustix::process::getpid().as_raw_nonzero().get() as u32, Ordering::Relaxed);
+        map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
         map.u32(H_DOORBELL).store(doorbell.as_raw_fd() as u32, Ordering::Relaxed);
         map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
-        Ok(Inbox { map, path, ino, _file: file, scratch: vec![0; ENTRY].into_boxed_slice(), next_lane: 0 })
+        Ok(Inbox {
+            map,
+            path,
+            ino,
+            pid: my_pid(),
+            _file: file,
+            scratch: vec![0; ENTRY].into_boxed_slice(),
+            next_lane: 0,
+        })
     }
 
     /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet), lanes in
@@ -334,6 +380,9 @@ impl Inbox {
 
 impl Drop for Inbox {
     fn drop(&mut self) {
+        if my_pid() != self.pid {
+            return; // a child of fork: the parent's inbox stays open
+        }
         self.map.u32(H_CLOSED).store(1, Ordering::SeqCst);
         // Remove the name only while it is still this inbox's.
         if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
@@ -346,6 +395,9 @@ impl Drop for Inbox {
 pub struct Outbox {
     map: Mapping,
     lane: usize,
+    /// The process that claimed the lane: only it produces into the lane, and a child of
+    /// `fork` neither does nor gives it back.
+    pid: u32,
     /// The receiver's doorbell, duplicated into this process.
     doorbell: OwnedFd,
     /// Datagrams that found the lane full, in order, entry header first.
@@ -395,10 +447,10 @@ impl Outbox {
             map.u32(H_DOORBELL).load(Ordering::Relaxed) as i32,
             PidfdGetfdFlags::empty(),
         )?;
-        let me = rustix::process::getpid().as_raw_nonzero().get() as u32;
+        let me = my_pid();
         let lane = claim(&map, me)
             .ok_or_else(|| io::Error::new(io::ErrorKind::WouldBlock, "every lane of the inbox is taken"))?;
-        Ok(Outbox { map, lane, doorbell, backlog: VecDeque::new(), published: false })
+        Ok(Outbox { map, lane, pid: me, doorbell, backlog: VecDeque::new(), published: false })
     }
 
     /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
@@ -486,9 +538,7 @@ fn claim(map: &Mapping, me: u32) -> Option<usize> {
     for lane in 0..LANES {
         let owner = map.u32(Mapping::lane(lane) + L_OWNER);
         let held = owner.load(Ordering::Acquire);
-        let gone = Pid::from_raw(held as i32)
-            .is_none_or(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH));
-        if gone && owner.compare_exchange(held, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if is_gone(held) && owner.compare_exchange(held, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             return Some(lane);
         }
     }
@@ -497,6 +547,9 @@ fn claim(map: &Mapping, me: u32) -> Option<usize> {
 
 impl Drop for Outbox {
     fn drop(&mut self) {
+        if my_pid() != self.pid {
+            return;
+        }
         // What the lane holds stays for the receiver; a later producer continues at the head.
         self.map.u32(Mapping::lane(self.lane) + L_OWNER).store(0, Ordering::Release);
     }
@@ -583,6 +636,20 @@ mod tests {
         assert_eq!(rung(), 1, "one ring for the batch");
         inbox.awake();
         assert_eq!(inbox.receive(8, |_, _, _| {}), 2);
+    }
+
+    #[test]
+    fn a_new_inbox_removes_those_of_processes_that_are_gone() {
+        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
+        let (dead, alive) = (unique("dead"), unique("alive"));
+        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap()), doorbell.as_fd()).unwrap();
+        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap()), doorbell.as_fd()).unwrap();
+        // As if its process had been killed: PID 0x7fff_fff0 is above any pid_max.
+        killed.map.u32(H_PID).store(0x7fff_fff0, Ordering::Relaxed);
+        let _new = Inbox::create(&unique("sweeper"), doorbell.as_fd()).unwrap();
+        assert!(!killed.path.exists(), "the dead process's inbox is gone");
+        assert!(killed.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0, "and closed for its senders");
+        assert!(live.path.exists(), "a live process's inbox stays");
     }
 
     #[test]
