@@ -388,6 +388,10 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) port: Port,
     doorbell: OwnedFd,
+    /// The same-host inbox's bell (an eventfd other processes ring once they put packets in
+    /// an inbox whose readers sleep): watched with the sockets, by whichever thread watches
+    /// them. Declared after `state`, so it outlives the inbox that names it.
+    inbox_bell: Option<OwnedFd>,
     /// Asynchronous events (`ibv_get_async_event`), at most [`ASYNC_EVENTS_MAX`] queued.
     pub(crate) async_events: EventQueue<AsyncEvent>,
     stop: AtomicBool,
@@ -563,11 +567,13 @@ impl Driver {
             ..CmConfig::default()
         });
         let doorbell = eventfd()?;
-        let same_host = if same_host(options) {
-            SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), doorbell.as_fd())
-        } else {
-            None
-        };
+        let mut inbox_bell = if same_host(options) { Some(eventfd()?) } else { None };
+        let same_host = inbox_bell.as_ref().and_then(|bell| {
+            SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), bell.as_fd())
+        });
+        if same_host.is_none() {
+            inbox_bell = None;
+        }
         let state = State {
             nic: Nic::new(Engine::new(config), cm),
             // With GRO a message holds up to 64 KiB of coalesced datagrams.
@@ -592,6 +598,7 @@ impl Driver {
             state: Mutex::new(state),
             port,
             doorbell,
+            inbox_bell,
             async_events: EventQueue::new("the asynchronous event queue")?,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
@@ -760,6 +767,13 @@ impl Shared {
         }
         st.app_rx_last = Some((cq, now));
         st.receive(self, now, true, true);
+        if st.same_host_backlog
+            && let Some(local) = &mut st.same_host
+        {
+            // Packets wait for room in another process's inbox: a polling application
+            // moves them on, as the progress thread would only every BACKLOG_RETRY.
+            st.same_host_backlog = local.flush();
+        }
         true
     }
 
@@ -812,6 +826,9 @@ impl Shared {
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(1 + self.port.sockets().len());
             fds.push(PollFd::new(fd, PollFlags::IN));
             fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+            // Rung by another process of the host (the progress thread, asleep, set the
+            // inbox's sleeping word): this thread takes the packet, as from a socket.
+            fds.extend(self.inbox_bell.iter().map(|b| PollFd::new(b, PollFlags::IN)));
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
             if poll(&mut fds, left) == 0 {
                 return; // timed out
@@ -820,6 +837,9 @@ impl Shared {
                 return;
             }
             drop(fds);
+            if let Some(bell) = &self.inbox_bell {
+                drain(bell);
+            }
             let now = self.now();
             self.lock().progress(self, now, true, true);
             // The channel fired if that delivered our completion; otherwise wait again.
@@ -862,8 +882,9 @@ impl Shared {
                 // and sends what is queued. Receiving here as well only fought the
                 // application for the device lock and split its work across two threads
                 // (64 KiB WRITE requester: ~20 % of a second core, futex wake-ups). The
-                // inbox is this thread's while the application only waits on a channel:
-                // a sender rings this thread's doorbell, not the channel.
+                // inbox is this thread's too while the application only waits on a
+                // channel (the waiting thread takes what rings its bell; this one what
+                // arrives while it is awake).
                 let received = st.rx_batches;
                 let worked = st.progress(&self, now, !app_polling, !app_polled);
                 self.thread_receives.fetch_add(st.rx_batches - received, Ordering::Relaxed);
@@ -909,6 +930,7 @@ impl Shared {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
                     fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+                    fds.extend(self.inbox_bell.iter().map(|b| PollFd::new(b, PollFlags::IN)));
                 } else {
                     // A thread began to wait on a channel meanwhile: it watches the sockets.
                     self.watching.store(false, Ordering::SeqCst);
@@ -918,6 +940,9 @@ impl Shared {
             self.watching.store(false, Ordering::SeqCst);
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);
+            if let Some(bell) = &self.inbox_bell {
+                drain(bell);
+            }
         }
     }
 }

@@ -49,15 +49,15 @@ pub(crate) struct SameHost {
 
 impl SameHost {
     /// Makes this process's inbox for `slot` of `device`; senders wake it through
-    /// `doorbell`. `None` where shared memory is not available (no writable `/dev/shm`).
+    /// `bell`. `None` where shared memory is not available (no writable `/dev/shm`).
     pub(crate) fn open(
         device: &str,
         port: u16,
         slot: u32,
         addresses: &[IpAddr],
-        doorbell: BorrowedFd<'_>,
+        bell: BorrowedFd<'_>,
     ) -> Option<SameHost> {
-        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name, doorbell)).ok()?;
+        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name, bell)).ok()?;
         Some(SameHost {
             inbox,
             device: device.to_string(),
@@ -128,7 +128,7 @@ impl SameHost {
         n
     }
 
-    /// The progress thread is about to sleep: senders are to ring its doorbell. `false`
+    /// The progress thread is about to sleep: senders are to ring the bell. `false`
     /// (and stays awake) when a packet already waits.
     pub(crate) fn sleep_if_empty(&self) -> bool {
         self.inbox.sleep_if_empty()
