@@ -33,6 +33,7 @@ use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use softrdma_cm::{Cm, CmConfig, CmEvent, CmId, Nic, NicEvent};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
+use softrdma_udp::local::Sleepers;
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::icrc::Ipv4IdentificationCache;
 use softrdma_wire::{BthPacket, Envelope, Qpn};
@@ -392,6 +393,8 @@ pub(crate) struct Shared {
     /// an inbox whose readers sleep): watched with the sockets, by whichever thread watches
     /// them. Declared after `state`, so it outlives the inbox that names it.
     inbox_bell: Option<OwnedFd>,
+    /// The inbox's count of threads asleep on the bell.
+    inbox_sleepers: Option<Sleepers>,
     /// Asynchronous events (`ibv_get_async_event`), at most [`ASYNC_EVENTS_MAX`] queued.
     pub(crate) async_events: EventQueue<AsyncEvent>,
     stop: AtomicBool,
@@ -574,6 +577,7 @@ impl Driver {
         if same_host.is_none() {
             inbox_bell = None;
         }
+        let inbox_sleepers = same_host.as_ref().map(SameHost::sleepers);
         let state = State {
             nic: Nic::new(Engine::new(config), cm),
             // With GRO a message holds up to 64 KiB of coalesced datagrams.
@@ -599,6 +603,7 @@ impl Driver {
             port,
             doorbell,
             inbox_bell,
+            inbox_sleepers,
             async_events: EventQueue::new("the asynchronous event queue")?,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
@@ -823,14 +828,27 @@ impl Shared {
     fn wait_channel_inner(&self, fd: &OwnedFd, timeout: Option<Duration>) {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(1 + self.port.sockets().len());
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len());
             fds.push(PollFd::new(fd, PollFlags::IN));
             fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
-            // Rung by another process of the host (the progress thread, asleep, set the
-            // inbox's sleeping word): this thread takes the packet, as from a socket.
-            fds.extend(self.inbox_bell.iter().map(|b| PollFd::new(b, PollFlags::IN)));
+            // Rung by another process of the host once this thread counts among the inbox's
+            // sleepers: it takes the packet, as from a socket.
+            let mut bell = None;
+            let mut inbox_pending = false;
+            if let (Some(fd), Some(sleepers)) = (&self.inbox_bell, &self.inbox_sleepers) {
+                if sleepers.sleep_if_empty() {
+                    fds.push(PollFd::new(fd, PollFlags::IN));
+                    bell = Some(sleepers);
+                } else {
+                    inbox_pending = true;
+                }
+            }
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-            if poll(&mut fds, left) == 0 {
+            let ready = if inbox_pending { 1 } else { poll(&mut fds, left) };
+            if let Some(sleepers) = bell {
+                sleepers.awake();
+            }
+            if ready == 0 {
                 return; // timed out
             }
             if !fds[0].revents().is_empty() {
@@ -875,9 +893,6 @@ impl Shared {
             let app_polling = app_polled || self.app_waiting.load(Ordering::SeqCst) > 0;
             let timeout = {
                 let mut st = self.lock();
-                if let Some(local) = &st.same_host {
-                    local.awake();
-                }
                 // While the application polls, it receives: this thread keeps to the timers
                 // and sends what is queued. Receiving here as well only fought the
                 // application for the device lock and split its work across two threads
@@ -892,11 +907,8 @@ impl Shared {
                     last_work = now;
                     continue;
                 }
-                // Stay awake, publishing nothing: spinning, or a packet came through shared
-                // memory meanwhile.
-                let spinning = !app_polling && now - last_work < self.spin;
-                if spinning || (!app_polled && st.same_host.as_ref().is_some_and(|l| !l.sleep_if_empty())) {
-                    None
+                if !app_polling && now - last_work < self.spin {
+                    None // spin: stay awake, publish nothing
                 } else {
                     // While the application polls, it does the receiving; this thread
                     // only keeps the timers, waking at least every APP_POLL_WINDOW to see
@@ -926,17 +938,32 @@ impl Shared {
             };
             fds.clear();
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
+            // Whether this thread counts among the inbox's sleepers (it watches the bell).
+            let mut bell = None;
+            let mut inbox_pending = false;
             if !app_polling {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
                     fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
-                    fds.extend(self.inbox_bell.iter().map(|b| PollFd::new(b, PollFlags::IN)));
+                    if let (Some(fd), Some(sleepers)) = (&self.inbox_bell, &self.inbox_sleepers) {
+                        if sleepers.sleep_if_empty() {
+                            fds.push(PollFd::new(fd, PollFlags::IN));
+                            bell = Some(sleepers);
+                        } else {
+                            inbox_pending = true; // a packet came through shared memory meanwhile
+                        }
+                    }
                 } else {
                     // A thread began to wait on a channel meanwhile: it watches the sockets.
                     self.watching.store(false, Ordering::SeqCst);
                 }
             }
-            poll(&mut fds, timeout);
+            if !inbox_pending {
+                poll(&mut fds, timeout);
+            }
+            if let Some(sleepers) = bell {
+                sleepers.awake();
+            }
             self.watching.store(false, Ordering::SeqCst);
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use softrdma_engine::{Instant, IpInfo, Transmit};
 use softrdma_udp::IpInfo as UdpIpInfo;
 use softrdma_udp::host::QPN_SLOT_BITS;
-use softrdma_udp::local::{Inbox, Outbox, inbox_name};
+use softrdma_udp::local::{Inbox, Outbox, Sleepers, inbox_name};
 use softrdma_wire::{BthPacket, Envelope};
 
 /// How long a destination whose inbox could not be opened stays on the socket.
@@ -128,14 +128,9 @@ impl SameHost {
         n
     }
 
-    /// The progress thread is about to sleep: senders are to ring the bell. `false`
-    /// (and stays awake) when a packet already waits.
-    pub(crate) fn sleep_if_empty(&self) -> bool {
-        self.inbox.sleep_if_empty()
-    }
-
-    /// The progress thread is awake.
-    pub(crate) fn awake(&self) {
-        self.inbox.awake();
+    /// The inbox's count of threads asleep on its bell, for threads that do not hold the
+    /// device lock.
+    pub(crate) fn sleepers(&self) -> Sleepers {
+        self.inbox.sleepers()
     }
 }

@@ -16,11 +16,13 @@
 //! gone. A full lane keeps the datagrams in the sender's backlog, in order (the engine's
 //! windows bound it), rather than dropping them.
 //!
-//! **Waking a receiver.** A receiver that is about to sleep in `poll` says so in the inbox
-//! ([`Inbox::sleep_if_empty`]), and a sender that published datagrams looks
-//! ([`Outbox::wake`]) and then rings the receiver's eventfd, which it got once with
-//! `pidfd_getfd`. Sender and receiver each write their word before they read the other's
-//! (sequentially consistent), so one of them always sees the other: no wake-up is lost.
+//! **Waking a receiver.** A receiver's thread that is about to sleep in `poll` on the
+//! inbox's bell counts itself in the inbox's sleepers ([`Sleepers::sleep_if_empty`]), and a
+//! sender that published datagrams looks ([`Outbox::wake`]) and, if anyone sleeps, rings
+//! the bell, an eventfd it got once with `pidfd_getfd`. Sender and receiver each write
+//! their word before they read the other's (sequentially consistent), so one of them always
+//! sees the other: no wake-up is lost. A count, not a flag: two threads of the receiver may
+//! take turns watching the bell, and one waking must not unregister the other.
 //!
 //! **Who can use it.** Only processes of the inbox owner's user can open the file, and
 //! `pidfd_getfd` needs the right to ptrace the receiver: where the kernel refuses it (Yama's
@@ -39,6 +41,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use rustix::mm::{MapFlags, ProtFlags};
@@ -76,7 +79,7 @@ const H_ENTRY: usize = 20;
 const H_PID: usize = 24;
 const H_DOORBELL: usize = 28;
 const H_CLOSED: usize = 32;
-const H_SLEEPING: usize = 36;
+const H_SLEEPERS: usize = 36;
 // Lane fields (from the lane header).
 const L_OWNER: usize = 0;
 const L_HEAD: usize = 64;
@@ -271,7 +274,7 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize)> {
 
 /// This process's inbox on one device: datagrams from other processes of the host.
 pub struct Inbox {
-    map: Mapping,
+    map: Arc<Mapping>,
     path: PathBuf,
     ino: u64,
     /// The process that made it (a child of `fork` inherits the inbox but does not own it).
@@ -306,7 +309,7 @@ impl Inbox {
         let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
         file.set_len(INBOX_BYTES as u64)?;
         let ino = file.metadata()?.ino();
-        let map = Mapping::new(&file)?;
+        let map = Arc::new(Mapping::new(&file)?);
         map.u32(H_VERSION).store(VERSION, Ordering::Relaxed);
         map.u32(H_LANES).store(LANES as u32, Ordering::Relaxed);
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
@@ -361,20 +364,41 @@ impl Inbox {
         self.map.pending()
     }
 
-    /// Before sleeping: tells senders to ring the doorbell, unless a datagram already waits
-    /// (then returns `false` and stays awake).
+    /// The inbox's count of sleeping readers, for any thread of this process (it needs no
+    /// access to the inbox itself).
+    pub fn sleepers(&self) -> Sleepers {
+        Sleepers { map: Arc::clone(&self.map) }
+    }
+}
+
+/// The count of an inbox's readers that sleep on its bell ([`Inbox::sleepers`]).
+pub struct Sleepers {
+    map: Arc<Mapping>,
+}
+
+impl std::fmt::Debug for Sleepers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sleepers").field("count", &self.map.u32(H_SLEEPERS).load(Ordering::Relaxed)).finish()
+    }
+}
+
+impl Sleepers {
+    /// Before sleeping on the bell: counts this thread in, so that senders ring, unless a
+    /// datagram already waits (then returns `false`, counted out again: stay awake). After
+    /// `true`, call [`awake`](Self::awake) once awake.
     pub fn sleep_if_empty(&self) -> bool {
-        self.map.u32(H_SLEEPING).store(1, Ordering::SeqCst);
+        let count = self.map.u32(H_SLEEPERS);
+        count.fetch_add(1, Ordering::SeqCst);
         if self.map.pending() {
-            self.map.u32(H_SLEEPING).store(0, Ordering::SeqCst);
+            count.fetch_sub(1, Ordering::SeqCst);
             return false;
         }
         true
     }
 
-    /// Awake again: senders need not ring.
+    /// Awake again after [`sleep_if_empty`](Self::sleep_if_empty) returned `true`.
     pub fn awake(&self) {
-        self.map.u32(H_SLEEPING).store(0, Ordering::Relaxed);
+        self.map.u32(H_SLEEPERS).fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -504,7 +528,7 @@ impl Outbox {
             return;
         }
         fence(Ordering::SeqCst);
-        if self.map.u32(H_SLEEPING).load(Ordering::SeqCst) != 0 {
+        if self.map.u32(H_SLEEPERS).load(Ordering::SeqCst) != 0 {
             // An eventfd write fails only when its counter would overflow, and then the
             // receiver has a wake-up pending anyway.
             let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
@@ -626,15 +650,22 @@ mod tests {
         out.send(&envelope_v4(0), IpInfo::default(), b"awake").unwrap();
         out.wake();
         assert_eq!(rung(), 0, "an awake receiver is not rung");
-        assert!(!inbox.sleep_if_empty(), "a receiver with a datagram waiting does not sleep");
+        let sleepers = inbox.sleepers();
+        assert!(!sleepers.sleep_if_empty(), "a receiver with a datagram waiting does not sleep");
         inbox.receive(8, |_, _, _| {});
-        assert!(inbox.sleep_if_empty());
+        assert!(sleepers.sleep_if_empty());
+        assert!(inbox.sleepers().sleep_if_empty(), "a second thread sleeps too");
+        sleepers.awake();
+        out.send(&envelope_v4(3), IpInfo::default(), b"zero").unwrap();
+        out.wake();
+        assert_eq!(rung(), 1, "one thread woke; the other still sleeps and is rung");
+        inbox.receive(8, |_, _, _| {});
         out.send(&envelope_v4(1), IpInfo::default(), b"one").unwrap();
         out.send(&envelope_v4(2), IpInfo::default(), b"two").unwrap();
         out.wake();
         out.wake();
         assert_eq!(rung(), 1, "one ring for the batch");
-        inbox.awake();
+        sleepers.awake();
         assert_eq!(inbox.receive(8, |_, _, _| {}), 2);
     }
 
