@@ -66,20 +66,10 @@ fn either_side_turning_the_path_off_keeps_both_on_the_sockets() {
     }
 }
 
-fn ud_side(port: u16) -> Side {
-    let ctx = open([127, 0, 0, 1], port);
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, None).unwrap();
-    let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
-    qp.ready_ud(0x1111_2222, 0).unwrap();
-    let mr = pd.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
-    Side { ctx, pd, cq, qp, mr }
-}
-
 #[test]
 fn a_ud_datagram_through_shared_memory_arrives_with_its_grh() {
     let port = test_port();
-    let (a, b) = (ud_side(port), ud_side(port));
+    let (a, b) = (ud_side([127, 0, 0, 1], port), ud_side([127, 0, 0, 1], port));
     let rsge = [b.mr.sge(0..40 + 100).unwrap()];
     b.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge }]).unwrap();
     a.mr.write(0, &pattern(100, 1)).unwrap();

@@ -8,16 +8,6 @@ use std::net::{IpAddr, Ipv4Addr};
 use common::*;
 use softrdma::*;
 
-fn ud_side(ip: [u8; 4], port: u16) -> Side {
-    let ctx = open(ip, port);
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(64, None).unwrap();
-    let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
-    qp.ready_ud(0x1111_2222, 0).unwrap();
-    let mr = pd.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
-    Side { ctx, pd, cq, qp, mr }
-}
-
 #[test]
 fn ud_receive_starts_with_the_grh_of_the_sender() {
     let port = test_port();

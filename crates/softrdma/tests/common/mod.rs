@@ -68,6 +68,18 @@ pub fn pair_with(qp_type: QpType, len: usize, options: [ContextOptions; 2]) -> (
     (a, b)
 }
 
+/// A UD QP ready to send and receive (Q_Key 0x11112222) on a device on loopback address
+/// `ip`, with an 8 KiB buffer.
+pub fn ud_side(ip: [u8; 4], port: u16) -> Side {
+    let ctx = open(ip, port);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64, None).unwrap();
+    let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
+    qp.ready_ud(0x1111_2222, 0).unwrap();
+    let mr = pd.reg_mr(8192, Access::LOCAL_WRITE).unwrap();
+    Side { ctx, pd, cq, qp, mr }
+}
+
 pub const WAIT: Duration = Duration::from_secs(10);
 
 pub fn wr<'a>(wr_id: u64, op: SendOp, sg_list: &'a [Sge]) -> SendWr<'a> {
