@@ -508,20 +508,20 @@ fn authenticate_connects_the_qps_in_authenticated_mode() {
     assert!(done.stderr.contains("--rdma-cm"), "{}", done.stderr);
 }
 
+/// The ratios' like-for-like limit and target follow the path the packets took.
 #[test]
 fn vs_baseline_adds_the_limits_and_ratios() {
     let _serial = serial();
     let r = perf(&["write", "bw", "--loopback", "-n", "100", "--vs-baseline"]);
     let ratios = r["vs_baseline"].as_array().expect("vs_baseline").clone();
     assert!(ratios.iter().any(|x| x["baseline"] == "UDP GSO+GRO goodput"), "{ratios:?}");
-    // 64 B SEND message rate against the two-copy shared-memory ring, with its target.
     let send = perf(&["send", "bw", "--loopback", "-n", "200", "-s", "64", "--vs-baseline"]);
-    let send_ratios = send["vs_baseline"].as_array().expect("vs_baseline");
-    assert!(
-        send_ratios.iter().any(|x| x["baseline"] == "2-copy shared-memory ring (64 B)" && x["target"] == ">= 0.5"),
-        "{send_ratios:?}"
-    );
-    for x in ratios.iter().chain(send_ratios) {
+    let send_ratios = send["vs_baseline"].as_array().expect("vs_baseline").clone();
+    let wire = perf(&["write", "bw", "--loopback", "-n", "100", "--vs-baseline", "--wire"]);
+    let wire_ratios = wire["vs_baseline"].as_array().expect("vs_baseline").clone();
+    let wire_send = perf(&["send", "bw", "--loopback", "-n", "200", "-s", "64", "--vs-baseline", "--wire"]);
+    let wire_send_ratios = wire_send["vs_baseline"].as_array().expect("vs_baseline").clone();
+    for x in ratios.iter().chain(&send_ratios).chain(&wire_ratios).chain(&wire_send_ratios) {
         let ratio = f(x, "ratio");
         assert!(close(ratio, f(x, "value") / f(x, "baseline_value")), "{x}: ratio is value / baseline");
         if let Some(target) = x["target"].as_str() {
@@ -529,11 +529,57 @@ fn vs_baseline_adds_the_limits_and_ratios() {
             let bound: f64 = bound.parse().expect("a number");
             let met = if cmp == "<=" { ratio <= bound } else { ratio >= bound };
             assert_eq!(x["met"], met, "{x}: met says otherwise");
+            assert_eq!(x["like_for_like"], true, "{x}: only a like-for-like limit has a target");
         }
     }
-    // 64 KiB WRITE bandwidth has a target against UDP GSO+GRO goodput (issue 6).
-    assert!(ratios.iter().any(|x| x["target"] == ">= 0.6" && x["like_for_like"] == true), "{ratios:?}");
+    // Which limit is like for like (and has the target).
+    let like = |rs: &[Value], figure: &str| -> Vec<String> {
+        rs.iter()
+            .filter(|x| x["like_for_like"] == true && x["figure"].as_str().is_some_and(|f| f.contains(figure)))
+            .map(|x| format!("{} {}", x["baseline"].as_str().unwrap_or(""), x["target"].as_str().unwrap_or("-")))
+            .collect()
+    };
+    // --wire: 64 KiB WRITE bandwidth against UDP GSO+GRO goodput (issue 6); the 2-copy
+    // ring is for reference only.
+    assert_eq!(wire["path"], "wire");
+    assert_eq!(like(&wire_ratios, "bandwidth"), ["UDP GSO+GRO goodput >= 0.6"], "{wire_ratios:?}");
+    assert_eq!(wire_send["path"], "wire");
+    assert!(like(&wire_send_ratios, "message rate").is_empty(), "{wire_send_ratios:?}");
+    // The same-host path: against process_vm_writev (where this machine allows it) and the
+    // 2-copy shared-memory ring, with their targets.
+    if r["path"] == "same-host" && r["baseline"]["process_vm_writev_gbytes_per_sec"].is_number() {
+        assert_eq!(like(&ratios, "bandwidth"), ["process_vm_writev >= 0.6"], "{ratios:?}");
+    }
+    if send["path"] == "same-host" {
+        assert_eq!(like(&send_ratios, "message rate"), ["2-copy shared-memory ring (64 B) >= 0.5"], "{send_ratios:?}");
+    }
     validate(&r["baseline"], Some("baseline"), "the report's baseline");
+}
+
+/// Loopback's two processes share a host and a device: their packets take the same-host
+/// path, unless `--wire` keeps them on the sockets.
+#[test]
+fn path_is_same_host_unless_wire() {
+    let _serial = serial();
+    let r = perf(&["write", "bw", "--loopback", "-s", "64K", "-n", "200"]);
+    let res = &r["results"][0];
+    assert_eq!(r["path"], "same-host", "{res}");
+    assert!(u(&res["client"], "packets_same_host") > 0, "{res}");
+    assert_eq!(u(&res["client"], "packets_same_host"), u(&res["client"], "packets_sent"), "{res}");
+    assert_eq!(spec_of(&r, "wire"), false);
+    let r = perf(&["write", "bw", "--loopback", "-s", "64K", "-n", "200", "--wire"]);
+    let res = &r["results"][0];
+    assert_eq!(r["path"], "wire", "{res}");
+    assert_eq!(spec_of(&r, "wire"), true);
+    for side in ["client", "server"] {
+        assert_eq!(u(&res[side], "packets_same_host"), 0, "{side}: {res}");
+        assert!(u(&res[side], "packets_sent") > 0, "{side}: {res}");
+    }
+    // The table says it too.
+    let done = softrdma(&["perf", "write", "bw", "--loopback", "-s", "64K", "-n", "200", "--wire"], RUN_LIMIT);
+    assert!(done.status.success(), "{}\n{}", done.status, done.stderr);
+    let banner = done.stdout.lines().find(|l| l.starts_with(" Connection:")).unwrap_or_default();
+    assert!(banner.ends_with("   Path: wire"), "{}", done.stdout);
 }
 
 /// The server's counters must cover the whole run: on RC, without retransmissions, every
@@ -970,4 +1016,11 @@ fn the_schema_rejects_broken_reports() {
     reject(&|v| v["local"]["ip"] = "127.0.0.300".into(), "a bad address");
     reject(&|v| v["surprise"] = true.into(), "an unknown field");
     reject(&|v| v["test"] = "read lat".into(), "a test name that is not its spec's");
+    reject(&|v| v["path"] = "shm".into(), "an unknown path");
+    reject(
+        &|v| {
+            v.as_object_mut().expect("object").remove("path");
+        },
+        "no path",
+    );
 }

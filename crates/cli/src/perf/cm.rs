@@ -44,9 +44,11 @@ fn kinds(conn: Conn) -> (PortSpace, QpType) {
     }
 }
 
-/// The test's event channel: authenticated mode if the spec asks for it.
+/// The test's event channel: authenticated mode if the spec asks for it, the same-host
+/// path unless it says `--wire`.
 fn channel(spec: &Spec) -> Result<EventChannel, PerfError> {
-    let options = ContextOptions { authenticate: spec.authenticate, ..ContextOptions::default() };
+    let options =
+        ContextOptions { authenticate: spec.authenticate, same_host: !spec.wire, ..ContextOptions::default() };
     EventChannel::with_options(options).map_err(cm("rdma_create_event_channel"))
 }
 

@@ -69,6 +69,10 @@ pub(crate) struct SideStats {
     /// Packets it sent and received in this run.
     pub(crate) packets_sent: u64,
     pub(crate) packets_received: u64,
+    /// Of the packets it sent, those that went through the same-host path's shared memory
+    /// rather than the sockets.
+    #[serde(default)]
+    pub(crate) packets_same_host: u64,
 }
 
 /// The messages, in the order they come: `Hello` → `Accept` (or `Refuse`), then per size

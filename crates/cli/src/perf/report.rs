@@ -1,6 +1,6 @@
 //! What a perf test measured, as a perftest-like table or as JSON.
 
-use std::fmt::Write as _;
+use std::fmt::{self, Write as _};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -164,6 +164,51 @@ impl SizeResult {
     }
 }
 
+/// The path a test's packets took between the two sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Path {
+    /// Every packet either side sent went through the same-host path's shared memory.
+    SameHost,
+    /// None did: every packet went through the sockets (UDP through the kernel).
+    Wire,
+    /// Some did, some did not.
+    Mixed,
+}
+
+impl Path {
+    /// The path of the packets both sides sent in all of `results`.
+    pub(crate) fn of(results: &[SizeResult]) -> Path {
+        let sides = || results.iter().flat_map(|r| [&r.client, &r.server]);
+        let sent: u64 = sides().map(|s| s.packets_sent).sum();
+        let same_host: u64 = sides().map(|s| s.packets_same_host).sum();
+        if same_host == 0 {
+            Path::Wire
+        } else if same_host >= sent {
+            Path::SameHost
+        } else {
+            Path::Mixed
+        }
+    }
+
+    /// The path of the packets of all of `reports`.
+    pub(crate) fn of_all(reports: &[Report]) -> Path {
+        let mut paths = reports.iter().map(|r| r.path);
+        let first = paths.next().unwrap_or(Path::Wire);
+        if paths.all(|p| p == first) { first } else { Path::Mixed }
+    }
+}
+
+impl fmt::Display for Path {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Path::SameHost => "same-host",
+            Path::Wire => "wire",
+            Path::Mixed => "mixed",
+        })
+    }
+}
+
 /// A whole test's report.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Report {
@@ -173,6 +218,9 @@ pub(crate) struct Report {
     pub(crate) remote: SideInfo,
     /// What a latency figure is.
     pub(crate) latency_is: Option<&'static str>,
+    /// The path the packets took: `same-host` (every packet both sides sent in all the
+    /// results went through shared memory), `wire` (none did), or `mixed`.
+    pub(crate) path: Path,
     pub(crate) results: Vec<SizeResult>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) baseline: Option<Baseline>,
@@ -261,14 +309,15 @@ impl Report {
         let _ = writeln!(o, "                    softrdma perf {}: {} over RoCEv2", self.test, operation_name(s.op));
         let _ = writeln!(
             o,
-            " Connection: {}{}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}",
+            " Connection: {}{}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}   Path: {}",
             s.conn,
             if s.authenticate { " (authenticated)" } else { "" },
             s.qps,
             s.depth,
             s.inline,
             if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
-            if s.bidirectional { "bidirectional" } else { "unidirectional" }
+            if s.bidirectional { "bidirectional" } else { "unidirectional" },
+            self.path
         );
         for (name, side) in [("local", &self.local), ("remote", &self.remote)] {
             let qp = side.qps.first().copied().unwrap_or(super::control::QpInfo { qpn: 0, psn: 0 });
@@ -371,26 +420,34 @@ impl Report {
 }
 
 /// `--qps-sweep`'s table: one row per QP count and size, bandwidth and message rate
-/// (and, with a baseline, the bandwidth as a ratio of UDP GSO+GRO goodput).
+/// (and, with a baseline, the bandwidth as a ratio of its like-for-like limit: UDP GSO+GRO
+/// goodput, or `process_vm_writev` when every packet took the same-host path).
 pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> String {
     let mut o = String::new();
     let Some(first) = reports.first() else { return o };
     let s = &first.spec;
+    let path = Path::of_all(reports);
     let _ = writeln!(o, "{RULE}");
     let _ =
         writeln!(o, "                    softrdma perf {}: {} over RoCEv2, QP sweep", first.test, operation_name(s.op));
     let _ = writeln!(
         o,
-        " Connection: {}   TX depth: {} per QP   Inline: {}   MTU: {}   {}   device {}",
+        " Connection: {}   TX depth: {} per QP   Inline: {}   MTU: {}   {}   device {}   Path: {}",
         s.conn,
         s.depth,
         s.inline,
         if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
         if s.bidirectional { "bidirectional" } else { "unidirectional" },
-        first.local.device
+        first.local.device,
+        path
     );
     let _ = writeln!(o, "{RULE}");
-    let gso = baseline.map(|b| b.udp_gso_gro_gbytes_per_sec * 1e3);
+    // The bandwidth's like-for-like limit, as in `--vs-baseline`'s ratios: process_vm_writev
+    // on the same-host path, UDP GSO+GRO goodput otherwise.
+    let limit = baseline.map(|b| match b.process_vm_writev_gbytes_per_sec {
+        Some(pvm) if path == Path::SameHost => ("process_vm_writev", "x pvm_writev", pvm * 1e3),
+        _ => ("UDP GSO+GRO goodput", "x GSO+GRO", b.udp_gso_gro_gbytes_per_sec * 1e3),
+    });
     let _ = writeln!(
         o,
         " {:>5} {:<10} {:>18} {:>17} {:>14} {:>14}{}",
@@ -400,12 +457,12 @@ pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> Str
         "BW average[Gb/s]",
         "MsgRate[Mpps]",
         "retransmitted",
-        if gso.is_some() { "   x GSO+GRO" } else { "" }
+        limit.map(|(_, column, _)| format!("   {column:>10}")).unwrap_or_default()
     );
     for r in reports {
         for x in &r.results {
             let bw = x.bw_avg_mb_per_sec.unwrap_or(0.0);
-            let ratio = gso.map(|g| format!("   {:>10.2}", bw / g)).unwrap_or_default();
+            let ratio = limit.map(|(_, _, l)| format!("   {:>12.2}", bw / l)).unwrap_or_default();
             let _ = writeln!(
                 o,
                 " {:>5} {:<10} {:>18.2} {:>17.2} {:>14.6} {:>14}{ratio}",
@@ -419,8 +476,8 @@ pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> Str
         }
     }
     let _ = writeln!(o, "{RULE}");
-    if let Some(g) = gso {
-        let _ = writeln!(o, " UDP GSO+GRO goodput on this machine, measured in this run: {g:.2} MB/s");
+    if let Some((name, _, l)) = limit {
+        let _ = writeln!(o, " {name} on this machine, measured in this run: {l:.2} MB/s");
     }
     o
 }

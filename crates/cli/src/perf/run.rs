@@ -65,6 +65,16 @@ fn random_u32() -> u32 {
     h.finish() as u32
 }
 
+/// A side's packet counters at one moment.
+#[derive(Clone, Copy, Debug, Default)]
+struct Packets {
+    sent: u64,
+    received: u64,
+    retransmitted: u64,
+    /// Sent through the same-host path's shared memory (also counted in `sent`).
+    same_host: u64,
+}
+
 /// One side's verbs objects for a whole test.
 pub(crate) struct Side {
     ctx: Context,
@@ -76,8 +86,8 @@ pub(crate) struct Side {
     ah: Option<Ah>,
     /// The Q_Key of this side's UD QPs: [`QKEY`], or what rdma_cm gave them.
     qkey: u32,
-    /// Packet counters (sent, received, retransmitted) when the current run began.
-    mark: Cell<(u64, u64, u64)>,
+    /// The packet counters when the current run began.
+    mark: Cell<Packets>,
     gid_index: u8,
     stride: u64,
     slots: u64,
@@ -109,7 +119,7 @@ impl Side {
             mr,
             ah: None,
             qkey: QKEY,
-            mark: Cell::new((0, 0, 0)),
+            mark: Cell::new(Packets::default()),
             gid_index,
             stride,
             slots,
@@ -352,9 +362,14 @@ impl Side {
         )))
     }
 
-    fn counters(&self) -> (u64, u64, u64) {
-        let c = self.ctx.counters().engine;
-        (c.sent_packets, c.rcvd_packets, c.retransmitted_packets)
+    fn counters(&self) -> Packets {
+        let c = self.ctx.counters();
+        Packets {
+            sent: c.engine.sent_packets,
+            received: c.engine.rcvd_packets,
+            retransmitted: c.engine.retransmitted_packets,
+            same_host: c.same_host_sent,
+        }
     }
 
     /// One bandwidth run of `size`-byte operations. `sending`: this side posts them (the
@@ -634,16 +649,16 @@ impl Side {
     /// A run's stats: `ops` operations in `seconds`, `received` messages, and the packet
     /// counters since [`mark`](Side::mark).
     fn stats_since_mark(&self, ops: u64, seconds: f64, received: u64) -> SideStats {
-        let (sent0, rcvd0, retx0) = self.mark.get();
-        let (sent1, rcvd1, retx1) = self.counters();
+        let (m0, m1) = (self.mark.get(), self.counters());
         SideStats {
             ops,
             seconds,
             received,
             lost: 0,
-            retransmitted: retx1 - retx0,
-            packets_sent: sent1 - sent0,
-            packets_received: rcvd1 - rcvd0,
+            retransmitted: m1.retransmitted - m0.retransmitted,
+            packets_sent: m1.sent - m0.sent,
+            packets_received: m1.received - m0.received,
+            packets_same_host: m1.same_host - m0.same_host,
         }
     }
 }

@@ -138,6 +138,10 @@ pub(crate) struct TestArgs {
     /// Both sides send at once (bw only); the figures are the sum of both directions.
     #[arg(short, long)]
     pub(crate) bidirectional: bool,
+    /// Keep every packet on the sockets (UDP through the kernel), as between hosts: turns
+    /// the same-host path off (for both sides: the server follows the client's test).
+    #[arg(long)]
+    pub(crate) wire: bool,
     /// The TCP port (or, with --rdma-cm, the rdma_cm port) the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub(crate) port: u16,
@@ -184,6 +188,10 @@ pub(crate) struct Spec {
     /// waits for its client once this one is done.
     #[serde(default)]
     pub(crate) more: bool,
+    /// Every packet stays on the sockets (`--wire`): both sides open their device with the
+    /// same-host path off.
+    #[serde(default)]
+    pub(crate) wire: bool,
 }
 
 /// Largest message `-a` runs.
@@ -266,6 +274,7 @@ impl Spec {
             rdma_cm: a.rdma_cm,
             authenticate: a.authenticate,
             more: false,
+            wire: a.wire,
         })
     }
 
