@@ -33,7 +33,7 @@ use rustix::event::{EventfdFlags, PollFd, PollFlags};
 use softrdma_cm::{Cm, CmConfig, CmEvent, CmId, Nic, NicEvent};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
-use softrdma_udp::local::Sleepers;
+use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::icrc::Ipv4IdentificationCache;
 use softrdma_wire::{BthPacket, Envelope, Qpn};
@@ -389,8 +389,8 @@ pub(crate) struct Shared {
     state: Mutex<State>,
     pub(crate) port: Port,
     doorbell: OwnedFd,
-    /// The same-host inbox's bell (an eventfd other processes ring once they put packets in
-    /// an inbox whose readers sleep): watched with the sockets, by whichever thread watches
+    /// The same-host inbox's bell (a FIFO other processes ring once they put packets in an
+    /// inbox whose readers sleep): watched with the sockets, by whichever thread watches
     /// them. Declared after `state`, so it outlives the inbox that names it.
     inbox_bell: Option<OwnedFd>,
     /// The inbox's count of threads asleep on the bell.
@@ -570,13 +570,16 @@ impl Driver {
             ..CmConfig::default()
         });
         let doorbell = eventfd()?;
-        let mut inbox_bell = if same_host(options) { Some(eventfd()?) } else { None };
-        let same_host = inbox_bell.as_ref().and_then(|bell| {
-            SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), bell.as_fd())
-        });
-        if same_host.is_none() {
-            inbox_bell = None;
-        }
+        let mut same_host = same_host(options)
+            .then(|| SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses()))
+            .flatten();
+        let inbox_bell = match same_host.as_ref().map(SameHost::bell) {
+            Some(Ok(bell)) => Some(bell),
+            _ => {
+                same_host = None; // no descriptor left: the sockets alone
+                None
+            }
+        };
         let inbox_sleepers = same_host.as_ref().map(SameHost::sleepers);
         let state = State {
             nic: Nic::new(Engine::new(config), cm),
@@ -856,7 +859,7 @@ impl Shared {
             }
             drop(fds);
             if let Some(bell) = &self.inbox_bell {
-                drain(bell);
+                drain_bell(bell.as_fd());
             }
             let now = self.now();
             self.lock().progress(self, now, true, true);
@@ -968,7 +971,7 @@ impl Shared {
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);
             if let Some(bell) = &self.inbox_bell {
-                drain(bell);
+                drain_bell(bell.as_fd());
             }
         }
     }

@@ -125,8 +125,8 @@ pub struct ContextOptions {
     /// through its shared-memory inbox, not through the kernel's UDP stack (the same
     /// packets, checked and retried by the engine as on the wire; see
     /// docs/architecture.md, "A same-host path"). On by default; `SOFTRDMA_SAME_HOST=0`
-    /// ([`SAME_HOST_ENV`]) turns it off for any program. Where the kernel does not let two
-    /// processes share it (another user, Yama's `ptrace_scope`), they use the sockets.
+    /// ([`SAME_HOST_ENV`]) turns it off for any program. Processes of different users use
+    /// the sockets.
     pub same_host: bool,
 }
 

@@ -6,12 +6,12 @@
 //! the engine's as on the wire. A destination is on this host when its address is one of
 //! the device's and its port the device's; its process is the owner of its QPN's slot
 //! (`softrdma_udp::host`). Where the inbox cannot be opened (no such process or none made,
-//! another user, the kernel refusing `pidfd_getfd` under Yama) the packets take the socket,
-//! and the inbox is tried again a second later.
+//! another user's, every lane taken) the packets take the socket, and the inbox is tried
+//! again a second later.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::BorrowedFd;
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use softrdma_engine::{Instant, IpInfo, Transmit};
@@ -48,16 +48,10 @@ pub(crate) struct SameHost {
 }
 
 impl SameHost {
-    /// Makes this process's inbox for `slot` of `device`; senders wake it through
-    /// `bell`. `None` where shared memory is not available (no writable `/dev/shm`).
-    pub(crate) fn open(
-        device: &str,
-        port: u16,
-        slot: u32,
-        addresses: &[IpAddr],
-        bell: BorrowedFd<'_>,
-    ) -> Option<SameHost> {
-        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name, bell)).ok()?;
+    /// Makes this process's inbox for `slot` of `device`. `None` where shared memory is not
+    /// available (no writable `/dev/shm`).
+    pub(crate) fn open(device: &str, port: u16, slot: u32, addresses: &[IpAddr]) -> Option<SameHost> {
+        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name)).ok()?;
         Some(SameHost {
             inbox,
             device: device.to_string(),
@@ -132,5 +126,10 @@ impl SameHost {
     /// device lock.
     pub(crate) fn sleepers(&self) -> Sleepers {
         self.inbox.sleepers()
+    }
+
+    /// The inbox's bell, for threads that do not hold the device lock.
+    pub(crate) fn bell(&self) -> std::io::Result<OwnedFd> {
+        self.inbox.bell().try_clone_to_owned()
     }
 }

@@ -19,25 +19,25 @@
 //! **Waking a receiver.** A receiver's thread that is about to sleep in `poll` on the
 //! inbox's bell counts itself in the inbox's sleepers ([`Sleepers::sleep_if_empty`]), and a
 //! sender that published datagrams looks ([`Outbox::wake`]) and, if anyone sleeps, rings
-//! the bell, an eventfd it got once with `pidfd_getfd`. Sender and receiver each write
+//! the bell: a FIFO beside the inbox (`<name>.bell`, mode 0600), which the receiver holds
+//! open for reading and polls with its sockets. Sender and receiver each write
 //! their word before they read the other's (sequentially consistent), so one of them always
 //! sees the other: no wake-up is lost. A count, not a flag: two threads of the receiver may
 //! take turns watching the bell, and one waking must not unregister the other.
 //!
-//! **Who can use it.** Only processes of the inbox owner's user can open the file, and
-//! `pidfd_getfd` needs the right to ptrace the receiver: where the kernel refuses it (Yama's
-//! `ptrace_scope` ≥ 1 between unrelated processes, another user), [`Outbox::open`] fails
-//! and the caller stays on the sockets. A process that may ptrace another can read and
-//! write all of its memory already; the inbox gives it nothing more. Within those limits a
-//! lane's contents are copied out before they are parsed, so a misbehaving producer can
-//! give wrong datagrams (which the engine checks like any from the network) but cannot
+//! **Who can use it.** Only processes of the inbox owner's user can open its files
+//! ([`Outbox::open`] also refuses files another user owns), as file permissions decide, so
+//! Yama's `ptrace_scope` and other ptrace rules do not matter. A process of the same user
+//! could send the receiver UDP datagrams anyway: through the inbox it can do no more than
+//! that. A lane's contents are copied out before they are parsed, so a misbehaving producer
+//! can give wrong datagrams (which the engine checks like any from the network) but cannot
 //! change one while it is read.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::ptr::NonNull;
@@ -45,7 +45,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
 
 use rustix::mm::{MapFlags, ProtFlags};
-use rustix::process::{Pid, PidfdFlags, PidfdGetfdFlags};
+use rustix::process::Pid;
 
 use crate::{Envelope, IpInfo};
 
@@ -59,7 +59,7 @@ pub const DATAGRAM_MAX: usize = 4096 + 256;
 
 const MAGIC: u64 = u64::from_be_bytes(*b"sRDMAinb");
 const VERSION: u32 = 1;
-/// The file's header: magic, version, geometry, owner, doorbell, closed, sleeping.
+/// The file's header: magic, version, geometry, owner, closed, sleepers.
 const HEADER: usize = 64;
 /// A lane's header: the owner word, then head and tail each on its own cache line.
 const LANE_HEADER: usize = 192;
@@ -77,7 +77,6 @@ const H_LANES: usize = 12;
 const H_SLOTS: usize = 16;
 const H_ENTRY: usize = 20;
 const H_PID: usize = 24;
-const H_DOORBELL: usize = 28;
 const H_CLOSED: usize = 32;
 const H_SLEEPERS: usize = 36;
 // Lane fields (from the lane header).
@@ -124,12 +123,25 @@ fn sweep() {
         {
             map.u32(H_CLOSED).store(1, Ordering::SeqCst);
             let _ = std::fs::remove_file(entry.path());
+            let mut bell = entry.path().into_os_string();
+            bell.push(".bell");
+            let _ = std::fs::remove_file(bell);
         }
     }
 }
 
 fn path_of(name: &str) -> PathBuf {
     PathBuf::from("/dev/shm").join(name)
+}
+
+fn bell_of(name: &str) -> PathBuf {
+    PathBuf::from("/dev/shm").join(format!("{name}.bell"))
+}
+
+/// Empties a bell ([`Inbox::bell`]) once it polled readable.
+pub fn drain_bell(bell: BorrowedFd<'_>) {
+    let mut b = [0u8; 256];
+    while rustix::io::read(bell, &mut b).is_ok_and(|n| n == b.len()) {}
 }
 
 fn invalid(what: &str) -> io::Error {
@@ -276,6 +288,9 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize)> {
 pub struct Inbox {
     map: Arc<Mapping>,
     path: PathBuf,
+    bell_path: PathBuf,
+    /// The bell's read end.
+    bell: OwnedFd,
     ino: u64,
     /// The process that made it (a child of `fork` inherits the inbox but does not own it).
     pid: u32,
@@ -293,19 +308,28 @@ impl std::fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    /// Makes the inbox `name` ([`inbox_name`]), whose senders wake this process by writing
-    /// to `doorbell` (an eventfd this process keeps open as long as the inbox). An inbox left
-    /// under that name by a process that held the slot before is closed (its senders see it
-    /// and open the new one) and replaced.
-    pub fn create(name: &str, doorbell: BorrowedFd<'_>) -> io::Result<Inbox> {
+    /// Makes the inbox `name` ([`inbox_name`]) and its bell. An inbox left under that name
+    /// by a process that held the slot before is closed (its senders see it and open the new
+    /// one) and replaced.
+    pub fn create(name: &str) -> io::Result<Inbox> {
         sweep();
         let path = path_of(name);
+        let bell_path = bell_of(name);
         if let Ok(old) = OpenOptions::new().read(true).write(true).open(&path) {
             if old.metadata()?.len() == INBOX_BYTES as u64 {
                 Mapping::new(&old)?.u32(H_CLOSED).store(1, Ordering::SeqCst);
             }
             let _ = std::fs::remove_file(&path);
         }
+        // The bell first: a sender that finds the inbox finds its bell.
+        let _ = std::fs::remove_file(&bell_path);
+        rustix::fs::mkfifoat(rustix::fs::CWD, &bell_path, rustix::fs::Mode::RUSR | rustix::fs::Mode::WUSR)?;
+        // Read-write, so that it never reads end-of-file and a sender always finds a reader.
+        let bell = rustix::fs::open(
+            &bell_path,
+            rustix::fs::OFlags::RDWR | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
         let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
         file.set_len(INBOX_BYTES as u64)?;
         let ino = file.metadata()?.ino();
@@ -315,11 +339,12 @@ impl Inbox {
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
         map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
-        map.u32(H_DOORBELL).store(doorbell.as_raw_fd() as u32, Ordering::Relaxed);
         map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Inbox {
             map,
             path,
+            bell_path,
+            bell,
             ino,
             pid: my_pid(),
             _file: file,
@@ -362,6 +387,12 @@ impl Inbox {
     /// Whether a datagram waits.
     pub fn pending(&self) -> bool {
         self.map.pending()
+    }
+
+    /// The bell: readable once a sender rang it; poll it while counted among the
+    /// [`Sleepers`], and [`drain_bell`] it after.
+    pub fn bell(&self) -> BorrowedFd<'_> {
+        self.bell.as_fd()
     }
 
     /// The inbox's count of sleeping readers, for any thread of this process (it needs no
@@ -411,6 +442,7 @@ impl Drop for Inbox {
         // Remove the name only while it is still this inbox's.
         if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
+            let _ = std::fs::remove_file(&self.bell_path);
         }
     }
 }
@@ -422,8 +454,8 @@ pub struct Outbox {
     /// The process that claimed the lane: only it produces into the lane, and a child of
     /// `fork` neither does nor gives it back.
     pid: u32,
-    /// The receiver's doorbell, duplicated into this process.
-    doorbell: OwnedFd,
+    /// The receiver's bell, open for writing.
+    bell: OwnedFd,
     /// Datagrams that found the lane full, in order, entry header first.
     backlog: VecDeque<Vec<u8>>,
     /// Whether anything was published since the last [`Outbox::wake`].
@@ -439,9 +471,7 @@ impl std::fmt::Debug for Outbox {
 impl Outbox {
     /// Opens the inbox `name` and claims a lane. Fails when there is no such inbox (the
     /// process is not on this host, or has not made one), when it belongs to another user,
-    /// is closed or of another version, when every lane is taken by a live process, or when
-    /// the kernel does not let this process take the receiver's doorbell (`EPERM` from
-    /// `pidfd_getfd`: Yama, another user).
+    /// is closed or of another version, or when every lane is taken by a live process.
     pub fn open(name: &str) -> io::Result<Outbox> {
         let file = OpenOptions::new().read(true).write(true).open(path_of(name))?;
         let meta = file.metadata()?;
@@ -463,18 +493,21 @@ impl Outbox {
         if map.u32(H_CLOSED).load(Ordering::SeqCst) != 0 {
             return Err(io::Error::new(io::ErrorKind::NotFound, "the inbox is closed"));
         }
-        let pid = Pid::from_raw(map.u32(H_PID).load(Ordering::Relaxed) as i32)
-            .ok_or_else(|| invalid("the inbox names no process"))?;
-        let pidfd = rustix::process::pidfd_open(pid, PidfdFlags::empty())?;
-        let doorbell = rustix::process::pidfd_getfd(
-            &pidfd,
-            map.u32(H_DOORBELL).load(Ordering::Relaxed) as i32,
-            PidfdGetfdFlags::empty(),
+        let bell = rustix::fs::open(
+            bell_of(name),
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
         )?;
+        let bell_meta = rustix::fs::fstat(&bell)?;
+        if bell_meta.st_uid != rustix::process::getuid().as_raw()
+            || rustix::fs::FileType::from_raw_mode(bell_meta.st_mode) != rustix::fs::FileType::Fifo
+        {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "the inbox's bell is not this user's FIFO"));
+        }
         let me = my_pid();
         let lane = claim(&map, me)
             .ok_or_else(|| io::Error::new(io::ErrorKind::WouldBlock, "every lane of the inbox is taken"))?;
-        Ok(Outbox { map, lane, pid: me, doorbell, backlog: VecDeque::new(), published: false })
+        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), published: false })
     }
 
     /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
@@ -521,7 +554,7 @@ impl Outbox {
         true
     }
 
-    /// After a batch: rings the receiver's doorbell if it sleeps and something was
+    /// After a batch: rings the receiver's bell if it sleeps and something was
     /// published since the last call.
     pub fn wake(&mut self) {
         if !std::mem::take(&mut self.published) {
@@ -529,9 +562,9 @@ impl Outbox {
         }
         fence(Ordering::SeqCst);
         if self.map.u32(H_SLEEPERS).load(Ordering::SeqCst) != 0 {
-            // An eventfd write fails only when its counter would overflow, and then the
-            // receiver has a wake-up pending anyway.
-            let _ = rustix::io::write(&self.doorbell, &1u64.to_ne_bytes());
+            // A write fails only when the FIFO is full, and then the receiver has a wake-up
+            // pending anyway.
+            let _ = rustix::io::write(&self.bell, &[1]);
         }
     }
 }
@@ -581,8 +614,6 @@ impl Drop for Outbox {
 
 #[cfg(test)]
 mod tests {
-    use std::os::fd::AsFd;
-
     use super::*;
 
     fn envelope_v4(id: u16) -> Envelope {
@@ -612,9 +643,8 @@ mod tests {
 
     #[test]
     fn datagrams_arrive_in_order_through_a_full_lane_and_its_backlog() {
-        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
         let name = unique("order");
-        let mut inbox = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let mut inbox = Inbox::create(&name).unwrap();
         let mut out = Outbox::open(&name).unwrap();
         let total = SLOTS * 3 + 5;
         for i in 0..total {
@@ -639,13 +669,13 @@ mod tests {
 
     #[test]
     fn a_sleeping_receiver_is_rung_once_per_batch_and_an_awake_one_not_at_all() {
-        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
         let name = unique("wake");
-        let mut inbox = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let mut inbox = Inbox::create(&name).unwrap();
         let mut out = Outbox::open(&name).unwrap();
+        let bell = inbox.bell().try_clone_to_owned().unwrap();
         let rung = || {
-            let mut b = [0u8; 8];
-            rustix::io::read(&doorbell, &mut b).map(|_| u64::from_ne_bytes(b)).unwrap_or(0)
+            let mut b = [0u8; 16];
+            rustix::io::read(&bell, &mut b).unwrap_or(0)
         };
         out.send(&envelope_v4(0), IpInfo::default(), b"awake").unwrap();
         out.wake();
@@ -671,23 +701,22 @@ mod tests {
 
     #[test]
     fn a_new_inbox_removes_those_of_processes_that_are_gone() {
-        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
         let (dead, alive) = (unique("dead"), unique("alive"));
-        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap()), doorbell.as_fd()).unwrap();
-        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap()), doorbell.as_fd()).unwrap();
+        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap())).unwrap();
+        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap())).unwrap();
         // As if its process had been killed: PID 0x7fff_fff0 is above any pid_max.
         killed.map.u32(H_PID).store(0x7fff_fff0, Ordering::Relaxed);
-        let _new = Inbox::create(&unique("sweeper"), doorbell.as_fd()).unwrap();
+        let _new = Inbox::create(&unique("sweeper")).unwrap();
         assert!(!killed.path.exists(), "the dead process's inbox is gone");
+        assert!(!killed.bell_path.exists(), "and its bell");
         assert!(killed.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0, "and closed for its senders");
         assert!(live.path.exists(), "a live process's inbox stays");
     }
 
     #[test]
     fn a_replaced_inbox_is_closed_and_lanes_of_dead_or_departed_senders_are_taken_again() {
-        let doorbell = rustix::event::eventfd(0, rustix::event::EventfdFlags::NONBLOCK).unwrap();
         let name = unique("replace");
-        let old = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let old = Inbox::create(&name).unwrap();
         let first = Outbox::open(&name).unwrap();
         let second = Outbox::open(&name).unwrap();
         assert_ne!(first.lane, second.lane, "one lane per producer");
@@ -705,7 +734,7 @@ mod tests {
             );
         }
         assert!(Outbox::open(&name).is_ok(), "a dead owner's lane is taken back");
-        let new = Inbox::create(&name, doorbell.as_fd()).unwrap();
+        let new = Inbox::create(&name).unwrap();
         assert!(third.is_closed(), "the old inbox tells its senders it is gone");
         drop(old); // must not remove the new inbox's name
         assert!(Outbox::open(&name).is_ok());
