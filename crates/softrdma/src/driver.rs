@@ -413,6 +413,8 @@ pub(crate) struct Shared {
     spin: Duration,
     /// CM IDs dropped by the application, for the next pass to destroy.
     cm_graveyard: Mutex<Vec<CmId>>,
+    /// Whether the graveyard may hold an ID: a pass looks at this, not the mutex.
+    cm_buried: AtomicBool,
     pub(crate) thread_id: OnceLock<std::thread::ThreadId>,
     /// The process that opened the device (a child of `fork` is another).
     pid: u32,
@@ -617,6 +619,7 @@ impl Driver {
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
             cm_graveyard: Mutex::new(Vec::new()),
+            cm_buried: AtomicBool::new(false),
             thread_id: OnceLock::new(),
             pid: std::process::id(),
         });
@@ -765,13 +768,14 @@ impl Shared {
     /// the application answers a completion at once, its packet and the ACK leave in one
     /// `sendmmsg`; the next poll, post or progress pass sends them otherwise (within
     /// [`APP_POLL_WINDOW`]: [`app_received`](Self::app_received)).
-    /// Returns whether it received: not when an empty poll of another CQ did within
-    /// [`APP_RX_SHARED`].
-    pub(crate) fn app_receive(&self, st: &mut State, cq: u32) -> bool {
+    /// Returns when it received (the time the rest of the poll uses, one clock read for
+    /// all: they took a fifth of a same-host ping-pong's time), or `None` when an empty poll
+    /// of another CQ did within [`APP_RX_SHARED`].
+    pub(crate) fn app_receive(&self, st: &mut State, cq: u32) -> Option<Instant> {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
         if st.app_rx_last.is_some_and(|(other, at)| other != cq && now - at < APP_RX_SHARED) {
-            return false;
+            return None;
         }
         st.app_rx_last = Some((cq, now));
         st.receive(self, now, true, true);
@@ -782,7 +786,7 @@ impl Shared {
             // moves them on, as the progress thread would only every BACKLOG_RETRY.
             st.same_host_backlog = local.flush();
         }
-        true
+        Some(now)
     }
 
     /// A poll that received in the application's thread returns a completion. What that
@@ -794,16 +798,20 @@ impl Shared {
     /// completed on its retransmission, 2 s later with rdma_cm's timeouts, when the
     /// receiver went on to wait for a CM event (`rdma_get_recv_comp`, then
     /// `rdma_get_cm_event`).
-    pub(crate) fn app_received(&self, st: &mut State) {
+    pub(crate) fn app_received(&self, st: &mut State, now: Instant) {
         let sleeping = self.sleeping_until.load(Ordering::Acquire);
-        if sleeping != 0 && sleeping > self.now().saturating_add(APP_POLL_WINDOW).as_nanos() {
-            self.app_flush(st);
+        if sleeping != 0 && sleeping > now.saturating_add(APP_POLL_WINDOW).as_nanos() {
+            self.app_flush_at(st, now);
         }
     }
 
     /// Sends what the engine queued and delivers events: the rest of a progress pass.
     pub(crate) fn app_flush(&self, st: &mut State) {
-        let now = self.now();
+        self.app_flush_at(st, self.now());
+    }
+
+    /// [`app_flush`](Self::app_flush) at `now`, read by the caller.
+    pub(crate) fn app_flush_at(&self, st: &mut State, now: Instant) {
         st.flush(self, now);
         st.dispatch_events(self, now);
     }
@@ -873,6 +881,7 @@ impl Shared {
     /// Queues a dropped CM ID for destruction by the next pass (which holds the lock).
     pub(crate) fn bury_cm_id(&self, id: softrdma_cm::CmId) {
         self.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner).push(id);
+        self.cm_buried.store(true, Ordering::Release);
         ring(&self.doorbell);
     }
 
@@ -1240,6 +1249,9 @@ impl State {
     /// Destroys the CM IDs the application dropped ([`Shared::bury_cm_id`]). Returns
     /// whether there were any.
     pub(crate) fn bury_dead_cm_ids(&mut self, shared: &Shared, now: Instant) -> bool {
+        if !shared.cm_buried.load(Ordering::Acquire) || !shared.cm_buried.swap(false, Ordering::Acquire) {
+            return false;
+        }
         let dead = std::mem::take(&mut *shared.cm_graveyard.lock().unwrap_or_else(PoisonError::into_inner));
         let any = !dead.is_empty();
         for id in dead {

@@ -508,13 +508,16 @@ impl Cq {
                 None => break,
             }
         }
-        if n == 0 && !out.is_empty() && sh.app_receive(&mut st, self.inner.id.0) {
+        if n == 0
+            && !out.is_empty()
+            && let Some(now) = sh.app_receive(&mut st, self.inner.id.0)
+        {
             if let Some(wc) = st.nic.engine_mut().poll_cq(self.inner.id) {
                 out[0] = wc;
                 n = 1;
-                sh.app_received(&mut st);
+                sh.app_received(&mut st, now);
             } else {
-                sh.app_flush(&mut st);
+                sh.app_flush_at(&mut st, now);
             }
         }
         n

@@ -42,7 +42,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use rustix::mm::{MapFlags, ProtFlags};
 use rustix::process::Pid;
@@ -59,8 +59,9 @@ pub const DATAGRAM_MAX: usize = 4096 + 256;
 
 const MAGIC: u64 = u64::from_be_bytes(*b"sRDMAinb");
 const VERSION: u32 = 1;
-/// The file's header: magic, version, geometry, owner, closed, sleepers.
-const HEADER: usize = 64;
+/// The file's header: magic, version, geometry, owner, closed, sleepers; then on a cache
+/// line of its own the sequence number senders bump after each batch.
+const HEADER: usize = 128;
 /// A lane's header: the owner word, then head and tail each on its own cache line.
 const LANE_HEADER: usize = 192;
 /// An entry: its header (length, envelope, IP fields), then the datagram.
@@ -79,6 +80,9 @@ const H_ENTRY: usize = 20;
 const H_PID: usize = 24;
 const H_CLOSED: usize = 32;
 const H_SLEEPERS: usize = 36;
+/// Bumped by a sender after each batch it published ([`Outbox::wake`]): a receiver that
+/// finds it unchanged need not look at the lanes (one load per poll, not sixteen).
+const H_SEQ: usize = 64;
 // Lane fields (from the lane header).
 const L_OWNER: usize = 0;
 const L_HEAD: usize = 64;
@@ -176,6 +180,7 @@ impl Mapping {
         Ok(Mapping { base: NonNull::new(p.cast()).expect("mmap returns a non-null address") })
     }
 
+    #[inline]
     fn u32(&self, off: usize) -> &AtomicU32 {
         assert!(off + 4 <= INBOX_BYTES && off % 4 == 0);
         // SAFETY: in bounds and aligned (checked above; the mapping is page-aligned), and the
@@ -184,6 +189,7 @@ impl Mapping {
         unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU32>() }
     }
 
+    #[inline]
     fn u64(&self, off: usize) -> &AtomicU64 {
         assert!(off + 8 <= INBOX_BYTES && off % 8 == 0);
         // SAFETY: as for `u32`.
@@ -299,6 +305,12 @@ pub struct Inbox {
     scratch: Box<[u8]>,
     /// The lane the next receive starts with (lanes take turns).
     next_lane: usize,
+    /// The senders' sequence number when the lanes were last looked at.
+    seen: u64,
+    /// The last look stopped at its `max` with lanes perhaps not empty.
+    more: bool,
+    /// Calls to [`Inbox::receive`].
+    looks: u32,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -350,12 +362,25 @@ impl Inbox {
             _file: file,
             scratch: vec![0; ENTRY].into_boxed_slice(),
             next_lane: 0,
+            seen: 0,
+            more: false,
+            looks: 0,
         })
     }
 
     /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet), lanes in
     /// turn. Returns how many.
     pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8])) -> usize {
+        // Nothing published since the last look, which took all there was: done. Every
+        // 64th look reads the lanes anyway: a sender that died between publishing and
+        // bumping the number must not leave its datagrams unseen (and a thread that finds
+        // them pending awake forever).
+        let seq = self.map.u64(H_SEQ).load(Ordering::Acquire);
+        self.looks = self.looks.wrapping_add(1);
+        if seq == self.seen && !self.more && self.looks % 64 != 0 {
+            return 0;
+        }
+        self.seen = seq;
         let mut n = 0;
         let mut idle = 0;
         while n < max && idle < LANES {
@@ -381,6 +406,8 @@ impl Inbox {
                 deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
             }
         }
+        // Stopped at `max`: the next look must not trust the sequence number.
+        self.more = n == max;
         n
     }
 
@@ -460,6 +487,8 @@ pub struct Outbox {
     backlog: VecDeque<Vec<u8>>,
     /// Whether anything was published since the last [`Outbox::wake`].
     published: bool,
+    /// The lane's tail as last read.
+    tail: u64,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -507,7 +536,8 @@ impl Outbox {
         let me = my_pid();
         let lane = claim(&map, me)
             .ok_or_else(|| io::Error::new(io::ErrorKind::WouldBlock, "every lane of the inbox is taken"))?;
-        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), published: false })
+        let tail = map.u64(Mapping::lane(lane) + L_TAIL).load(Ordering::Acquire);
+        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), published: false, tail })
     }
 
     /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
@@ -528,7 +558,7 @@ impl Outbox {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
         let header = encode(envelope, ip, datagram.len());
-        if self.flush() && put(&self.map, self.lane, &header, datagram) {
+        if self.flush() && put(&self.map, self.lane, &mut self.tail, &header, datagram) {
             self.published = true;
             return Ok(());
         }
@@ -545,7 +575,7 @@ impl Outbox {
         while let Some(entry) = self.backlog.front() {
             let (header, datagram) = entry.split_at(ENTRY_HEADER);
             let header: [u8; ENTRY_HEADER] = header.try_into().expect("an entry starts with its header");
-            if !put(&self.map, self.lane, &header, datagram) {
+            if !put(&self.map, self.lane, &mut self.tail, &header, datagram) {
                 return false;
             }
             self.published = true;
@@ -554,13 +584,16 @@ impl Outbox {
         true
     }
 
-    /// After a batch: rings the receiver's bell if it sleeps and something was
-    /// published since the last call.
+    /// After a batch: tells the receiver (the sequence number it polls) and rings its bell
+    /// if it sleeps, when something was published since the last call. Datagrams sent
+    /// but not yet followed by this may wait unseen.
     pub fn wake(&mut self) {
         if !std::mem::take(&mut self.published) {
             return;
         }
-        fence(Ordering::SeqCst);
+        // Sequentially consistent, so that it orders the heads written before it against
+        // the sleepers read after it (the receiver counts itself in, then looks).
+        self.map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
         if self.map.u32(H_SLEEPERS).load(Ordering::SeqCst) != 0 {
             // A write fails only when the FIFO is full, and then the receiver has a wake-up
             // pending anyway.
@@ -570,17 +603,21 @@ impl Outbox {
 }
 
 /// Publishes one entry in `lane` if it has room.
-fn put(map: &Mapping, lane: usize, header: &[u8; ENTRY_HEADER], datagram: &[u8]) -> bool {
+/// `tail` is the consumer's tail as last read: read again only when the lane looks full
+/// (the consumer writes it, so each read is a cache miss).
+fn put(map: &Mapping, lane: usize, tail: &mut u64, header: &[u8; ENTRY_HEADER], datagram: &[u8]) -> bool {
     let at = Mapping::lane(lane);
     let head = map.u64(at + L_HEAD).load(Ordering::Relaxed);
-    let tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
-    if head.wrapping_sub(tail) >= SLOTS as u64 {
-        return false;
+    if head.wrapping_sub(*tail) >= SLOTS as u64 {
+        *tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
+        if head.wrapping_sub(*tail) >= SLOTS as u64 {
+            return false;
+        }
     }
     let entry = Mapping::entry(lane, head);
     map.put(entry, header);
     map.put(entry + ENTRY_HEADER, datagram);
-    map.u64(at + L_HEAD).store(head.wrapping_add(1), Ordering::SeqCst);
+    map.u64(at + L_HEAD).store(head.wrapping_add(1), Ordering::Release);
     true
 }
 
@@ -653,6 +690,14 @@ mod tests {
         }
         assert_eq!(out.backlog(), total - SLOTS, "the lane holds SLOTS, the rest waits in order");
         let mut got = Vec::new();
+        assert_eq!(inbox.receive(64, |_, _, _| {}), 0, "nothing is seen before the batch ends");
+        let mut looks = 2;
+        while inbox.receive(1, |_, _, _| {}) == 0 {
+            looks += 1;
+        }
+        assert_eq!(looks, 64, "but the 64th look reads the lanes");
+        got.push((0, 1, 0));
+        out.wake();
         while got.len() < total {
             let n = inbox.receive(64, |e, _, d| {
                 let Envelope::V4(v4) = e else { panic!("family changed") };
@@ -660,6 +705,7 @@ mod tests {
             });
             assert!(n > 0 || out.backlog() > 0, "nothing received and nothing left to send");
             out.flush();
+            out.wake();
         }
         for (i, g) in got.iter().enumerate() {
             assert_eq!(*g, (i as u16, 1 + i % 4096, (i % 251) as u8), "datagram {i}");
