@@ -343,6 +343,8 @@ pub(crate) struct State {
     inbox_last: Option<Instant>,
     /// The CQ whose empty poll last received in the application's thread, and when.
     app_rx_last: Option<(u32, Instant)>,
+    /// Empty application polls in a row (nothing received, nothing completed).
+    pub(crate) app_empty_polls: u32,
     /// Receive batches that held datagrams, since the device opened.
     rx_batches: u64,
     /// The counters published for `softrdma stats`.
@@ -598,6 +600,7 @@ impl Driver {
             rx_passes: 0,
             inbox_last: None,
             app_rx_last: None,
+            app_empty_polls: 0,
             rx_batches: 0,
             stats: Publisher::open(&device, options.port),
             same_host,
