@@ -279,7 +279,15 @@ fn passive_target_process_sleeps_while_writes_and_reads_complete() {
     let mut got = vec![0u8; 65536];
     a.mr.read(0, &mut got).unwrap();
     assert_eq!(got, pattern(1 << 20, 0xaa)[..65536]);
-    a.mr.write(0, &pattern(65536, 3)).unwrap();
+    write_and_check(&a, &peer, &mut target, 3);
+    target.close_stdin();
+    assert!(target.wait_success(WAIT));
+}
+
+/// WRITEs to `peer`'s buffer (16 × 64 KiB of `seed`'s pattern), each checked there.
+fn write_and_check(a: &Side, peer: &Advert, target: &mut ChildProc, seed: u64) {
+    let sge = [a.mr.sge(0..65536).unwrap()];
+    a.mr.write(0, &pattern(65536, seed)).unwrap();
     for i in 0..16u64 {
         let op = SendOp::RdmaWrite { remote_addr: peer.addr + i * 65536, rkey: peer.rkey() };
         a.qp.post_send(&[wr(i, op, &sge)]).unwrap();
@@ -288,11 +296,41 @@ fn passive_target_process_sleeps_while_writes_and_reads_complete() {
         assert_eq!(wc.status, WcStatus::Success);
     }
     for i in 0..16 {
-        target.send_line(&format!("CHECK {} 65536 3", i * 65536));
+        target.send_line(&format!("CHECK {} 65536 {seed}", i * 65536));
         assert_eq!(target.expect_line("CHECK", WAIT), "CHECK ok", "block {i}");
     }
-    target.close_stdin();
-    assert!(target.wait_success(WAIT));
+}
+
+/// The names in `/dev/shm` of the same-host inbox (and its bell) of `slot` on `port`.
+fn inbox_files(port: u16, slot: u32) -> Vec<String> {
+    let suffix = format!(".lo.{port}.{slot}");
+    std::fs::read_dir("/dev/shm")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("softrdma.") && (n.ends_with(&suffix) || n.ends_with(&format!("{suffix}.bell"))))
+        .collect()
+}
+
+#[test]
+fn processes_write_through_shared_memory_and_an_exiting_one_removes_its_inbox() {
+    let port = test_port();
+    let mut first = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);
+    let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut first);
+    let slot = peer.qpn >> 13;
+    assert_eq!(inbox_files(port, slot).len(), 2, "the target's inbox and bell: {:?}", inbox_files(port, slot));
+    write_and_check(&a, &peer, &mut first, 3);
+    let c = a.ctx.counters();
+    assert!(c.same_host_sent >= 256 && c.same_host_sent == c.engine.sent_packets, "{c:?}");
+    first.close_stdin();
+    assert!(first.wait_success(WAIT));
+    assert_eq!(inbox_files(port, slot), Vec::<String>::new(), "an exiting process removes its inbox");
+    // The next process is reached the same way.
+    let mut second = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);
+    let (b, peer2) = local_initiator([127, 0, 0, 1], port, &mut second);
+    write_and_check(&b, &peer2, &mut second, 5);
+    assert!(b.ctx.counters().same_host_sent >= 256, "{:?}", b.ctx.counters());
+    second.close_stdin();
+    assert!(second.wait_success(WAIT));
 }
 
 #[test]
