@@ -441,6 +441,12 @@ fn run(shared: &Shared) {
             // The same process hung up on the last hello, alive (it still holds the name):
             // it does not speak that layout.
             let layout = match hung_up {
+                Some((pid, _)) if pid == coordinator && process_gone(pid) => {
+                    // It hung up because it is going: its name will be free in a moment.
+                    hung_up = None;
+                    std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
+                    continue;
+                }
                 Some((pid, Layout::Join)) if pid == coordinator && shared.speaks.legacy() => Layout::Legacy,
                 Some((pid, layout)) if pid == coordinator => {
                     return fail(shared, io::ErrorKind::ConnectionRefused, hung_up_on(shared, pid, layout));
@@ -630,13 +636,23 @@ fn process(pid: u32) -> String {
     }
 }
 
-/// Whether process `pid` is stopped (SIGSTOP, or a debugger holds it): `/proc/PID/stat`'s
-/// state `T` or `t`.
-fn process_stopped(pid: u32) -> bool {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+/// Process `pid`'s state letter in `/proc/PID/stat`; `None` when there is no such process.
+fn process_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (in parentheses) may hold spaces; the state follows it.
-    let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
-    matches!(state, Some('T' | 't'))
+    stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next())
+}
+
+/// Whether process `pid` is stopped (SIGSTOP, or a debugger holds it): state `T` or `t`.
+fn process_stopped(pid: u32) -> bool {
+    matches!(process_state(pid), Some('T' | 't'))
+}
+
+/// Whether process `pid` is gone or exiting (a zombie, or dead): a coordinator's name can
+/// outlive it for a moment, in its last instants or in a child of `fork` that inherited its
+/// listening socket (and answers nothing).
+fn process_gone(pid: u32) -> bool {
+    matches!(process_state(pid), None | Some('Z' | 'X' | 'x'))
 }
 
 /// "host protocol 3", "host protocols 2 to 3", for messages.
