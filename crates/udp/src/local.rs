@@ -25,6 +25,11 @@
 //! sees the other: no wake-up is lost. A count, not a flag: two threads of the receiver may
 //! take turns watching the bell, and one waking must not unregister the other.
 //!
+//! **Memory.** An inbox file is 18 MB, sparse: its headers' pages are allocated when it is
+//! made, a lane's (1.1 MB) when a sender claims it (`fallocate`, so that a full `/dev/shm`
+//! refuses the lane, and the sender stays on the sockets, instead of killing a process with
+//! SIGBUS when a page is first touched).
+//!
 //! **Who can use it.** Only processes of the inbox owner's user can open its files
 //! ([`Outbox::open`] also refuses files another user owns), as file permissions decide, so
 //! Yama's `ptrace_scope` and other ptrace rules do not matter. A process of the same user
@@ -344,6 +349,9 @@ impl Inbox {
         )?;
         let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
         file.set_len(INBOX_BYTES as u64)?;
+        // The headers' pages now (lanes' pages as senders claim them): a page of a full
+        // /dev/shm first touched through the mapping would be SIGBUS, not an error.
+        rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, ENTRIES_AT as u64)?;
         let ino = file.metadata()?.ino();
         let map = Arc::new(Mapping::new(&file)?);
         map.u32(H_VERSION).store(VERSION, Ordering::Relaxed);
@@ -536,6 +544,13 @@ impl Outbox {
         let me = my_pid();
         let lane = claim(&map, me)
             .ok_or_else(|| io::Error::new(io::ErrorKind::WouldBlock, "every lane of the inbox is taken"))?;
+        // The lane's pages, before any is written through the mapping (where a full
+        // /dev/shm would be SIGBUS): no room, no lane.
+        let entries = Mapping::entry(lane, 0) as u64;
+        if let Err(e) = rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), entries, (SLOTS * ENTRY) as u64) {
+            map.u32(Mapping::lane(lane) + L_OWNER).store(0, Ordering::Release);
+            return Err(e.into());
+        }
         let tail = map.u64(Mapping::lane(lane) + L_TAIL).load(Ordering::Acquire);
         Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), published: false, tail })
     }
