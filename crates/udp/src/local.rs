@@ -547,7 +547,9 @@ impl Outbox {
         // The lane's pages, before any is written through the mapping (where a full
         // /dev/shm would be SIGBUS): no room, no lane.
         let entries = Mapping::entry(lane, 0) as u64;
-        if let Err(e) = rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), entries, (SLOTS * ENTRY) as u64) {
+        if let Err(e) =
+            rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), entries, (SLOTS * ENTRY) as u64)
+        {
             map.u32(Mapping::lane(lane) + L_OWNER).store(0, Ordering::Release);
             return Err(e.into());
         }
