@@ -36,7 +36,7 @@ use std::hash::BuildHasher;
 use std::io;
 use std::net::IpAddr;
 use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -46,6 +46,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags, Timespec};
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
+use crate::fork::ParentOnly;
 use crate::{Config, ROCEV2_PORT, RecvBatch, RoceSocket};
 use proto::{Envelope, Speaks, ToCoord, ToMember};
 
@@ -111,7 +112,7 @@ struct Shared {
     /// The versions this member speaks.
     speaks: Speaks,
     /// The connection to the coordinator, for [`Member::answer_probe`].
-    conn: Mutex<Option<Arc<OwnedFd>>>,
+    conn: Mutex<Option<Arc<ParentOnly>>>,
     state: Mutex<State>,
     cond: Condvar,
     wake_tx: UnixDatagram,
@@ -132,9 +133,9 @@ struct Shared {
 /// The sockets a member holds for the coordinator ([`ToMember::Hold`]).
 #[derive(Default)]
 struct Held {
-    set: Vec<OwnedFd>,
+    set: Vec<ParentOnly>,
     /// The records of the generation being received.
-    pending: Vec<OwnedFd>,
+    pending: Vec<ParentOnly>,
     generation: u64,
 }
 
@@ -344,7 +345,9 @@ impl Drop for Member {
     }
 }
 
-fn connect(name: &[u8]) -> io::Result<OwnedFd> {
+/// The connection to the coordinator: a child of `fork` must not hold it, or the
+/// coordinator would not see this member leave.
+fn connect(name: &[u8]) -> io::Result<ParentOnly> {
     let fd = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -352,7 +355,7 @@ fn connect(name: &[u8]) -> io::Result<OwnedFd> {
         None,
     )?;
     rustix::net::connect(&fd, &SocketAddrUnix::new_abstract_name(name)?)?;
-    Ok(fd)
+    Ok(ParentOnly::new(fd))
 }
 
 fn fail(shared: &Shared, kind: io::ErrorKind, msg: String) {
@@ -368,7 +371,7 @@ fn fail(shared: &Shared, kind: io::ErrorKind, msg: String) {
 ///
 /// In `layout`: a [`Join`](ToCoord::Join) of this member's version, or protocol 2's
 /// [`Hello`](ToCoord::Hello) (to a coordinator that hung up on a `Join`).
-fn hello(shared: &Shared, conn: &OwnedFd, layout: Layout) -> io::Result<()> {
+fn hello(shared: &Shared, conn: &ParentOnly, layout: Layout) -> io::Result<()> {
     let listeners: Vec<u64> = shared.state().listeners.iter().copied().collect();
     let mut held = shared.held.lock().unwrap_or_else(|e| e.into_inner());
     let (slot, sockets) = (shared.slot.load(Ordering::Relaxed), shared.sockets.len() as u32);
@@ -403,7 +406,7 @@ fn hello(shared: &Shared, conn: &OwnedFd, layout: Layout) -> io::Result<()> {
 /// when this member holds the name.
 fn run(shared: &Shared) {
     let mut server: Option<coord::Server> = None;
-    let mut conn: Option<Arc<OwnedFd>> = None;
+    let mut conn: Option<Arc<ParentOnly>> = None;
     let mut link: Option<Link> = None;
     // The coordinator that hung up on this member's hello without answering it, and that
     // hello's layout: a coordinator of protocol 1 or 2 (which cannot decode a `Join`), or
@@ -534,7 +537,7 @@ fn run(shared: &Shared) {
                                 held.pending.clear();
                                 held.generation = generation;
                             }
-                            held.pending.extend(fds);
+                            held.pending.extend(fds.into_iter().map(ParentOnly::new));
                             if done {
                                 // The new set is held before the old one closes: a socket
                                 // in both never leaves its group.
@@ -544,7 +547,8 @@ fn run(shared: &Shared) {
                             }
                         }
                         Some(ToMember::Keep) => {
-                            shared.held.lock().unwrap_or_else(|e| e.into_inner()).set = fds;
+                            shared.held.lock().unwrap_or_else(|e| e.into_inner()).set =
+                                fds.into_iter().map(ParentOnly::new).collect();
                         }
                         Some(ToMember::Refused { oldest, envelope }) => {
                             fail(shared, io::ErrorKind::ConnectionRefused, refused(shared, oldest, &envelope));

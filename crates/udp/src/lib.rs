@@ -128,13 +128,16 @@
 #[allow(unsafe_code)]
 mod sys;
 
+#[allow(unsafe_code)]
+mod fork;
+
 pub mod host;
 #[allow(unsafe_code)]
 pub mod local;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
@@ -246,7 +249,10 @@ impl<'a> Outgoing<'a> {
 /// (the kernel serialises the syscalls).
 #[derive(Debug)]
 pub struct RoceSocket {
-    socket: Socket,
+    /// Closed in children of `fork` ([`fork::ParentOnly`]): a copy there would stay in the
+    /// port's reuseport group after this process closed it, at an index the coordinator
+    /// took for free.
+    socket: fork::ParentOnly,
     local: SocketAddr,
     gro: bool,
     /// [`Config::scope_id`]: the scope of link-local destinations.
@@ -356,7 +362,12 @@ impl RoceSocket {
         }
         socket.bind(&addr.into())?;
         let local = socket.local_addr()?.as_socket().ok_or_else(|| invalid("bound to a non-IP address"))?;
-        Ok(Self { socket, local, gro: config.gro, scope_id: config.scope_id.filter(|&s| s != 0) })
+        Ok(Self {
+            socket: fork::ParentOnly::new(OwnedFd::from(socket)),
+            local,
+            gro: config.gro,
+            scope_id: config.scope_id.filter(|&s| s != 0),
+        })
     }
 
     /// The bound address and port (the real port when [`Config::port`] was 0), with its
@@ -384,7 +395,7 @@ impl RoceSocket {
     /// The socket's receive buffer size as the kernel reports it (twice what was set:
     /// the kernel counts its bookkeeping).
     pub fn recv_buffer_size(&self) -> io::Result<usize> {
-        self.socket.recv_buffer_size()
+        socket2::SockRef::from(&self.socket).recv_buffer_size()
     }
 
     /// The envelope of a datagram from this socket to `dst`: this socket's address and

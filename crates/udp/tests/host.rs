@@ -1,6 +1,8 @@
 //! Many processes, one host: real member processes (this test binary, re-executed) join a
 //! device on 127.0.0.1 and the kernel steers datagrams to them by the installed program.
 #![allow(clippy::print_stdout)]
+// fork(2), for a child that holds copies of the descriptors and none of the threads.
+#![allow(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::BuildHasher;
@@ -856,4 +858,56 @@ fn a_stopped_coordinator_fails_joins_fast_and_names_itself() {
     let late = Proc::spawn(&device, port, &[]);
     let s = sender();
     wait_steered(&s, port, &[&c, &m, &late], Duration::from_secs(2), 1);
+}
+
+/// Forks a child that only sleeps for `secs` and exits: a process that lives on with copies
+/// of every descriptor and none of the threads, as Python's `multiprocessing` players do.
+fn fork_sleeper(secs: u32) -> libc::pid_t {
+    // SAFETY: the child calls only sleep and _exit, which are async-signal-safe.
+    let child = unsafe { libc::fork() };
+    if child == 0 {
+        // SAFETY: as above; _exit never returns.
+        unsafe {
+            libc::sleep(secs);
+            libc::_exit(0);
+        }
+    }
+    assert!(child > 0, "fork");
+    child
+}
+
+fn end_child(child: libc::pid_t) {
+    // SAFETY: signals and reaps the child this test forked.
+    unsafe {
+        libc::kill(child, libc::SIGKILL);
+        libc::waitpid(child, std::ptr::null_mut(), 0);
+    }
+}
+
+#[test]
+fn a_child_of_fork_keeps_no_socket_or_coordination_of_its_parent() {
+    let (device, port) = group();
+    let config = HostConfig { device, port, socket: Config::default() };
+    let first = Member::join(&[LOCALHOST], &config).unwrap();
+    assert!(first.is_coordinator());
+    let child = fork_sleeper(30);
+    // The member and its coordinator go; the child's copies of their descriptors must not
+    // keep the name bound or the sockets in the group.
+    drop(first);
+    let started = Instant::now();
+    let second = Member::join(&[LOCALHOST], &config);
+    let took = started.elapsed();
+    end_child(child);
+    let second = second.expect("a member joins while the forked child lives");
+    assert!(second.is_coordinator(), "it coordinates: the old name was free");
+    assert!(took < Duration::from_secs(2), "joined in {took:?}");
+    // Its QPNs reach it.
+    let s = sender();
+    let mut batch = RecvBatch::new(8, 2048);
+    let qpn = second.qpn_range().start;
+    let got = (0..50).any(|i| {
+        s.send_to(&data_packet(qpn, 0xfeed + i), (LOCALHOST, port)).unwrap();
+        matches!(second.sockets()[0].recv_timeout(&mut batch, Duration::from_millis(20)), Ok(n) if n > 0)
+    });
+    assert!(got, "a datagram to its QPN reaches its socket");
 }

@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::fork::ParentOnly;
 use std::time::{Duration, Instant};
 
 use rustix::event::PollFlags;
@@ -68,7 +70,7 @@ const HOLD_RETRY: Duration = Duration::from_millis(10);
 /// A socket the coordinator holds.
 struct Sock {
     addr: SocketAddr,
-    fd: OwnedFd,
+    fd: ParentOnly,
     ino: Ino,
 }
 
@@ -76,13 +78,13 @@ impl Sock {
     fn new(fd: OwnedFd, port: u16) -> Option<Sock> {
         let addr = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket())?;
         let ino = inode(&fd)?;
-        (addr.port() == port).then_some(Sock { addr, fd, ino })
+        (addr.port() == port).then_some(Sock { addr, fd: ParentOnly::new(fd), ino })
     }
 }
 
 struct Conn {
     id: u64,
-    fd: OwnedFd,
+    fd: ParentOnly,
     /// The member's process (from its hello).
     pid: u32,
     /// Re-claimed its slot after a failover: it may be steered by the previous
@@ -145,7 +147,7 @@ impl Round {
 
 /// The coordinator's state, driven by the member's background thread.
 pub(crate) struct Server {
-    listener: OwnedFd,
+    listener: ParentOnly,
     port: u16,
     /// The versions it speaks, and what it tells a process it refuses.
     speaks: Speaks,
@@ -196,7 +198,7 @@ impl Server {
         }
         rustix::net::listen(&fd, 1024)?;
         Ok(Some(Self {
-            listener: fd,
+            listener: ParentOnly::new(fd),
             port,
             speaks,
             me: Envelope::me(speaks.newest()),
@@ -311,7 +313,7 @@ impl Server {
                     self.next_conn += 1;
                     self.conns.push(Conn {
                         id,
-                        fd,
+                        fd: ParentOnly::new(fd),
                         pid: 0,
                         reclaimed: false,
                         slot: 0,
