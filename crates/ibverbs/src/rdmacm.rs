@@ -53,6 +53,8 @@ struct IdC {
     /// resources, initiator depth): what `rdma_accept(id, NULL)` accepts with, as
     /// librdmacm's `ucma_process_conn_req` keeps them.
     request_depths: Option<(u8, u8)>,
+    /// `rdma_set_local_ece`'s vendor ID and options.
+    local_ece: (u32, u32),
 }
 
 /// An `rdma_cm_event` and the private data it points at.
@@ -226,6 +228,7 @@ fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, 
         owns_send_cq: false,
         owns_recv_cq: false,
         request_depths: None,
+        local_ece: (0, 0),
     }));
     IDS.lock().unwrap_or_else(PoisonError::into_inner).push((key, p as usize));
     p
@@ -1256,6 +1259,51 @@ unsafe extern "C" fn get_dst_port(id: *mut RdmaCmId) -> u16 {
 }
 export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", get_dst_port);
 
+// ---- Enhanced Connection Establishment ---------------------------------------------------
+
+/// `struct ibv_ece`.
+#[repr(C)]
+struct IbvEce {
+    vendor_id: u32,
+    options: u32,
+    comp_mask: u32,
+}
+
+/// `rdma_set_local_ece`: kept as librdmacm keeps it (EINVAL as there: no ID or ECE, an ID
+/// with a QP, vendor ID 0, a comp_mask). softrdma's QPs have no ECE options to agree on
+/// (`ibv_query_ece` and `ibv_set_ece` answer EOPNOTSUPP, as rxe's), so it is not sent.
+unsafe extern "C" fn set_local_ece(id: *mut RdmaCmId, ece: *mut IbvEce) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; ece is the caller's or NULL.
+        let (Some(i), Some(e)) = (unsafe { id_mut(id) }, unsafe { ece.as_ref() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if !i.id.qp.is_null() || e.vendor_id == 0 || e.comp_mask != 0 {
+            return fail_with(libc::EINVAL);
+        }
+        i.local_ece = (e.vendor_id, e.options);
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_set_local_ece", "SOFTRDMA_PRIVATE_1", set_local_ece);
+
+/// `rdma_get_remote_ece`: the peer's ECE, all zero: no ECE comes over softrdma's CM, as from
+/// a peer that sets none (a program then keeps its QP's defaults). EINVAL as librdmacm's.
+unsafe extern "C" fn get_remote_ece(id: *mut RdmaCmId, ece: *mut IbvEce) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; ece is the caller's or NULL.
+        let (Some(i), Some(e)) = (unsafe { id_mut(id) }, unsafe { ece.as_mut() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if !i.id.qp.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        *e = IbvEce { vendor_id: 0, options: 0, comp_mask: 0 };
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_get_remote_ece", "SOFTRDMA_PRIVATE_1", get_remote_ece);
+
 // ---- not done yet ----------------------------------------------------------------------
 
 /// Not supported yet: -1 with `errno = ENOSYS` (for the calls returning `int`, `ssize_t`
@@ -1278,7 +1326,5 @@ enosys!(
     "softrdma_rdmacm_rdma_join_multicast_ex",
     "softrdma_rdmacm_rdma_leave_multicast",
     "softrdma_rdmacm_rdma_notify",
-    "softrdma_rdmacm_rdma_get_remote_ece",
-    "softrdma_rdmacm_rdma_set_local_ece",
     "softrdma_rdmacm_rdma_reject_ece",
 );

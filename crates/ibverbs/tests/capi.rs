@@ -58,6 +58,11 @@ fn rdma_get_src_and_dst_port_read_the_ids_addresses() {
 }
 
 #[test]
+fn rdma_set_local_ece_and_get_remote_ece_behave_as_librdmacms() {
+    passes("ece");
+}
+
+#[test]
 fn rdma_set_option_sets_the_tos_and_the_ack_timeout() {
     passes("set_option");
 }
