@@ -6,8 +6,9 @@
 #
 # The suite is used as it is, never copied into this project: from
 # $SOFTRDMA_RDMA_CORE_TESTS (a directory holding rdma-core's tests/), else the shared
-# reference copy beside this checkout (../shared/conformance/rdma-core-v44.0), else
-# rdma-core's v44.0 release downloaded from GitHub into a temporary directory.
+# reference copy beside this checkout (../shared/conformance/rdma-core-v44.0), else the
+# release downloaded (Debian's source tarball, or rdma-core's tag on GitHub) into a
+# temporary directory; with none of them it says SKIP.
 #
 # The device: softrdma over one end of a veth pair in a network namespace this script makes
 # (10.77.0.1/24), as kernel rxe runs over an Ethernet interface; softrdma_lo's 127.0.0.1 is
@@ -43,11 +44,16 @@ if [ -z "$suite" ] && [ -d ../shared/conformance/rdma-core-v44.0/tests ]; then
     suite=$(cd ../shared/conformance/rdma-core-v44.0 && pwd)
 fi
 if [ -z "$suite" ]; then
-    url=https://github.com/linux-rdma/rdma-core/archive/refs/tags/v44.0.tar.gz
-    if curl -fsSL --max-time 120 "$url" | tar -xz -C "$work" rdma-core-44.0/tests 2>/dev/null; then
-        suite=$work/rdma-core-44.0
-    else
-        line "rdma-core suite" "SKIP could not download $url"
+    # Debian's source of the release python3-pyverbs was built from, else rdma-core's tag.
+    for url in http://deb.debian.org/debian/pool/main/r/rdma-core/rdma-core_44.0.orig.tar.gz \
+        https://github.com/linux-rdma/rdma-core/archive/refs/tags/v44.0.tar.gz; do
+        if curl -fsSL --max-time 120 "$url" 2>/dev/null | tar -xz -C "$work" rdma-core-44.0/tests 2>/dev/null; then
+            suite=$work/rdma-core-44.0
+            break
+        fi
+    done
+    if [ -z "$suite" ]; then
+        line "rdma-core suite" "SKIP no copy of rdma-core 44.0's tests/ (none beside the checkout, no download)"
         exit 0
     fi
 fi
