@@ -558,6 +558,40 @@ impl Engine {
         }
     }
 
+    /// `ibv_rereg_mr`: moves the region `lkey` names to another PD, another range or other
+    /// access rights (each `None` keeps what it had); its keys stay. Checked as `reg_mr`
+    /// checks a new region; nothing changes on an error. Every packet and WR is checked
+    /// against the region as it is when it arrives, so what was in flight meets the new
+    /// rights.
+    pub fn rereg_mr(
+        &mut self,
+        lkey: LKey,
+        pd: Option<PdId>,
+        range: Option<(u64, u64)>,
+        access: Option<Access>,
+    ) -> Result<(), VerbsError> {
+        let index = *self.shared.lkeys.get(&lkey.0).ok_or(VerbsError::NotFound { kind: "MR", id: lkey.0 })?;
+        let mr = &self.shared.mrs[index];
+        let (old_pd, (addr, length), access) =
+            (mr.pd, range.unwrap_or((mr.addr, mr.length)), access.unwrap_or(mr.access));
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(invalid("REMOTE_WRITE and REMOTE_ATOMIC need LOCAL_WRITE too (IBA 10.6.3.1)"));
+        }
+        if addr.checked_add(length).is_none() {
+            return Err(invalid(format!("the region {addr:#x} + {length} wraps around the address space")));
+        }
+        let new_pd = pd.unwrap_or(old_pd);
+        if new_pd != old_pd {
+            self.pd_use(new_pd, 1)?;
+            self.pd_use(old_pd, -1)?;
+        }
+        let mr = &mut self.shared.mrs[index];
+        (mr.pd, mr.addr, mr.length, mr.access) = (new_pd, addr, length, access);
+        Ok(())
+    }
+
     /// `ibv_dereg_mr`. Afterwards no access through its keys succeeds: the engine checks
     /// keys on every packet, so nothing in flight can reach the memory once this returns.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), VerbsError> {

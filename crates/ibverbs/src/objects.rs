@@ -187,6 +187,50 @@ unsafe extern "C" fn reg_mr_iova2(pd: *mut IbvPd, addr: *mut c_void, len: usize,
 }
 export!("ibv_reg_mr_iova2", "IBVERBS_1.8", reg_mr_iova2);
 
+/// `IBV_REREG_MR_CHANGE_TRANSLATION`, `_CHANGE_PD`, `_CHANGE_ACCESS`, `_KEEP_VALID`.
+const REREG_FLAGS: c_int = 1 | 2 | 4 | 8;
+/// `enum ibv_rereg_mr_err_code`: bad input; the command failed.
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: new access rights for a region, its keys kept. Input errors (EINVAL) as
+/// libibverbs's: no flag, an unknown flag, a translation without address or length, a PD
+/// change without a PD. A new PD or range is not done yet: `IBV_REREG_MR_ERR_INPUT` with
+/// EOPNOTSUPP, which rdma-core's tests take for "not supported" (rxe takes no new range).
+unsafe extern "C" fn rereg_mr(
+    mr: *mut IbvMr,
+    flags: c_int,
+    pd: *mut IbvPd,
+    addr: *mut c_void,
+    length: usize,
+    access_flags: c_int,
+) -> c_int {
+    guard(REREG_ERR_CMD, || {
+        let (translation, change_pd) = (flags & 1 != 0, flags & 2 != 0);
+        if mr.is_null()
+            || flags & !REREG_FLAGS != 0
+            || flags & 7 == 0
+            || (translation && (addr.is_null() || length == 0))
+            || (change_pd && pd.is_null())
+        {
+            errno::set(libc::EINVAL);
+            return REREG_ERR_INPUT;
+        }
+        if translation || change_pd {
+            errno::set(libc::EOPNOTSUPP);
+            return REREG_ERR_INPUT;
+        }
+        // SAFETY: mr came from ibv_reg_mr (a live MrC, the caller's to change).
+        let m = unsafe { &mut *(mr as *mut MrC) };
+        if let Err(e) = m.inner.rereg_access(access(access_flags)) {
+            errno::fail(&e);
+            return REREG_ERR_CMD;
+        }
+        0
+    })
+}
+export!("ibv_rereg_mr", "IBVERBS_1.1", rereg_mr);
+
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
     // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.
     unsafe { destroy::<IbvMr, MrC>(mr) }

@@ -161,13 +161,12 @@ export!("ibv_detach_mcast", "IBVERBS_1.1", int_eopnotsupp);
 export!("ibv_query_ece", "IBVERBS_1.10", int_eopnotsupp);
 export!("ibv_set_ece", "IBVERBS_1.10", int_eopnotsupp);
 
-/// Not supported yet: returns -1 with `errno = EOPNOTSUPP` (`ibv_rereg_mr`'s
-/// `IBV_REREG_MR_ERR_INPUT`, `ibv_resolve_eth_l2_from_gid`'s failure).
+/// Not supported yet: returns -1 with `errno = EOPNOTSUPP` (`ibv_resolve_eth_l2_from_gid`'s
+/// failure).
 unsafe extern "C" fn minus_one_eopnotsupp() -> c_int {
     errno::set(libc::EOPNOTSUPP);
     -1
 }
-export!("ibv_rereg_mr", "IBVERBS_1.1", minus_one_eopnotsupp);
 export!("ibv_resolve_eth_l2_from_gid", "IBVERBS_1.1", minus_one_eopnotsupp);
 
 /// No-ops: the `unimport` calls of objects that cannot be imported, and the converters of

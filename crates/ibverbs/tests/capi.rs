@@ -58,6 +58,11 @@ fn rdma_get_src_and_dst_port_read_the_ids_addresses() {
 }
 
 #[test]
+fn rereg_mr_changes_access_rights_and_keeps_the_keys() {
+    passes("rereg_mr");
+}
+
+#[test]
 fn rdma_set_local_ece_and_get_remote_ece_behave_as_librdmacms() {
     passes("ece");
 }

@@ -431,6 +431,13 @@ impl RawMr {
     }
 }
 
+impl RawMr {
+    /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`: other access rights, the keys kept.
+    pub fn rereg_access(&mut self, access: Access) -> Result<()> {
+        Ok(self.pd.ctx.drv.shared.lock().nic.engine_mut().rereg_mr(self.keys.lkey, None, None, Some(access))?)
+    }
+}
+
 impl Drop for RawMr {
     fn drop(&mut self) {
         let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey);
