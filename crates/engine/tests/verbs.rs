@@ -667,6 +667,28 @@ fn pd_with_live_mrs_cannot_be_deallocated() {
 }
 
 #[test]
+fn rereg_mr_moves_a_region_between_pds_and_refuses_what_reg_mr_refuses() {
+    let mut engine = Engine::new(DeviceConfig::default());
+    let (old, new) = (engine.alloc_pd(), engine.alloc_pd());
+    let keys = engine.reg_mr(old, BASE, 4096, Access::LOCAL_WRITE).unwrap();
+    let err = engine.rereg_mr(keys.lkey, None, None, Some(Access::REMOTE_WRITE)).unwrap_err();
+    assert!(err.to_string().contains("LOCAL_WRITE"), "{err}");
+    let err = engine.rereg_mr(keys.lkey, Some(new), Some((u64::MAX - 1, 4096)), None).unwrap_err();
+    assert!(err.to_string().contains("wraps"), "{err}");
+    engine.dealloc_pd(new).unwrap(); // a refused rereg left the new PD unused
+    let new = engine.alloc_pd();
+    engine.rereg_mr(keys.lkey, Some(new), Some((BASE + 4096, 8192)), None).unwrap();
+    engine.dealloc_pd(old).unwrap(); // the region left it
+    assert!(matches!(engine.dealloc_pd(new), Err(VerbsError::Busy(_))), "the region is the new PD's");
+    assert!(matches!(
+        engine.rereg_mr(LKey(keys.lkey.0 ^ 1), None, None, Some(Access::LOCAL_WRITE)),
+        Err(VerbsError::NotFound { kind: "MR", .. })
+    ));
+    engine.dereg_mr(keys.lkey).unwrap();
+    engine.dealloc_pd(new).unwrap();
+}
+
+#[test]
 fn solicited_only_cq_wakes_for_an_error_completion() {
     let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
     pair.a.post_recv(1, 0x100, 64);
