@@ -422,6 +422,17 @@ pub(crate) struct Shared {
     pid: u32,
 }
 
+/// What [`Shared::watch_bell`] did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Bell {
+    /// No inbox, or this thread does not watch it.
+    Unwatched,
+    /// The thread counts among the inbox's sleepers and polls the bell.
+    Watched,
+    /// A packet waits in the inbox: do not sleep.
+    Pending,
+}
+
 /// An open device: the engine, its sockets and its progress thread.
 pub(crate) struct Driver {
     pub(crate) shared: Arc<Shared>,
@@ -845,23 +856,12 @@ impl Shared {
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len());
             fds.push(PollFd::new(fd, PollFlags::IN));
             fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
-            // Rung by another process of the host once this thread counts among the inbox's
-            // sleepers: it takes the packet, as from a socket.
-            let mut bell = None;
-            let mut inbox_pending = false;
-            if let (Some(fd), Some(sleepers)) = (&self.inbox_bell, &self.inbox_sleepers) {
-                if sleepers.sleep_if_empty() {
-                    fds.push(PollFd::new(fd, PollFlags::IN));
-                    bell = Some(sleepers);
-                } else {
-                    inbox_pending = true;
-                }
-            }
+            // Rung by another process of the host: this thread takes the packet, as from a
+            // socket.
+            let bell = self.watch_bell(&mut fds);
             let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
-            let ready = if inbox_pending { 1 } else { poll(&mut fds, left) };
-            if let Some(sleepers) = bell {
-                sleepers.awake();
-            }
+            let ready = if bell == Bell::Pending { 1 } else { poll(&mut fds, left) };
+            self.unwatch_bell(bell);
             if ready == 0 {
                 return; // timed out
             }
@@ -878,6 +878,24 @@ impl Shared {
             if wait_readable(fd, Some(Duration::ZERO)) {
                 return;
             }
+        }
+    }
+
+    /// Before a thread sleeps watching the sockets: counts it among the inbox's sleepers and
+    /// adds the bell to `fds`, unless a packet came through shared memory meanwhile.
+    fn watch_bell<'a>(&'a self, fds: &mut Vec<PollFd<'a>>) -> Bell {
+        let (Some(fd), Some(sleepers)) = (&self.inbox_bell, &self.inbox_sleepers) else { return Bell::Unwatched };
+        if !sleepers.sleep_if_empty() {
+            return Bell::Pending;
+        }
+        fds.push(PollFd::new(fd, PollFlags::IN));
+        Bell::Watched
+    }
+
+    /// Awake again after [`watch_bell`](Self::watch_bell).
+    fn unwatch_bell(&self, bell: Bell) {
+        if let (Bell::Watched, Some(sleepers)) = (bell, &self.inbox_sleepers) {
+            sleepers.awake();
         }
     }
 
@@ -953,32 +971,21 @@ impl Shared {
             };
             fds.clear();
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
-            // Whether this thread counts among the inbox's sleepers (it watches the bell).
-            let mut bell = None;
-            let mut inbox_pending = false;
+            let mut bell = Bell::Unwatched;
             if !app_polling {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
                     fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
-                    if let (Some(fd), Some(sleepers)) = (&self.inbox_bell, &self.inbox_sleepers) {
-                        if sleepers.sleep_if_empty() {
-                            fds.push(PollFd::new(fd, PollFlags::IN));
-                            bell = Some(sleepers);
-                        } else {
-                            inbox_pending = true; // a packet came through shared memory meanwhile
-                        }
-                    }
+                    bell = self.watch_bell(&mut fds);
                 } else {
                     // A thread began to wait on a channel meanwhile: it watches the sockets.
                     self.watching.store(false, Ordering::SeqCst);
                 }
             }
-            if !inbox_pending {
+            if bell != Bell::Pending {
                 poll(&mut fds, timeout);
             }
-            if let Some(sleepers) = bell {
-                sleepers.awake();
-            }
+            self.unwatch_bell(bell);
             self.watching.store(false, Ordering::SeqCst);
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);
@@ -1141,7 +1148,7 @@ impl State {
             let full = self.tx.meta.len() == TX_BATCH;
             self.tx.pair_answers();
             let units = self.tx.gso_runs();
-            self.send_units(port, &units);
+            self.send_units(port, &units, ecn);
             if !full {
                 return any;
             }
@@ -1152,10 +1159,9 @@ impl State {
     /// sends its new request and the ACK it owes in one batch, and the peer, which waits
     /// for the request, should not first be woken by the ACK; each stream keeps its own
     /// order, which is all RC asks), units from one source address in one sendmmsg.
-    fn send_units(&mut self, port: &Port, units: &[(usize, usize, usize); TX_BATCH]) {
-        let State { tx, capture, send_errors, nic, .. } = self;
-        // The ECN bits of every datagram: ECT(0) where congestion control runs.
-        let ecn = if nic.engine().config().congestion.is_some() { ECT0 } else { 0 };
+    /// `ecn`: the ECN bits of every datagram.
+    fn send_units(&mut self, port: &Port, units: &[(usize, usize, usize); TX_BATCH], ecn: u8) {
+        let State { tx, capture, send_errors, .. } = self;
         let live: usize = units.iter().take_while(|x| x.1 > 0).count();
         let mut order = [0usize; TX_BATCH];
         let mut k = 0;
@@ -1296,24 +1302,26 @@ fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>) -> Counte
     }
 }
 
-/// Whether the device takes the same-host path: `SOFTRDMA_SAME_HOST=0` or `1`
-/// ([`crate::SAME_HOST_ENV`]) if set, else [`ContextOptions::same_host`].
-fn same_host(options: &ContextOptions) -> bool {
-    match std::env::var(crate::SAME_HOST_ENV).as_deref() {
+/// A switch any program can be given in the environment: `0` or `1` in `name` if set,
+/// else `option`.
+fn switch(name: &str, option: bool) -> bool {
+    match std::env::var(name).as_deref() {
         Ok("0") => false,
         Ok("1") => true,
-        _ => options.same_host,
+        _ => option,
     }
 }
 
-/// Whether the device runs congestion control: `SOFTRDMA_CONGESTION_CONTROL=0` or `1`
-/// ([`crate::CONGESTION_CONTROL_ENV`]) if set, else [`ContextOptions::congestion_control`].
+/// Whether the device takes the same-host path: [`crate::SAME_HOST_ENV`], else
+/// [`ContextOptions::same_host`].
+fn same_host(options: &ContextOptions) -> bool {
+    switch(crate::SAME_HOST_ENV, options.same_host)
+}
+
+/// Whether the device runs congestion control: [`crate::CONGESTION_CONTROL_ENV`], else
+/// [`ContextOptions::congestion_control`].
 fn congestion_control(options: &ContextOptions) -> bool {
-    match std::env::var(crate::CONGESTION_CONTROL_ENV).as_deref() {
-        Ok("0") => false,
-        Ok("1") => true,
-        _ => options.congestion_control,
-    }
+    switch(crate::CONGESTION_CONTROL_ENV, options.congestion_control)
 }
 
 /// `envelope` with IPv4 identification `id` (what the kernel gives GSO segment `id`).

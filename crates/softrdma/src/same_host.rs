@@ -90,8 +90,8 @@ impl SameHost {
             };
         }
         let Route::Inbox(out) = route else { return false };
-        let traffic_class = if t.traffic_class != 0 { t.traffic_class & !0b11 | ecn } else { ecn };
-        let ip = UdpIpInfo { hop_limit: HOP_LIMIT, traffic_class, flow_label: 0 };
+        // The QP's DSCP with the device's ECN bits, as `send_units` gives a datagram.
+        let ip = UdpIpInfo { hop_limit: HOP_LIMIT, traffic_class: t.traffic_class & !0b11 | ecn, flow_label: 0 };
         if out.send(&t.envelope, ip, datagram).is_err() {
             return false;
         }

@@ -121,20 +121,19 @@ fn sweep() {
     let Ok(prefix) = prefix() else { return };
     let Ok(dir) = std::fs::read_dir("/dev/shm") else { return };
     for entry in dir.flatten() {
-        if !entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix)) {
+        let name = entry.file_name();
+        let Some(name) = name.to_str().filter(|n| n.starts_with(&prefix) && !n.ends_with(".bell")) else {
             continue;
-        }
-        let Ok(file) = OpenOptions::new().read(true).write(true).open(entry.path()) else { continue };
+        };
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(path_of(name)) else { continue };
         if file.metadata().is_ok_and(|m| m.len() == INBOX_BYTES as u64)
             && let Ok(map) = Mapping::new(&file)
             && map.u64(H_MAGIC).load(Ordering::Acquire) == MAGIC
             && is_gone(map.u32(H_PID).load(Ordering::Relaxed))
         {
             map.u32(H_CLOSED).store(1, Ordering::SeqCst);
-            let _ = std::fs::remove_file(entry.path());
-            let mut bell = entry.path().into_os_string();
-            bell.push(".bell");
-            let _ = std::fs::remove_file(bell);
+            let _ = std::fs::remove_file(path_of(name));
+            let _ = std::fs::remove_file(bell_of(name));
         }
     }
 }
