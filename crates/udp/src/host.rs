@@ -65,6 +65,12 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long it waits before it looks whether an unanswering coordinator is stopped.
 const STOPPED_AFTER: Duration = Duration::from_millis(100);
+/// How long one coordinator must keep hanging up on every hello this member can say before
+/// the member takes it for a build of an older host protocol: a coordinator of this one
+/// hangs up unanswered only while its process ends: the kernel closes an ending process's
+/// descriptors in their numeric order, so accepted connections can close before the
+/// listener, and the process is no zombie yet. That takes milliseconds.
+const OLDER_AFTER: Duration = Duration::from_millis(300);
 
 /// The host protocol this build speaks: members of builds that speak another (and no
 /// version in common) cannot share a port; a join fails at once and says which process
@@ -408,10 +414,10 @@ fn run(shared: &Shared) {
     let mut server: Option<coord::Server> = None;
     let mut conn: Option<Arc<ParentOnly>> = None;
     let mut link: Option<Link> = None;
-    // The coordinator that hung up on this member's hello without answering it, and that
-    // hello's layout: a coordinator of protocol 1 or 2 (which cannot decode a `Join`), or
-    // one that just died.
-    let mut hung_up: Option<(u32, Layout)> = None;
+    // The coordinator that hung up on this member's hello without answering it, that
+    // hello's layout, and when it first hung up: a coordinator of protocol 1 or 2 (which
+    // cannot decode a `Join`), or one whose process is ending.
+    let mut hung_up: Option<(u32, Layout, Instant)> = None;
     let mut failover = false;
     let mut buf = vec![0u8; 4096];
     let mut batch = RecvBatch::new(8, 2048);
@@ -444,15 +450,21 @@ fn run(shared: &Shared) {
             // The same process hung up on the last hello, alive (it still holds the name):
             // it does not speak that layout.
             let layout = match hung_up {
-                Some((pid, _)) if pid == coordinator && process_gone(pid) => {
+                Some((pid, ..)) if pid == coordinator && process_gone(pid) => {
                     // It hung up because it is going: its name will be free in a moment.
                     hung_up = None;
                     std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
                     continue;
                 }
-                Some((pid, Layout::Join)) if pid == coordinator && shared.speaks.legacy() => Layout::Legacy,
-                Some((pid, layout)) if pid == coordinator => {
+                Some((pid, Layout::Join, _)) if pid == coordinator && shared.speaks.legacy() => Layout::Legacy,
+                Some((pid, layout, since)) if pid == coordinator && since.elapsed() >= OLDER_AFTER => {
                     return fail(shared, io::ErrorKind::ConnectionRefused, hung_up_on(shared, pid, layout));
+                }
+                Some((pid, ..)) if pid == coordinator => {
+                    // Every layout met a hang-up, but not for long: an ending process's
+                    // coordinator does that too. Say hello again from the start.
+                    std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
+                    if shared.speaks.join_version().is_some() { Layout::Join } else { Layout::Legacy }
                 }
                 _ if shared.speaks.join_version().is_some() => Layout::Join,
                 _ => Layout::Legacy,
@@ -572,7 +584,11 @@ fn run(shared: &Shared) {
                         // a new one and re-register, or say hello in another layout.
                         *shared.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
                         if let Some(l) = link.take().filter(|l| !l.welcomed) {
-                            hung_up = Some((l.coordinator, l.layout));
+                            let since = match hung_up {
+                                Some((pid, _, since)) if pid == l.coordinator => since,
+                                _ => Instant::now(),
+                            };
+                            hung_up = Some((l.coordinator, l.layout, since));
                         }
                         conn = None;
                         failover = true;

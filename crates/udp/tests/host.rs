@@ -839,6 +839,50 @@ fn stuck_processes_do_not_block_joins() {
     signal(&stopped, rustix::process::Signal::CONT);
 }
 
+/// A coordinator whose process is ending hangs up on hellos while its listener is still
+/// open (the kernel closes an ending process's descriptors in numeric order, accepted
+/// connections often first): played here by a listener that hangs up on every connection
+/// for 100 ms from the first, then closes. A newcomer waits it out and coordinates, where it took the
+/// hang-ups for a build of an older host protocol and failed (EIO from the verbs; CI met
+/// it beside a child of `fork` that was exiting).
+#[test]
+fn a_coordinator_hanging_up_as_its_process_ends_is_waited_out() {
+    use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
+    let (device, port) = group();
+    let listener = rustix::net::socket_with(
+        AddressFamily::UNIX,
+        SocketType::SEQPACKET,
+        SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+        None,
+    )
+    .unwrap();
+    rustix::net::bind(&listener, &SocketAddrUnix::new_abstract_name(&coordinator_name(&device, port)).unwrap())
+        .unwrap();
+    rustix::net::listen(&listener, 16).unwrap();
+    let ending = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut first: Option<Instant> = None;
+        let mut hung_up = 0;
+        while first.map_or(start.elapsed() < Duration::from_secs(10), |f| f.elapsed() < Duration::from_millis(100)) {
+            match rustix::net::accept(&listener) {
+                Ok(conn) => {
+                    drop(conn);
+                    first.get_or_insert_with(Instant::now);
+                    hung_up += 1;
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        hung_up
+    });
+    let mut p = Proc::start(&device, port, &[], false);
+    p.await_ready(0, Duration::from_secs(10));
+    let hung_up = ending.join().unwrap();
+    println!("the ending coordinator hung up {hung_up} times");
+    assert!(hung_up >= 2, "the newcomer said hello in both layouts to the ending coordinator");
+    assert!(p.coordinator, "the newcomer coordinates once the name is free");
+}
+
 /// A coordinator that stops answering (SIGSTOP, a debugger) holds the name: nobody else
 /// can coordinate the port. A newcomer fails within a second, naming the process and its
 /// state, instead of waiting 5 s; once it runs again, newcomers join.
