@@ -388,8 +388,10 @@ fn cm_messages_are_steered() {
             s.send_to(p, (LOCALHOST, port)).unwrap();
         }
     }
-    // An unknown service: some member gets it (hash); nobody crashes.
-    s.send_to(&cm_packet(0x10, SERVICE_ID, &7u64.to_be_bytes(), 99), (LOCALHOST, port)).unwrap();
+    // A REQ and a SIDR_REQ for a service nobody listens to: the coordinator, which answers
+    // REJ 8 (SIDR_REP status 1), from whichever source port (not the hash).
+    assert!(a.coordinator);
+    let unlistened = unlistened_reqs(port, 100);
     std::thread::sleep(Duration::from_millis(200));
     let mut got: BTreeMap<u32, BTreeSet<u64>> = BTreeMap::new();
     for p in [&a, &b, &c, &d] {
@@ -401,6 +403,23 @@ fn cm_messages_are_steered() {
             assert_eq!(tags.contains(&tag), slot == want.slot, "tag {tag} at slot {slot}: {got:?}");
         }
     }
+    for (&slot, tags) in &got {
+        let here: BTreeSet<u64> = tags.intersection(&unlistened).copied().collect();
+        assert_eq!(here, if slot == a.slot { unlistened.clone() } else { BTreeSet::new() }, "slot {slot}");
+    }
+}
+
+/// Sends REQs and SIDR_REQs for a service nobody listens to, each from a socket of its own
+/// (another source port, another hash), tagged `round << 32 | i`: their tags.
+fn unlistened_reqs(port: u16, round: u64) -> BTreeSet<u64> {
+    (0..24u64)
+        .map(|i| {
+            let tag = round << 32 | i;
+            let attr = if i % 2 == 0 { 0x10 } else { 0x17 };
+            sender().send_to(&cm_packet(attr, SERVICE_ID, &(7 + i).to_be_bytes(), tag), (LOCALHOST, port)).unwrap();
+            tag
+        })
+        .collect()
 }
 
 fn libc_eaddrinuse() -> i32 {
@@ -428,6 +447,15 @@ fn killed_member_frees_its_slot() {
     wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 200);
     // The dead member's QPNs reach no live member as their own.
     assert!(data_round(&s, port, &procs.iter().collect::<Vec<_>>(), 300, 10));
+    // REQs nobody listens for reach the coordinator, none the dead member's socket, which
+    // the coordinator holds in the group without reading it (hashed, a third were lost
+    // there, each with all its retries: the client waited out its CM timeouts).
+    let want = unlistened_reqs(port, 400);
+    std::thread::sleep(Duration::from_millis(150));
+    for p in &procs {
+        let got: BTreeSet<u64> = tags_of(&p.drain(Duration::ZERO)).into_iter().filter(|t| t >> 32 == 400).collect();
+        assert_eq!(got, if p.coordinator { want.clone() } else { BTreeSet::new() }, "slot {}", p.slot);
+    }
 }
 
 #[test]

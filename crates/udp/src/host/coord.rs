@@ -879,13 +879,21 @@ impl Server {
     fn tables(&self) -> BTreeMap<SocketAddr, Table> {
         let mut tables = BTreeMap::new();
         for (&addr, map) in &self.index_of {
-            let mut t = Table { slots: map.clone(), services: BTreeMap::new() };
+            let mut t = Table { slots: map.clone(), ..Table::default() };
             for c in &self.conns {
                 if let Some(&i) = map.get(&c.slot) {
                     for &s in &c.listeners {
                         t.services.insert(s, i);
                     }
                 }
+            }
+            // REQs nobody listens for go to this process's own socket (it answers REJ 8 for
+            // as long as it coordinates), or to another live member's.
+            let me = std::process::id();
+            let in_group =
+                self.conns.iter().filter_map(|c| Some((c.pid != me, *map.get(&c.slot).filter(|_| c.slot != 0)?)));
+            if let Some((_, i)) = in_group.min() {
+                t.unlistened = i;
             }
             tables.insert(addr, t);
         }

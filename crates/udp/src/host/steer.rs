@@ -76,12 +76,25 @@ const K: u16 = 0x00;
 const RET_A: u16 = 0x10;
 
 /// Where each member's socket sits in one group, and who listens to which service.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Table {
     /// Slot → index in the group.
     pub(crate) slots: BTreeMap<u32, u32>,
     /// Service ID → index of the listener's socket in the group.
     pub(crate) services: BTreeMap<u64, u32>,
+    /// Where a REQ or SIDR_REQ for a service nobody listens to goes: a live member's
+    /// socket, whose CM answers REJ 8 or SIDR_REP status 1 at once. Hashed among the
+    /// group's sockets instead ([`FALLBACK`]), it can land on a gone member's socket that
+    /// the coordinator holds in place, where nobody reads: the REQ and every retry of it
+    /// (same addresses, same hash) would be lost, and the client waits for its CM
+    /// timeouts instead of a REJ.
+    pub(crate) unlistened: u32,
+}
+
+impl Default for Table {
+    fn default() -> Self {
+        Table { slots: BTreeMap::new(), services: BTreeMap::new(), unlistened: FALLBACK }
+    }
 }
 
 impl Table {
@@ -150,8 +163,9 @@ impl Asm {
 /// 1. A probe (magic, then index) goes to the index it carries.
 /// 2. A datagram shorter than a BTH falls back to the hash.
 /// 3. Destination QPN other than 1: slot = QPN >> 13, looked up.
-/// 4. QPN 1, UD_SEND_ONLY, MAD class CM: REQ and SIDR_REQ by service ID (listeners);
-///    SIDR_REP by request ID >> 21; MRA..DREP, LAP, APR by remote comm ID >> 21.
+/// 4. QPN 1, UD_SEND_ONLY, MAD class CM: REQ and SIDR_REQ by service ID (listeners, or
+///    [`Table::unlistened`]); SIDR_REP by request ID >> 21; MRA..DREP, LAP, APR by remote
+///    comm ID >> 21.
 /// 5. Anything else falls back.
 pub(crate) fn program(table: &Table) -> Option<Vec<Insn>> {
     if table.program_len() > MAX_INSNS {
@@ -223,7 +237,7 @@ pub(crate) fn program(table: &Table) -> Option<Vec<Insn>> {
         a.code.push(Insn { code: JMP | JEQ | K, jt: 0, jf: 1, k: service as u32 });
         a.op(RET | K, index);
     }
-    a.op(RET | K, FALLBACK);
+    a.op(RET | K, table.unlistened);
     let code = a.finish();
     debug_assert_eq!(code.len(), table.program_len());
     Some(code)
@@ -358,6 +372,7 @@ pub(crate) mod tests {
             services: [(0x0106_0000_0000_1c06, 3), (0x0106_0000_0000_1c07, 0), (0x0002_0000_0000_1c06, 1)]
                 .into_iter()
                 .collect(),
+            unlistened: 2,
         }
     }
 
@@ -386,8 +401,12 @@ pub(crate) mod tests {
         assert_eq!(svc(0x10, 0x0106_0000_0000_1c06), 3);
         assert_eq!(svc(0x17, 0x0106_0000_0000_1c07), 0);
         assert_eq!(svc(0x10, 0x0002_0000_0000_1c06), 1);
-        assert_eq!(svc(0x10, 0x0106_0000_0000_1c08), FALLBACK);
-        assert_eq!(svc(0x10, 0x0107_0000_0000_1c06), FALLBACK);
+        // Nobody listens: the member that answers REJ 8, or the hash when there is none.
+        assert_eq!(svc(0x10, 0x0106_0000_0000_1c08), 2);
+        assert_eq!(svc(0x17, 0x0107_0000_0000_1c06), 2);
+        let none = Table { unlistened: FALLBACK, ..table() };
+        let code_none = program(&none).unwrap();
+        assert_eq!(run(&code_none, &cm_packet(0x10, SERVICE_ID, &0x0106_0000_0000_1c08u64.to_be_bytes())), FALLBACK);
         let comm = |attr, offset, id: u32| run(&code, &cm_packet(attr, offset, &id.to_be_bytes()));
         for attr in 0x11..=0x1a {
             if attr == 0x17 || attr == 0x18 {
