@@ -47,6 +47,8 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(*mut IbvContext, *const c_void, 
 pub const DEVICE_ATTR_EX_LEN: usize = 400;
 /// `offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex)`.
 pub const PHYS_PORT_CNT_EX_OFFSET: usize = 396;
+/// `verbs_context.create_cq_ex`.
+pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvCqInitAttrEx) -> *mut IbvCqEx;
 /// `verbs_context.create_qp_ex`.
 pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
 
@@ -99,8 +101,12 @@ pub struct IbvContext {
 pub struct VerbsContext {
     /// `query_port` (offset 0).
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` .. `priv`.
-    pub _ops1: [usize; 26],
+    /// `advise_mr` .. `modify_cq`, ...
+    pub _ops1: [usize; 24],
+    /// `create_cq_ex` (200), which the `ibv_create_cq_ex` inline calls.
+    pub create_cq_ex: Option<CreateCqExFn>,
+    /// `priv`.
+    pub _priv: usize,
     /// `query_device_ex` (216), which the `ibv_query_device_ex` inline calls.
     pub query_device_ex: Option<QueryDeviceExFn>,
     /// `ibv_destroy_flow` .. `open_qp`.
@@ -246,6 +252,59 @@ pub struct IbvCq {
     pub cond: Cond,
     pub comp_events_completed: u32,
     pub async_events_completed: u32,
+}
+
+/// `struct ibv_cq_ex`: an `ibv_cq` (`ibv_cq_ex_to_cq` is a cast), then the polling state
+/// and entries the `ibv_start_poll`, `ibv_next_poll`, `ibv_end_poll` and `ibv_wc_read_*`
+/// inlines call.
+#[repr(C)]
+pub struct IbvCqEx {
+    pub cq: IbvCq,
+    pub comp_mask: u32,
+    /// The current completion's status.
+    pub status: u32,
+    /// The current completion's `wr_id`.
+    pub wr_id: u64,
+    pub start_poll: Option<unsafe extern "C" fn(*mut IbvCqEx, *mut IbvPollCqAttr) -> c_int>,
+    pub next_poll: Option<unsafe extern "C" fn(*mut IbvCqEx) -> c_int>,
+    pub end_poll: Option<unsafe extern "C" fn(*mut IbvCqEx)>,
+    pub read_opcode: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_vendor_err: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_byte_len: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_imm_data: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_qp_num: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_src_qp: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_wc_flags: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_slid: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_sl: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u8>,
+    pub read_dlid_path_bits: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u8>,
+    pub read_completion_ts: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u64>,
+    pub read_cvlan: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u16>,
+    pub read_flow_tag: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
+    pub read_tm_info: Option<unsafe extern "C" fn(*mut IbvCqEx, *mut c_void)>,
+    pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u64>,
+}
+
+/// `struct ibv_poll_cq_attr`.
+#[repr(C)]
+pub struct IbvPollCqAttr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_cq_init_attr_ex`.
+#[repr(C)]
+pub struct IbvCqInitAttrEx {
+    pub cqe: u32,
+    pub cq_context: *mut c_void,
+    pub channel: *mut IbvCompChannel,
+    pub comp_vector: u32,
+    /// `IBV_WC_EX_WITH_*`: what the `ibv_wc_read_*` calls may read.
+    pub wc_flags: u64,
+    /// `IBV_CQ_INIT_ATTR_MASK_FLAGS` (1), `_PD` (2).
+    pub comp_mask: u32,
+    /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (1), `_IGNORE_OVERRUN` (2).
+    pub flags: u32,
+    pub parent_domain: *mut IbvPd,
 }
 
 /// `struct ibv_srq`.
@@ -562,6 +621,8 @@ const _: () = {
     assert!(size_of::<IbvDeviceAttr>() == 232);
     assert!(size_of::<IbvPortAttr>() == 52);
     assert!(size_of::<IbvCq>() == 128);
+    assert!(size_of::<IbvCqEx>() == 288);
+    assert!(size_of::<IbvCqInitAttrEx>() == 56);
     assert!(size_of::<IbvQp>() == 160);
     assert!(size_of::<IbvSrq>() == 128);
     assert!(size_of::<IbvWc>() == 48);

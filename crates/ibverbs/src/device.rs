@@ -207,7 +207,9 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
     };
     let vctx = VerbsContext {
         query_port: Some(vctx_query_port),
-        _ops1: [0; 26],
+        _ops1: [0; 24],
+        create_cq_ex: Some(crate::cq_ex::create_cq_ex),
+        _priv: 0,
         query_device_ex: Some(query_device_ex),
         _ops2: [0; 5],
         create_qp_ex: Some(crate::wr::create_qp_ex),

@@ -32,6 +32,7 @@ pub mod cma_abi;
 pub mod errno;
 #[macro_use]
 mod export;
+mod cq_ex;
 mod device;
 mod objects;
 mod post;

@@ -35,12 +35,18 @@ pub(crate) struct ChannelC {
     pub(crate) cqs: Mutex<Vec<(softrdma::Cq, usize)>>,
 }
 
+/// Every CQ is an `ibv_cq_ex` (`ibv_create_cq` programs see its `ibv_cq` part).
 #[repr(C)]
 pub(crate) struct CqC {
-    pub(crate) cq: IbvCq,
+    pub(crate) cq: IbvCqEx,
     pub(crate) inner: softrdma::Cq,
     /// Completion events delivered by `ibv_get_cq_event`.
     pub(crate) events: AtomicU32,
+    /// `ibv_start_poll` .. `ibv_end_poll`: one thread at a time.
+    pub(crate) section: crate::wr::Section,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` made current, as `ibv_poll_cq`
+    /// would have written it.
+    pub(crate) current: Mutex<IbvWc>,
 }
 
 #[repr(C)]
@@ -276,6 +282,23 @@ pub(crate) unsafe extern "C" fn create_cq(
     channel: *mut IbvCompChannel,
     comp_vector: c_int,
 ) -> *mut IbvCq {
+    // SAFETY: per ibv_create_cq's contract, as new_cq's.
+    unsafe { new_cq(ctx, cqe, cq_context, channel, comp_vector, |_| {}) }.cast()
+}
+
+/// A CQ of `ctx` for `ibv_create_cq` and `ibv_create_cq_ex` (`ex` fills its extended
+/// entries), or NULL with `errno` set.
+///
+/// # Safety
+/// `ctx` and `channel` must be ours or NULL.
+pub(crate) unsafe fn new_cq(
+    ctx: *mut IbvContext,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut IbvCompChannel,
+    comp_vector: c_int,
+    ex: impl FnOnce(&mut IbvCqEx),
+) -> *mut CqC {
     guard(ptr::null_mut(), || {
         // SAFETY: ctx and channel are ours or NULL.
         let (c, ch) = unsafe { (ctx_of(ctx), obj::<IbvCompChannel, ChannelC>(channel)) };
@@ -286,20 +309,25 @@ pub(crate) unsafe extern "C" fn create_cq(
             return ptr::null_mut();
         };
         errno::or_null(c.inner.create_cq(n.max(1), ch.map(|ch| &ch.inner)), |inner| {
-            let cq = IbvCq {
-                context: ctx,
-                channel,
-                cq_context,
-                handle: 0,
-                cqe,
-                mutex: NULL_MUTEX,
-                cond: [0; 6],
-                comp_events_completed: 0,
-                async_events_completed: 0,
+            let mut cq = IbvCqEx {
+                cq: IbvCq {
+                    context: ctx,
+                    channel,
+                    cq_context,
+                    handle: 0,
+                    cqe,
+                    mutex: NULL_MUTEX,
+                    cond: [0; 6],
+                    comp_events_completed: 0,
+                    async_events_completed: 0,
+                },
+                ..crate::cq_ex::EMPTY
             };
+            ex(&mut cq);
             let keep = inner.clone();
             let id = inner.id().0;
-            let p: *mut IbvCq = boxed(CqC { cq, inner, events: AtomicU32::new(0) });
+            let current = Mutex::new(crate::post::wc_c(&softrdma::EMPTY_WC));
+            let p: *mut CqC = boxed(CqC { cq, inner, events: AtomicU32::new(0), section: Default::default(), current });
             elements(&c.cqs).insert(id, p as usize);
             if let Some(ch) = ch {
                 ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push((keep, p as usize));
@@ -317,11 +345,11 @@ pub(crate) unsafe extern "C" fn destroy_cq(cq: *mut IbvCq) -> c_int {
             return libc::EINVAL;
         };
         // SAFETY: the channel outlives its CQs (ibv_destroy_comp_channel refuses while any is left).
-        if let Some(ch) = unsafe { obj::<IbvCompChannel, ChannelC>(c.cq.channel) } {
+        if let Some(ch) = unsafe { obj::<IbvCompChannel, ChannelC>(c.cq.cq.channel) } {
             ch.cqs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|(_, p)| *p != cq as usize);
         }
         // SAFETY: the context outlives its CQs.
-        if let Some(ctx) = unsafe { ctx_of(c.cq.context) } {
+        if let Some(ctx) = unsafe { ctx_of(c.cq.cq.context) } {
             elements(&ctx.cqs).remove(&c.inner.id().0);
             // An event still queued for it would name whatever CQ gets its handle next.
             ctx.inner.forget_async_events_of_cq(c.inner.id());
@@ -394,7 +422,7 @@ unsafe extern "C" fn get_cq_event(ch: *mut IbvCompChannel, cq: *mut *mut IbvCq, 
             }
             if !cq_context.is_null() {
                 // SAFETY: as above.
-                unsafe { *cq_context = w.cq.cq_context };
+                unsafe { *cq_context = w.cq.cq.cq_context };
             }
             return 0;
         }

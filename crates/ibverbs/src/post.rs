@@ -224,7 +224,7 @@ pub(crate) unsafe extern "C" fn post_srq_recv(srq: *mut IbvSrq, wr: *mut IbvRecv
 }
 
 /// A softrdma completion as `struct ibv_wc`.
-fn wc_c(wc: &Wc) -> IbvWc {
+pub(crate) fn wc_c(wc: &Wc) -> IbvWc {
     let opcode = match wc.opcode {
         WcOpcode::Send => 0,
         WcOpcode::RdmaWrite => 1,

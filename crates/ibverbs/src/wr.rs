@@ -178,7 +178,7 @@ pub(crate) struct Section {
 }
 
 impl Section {
-    fn enter(&self) {
+    pub(crate) fn enter(&self) {
         let mut busy = self.busy.lock().unwrap_or_else(PoisonError::into_inner);
         while *busy {
             busy = self.free.wait(busy).unwrap_or_else(PoisonError::into_inner);
@@ -186,7 +186,7 @@ impl Section {
         *busy = true;
     }
 
-    fn leave(&self) {
+    pub(crate) fn leave(&self) {
         *self.busy.lock().unwrap_or_else(PoisonError::into_inner) = false;
         self.free.notify_one();
     }

@@ -33,6 +33,11 @@ fn channels_in_an_event_loop_nonblocking_and_pollable() {
 }
 
 #[test]
+fn the_extended_cq_reads_what_ibv_poll_cq_gives() {
+    passes("cq_ex");
+}
+
+#[test]
 fn the_wr_api_posts_whole_batches_or_nothing() {
     passes("wr_api");
 }

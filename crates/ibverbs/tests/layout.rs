@@ -29,7 +29,19 @@ fn entries() -> Vec<Entry> {
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
     layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", query_device_ex => "query_device_ex",
-        create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
+        create_cq_ex => "create_cq_ex", create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
+    layout!(v, IbvCqEx, "struct ibv_cq_ex", [cq => "context", comp_mask => "comp_mask", status => "status",
+        wr_id => "wr_id", start_poll => "start_poll", next_poll => "next_poll", end_poll => "end_poll",
+        read_opcode => "read_opcode", read_vendor_err => "read_vendor_err", read_byte_len => "read_byte_len",
+        read_imm_data => "read_imm_data", read_qp_num => "read_qp_num", read_src_qp => "read_src_qp",
+        read_wc_flags => "read_wc_flags", read_slid => "read_slid", read_sl => "read_sl",
+        read_dlid_path_bits => "read_dlid_path_bits", read_completion_ts => "read_completion_ts",
+        read_cvlan => "read_cvlan", read_flow_tag => "read_flow_tag", read_tm_info => "read_tm_info",
+        read_completion_wallclock_ns => "read_completion_wallclock_ns"]);
+    layout!(v, IbvPollCqAttr, "struct ibv_poll_cq_attr", [comp_mask => "comp_mask"]);
+    layout!(v, IbvCqInitAttrEx, "struct ibv_cq_init_attr_ex", [cqe => "cqe", cq_context => "cq_context",
+        channel => "channel", comp_vector => "comp_vector", wc_flags => "wc_flags", comp_mask => "comp_mask",
+        flags => "flags", parent_domain => "parent_domain"]);
     // query_device_ex writes `struct ibv_device_attr_ex` by these two numbers.
     v.push(("struct ibv_device_attr_ex", "sizeof".to_owned(), DEVICE_ATTR_EX_LEN));
     v.push(("struct ibv_device_attr_ex", "phys_port_cnt_ex".to_owned(), PHYS_PORT_CNT_EX_OFFSET));
