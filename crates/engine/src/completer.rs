@@ -33,6 +33,7 @@ pub(crate) fn error_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode, status: WcStatus)
         src_qp: Qpn::default(),
         grh: None,
         solicited: false,
+        completed_at: None,
     }
 }
 
@@ -56,6 +57,7 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
             src_qp: Qpn::default(),
             grh: None,
             solicited: false,
+            completed_at: None,
         };
         sh.push_cqe(qp.send_cq, wc);
     }

@@ -229,6 +229,8 @@ pub(crate) struct Shared {
     pub(crate) cnps: VecDeque<(Envelope, Qpn, Qpn)>,
     /// Each peer's window, shared by the RC QPs that send to it.
     pub(crate) windows: crate::window::PeerWindows,
+    /// The latest `now` the engine was given: what completions carry ([`Wc::completed_at`]).
+    clock: Option<Instant>,
 }
 
 /// A software RDMA device.
@@ -295,8 +297,15 @@ impl Shared {
         Ok(())
     }
 
-    /// Adds a completion to `cq`, raising the completion event if the CQ is armed for it.
-    pub(crate) fn push_cqe(&mut self, cq: CqId, wc: Wc) {
+    /// Keeps `now` as the engine's clock, if it is the latest it was given.
+    pub(crate) fn tick(&mut self, now: Instant) {
+        self.clock = Some(self.clock.map_or(now, |c| c.max(now)));
+    }
+
+    /// Adds a completion to `cq`, stamped with the engine's clock, raising the completion
+    /// event if the CQ is armed for it.
+    pub(crate) fn push_cqe(&mut self, cq: CqId, mut wc: Wc) {
+        wc.completed_at = self.clock;
         let Some(c) = self.cqs.get_mut(cq.0 as usize) else { return };
         if c.overflowed {
             return;
@@ -475,6 +484,7 @@ impl Engine {
                 sge_pool: Vec::new(),
                 cnps: VecDeque::new(),
                 windows,
+                clock: None,
             },
             qps: BTreeMap::new(),
             next_qpn,
@@ -997,6 +1007,7 @@ impl Engine {
     /// per [`CNP_INTERVAL`](crate::congestion::CNP_INTERVAL)), as a NIC answers an
     /// ECN-marked packet.
     pub fn handle_receive_drops(&mut self, now: Instant) {
+        self.shared.tick(now);
         if self.shared.config.congestion.is_none() {
             return;
         }

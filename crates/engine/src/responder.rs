@@ -69,6 +69,7 @@ impl Engine {
     /// memory of the peer ([`crate::identification`]); the envelope returned carries it.
     /// Every path is counted: `rcvd_icrc_exact`, `_predicted`, `_solved`, `_errors`.
     pub fn check_icrc(&mut self, now: Instant, envelope: &Envelope, payload: &[u8]) -> Option<Envelope> {
+        self.shared.tick(now);
         let c = &mut self.shared.counters;
         let Ok(packet) = RocePacket::new_checked(payload) else {
             c.rcvd_malformed += 1;
@@ -99,6 +100,7 @@ impl Engine {
         mem: &mut M,
     ) {
         let sh = &mut self.shared;
+        sh.tick(now);
         let Ok(packet) = RocePacket::new_checked(payload) else {
             sh.counters.rcvd_malformed += 1;
             return;
@@ -206,6 +208,7 @@ impl Engine {
 
     /// Fires every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.shared.tick(now);
         while let Some(&(at, qpn)) = self.shared.timers.first() {
             if at > now {
                 break;
@@ -342,6 +345,7 @@ fn recv_wc(qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32, repr: &RoceRepr
         src_qp: Qpn::from_u24_truncating(qp.attr.dest_qp_num),
         grh: None,
         solicited: repr.bth.solicited_event,
+        completed_at: None,
     }
 }
 
@@ -724,6 +728,7 @@ fn ud_request<M: Memory + ?Sized>(
         src_qp: deth.src_qp,
         grh: network_hdr,
         solicited: repr.bth.solicited_event,
+        completed_at: None,
     };
     sh.push_cqe(qp.recv_cq, wc);
     sh.recycle(wqe);

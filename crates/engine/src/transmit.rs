@@ -27,6 +27,7 @@ impl Engine {
     /// Call after every input until it returns `None`.
     #[must_use]
     pub fn poll_transmit<M: Memory + ?Sized>(&mut self, now: Instant, mem: &mut M, buf: &mut [u8]) -> Option<Transmit> {
+        self.shared.tick(now);
         // CNPs first: they exist to slow a sender down now.
         while let Some((envelope, dest, local)) = self.shared.cnps.pop_front() {
             if let Some(t) = self.cnp(envelope, dest, local, buf) {

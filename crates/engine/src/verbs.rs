@@ -4,6 +4,7 @@
 //! Names follow libibverbs (`ibv_send_wr` is [`SendWr`], `IBV_WC_REM_ACCESS_ERR` is
 //! [`WcStatus::RemAccessErr`]) so that the C layer is a table, not a translation.
 
+use crate::Instant;
 use core::fmt;
 use core::time::Duration;
 
@@ -327,6 +328,12 @@ pub struct Wc {
     pub grh: Option<NetworkHdr>,
     /// The sender asked for a solicited event.
     pub solicited: bool,
+    /// When the engine made it: the `now` of the call that did, or, for a completion made
+    /// by a call that takes no `now` (a flush by [`Engine::modify_qp`](crate::Engine::modify_qp),
+    /// a receive posted to a QP in error), the latest `now` given before; `None` before the
+    /// engine was given any. The runtime reports it as the completion timestamp
+    /// (`ibv_wc_read_completion_ts`).
+    pub completed_at: Option<Instant>,
 }
 
 /// Path MTU (`ibv_mtu`).

@@ -280,6 +280,28 @@ fn solicited_only_cq_wakes_for_a_solicited_send_only() {
     assert_eq!((loud.wr_id, loud.solicited), (2, true));
 }
 
+/// Completion timestamps: a completion carries the `now` of the call that made it, the
+/// receive's when the SEND arrived, the SEND's when its ACK did; a flush made by
+/// `modify_qp` (which takes no `now`) the latest `now` the engine was given.
+#[test]
+fn completions_carry_the_time_the_engine_made_them() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.b.post_recv(1, 0x100, 64);
+    let sge = pair.a.sge(0, 8);
+    let posted = pair.now;
+    pair.a.post_send(wr(1, SendOp::Send, &[sge]));
+    pair.drive();
+    let (recv, send) = (pair.b.poll().unwrap(), pair.a.poll().unwrap());
+    assert_eq!(recv.completed_at, Some(posted + pair.latency), "the receive: when the SEND arrived");
+    assert_eq!(send.completed_at, Some(posted + pair.latency * 2), "the SEND: when its ACK arrived");
+    pair.b.post_recv(2, 0x200, 64);
+    pair.b.engine.modify_qp(pair.b.qp, &state(QpState::Err), AttrMask::STATE).unwrap();
+    let flushed = pair.b.poll().unwrap();
+    assert_eq!((flushed.wr_id, flushed.status), (2, WcStatus::WrFlushErr));
+    let at = flushed.completed_at.unwrap();
+    assert!(recv.completed_at.unwrap() <= at && at <= pair.now, "a flush: the latest now b was given");
+}
+
 // ---- signaling ---------------------------------------------------------------------------------
 
 #[test]

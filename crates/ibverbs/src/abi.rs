@@ -47,6 +47,12 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(*mut IbvContext, *const c_void, 
 pub const DEVICE_ATTR_EX_LEN: usize = 400;
 /// `offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex)`.
 pub const PHYS_PORT_CNT_EX_OFFSET: usize = 396;
+/// `verbs_context.query_rt_values`.
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
+/// `offsetof(struct ibv_device_attr_ex, completion_timestamp_mask)`.
+pub const COMPLETION_TIMESTAMP_MASK_OFFSET: usize = 264;
+/// `offsetof(struct ibv_device_attr_ex, hca_core_clock)`.
+pub const HCA_CORE_CLOCK_OFFSET: usize = 272;
 /// `verbs_context.create_cq_ex`.
 pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvCqInitAttrEx) -> *mut IbvCqEx;
 /// `verbs_context.create_qp_ex`.
@@ -101,8 +107,10 @@ pub struct IbvContext {
 pub struct VerbsContext {
     /// `query_port` (offset 0).
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` .. `modify_cq`, ...
-    pub _ops1: [usize; 24],
+    /// `advise_mr` .. `create_wq`.
+    pub _ops1: [usize; 23],
+    /// `query_rt_values` (192), which the `ibv_query_rt_values_ex` inline calls.
+    pub query_rt_values: Option<QueryRtValuesFn>,
     /// `create_cq_ex` (200), which the `ibv_create_cq_ex` inline calls.
     pub create_cq_ex: Option<CreateCqExFn>,
     /// `priv`.
@@ -283,6 +291,14 @@ pub struct IbvCqEx {
     pub read_flow_tag: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u32>,
     pub read_tm_info: Option<unsafe extern "C" fn(*mut IbvCqEx, *mut c_void)>,
     pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(*mut IbvCqEx) -> u64>,
+}
+
+/// `struct ibv_values_ex`.
+#[repr(C)]
+pub struct IbvValuesEx {
+    /// In: `IBV_VALUES_MASK_RAW_CLOCK` (1) asks for the clock; out: what was filled.
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
 }
 
 /// `struct ibv_poll_cq_attr`.
@@ -623,6 +639,7 @@ const _: () = {
     assert!(size_of::<IbvCq>() == 128);
     assert!(size_of::<IbvCqEx>() == 288);
     assert!(size_of::<IbvCqInitAttrEx>() == 56);
+    assert!(size_of::<IbvValuesEx>() == 24);
     assert!(size_of::<IbvQp>() == 160);
     assert!(size_of::<IbvSrq>() == 128);
     assert!(size_of::<IbvWc>() == 48);

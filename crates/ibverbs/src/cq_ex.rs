@@ -1,13 +1,16 @@
 //! The extended CQ: `ibv_create_cq_ex`, and the `ibv_start_poll` / `ibv_next_poll` /
 //! `ibv_end_poll` and `ibv_wc_read_*` entries its `struct ibv_cq_ex` carries
 //! (ibv_create_cq_ex(3)). Every CQ of ours is an `ibv_cq_ex`; one made by `ibv_create_cq_ex`
-//! has the entries its `wc_flags` asked for, and the rest NULL, as rxe's.
+//! has the entries its `wc_flags` asked for, and the rest NULL, as rxe's. Completion
+//! timestamps (which rxe lacks) are the device clock's ([`softrdma::Context::clock`], one
+//! tick a nanosecond), which `ibv_query_rt_values_ex` reads.
 
 use std::ffi::c_int;
 use std::ptr;
 use std::sync::PoisonError;
 
 use crate::abi::*;
+use crate::device::ctx_of;
 use crate::errno;
 use crate::guard;
 use crate::objects::{CqC, new_cq, obj};
@@ -21,14 +24,25 @@ const WC_EX_WITH_SRC_QP: u64 = 1 << 3;
 const WC_EX_WITH_SLID: u64 = 1 << 4;
 const WC_EX_WITH_SL: u64 = 1 << 5;
 const WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+/// `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`, `IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK`.
+const WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+const WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
 /// The `wc_flags` softrdma offers.
-const SUPPORTED_WC_FLAGS: u64 = WC_EX_WITH_BYTE_LEN
+const SUPPORTED_WC_FLAGS: u64 = WC_EX_WITH_COMPLETION_TIMESTAMP
+    | WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK
+    | WC_EX_WITH_BYTE_LEN
     | WC_EX_WITH_IMM
     | WC_EX_WITH_QP_NUM
     | WC_EX_WITH_SRC_QP
     | WC_EX_WITH_SLID
     | WC_EX_WITH_SL
     | WC_EX_WITH_DLID_PATH_BITS;
+
+/// The device clock's rate in kHz (`ibv_device_attr_ex.hca_core_clock`): 1 GHz, a tick a
+/// nanosecond.
+pub(crate) const HCA_CORE_CLOCK_KHZ: u64 = 1_000_000;
+/// `IBV_VALUES_MASK_RAW_CLOCK`.
+const VALUES_MASK_RAW_CLOCK: u32 = 1;
 
 /// `IBV_CQ_INIT_ATTR_MASK_FLAGS`, `IBV_CQ_INIT_ATTR_MASK_PD`.
 const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
@@ -76,8 +90,8 @@ pub(crate) const EMPTY: IbvCqEx = IbvCqEx {
 /// `verbs_context.create_cq_ex`: a CQ whose `ibv_wc_read_*` entries are those
 /// `attr.wc_flags` names. EINVAL for a NULL `attr`, an unknown `comp_mask` bit, an invalid
 /// `comp_vector` or `cqe`; EOPNOTSUPP for a `wc_flags` bit past `IBV_WC_STANDARD_FLAGS`
-/// (timestamps, VLAN, flow tag, tag matching), `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN` (kernel
-/// rxe refuses it too) or a parent domain.
+/// and the two timestamps (VLAN, flow tag, tag matching), `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`
+/// (kernel rxe refuses it too) or a parent domain.
 pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut IbvContext, attr: *mut IbvCqInitAttrEx) -> *mut IbvCqEx {
     guard(ptr::null_mut(), || {
         // SAFETY: attr is NULL or the caller's struct ibv_cq_init_attr_ex.
@@ -112,6 +126,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut IbvContext, attr: *mut Ib
                 cq.read_slid = with(WC_EX_WITH_SLID).then_some(read_slid);
                 cq.read_sl = with(WC_EX_WITH_SL).then_some(read_sl);
                 cq.read_dlid_path_bits = with(WC_EX_WITH_DLID_PATH_BITS).then_some(read_dlid_path_bits);
+                cq.read_completion_ts = with(WC_EX_WITH_COMPLETION_TIMESTAMP).then_some(read_completion_ts);
+                cq.read_completion_wallclock_ns =
+                    with(WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK).then_some(read_completion_wallclock_ns);
             })
         };
         cq.cast()
@@ -131,8 +148,9 @@ fn advance(cq: *mut IbvCqEx, c: &CqC) -> c_int {
     if c.inner.poll(&mut wc) == 0 {
         return libc::ENOENT;
     }
+    let at = wc[0].completed_at;
     let wc = crate::post::wc_c(&wc[0]);
-    *c.current.lock().unwrap_or_else(PoisonError::into_inner) = wc;
+    *c.current.lock().unwrap_or_else(PoisonError::into_inner) = Current { wc, at };
     // SAFETY: cq is ours and live; status and wr_id are written only by the thread in the
     // poll section, which this one is, and read by it through the header's inlines.
     unsafe {
@@ -175,8 +193,20 @@ unsafe extern "C" fn end_poll(cq: *mut IbvCqEx) {
     })
 }
 
+/// The completion `ibv_start_poll`/`ibv_next_poll` made current: as `ibv_poll_cq` would
+/// have written it, and when the device made it.
+#[derive(Clone, Copy)]
+pub(crate) struct Current {
+    pub(crate) wc: IbvWc,
+    pub(crate) at: Option<softrdma::Instant>,
+}
+
 /// `f` of the current completion (zeros for a CQ not ours).
 fn read<T: Default>(cq: *mut IbvCqEx, f: impl FnOnce(&IbvWc) -> T) -> T {
+    read_current(cq, |c| f(&c.wc))
+}
+
+fn read_current<T: Default>(cq: *mut IbvCqEx, f: impl FnOnce(&Current) -> T) -> T {
     guard(T::default(), || {
         cq_of(cq).map_or_else(T::default, |c| f(&c.current.lock().unwrap_or_else(PoisonError::into_inner)))
     })
@@ -222,4 +252,40 @@ unsafe extern "C" fn read_sl(cq: *mut IbvCqEx) -> u8 {
 
 unsafe extern "C" fn read_dlid_path_bits(cq: *mut IbvCqEx) -> u8 {
     read(cq, |w| w.dlid_path_bits)
+}
+
+/// The completion's timestamp on the device clock, in ticks of `hca_core_clock`
+/// (nanoseconds since the context opened).
+unsafe extern "C" fn read_completion_ts(cq: *mut IbvCqEx) -> u64 {
+    read_current(cq, |c| c.at.map_or(0, softrdma::Instant::as_nanos))
+}
+
+/// The completion's timestamp as wall-clock time, nanoseconds since the Unix epoch.
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut IbvCqEx) -> u64 {
+    guard(0, || {
+        let Some(c) = cq_of(cq) else { return 0 };
+        let at = c.current.lock().unwrap_or_else(PoisonError::into_inner).at.unwrap_or_default();
+        // SAFETY: a CQ's context outlives it.
+        unsafe { ctx_of(c.cq.cq.context) }.map_or(0, |ctx| ctx.inner.wallclock_ns(at))
+    })
+}
+
+/// `verbs_context.query_rt_values`: with `IBV_VALUES_MASK_RAW_CLOCK`, the device clock now
+/// in `raw_clock`, in ticks of `hca_core_clock`, as mlx5 gives it (`tv_sec` 0, the ticks in
+/// `tv_nsec`), the completion timestamps' clock. EINVAL for another `comp_mask` bit.
+pub(crate) unsafe extern "C" fn query_rt_values(ctx: *mut IbvContext, values: *mut IbvValuesEx) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: ctx is ours or NULL; values is NULL or the caller's struct ibv_values_ex.
+        let (Some(c), Some(v)) = (unsafe { ctx_of(ctx) }, unsafe { values.as_mut() }) else {
+            return libc::EINVAL;
+        };
+        if v.comp_mask & !VALUES_MASK_RAW_CLOCK != 0 {
+            return libc::EINVAL;
+        }
+        if v.comp_mask & VALUES_MASK_RAW_CLOCK != 0 {
+            let ticks = libc::c_long::try_from(c.inner.clock().as_nanos()).unwrap_or(libc::c_long::MAX);
+            v.raw_clock = libc::timespec { tv_sec: 0, tv_nsec: ticks };
+        }
+        0
+    })
 }

@@ -207,7 +207,8 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
     };
     let vctx = VerbsContext {
         query_port: Some(vctx_query_port),
-        _ops1: [0; 24],
+        _ops1: [0; 23],
+        query_rt_values: Some(crate::cq_ex::query_rt_values),
         create_cq_ex: Some(crate::cq_ex::create_cq_ex),
         _priv: 0,
         query_device_ex: Some(query_device_ex),
@@ -333,8 +334,9 @@ unsafe extern "C" fn query_device(ctx: *mut IbvContext, out: *mut IbvDeviceAttr)
 export!("ibv_query_device", "IBVERBS_1.1", query_device);
 
 /// `verbs_context.query_device_ex`: `ibv_query_device`'s attributes in `orig_attr`, one
-/// physical port in `phys_port_cnt_ex`, and no extended capability (timestamps, ODP, TSO,
-/// RSS, tag matching, device memory: 0), within the `attr_size` bytes the caller's
+/// physical port in `phys_port_cnt_ex`, completion timestamps (all 64 bits of a clock of
+/// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond) and no other extended
+/// capability (ODP, TSO, RSS, tag matching, device memory: 0), within the `attr_size` bytes the caller's
 /// `struct ibv_device_attr_ex` has (an older program's is shorter), as rdma-core's
 /// providers fill it. EINVAL for an input with a comp_mask, as the inline checks.
 unsafe extern "C" fn query_device_ex(
@@ -360,10 +362,15 @@ unsafe extern "C" fn query_device_ex(
     if rc != 0 {
         return rc;
     }
-    if len >= crate::abi::PHYS_PORT_CNT_EX_OFFSET + 4 {
-        // SAFETY: in bounds (checked); an unaligned write of the u32 field.
-        unsafe { attr.add(crate::abi::PHYS_PORT_CNT_EX_OFFSET).cast::<u32>().write_unaligned(1) };
-    }
+    let put = |offset: usize, bytes: &[u8]| {
+        if len >= offset + bytes.len() {
+            // SAFETY: in bounds (checked): attr has len writable bytes.
+            unsafe { ptr::copy_nonoverlapping(bytes.as_ptr(), attr.add(offset), bytes.len()) };
+        }
+    };
+    put(crate::abi::COMPLETION_TIMESTAMP_MASK_OFFSET, &u64::MAX.to_ne_bytes());
+    put(crate::abi::HCA_CORE_CLOCK_OFFSET, &crate::cq_ex::HCA_CORE_CLOCK_KHZ.to_ne_bytes());
+    put(crate::abi::PHYS_PORT_CNT_EX_OFFSET, &1u32.to_ne_bytes());
     0
 }
 

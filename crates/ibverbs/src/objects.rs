@@ -46,7 +46,7 @@ pub(crate) struct CqC {
     pub(crate) section: crate::wr::Section,
     /// The completion `ibv_start_poll`/`ibv_next_poll` made current, as `ibv_poll_cq`
     /// would have written it.
-    pub(crate) current: Mutex<IbvWc>,
+    pub(crate) current: Mutex<crate::cq_ex::Current>,
 }
 
 #[repr(C)]
@@ -326,7 +326,7 @@ pub(crate) unsafe fn new_cq(
             ex(&mut cq);
             let keep = inner.clone();
             let id = inner.id().0;
-            let current = Mutex::new(crate::post::wc_c(&softrdma::EMPTY_WC));
+            let current = Mutex::new(crate::cq_ex::Current { wc: crate::post::wc_c(&softrdma::EMPTY_WC), at: None });
             let p: *mut CqC = boxed(CqC { cq, inner, events: AtomicU32::new(0), section: Default::default(), current });
             elements(&c.cqs).insert(id, p as usize);
             if let Some(ch) = ch {

@@ -1,5 +1,5 @@
 //! Runs tests/conformance/run.sh against the libraries this test build produced: Debian's
-//! unmodified `ibv_devices`, `ibv_devinfo -v` and the four ping-pongs (two processes each on
+//! unmodified `ibv_devices`, `ibv_devinfo -v` and the four ping-pongs (RC also with `-N` and `-t`) (two processes each on
 //! 127.0.0.1) over our `libibverbs.so.1`; with `librdmacm.so.1` and the `libmlx5.so.1` /
 //! `libefa.so.1` stand-ins (which this test builds) also rdmacm-utils and perftest, and as
 //! root perftest -R between two network namespaces. Skips, saying why, where ibverbs-utils
@@ -33,6 +33,7 @@ fn debian_ibverbs_utils_run_over_softrdma() {
         "ibv_devinfo -v",
         "ibv_rc_pingpong -g 0 ",
         "ibv_rc_pingpong -g 0 -N",
+        "ibv_rc_pingpong -g 0 -t",
         "ibv_uc_pingpong",
         "ibv_ud_pingpong",
         "ibv_srq_pingpong",

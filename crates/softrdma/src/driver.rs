@@ -400,7 +400,10 @@ pub(crate) struct Shared {
     /// Asynchronous events (`ibv_get_async_event`), at most [`ASYNC_EVENTS_MAX`] queued.
     pub(crate) async_events: EventQueue<AsyncEvent>,
     stop: AtomicBool,
+    /// The engine's clock's zero: when the context opened.
     epoch: std::time::Instant,
+    /// The wall-clock time at `epoch`.
+    epoch_wall: std::time::SystemTime,
     /// When the application last polled a CQ (ns since `epoch`).
     app_polled: AtomicU64,
     /// Application threads blocked in [`Shared::wait_channel`], which watch the sockets.
@@ -626,6 +629,7 @@ impl Driver {
             async_events: EventQueue::new("the asynchronous event queue")?,
             stop: AtomicBool::new(false),
             epoch: std::time::Instant::now(),
+            epoch_wall: std::time::SystemTime::now(),
             app_polled: AtomicU64::new(0),
             app_waiting: std::sync::atomic::AtomicU32::new(0),
             watching: AtomicBool::new(false),
@@ -762,6 +766,12 @@ impl Shared {
     /// The engine's clock.
     pub(crate) fn now(&self) -> Instant {
         Instant::from_nanos(u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// `at`, on the engine's clock, as nanoseconds since the Unix epoch.
+    pub(crate) fn wallclock_ns(&self, at: Instant) -> u64 {
+        let since_unix = self.epoch_wall.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        u64::try_from(since_unix.as_nanos()).unwrap_or(u64::MAX).saturating_add(at.as_nanos())
     }
 
     /// Sends what the engine has queued and wakes the progress thread if the engine now

@@ -77,6 +77,7 @@ pub use softrdma_engine::{
     QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError, Wc, WcOpcode, WcStatus,
 };
 pub use softrdma_wire::cma::PortSpace;
+pub use softrdma_wire::time::Instant;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
 pub use stats::Counters;
 pub use verbs::{

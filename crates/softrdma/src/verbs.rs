@@ -148,6 +148,19 @@ impl Context {
         self.drv.shared.lock().counters()
     }
 
+    /// The device's clock, which stamps completions ([`Wc::completed_at`]): nanoseconds
+    /// since the context opened, monotonic (`ibv_query_rt_values_ex`'s raw clock).
+    pub fn clock(&self) -> crate::Instant {
+        self.drv.shared.now()
+    }
+
+    /// `at`, on the device's clock, as wall-clock time: nanoseconds since the Unix epoch
+    /// (`ibv_wc_read_completion_wallclock_ns`). The wall clock is read once, when the
+    /// context opened: later steps of the system's clock do not move it.
+    pub fn wallclock_ns(&self, at: crate::Instant) -> u64 {
+        self.drv.shared.wallclock_ns(at)
+    }
+
     /// `ibv_query_device`: what this device allows, from the limits its engine enforces.
     pub fn query_device(&self) -> DeviceAttr {
         let st = self.drv.shared.lock();
@@ -609,6 +622,7 @@ pub const EMPTY_WC: Wc = Wc {
     src_qp: Qpn::from_u24_truncating(0),
     grh: None,
     solicited: false,
+    completed_at: None,
 };
 
 /// A completion channel (`ibv_comp_channel`): a file descriptor that polls readable when

@@ -6,8 +6,11 @@
  * answers ENOENT and leaves its poll section (a second start_poll does not wait);
  * completions left after end_poll are there for the next start_poll and for ibv_poll_cq
  * (ibv_cq_ex_to_cq); a CQ asks only for what it reads (unasked reads are NULL); creation
- * refuses what softrdma does not do (timestamps, IGNORE_OVERRUN, unknown comp_mask bits)
- * and an invalid comp_vector. Prints "ok" and exits 0, or names the failed check and
+ * refuses what softrdma does not do (VLAN, flow tag, IGNORE_OVERRUN, unknown comp_mask
+ * bits) and an invalid comp_vector. Completion timestamps: ibv_query_device_ex names the
+ * clock (all 64 bits, 1 GHz), each completion's lies between ibv_query_rt_values_ex
+ * before the post and after the poll, in the order they completed, and its wall-clock
+ * time within a second of CLOCK_REALTIME. Prints "ok" and exits 0, or names the failed check and
  * exits 1. */
 #include <arpa/inet.h>
 #include <stdlib.h>
@@ -39,8 +42,8 @@ int main(void) {
 
     /* What creation refuses. */
     errno = 0;
-    CHECK(!cq_ex(ctx, IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP) && errno == EOPNOTSUPP,
-          "a completion timestamp is refused with EOPNOTSUPP");
+    CHECK(!cq_ex(ctx, IBV_WC_STANDARD_FLAGS | IBV_WC_EX_WITH_CVLAN) && errno == EOPNOTSUPP,
+          "a VLAN is refused with EOPNOTSUPP");
     struct ibv_cq_init_attr_ex bad = {.cqe = 4, .comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS,
                                       .flags = IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN};
     errno = 0;
@@ -69,8 +72,16 @@ int main(void) {
     CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(lean)) == 0, "ibv_destroy_cq (lean)");
 
     /* Traffic: a's completions on an extended CQ, b's on another. */
-    struct ibv_cq_ex *scq = cq_ex(ctx, IBV_WC_STANDARD_FLAGS), *rcq = cq_ex(ctx, IBV_WC_STANDARD_FLAGS);
-    CHECK(scq && rcq, "ibv_create_cq_ex with IBV_WC_STANDARD_FLAGS");
+    struct ibv_device_attr_ex dx;
+    CHECK(ibv_query_device_ex(ctx, NULL, &dx) == 0, "ibv_query_device_ex");
+    CHECK(dx.completion_timestamp_mask == UINT64_MAX && dx.hca_core_clock == 1000000,
+          "completion_timestamp_mask all ones, hca_core_clock 1,000,000 kHz");
+    struct ibv_values_ex before = {.comp_mask = IBV_VALUES_MASK_RAW_CLOCK};
+    CHECK(ibv_query_rt_values_ex(ctx, &before) == 0 && before.comp_mask == IBV_VALUES_MASK_RAW_CLOCK,
+          "ibv_query_rt_values_ex: the raw clock");
+    const uint64_t ts = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    struct ibv_cq_ex *scq = cq_ex(ctx, IBV_WC_STANDARD_FLAGS | ts), *rcq = cq_ex(ctx, IBV_WC_STANDARD_FLAGS | ts);
+    CHECK(scq && rcq, "ibv_create_cq_ex with IBV_WC_STANDARD_FLAGS and both timestamps");
     struct ibv_qp_init_attr qa = {.send_cq = ibv_cq_ex_to_cq(scq), .recv_cq = ibv_cq_ex_to_cq(rcq),
                                   .qp_type = IBV_QPT_RC,
                                   .cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1}};
@@ -104,7 +115,14 @@ int main(void) {
     int r = ENOENT;
     for (int i = 0; i < 2000 && (r = ibv_next_poll(scq)) == ENOENT; i++)
         usleep(1000);
+    uint64_t send_ts = ibv_wc_read_completion_ts(scq);
     CHECK(r == 0 && scq->wr_id == 2 && ibv_wc_read_opcode(scq) == IBV_WC_RDMA_WRITE, "ibv_next_poll: the WRITE's");
+    uint64_t write_ts = ibv_wc_read_completion_ts(scq);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    uint64_t wall = ibv_wc_read_completion_wallclock_ns(scq), real = now.tv_sec * 1000000000ull + now.tv_nsec;
+    CHECK(wall <= real + 1000000000ull && wall + 1000000000ull >= real,
+          "ibv_wc_read_completion_wallclock_ns within a second of CLOCK_REALTIME");
     CHECK(ibv_next_poll(scq) == ENOENT, "then ENOENT");
     ibv_end_poll(scq);
 
@@ -116,6 +134,7 @@ int main(void) {
     CHECK(ibv_wc_read_imm_data(rcq) == htonl(0x12345678), "ibv_wc_read_imm_data, in network order");
     CHECK(ibv_wc_read_wc_flags(rcq) & IBV_WC_WITH_IMM, "ibv_wc_read_wc_flags: IBV_WC_WITH_IMM");
     CHECK(ibv_wc_read_qp_num(rcq) == b->qp_num, "ibv_wc_read_qp_num: b");
+    uint64_t recv_ts = ibv_wc_read_completion_ts(rcq);
     CHECK(ibv_wc_read_src_qp(rcq) == a->qp_num, "ibv_wc_read_src_qp: a, as ibv_poll_cq gives on RC");
     CHECK(ibv_wc_read_slid(rcq) == 0 && ibv_wc_read_sl(rcq) == 0 && ibv_wc_read_dlid_path_bits(rcq) == 0 &&
               ibv_wc_read_vendor_err(rcq) == 0,
@@ -129,6 +148,17 @@ int main(void) {
               wc.imm_data == htonl(0xabcdef01) && (wc.wc_flags & IBV_WC_WITH_IMM),
           "ibv_poll_cq on the extended CQ: the WRITE with immediate");
     CHECK(memcmp(buf + 1024, buf, 37) == 0 && memcmp(buf + 2048, buf, 37) == 0, "the bytes landed");
+    struct ibv_values_ex after = {.comp_mask = IBV_VALUES_MASK_RAW_CLOCK};
+    CHECK(ibv_query_rt_values_ex(ctx, &after) == 0, "ibv_query_rt_values_ex after");
+    uint64_t t0 = before.raw_clock.tv_nsec, t1 = after.raw_clock.tv_nsec;
+    if (!(t0 < recv_ts && recv_ts <= send_ts && send_ts <= write_ts && write_ts <= t1))
+        fprintf(stderr, "clock %llu, receive %llu, SEND %llu, WRITE %llu, clock %llu\n", (unsigned long long)t0,
+                (unsigned long long)recv_ts, (unsigned long long)send_ts, (unsigned long long)write_ts,
+                (unsigned long long)t1);
+    CHECK(t0 < recv_ts && recv_ts <= send_ts && send_ts <= write_ts && write_ts <= t1,
+          "timestamps between the clock before and after, the receive's before the SEND's ACK, in order");
+    struct ibv_values_ex odd = {.comp_mask = 2};
+    CHECK(ibv_query_rt_values_ex(ctx, &odd) == EINVAL, "ibv_query_rt_values_ex: an unknown comp_mask bit, EINVAL");
 
     CHECK(ibv_destroy_qp(a) == 0 && ibv_destroy_qp(b) == 0, "ibv_destroy_qp");
     CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(scq)) == 0 && ibv_destroy_cq(ibv_cq_ex_to_cq(rcq)) == 0,
