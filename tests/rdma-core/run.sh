@@ -17,7 +17,9 @@
 # namespace, the mounts); says SKIP otherwise.
 #
 # Prints one summary line (ok / FAIL / ERROR / skipped), then every skip reason with its
-# count, then each failure's name. Exits 1 if any test failed or erred.
+# count, then each failure's name. Exits 1 if any test failed or erred. With
+# SOFTRDMA_RDMA_CORE_LOG=FILE the suite's whole output (each test's name and result) is
+# kept in FILE.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -77,6 +79,7 @@ ip netns exec "$ns" env LD_LIBRARY_PATH="$lib" PYTHONPATH="$work/suite" \
     timeout 900 scripts/softrdma-sysfs-ns /usr/bin/python3 "$work/suite/tests/run_tests.py" -v \
     --dev softrdma_veth0 >"$log" 2>&1
 rc=$?
+[ -n "${SOFTRDMA_RDMA_CORE_LOG:-}" ] && cp "$log" "$SOFTRDMA_RDMA_CORE_LOG"
 
 ok=$(grep -cE '\.\.\. ok$' "$log")
 failed=$(grep -cE '^FAIL: ' "$log")
