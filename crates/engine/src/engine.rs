@@ -839,6 +839,29 @@ impl Engine {
         }
     }
 
+    /// `ibv_advise_mr`'s check of one SGE: the region `lkey` names is one of `pd`'s,
+    /// registered on demand ([`Access::ON_DEMAND`]), and holds `[addr, addr + len)`.
+    pub fn check_on_demand(&self, pd: PdId, lkey: LKey, addr: u64, len: u64) -> Result<(), VerbsError> {
+        let mr = self.shared.lkeys.get(&lkey.0).map(|&i| &self.shared.mrs[i]).filter(|mr| mr.pd == pd);
+        let Some(mr) = mr else {
+            return Err(invalid(format!("lkey {:#x} names no memory region of this PD", lkey.0)));
+        };
+        if !mr.access.contains(Access::ON_DEMAND) {
+            return Err(invalid(format!(
+                "lkey {:#x} names a region registered without IBV_ACCESS_ON_DEMAND; only those take advice",
+                lkey.0
+            )));
+        }
+        let inside = addr.checked_add(len).is_some_and(|end| addr >= mr.addr && end <= mr.addr + mr.length);
+        if !inside {
+            return Err(invalid(format!(
+                "{len} bytes at {addr:#x} leave the region lkey {:#x} names ({} bytes at {:#x})",
+                lkey.0, mr.length, mr.addr
+            )));
+        }
+        Ok(())
+    }
+
     /// How many QPs exist.
     pub fn qp_count(&self) -> usize {
         self.qps.len()

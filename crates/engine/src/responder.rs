@@ -465,7 +465,9 @@ fn execute<M: Memory + ?Sized>(
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
             }
             if len > 0 && mem.write(va, repr.payload).is_err() {
-                return Err(Refusal::Fatal(NakCode::RemoteOperationalError));
+                // Pages of the region that do not take the write (a region on demand): an
+                // R_Key violation, as rxe's failed copy is (RESPST_ERR_RKEY_VIOLATION).
+                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
             }
             qp.resp.current = InMessage::Write { va: va + u64::from(len), remaining: remaining - len, rkey };
             if position.ends_message() {
@@ -518,7 +520,7 @@ fn execute<M: Memory + ?Sized>(
             } else {
                 mem.fetch_add(a.virtual_address, a.swap_add)
             };
-            let original = result.map_err(|_| Refusal::Fatal(NakCode::RemoteOperationalError))?;
+            let original = result.map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
             remember(
                 qp,
                 RdAtomicResource {

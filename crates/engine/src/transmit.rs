@@ -202,9 +202,10 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             let at = header.header_len();
             let payload = buf.get_mut(at..at + chunk as usize)?;
             if mem.read(va, payload).is_err() {
-                // The memory went away under a checked R_Key: a remote operational error.
+                // Pages of the region that cannot be read (a region on demand): an R_Key
+                // violation, as rxe's failed copy is.
                 qp.resp.out.clear();
-                qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteOperationalError) });
+                qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteAccessError) });
                 return respond(qp, sh, mem, buf);
             }
             let job = qp.resp.out.front_mut().expect("the job is still queued");

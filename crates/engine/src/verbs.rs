@@ -62,6 +62,15 @@ impl Access {
     pub const REMOTE_ATOMIC: Self = Self(1 << 3);
     /// Everything.
     pub const ALL: Self = Self(0xf);
+    /// `IBV_ACCESS_ON_DEMAND`: the region's pages need not be mapped when it is registered
+    /// or when the device reaches them (an access they do not allow is a [`MemoryFault`]
+    /// of the runtime's [`Memory`], which the engine reports as it reports any). The engine
+    /// checks keys, bounds and rights alike for such regions; what the flag changes is the
+    /// runtime's.
+    ///
+    /// [`MemoryFault`]: crate::MemoryFault
+    /// [`Memory`]: crate::Memory
+    pub const ON_DEMAND: Self = Self(1 << 6);
 
     /// Whether every flag of `other` is set.
     pub const fn contains(self, other: Access) -> bool {

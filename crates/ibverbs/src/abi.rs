@@ -47,6 +47,11 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(*mut IbvContext, *const c_void, 
 pub const DEVICE_ATTR_EX_LEN: usize = 400;
 /// `offsetof(struct ibv_device_attr_ex, phys_port_cnt_ex)`.
 pub const PHYS_PORT_CNT_EX_OFFSET: usize = 396;
+/// `verbs_context.advise_mr`: (pd, advice, flags, sg_list, num_sge).
+pub type AdviseMrFn = unsafe extern "C" fn(*mut IbvPd, u32, u32, *mut IbvSge, u32) -> c_int;
+/// `offsetof(struct ibv_device_attr_ex, odp_caps)`: `struct ibv_odp_caps` (`general_caps`,
+/// then the RC, UC and UD capabilities, u32 each).
+pub const ODP_CAPS_OFFSET: usize = 240;
 /// `verbs_context.query_rt_values`.
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
 /// `offsetof(struct ibv_device_attr_ex, completion_timestamp_mask)`.
@@ -107,8 +112,10 @@ pub struct IbvContext {
 pub struct VerbsContext {
     /// `query_port` (offset 0).
     pub query_port: Option<QueryPortFn>,
-    /// `advise_mr` .. `create_wq`.
-    pub _ops1: [usize; 23],
+    /// `advise_mr` (8), which the `ibv_advise_mr` inline calls.
+    pub advise_mr: Option<AdviseMrFn>,
+    /// `alloc_null_mr` .. `create_wq`.
+    pub _ops1: [usize; 22],
     /// `query_rt_values` (192), which the `ibv_query_rt_values_ex` inline calls.
     pub query_rt_values: Option<QueryRtValuesFn>,
     /// `create_cq_ex` (200), which the `ibv_create_cq_ex` inline calls.

@@ -207,7 +207,8 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
     };
     let vctx = VerbsContext {
         query_port: Some(vctx_query_port),
-        _ops1: [0; 23],
+        advise_mr: Some(crate::objects::advise_mr),
+        _ops1: [0; 22],
         query_rt_values: Some(crate::cq_ex::query_rt_values),
         create_cq_ex: Some(crate::cq_ex::create_cq_ex),
         _priv: 0,
@@ -335,8 +336,9 @@ export!("ibv_query_device", "IBVERBS_1.1", query_device);
 
 /// `verbs_context.query_device_ex`: `ibv_query_device`'s attributes in `orig_attr`, one
 /// physical port in `phys_port_cnt_ex`, completion timestamps (all 64 bits of a clock of
-/// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond) and no other extended
-/// capability (ODP, TSO, RSS, tag matching, device memory: 0), within the `attr_size` bytes the caller's
+/// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond), on-demand paging
+/// (explicit and implicit regions, every operation of RC, UC and UD) and no other extended
+/// capability (TSO, RSS, tag matching, device memory: 0), within the `attr_size` bytes the caller's
 /// `struct ibv_device_attr_ex` has (an older program's is shorter), as rdma-core's
 /// providers fill it. EINVAL for an input with a comp_mask, as the inline checks.
 unsafe extern "C" fn query_device_ex(
@@ -371,6 +373,13 @@ unsafe extern "C" fn query_device_ex(
     put(crate::abi::COMPLETION_TIMESTAMP_MASK_OFFSET, &u64::MAX.to_ne_bytes());
     put(crate::abi::HCA_CORE_CLOCK_OFFSET, &crate::cq_ex::HCA_CORE_CLOCK_KHZ.to_ne_bytes());
     put(crate::abi::PHYS_PORT_CNT_EX_OFFSET, &1u32.to_ne_bytes());
+    // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT; per transport IBV_ODP_SUPPORT_SEND (1),
+    // _RECV (2), _WRITE (4), _READ (8), _ATOMIC (16), _SRQ_RECV (32), as each has them.
+    let (rc, uc, ud) = (0x3fu32, 0x27u32, 0x23u32);
+    put(crate::abi::ODP_CAPS_OFFSET, &3u64.to_ne_bytes());
+    put(crate::abi::ODP_CAPS_OFFSET + 8, &rc.to_ne_bytes());
+    put(crate::abi::ODP_CAPS_OFFSET + 12, &uc.to_ne_bytes());
+    put(crate::abi::ODP_CAPS_OFFSET + 16, &ud.to_ne_bytes());
     0
 }
 

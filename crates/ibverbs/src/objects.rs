@@ -144,7 +144,7 @@ export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
 /// The access flags softrdma enforces; the optional ones (relaxed ordering, ...) are
 /// accepted and ignored.
 fn access(flags: c_int) -> Access {
-    Access(flags as u32 & Access::ALL.0)
+    Access(flags as u32 & (Access::ALL | Access::ON_DEMAND).0)
 }
 
 unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, flags: c_int) -> *mut IbvMr {
@@ -156,6 +156,12 @@ unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64
     if iova != addr as u64 {
         // softrdma names registered memory by its address.
         errno::set(libc::EOPNOTSUPP);
+        return ptr::null_mut();
+    }
+    if addr.is_null() && len == usize::MAX && !access(flags).contains(Access::ON_DEMAND) {
+        // The whole address space is the implicit on-demand region, and only that: the
+        // kernel fails to pin it (EFAULT).
+        errno::set(libc::EFAULT);
         return ptr::null_mut();
     }
     // SAFETY: the C contract of ibv_reg_mr: the application keeps addr..addr+len allocated
@@ -236,6 +242,35 @@ unsafe extern "C" fn rereg_mr(
     })
 }
 export!("ibv_rereg_mr", "IBVERBS_1.1", rereg_mr);
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): prefetch advice for SGEs of regions on
+/// demand. `IBV_ADVISE_MR_FLAG_FLUSH` or not, the pages are faulted in before it returns.
+/// EINVAL for a NULL PD or list, an unknown flag or advice, an SGE outside a region of the
+/// PD registered on demand; EFAULT where the pages do not allow the access.
+pub(crate) unsafe extern "C" fn advise_mr(pd: *mut IbvPd, advice: u32, flags: u32, sg: *mut IbvSge, n: u32) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: pd is ours or NULL.
+        let Some(p) = (unsafe { obj::<IbvPd, PdC>(pd) }) else { return libc::EINVAL };
+        let advice = match advice {
+            0 => softrdma::Prefetch::Read,
+            1 => softrdma::Prefetch::Write,
+            2 => softrdma::Prefetch::NoFault,
+            _ => return libc::EINVAL,
+        };
+        if flags & !1 != 0 || sg.is_null() || n == 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: sg points at n SGEs (the caller's contract).
+        let sges: Vec<softrdma::Sge> = unsafe { std::slice::from_raw_parts(sg, n as usize) }
+            .iter()
+            .map(|s| softrdma::Sge { addr: s.addr, length: s.length, lkey: softrdma::LKey(s.lkey) })
+            .collect();
+        match p.inner.prefetch(&sges, advice) {
+            Ok(()) => 0,
+            Err(e) => errno::of(&e),
+        }
+    })
+}
 
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
     // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.

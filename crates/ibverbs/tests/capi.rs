@@ -38,6 +38,11 @@ fn the_extended_cq_reads_what_ibv_poll_cq_gives() {
 }
 
 #[test]
+fn regions_on_demand_fault_pages_in_and_fail_where_they_cannot() {
+    passes("odp");
+}
+
+#[test]
 fn the_wr_api_posts_whole_batches_or_nothing() {
     passes("wr_api");
 }

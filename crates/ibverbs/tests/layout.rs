@@ -28,7 +28,7 @@ fn entries() -> Vec<Entry> {
         post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv"]);
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
-    layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", query_device_ex => "query_device_ex",
+    layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", advise_mr => "advise_mr", query_device_ex => "query_device_ex",
         query_rt_values => "query_rt_values", create_cq_ex => "create_cq_ex", create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
     layout!(v, IbvCqEx, "struct ibv_cq_ex", [cq => "context", comp_mask => "comp_mask", status => "status",
         wr_id => "wr_id", start_poll => "start_poll", next_poll => "next_poll", end_poll => "end_poll",
@@ -41,6 +41,7 @@ fn entries() -> Vec<Entry> {
     layout!(v, IbvValuesEx, "struct ibv_values_ex", [comp_mask => "comp_mask", raw_clock => "raw_clock"]);
     v.push(("struct ibv_device_attr_ex", "completion_timestamp_mask".to_owned(), COMPLETION_TIMESTAMP_MASK_OFFSET));
     v.push(("struct ibv_device_attr_ex", "hca_core_clock".to_owned(), HCA_CORE_CLOCK_OFFSET));
+    v.push(("struct ibv_device_attr_ex", "odp_caps".to_owned(), ODP_CAPS_OFFSET));
     layout!(v, IbvPollCqAttr, "struct ibv_poll_cq_attr", [comp_mask => "comp_mask"]);
     layout!(v, IbvCqInitAttrEx, "struct ibv_cq_init_attr_ex", [cqe => "cqe", cq_context => "cq_context",
         channel => "channel", comp_vector => "comp_vector", wc_flags => "wc_flags", comp_mask => "comp_mask",

@@ -11,10 +11,22 @@
 //!    mutex, and so do [`crate::Mr`]'s methods that let the owner read or write its buffer.
 //!    No Rust reference to registered memory exists outside that lock, so a remote WRITE can
 //!    never race a Rust reference.
+//!
+//! A region registered **on demand** (`IBV_ACCESS_ON_DEMAND`, including the implicit one
+//! that covers the whole address space) makes no such promise: its pages may be unmapped,
+//! or not writable, when the device gets there, as with an ODP NIC. Every access that
+//! touches such a range first asks the kernel to fault its pages in
+//! (`MADV_POPULATE_READ`/`_WRITE`, which fail with `EFAULT` where the access would have
+//! raised SIGSEGV or SIGBUS): an access the pages do not allow is a [`MemoryFault`], which
+//! the engine turns into the error completion or NAK it owes, never a crash. (A page the
+//! application unmaps in the instant between that and the copy is not covered, as it is
+//! not for any region: unmapping memory the device is using is the application's race.)
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{PoisonError, RwLock};
 
 use softrdma_engine::{Memory, MemoryFault};
 
@@ -27,6 +39,7 @@ impl Memory for ProcessMemory {
         if buf.is_empty() {
             return Ok(());
         }
+        fault_in(addr, buf.len() as u64, false)?;
         // SAFETY: the engine calls this only for a range inside a live memory region, after
         // its key, bounds and access checks; the region is allocated while registered and
         // every access to it happens under the device lock (module documentation).
@@ -38,6 +51,7 @@ impl Memory for ProcessMemory {
         if data.is_empty() {
             return Ok(());
         }
+        fault_in(addr, data.len() as u64, true)?;
         // SAFETY: as for `read`; the region allows the write (the engine checked the access
         // flags), and `data` is engine-owned memory, never inside the target range.
         unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), addr as usize as *mut u8, data.len()) };
@@ -61,10 +75,68 @@ fn atomic_at(addr: u64) -> Result<&'static AtomicU64, MemoryFault> {
     if addr % 8 != 0 || addr == 0 {
         return Err(MemoryFault { addr, len: 8 });
     }
+    fault_in(addr, 8, true)?;
     // SAFETY: aligned and non-null (checked above); the engine checked the 8 bytes lie in a
     // live region that allows atomics, which stays allocated while registered. The
     // 'static lifetime never escapes this module's two callers, which use it at once.
     Ok(unsafe { AtomicU64::from_ptr(addr as usize as *mut u64) })
+}
+
+/// The ranges registered on demand in this process (start → end, and how many regions
+/// cover exactly that range), and whether there is any: the common case reads one flag.
+static ON_DEMAND: RwLock<BTreeMap<(u64, u64), usize>> = RwLock::new(BTreeMap::new());
+static ANY_ON_DEMAND: AtomicBool = AtomicBool::new(false);
+
+/// A region on demand at `[addr, addr + len)` was registered.
+pub(crate) fn add_on_demand(addr: u64, len: u64) {
+    let mut ranges = ON_DEMAND.write().unwrap_or_else(PoisonError::into_inner);
+    *ranges.entry((addr, addr.saturating_add(len))).or_default() += 1;
+    ANY_ON_DEMAND.store(true, Ordering::Release);
+}
+
+/// A region on demand at `[addr, addr + len)` was deregistered.
+pub(crate) fn remove_on_demand(addr: u64, len: u64) {
+    let mut ranges = ON_DEMAND.write().unwrap_or_else(PoisonError::into_inner);
+    let key = (addr, addr.saturating_add(len));
+    if let Some(n) = ranges.get_mut(&key) {
+        *n -= 1;
+        if *n == 0 {
+            ranges.remove(&key);
+        }
+    }
+    ANY_ON_DEMAND.store(!ranges.is_empty(), Ordering::Release);
+}
+
+/// Whether `[addr, addr + len)` touches a range registered on demand.
+fn on_demand(addr: u64, len: u64) -> bool {
+    if !ANY_ON_DEMAND.load(Ordering::Acquire) {
+        return false;
+    }
+    let end = addr.saturating_add(len);
+    ON_DEMAND.read().unwrap_or_else(PoisonError::into_inner).keys().any(|&(s, e)| s < end && addr < e)
+}
+
+/// Faults in the pages of `[addr, addr + len)` for reading or writing if the range touches
+/// a region on demand (module documentation); a [`MemoryFault`] where the pages are not
+/// mapped, or not mapped for that access.
+fn fault_in(addr: u64, len: u64, write: bool) -> Result<(), MemoryFault> {
+    if !on_demand(addr, len) {
+        return Ok(());
+    }
+    populate(addr, len, write).map_err(|_| MemoryFault { addr, len: usize::try_from(len).unwrap_or(usize::MAX) })
+}
+
+/// Asks the kernel to map the pages of `[addr, addr + len)` as an access of that kind would
+/// (`ibv_advise_mr`'s prefetch does this too); `EFAULT` (or `ENOMEM` for an unmapped hole)
+/// where the access would fault.
+pub(crate) fn populate(addr: u64, len: u64, write: bool) -> rustix::io::Result<()> {
+    const PAGE: u64 = 4096;
+    let start = addr & !(PAGE - 1);
+    let end = addr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
+    let advice = if write { rustix::mm::Advice::LinuxPopulateWrite } else { rustix::mm::Advice::LinuxPopulateRead };
+    // SAFETY: populating page tables changes no memory contents and no mapping; it only
+    // faults in what an access would, or reports that the access would fail.
+    unsafe { rustix::mm::madvise(start as usize as *mut std::ffi::c_void, (end - start) as usize, advice) }
 }
 
 /// Page-aligned, zeroed memory that a [`crate::Mr`] owns: its address never changes while it

@@ -221,9 +221,48 @@ impl Pd {
     /// device writes with remote or local write access at any time; use
     /// [`Pd::reg_mr`] for memory that is safe by construction).
     #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
+    ///
+    /// With [`Access::ON_DEMAND`] the range need not be mapped, now or later: the device
+    /// faults its pages in as it reaches them, and an access the pages do not allow fails
+    /// as a bad access would (`IBV_ACCESS_ON_DEMAND`). From address 0 with length
+    /// `usize::MAX` it is the implicit on-demand region, the whole address space.
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<RawMr> {
         let keys = self.register(addr as usize as u64, len as u64, access)?;
-        Ok(RawMr { pd: Arc::clone(&self.inner), keys, addr: addr as usize as u64, len })
+        let mr = RawMr { pd: Arc::clone(&self.inner), keys, addr: addr as usize as u64, len, on_demand: false };
+        Ok(mr.on_demand(access.contains(Access::ON_DEMAND)))
+    }
+
+    /// `ibv_advise_mr` with a prefetch advice: the pages of every SGE (each in a region of
+    /// this PD registered with [`Access::ON_DEMAND`]) faulted in now, for reading, or for
+    /// writing; [`Prefetch::NoFault`] maps nothing that is not there (nothing to do: the
+    /// device keeps no page table of its own). Each SGE is checked before any is faulted
+    /// in. A range whose pages do not allow the access fails with `EFAULT`, naming the SGE.
+    pub fn prefetch(&self, sges: &[Sge], advice: Prefetch) -> Result<()> {
+        {
+            let st = self.inner.ctx.drv.shared.lock();
+            for (i, s) in sges.iter().enumerate() {
+                st.nic
+                    .engine()
+                    .check_on_demand(self.inner.id, s.lkey, s.addr, u64::from(s.length))
+                    .map_err(|e| softrdma_engine::VerbsError::Invalid(format!("SGE {i}: {e}")))?;
+            }
+        }
+        let write = match advice {
+            Prefetch::Read => false,
+            Prefetch::Write => true,
+            Prefetch::NoFault => return Ok(()),
+        };
+        for (i, s) in sges.iter().enumerate() {
+            crate::memory::populate(s.addr, u64::from(s.length), write).map_err(|e| {
+                let what = if write { "writing" } else { "reading" };
+                let fault = std::io::Error::from_raw_os_error(libc::EFAULT);
+                Error::io(
+                    format!("SGE {i}: {} bytes at {:#x} are not mapped for {what} ({e})", s.length, s.addr),
+                    fault,
+                )
+            })?;
+        }
+        Ok(())
     }
 
     fn register(&self, addr: u64, len: u64, access: Access) -> Result<MrKeys> {
@@ -412,6 +451,17 @@ impl Drop for Mr {
     }
 }
 
+/// What [`Pd::prefetch`] asks for (`enum ibv_advise_mr_advice`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Prefetch {
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH`: map the pages for the device to read.
+    Read,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE`: map them writable.
+    Write,
+    /// `IBV_ADVISE_MR_ADVICE_PREFETCH_NO_FAULT`: map only what is present.
+    NoFault,
+}
+
 /// A memory region over memory the caller owns ([`Pd::reg_mr_raw`]).
 #[derive(Debug)]
 pub struct RawMr {
@@ -419,6 +469,9 @@ pub struct RawMr {
     keys: MrKeys,
     addr: u64,
     len: usize,
+    /// Registered with [`Access::ON_DEMAND`]: its range is in the process's list of ranges
+    /// the device faults in before it touches them.
+    on_demand: bool,
 }
 
 impl RawMr {
@@ -447,13 +500,36 @@ impl RawMr {
 impl RawMr {
     /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`: other access rights, the keys kept.
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
-        Ok(self.pd.ctx.drv.shared.lock().nic.engine_mut().rereg_mr(self.keys.lkey, None, None, Some(access))?)
+        self.pd.ctx.drv.shared.lock().nic.engine_mut().rereg_mr(self.keys.lkey, None, None, Some(access))?;
+        let on = access.contains(Access::ON_DEMAND);
+        if on != self.on_demand {
+            // The range joins or leaves the process's list of ranges on demand.
+            if on {
+                crate::memory::add_on_demand(self.addr, self.len as u64);
+            } else {
+                crate::memory::remove_on_demand(self.addr, self.len as u64);
+            }
+            self.on_demand = on;
+        }
+        Ok(())
+    }
+
+    /// Puts the range in the process's list of ranges on demand, if `on`.
+    fn on_demand(mut self, on: bool) -> Self {
+        if on {
+            crate::memory::add_on_demand(self.addr, self.len as u64);
+            self.on_demand = true;
+        }
+        self
     }
 }
 
 impl Drop for RawMr {
     fn drop(&mut self) {
         let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey);
+        if self.on_demand {
+            crate::memory::remove_on_demand(self.addr, self.len as u64);
+        }
     }
 }
 
