@@ -39,7 +39,11 @@ fi
 
 work=$(mktemp -d)
 ns=softrdma-rdmacore-$$
-trap 'ip netns del "$ns" 2>/dev/null; rm -rf "$work"' EXIT
+# The suite's huge-page tests (registrations on 2 MiB pages, IBV_ACCESS_HUGETLB) need some
+# allocated: 16 for the run where the host has none, given back after.
+hugepages=$(cat /proc/sys/vm/nr_hugepages 2>/dev/null || echo)
+trap 'ip netns del "$ns" 2>/dev/null; rm -rf "$work"; [ "$hugepages" = 0 ] && echo 0 >/proc/sys/vm/nr_hugepages' EXIT
+[ "$hugepages" = 0 ] && echo 16 >/proc/sys/vm/nr_hugepages 2>/dev/null
 
 suite=${SOFTRDMA_RDMA_CORE_TESTS:-}
 if [ -z "$suite" ] && [ -d ../shared/conformance/rdma-core-v44.0/tests ]; then
