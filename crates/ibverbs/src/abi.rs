@@ -114,8 +114,16 @@ pub struct VerbsContext {
     pub query_port: Option<QueryPortFn>,
     /// `advise_mr` (8), which the `ibv_advise_mr` inline calls.
     pub advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` .. `create_wq`.
-    pub _ops1: [usize; 22],
+    /// `alloc_null_mr` .. `modify_qp_rate_limit`.
+    pub _ops1: [usize; 12],
+    /// `alloc_parent_domain` (112), which the `ibv_alloc_parent_domain` inline calls.
+    pub alloc_parent_domain: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvParentDomainInitAttr) -> *mut IbvPd>,
+    /// `dealloc_td` (120), which the `ibv_dealloc_td` inline calls.
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut IbvTd) -> c_int>,
+    /// `alloc_td` (128), which the `ibv_alloc_td` inline calls.
+    pub alloc_td: Option<unsafe extern "C" fn(*mut IbvContext, *mut c_void) -> *mut IbvTd>,
+    /// `modify_cq` .. `create_wq`.
+    pub _ops1b: [usize; 7],
     /// `query_rt_values` (192), which the `ibv_query_rt_values_ex` inline calls.
     pub query_rt_values: Option<QueryRtValuesFn>,
     /// `create_cq_ex` (200), which the `ibv_create_cq_ex` inline calls.
@@ -328,6 +336,24 @@ pub struct IbvCqInitAttrEx {
     /// `IBV_CREATE_CQ_ATTR_SINGLE_THREADED` (1), `_IGNORE_OVERRUN` (2).
     pub flags: u32,
     pub parent_domain: *mut IbvPd,
+}
+
+/// `struct ibv_td`: a thread domain.
+#[repr(C)]
+pub struct IbvTd {
+    pub context: *mut IbvContext,
+}
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub struct IbvParentDomainInitAttr {
+    pub pd: *mut IbvPd,
+    pub td: *mut IbvTd,
+    /// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS` (1), `_PD_CONTEXT` (2).
+    pub comp_mask: u32,
+    pub alloc: Option<unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void>,
+    pub free: Option<unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64)>,
+    pub pd_context: *mut c_void,
 }
 
 /// `struct ibv_srq`.
@@ -647,6 +673,7 @@ const _: () = {
     assert!(size_of::<IbvCqEx>() == 288);
     assert!(size_of::<IbvCqInitAttrEx>() == 56);
     assert!(size_of::<IbvValuesEx>() == 24);
+    assert!(size_of::<IbvParentDomainInitAttr>() == 48);
     assert!(size_of::<IbvQp>() == 160);
     assert!(size_of::<IbvSrq>() == 128);
     assert!(size_of::<IbvWc>() == 48);

@@ -91,7 +91,8 @@ pub(crate) const EMPTY: IbvCqEx = IbvCqEx {
 /// `attr.wc_flags` names. EINVAL for a NULL `attr`, an unknown `comp_mask` bit, an invalid
 /// `comp_vector` or `cqe`; EOPNOTSUPP for a `wc_flags` bit past `IBV_WC_STANDARD_FLAGS`
 /// and the two timestamps (VLAN, flow tag, tag matching), `IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN`
-/// (kernel rxe refuses it too) or a parent domain.
+/// (kernel rxe refuses it too); EINVAL for `IBV_CQ_INIT_ATTR_MASK_PD` with no parent domain
+/// (a plain PD is not one), as mlx5.
 pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut IbvContext, attr: *mut IbvCqInitAttrEx) -> *mut IbvCqEx {
     guard(ptr::null_mut(), || {
         // SAFETY: attr is NULL or the caller's struct ibv_cq_init_attr_ex.
@@ -101,9 +102,11 @@ pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut IbvContext, attr: *mut Ib
         };
         let unsupported = (a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0
             && a.flags & !CREATE_CQ_ATTR_SINGLE_THREADED != 0)
-            || (a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null())
             || a.wc_flags & !SUPPORTED_WC_FLAGS != 0;
-        let refused = if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0 {
+        // SAFETY: parent_domain is NULL or a PD of ours.
+        let parent = unsafe { obj::<IbvPd, crate::objects::PdC>(a.parent_domain) };
+        let not_parent = a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 && !parent.is_some_and(|p| p.parent.is_some());
+        let refused = if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0 || not_parent {
             libc::EINVAL
         } else if unsupported {
             libc::EOPNOTSUPP

@@ -208,7 +208,11 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
     let vctx = VerbsContext {
         query_port: Some(vctx_query_port),
         advise_mr: Some(crate::objects::advise_mr),
-        _ops1: [0; 22],
+        _ops1: [0; 12],
+        alloc_parent_domain: Some(crate::objects::alloc_parent_domain),
+        dealloc_td: Some(crate::objects::dealloc_td),
+        alloc_td: Some(crate::objects::alloc_td),
+        _ops1b: [0; 7],
         query_rt_values: Some(crate::cq_ex::query_rt_values),
         create_cq_ex: Some(crate::cq_ex::create_cq_ex),
         _priv: 0,

@@ -19,6 +19,31 @@ use crate::guard;
 pub(crate) struct PdC {
     pub(crate) pd: IbvPd,
     pub(crate) inner: softrdma::Pd,
+    /// A parent domain's own (`ibv_alloc_parent_domain`); `inner` is then its protection
+    /// domain's.
+    pub(crate) parent: Option<Parent>,
+}
+
+/// What a parent domain adds to the protection domain it contains.
+pub(crate) struct Parent {
+    /// The thread domain, or NULL.
+    td: *mut IbvTd,
+    /// The application's allocators and their context. softrdma's queues live in the
+    /// device, not in buffers the provider hands it, so it has nothing to allocate with them
+    /// and never calls them (ibv_alloc_parent_domain(3): how a provider uses them is its
+    /// own); they are kept, as given.
+    _alloc: Option<unsafe extern "C" fn(*mut IbvPd, *mut c_void, usize, usize, u64) -> *mut c_void>,
+    _free: Option<unsafe extern "C" fn(*mut IbvPd, *mut c_void, *mut c_void, u64)>,
+    _pd_context: *mut c_void,
+}
+
+/// A thread domain (`ibv_alloc_td`): a promise that what uses it is used by one thread at a
+/// time, which softrdma's locks need not exploit.
+#[repr(C)]
+pub(crate) struct TdC {
+    td: IbvTd,
+    /// Parent domains that name it: `ibv_dealloc_td` answers EBUSY while any does.
+    users: AtomicU32,
 }
 
 #[repr(C)]
@@ -130,16 +155,92 @@ pub(crate) unsafe extern "C" fn alloc_pd(ctx: *mut IbvContext) -> *mut IbvPd {
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        errno::or_null(c.inner.alloc_pd(), |inner| boxed(PdC { pd: IbvPd { context: ctx, handle: 0 }, inner }))
+        errno::or_null(c.inner.alloc_pd(), |inner| {
+            boxed(PdC { pd: IbvPd { context: ctx, handle: 0 }, inner, parent: None })
+        })
     })
 }
 export!("ibv_alloc_pd", "IBVERBS_1.1", alloc_pd);
 
+/// `ibv_dealloc_pd`, of a protection domain or a parent domain (whose thread domain is then
+/// free of it).
 pub(crate) unsafe extern "C" fn dealloc_pd(pd: *mut IbvPd) -> c_int {
-    // SAFETY: pd came from ibv_alloc_pd; objects made from it hold the PD alive inside.
-    unsafe { destroy::<IbvPd, PdC>(pd) }
+    guard(libc::EIO, || {
+        // SAFETY: pd is ours or NULL.
+        let td = unsafe { obj::<IbvPd, PdC>(pd) }.and_then(|p| p.parent.as_ref()).map_or(ptr::null_mut(), |p| p.td);
+        // SAFETY: a parent domain's thread domain outlives it (ibv_dealloc_td refuses).
+        if let Some(t) = unsafe { obj::<IbvTd, TdC>(td) } {
+            t.users.fetch_sub(1, Ordering::AcqRel);
+        }
+        // SAFETY: pd came from ibv_alloc_pd or ibv_alloc_parent_domain; objects made from it
+        // hold the PD alive inside.
+        unsafe { destroy::<IbvPd, PdC>(pd) }
+    })
 }
 export!("ibv_dealloc_pd", "IBVERBS_1.1", dealloc_pd);
+
+/// `verbs_context.alloc_td` (`ibv_alloc_td`): EINVAL for an unknown `comp_mask` bit.
+pub(crate) unsafe extern "C" fn alloc_td(ctx: *mut IbvContext, attr: *mut c_void) -> *mut IbvTd {
+    guard(ptr::null_mut(), || {
+        // SAFETY: ctx is ours or NULL; attr is NULL or a struct ibv_td_init_attr (its u32
+        // comp_mask).
+        let (c, mask) = unsafe { (ctx_of(ctx), attr.cast::<u32>().as_ref().copied().unwrap_or(0)) };
+        if c.is_none() || mask != 0 {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        boxed(TdC { td: IbvTd { context: ctx }, users: AtomicU32::new(0) })
+    })
+}
+
+/// `verbs_context.dealloc_td` (`ibv_dealloc_td`): EBUSY while a parent domain names it.
+pub(crate) unsafe extern "C" fn dealloc_td(td: *mut IbvTd) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: td is ours or NULL.
+        match unsafe { obj::<IbvTd, TdC>(td) } {
+            None => libc::EINVAL,
+            Some(t) if t.users.load(Ordering::Acquire) > 0 => libc::EBUSY,
+            // SAFETY: made by alloc_td, freed once, no parent domain names it.
+            Some(_) => unsafe { destroy::<IbvTd, TdC>(td) },
+        }
+    })
+}
+
+/// `verbs_context.alloc_parent_domain` (`ibv_alloc_parent_domain`): a PD that is its
+/// protection domain's for every verb (what is made with it is in that PD), with a thread
+/// domain and the application's allocators and context. EINVAL for a NULL or parent-domain
+/// `pd` (no nesting, as EFA), another context's PD or TD, or an unknown `comp_mask` bit.
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    ctx: *mut IbvContext,
+    attr: *mut IbvParentDomainInitAttr,
+) -> *mut IbvPd {
+    guard(ptr::null_mut(), || {
+        // SAFETY: attr is NULL or the caller's struct; its pd and td are ours or NULL.
+        let a = unsafe { attr.as_ref() };
+        let pd = a.and_then(|a| unsafe { obj::<IbvPd, PdC>(a.pd) });
+        let td = a.and_then(|a| unsafe { obj::<IbvTd, TdC>(a.td) });
+        let (Some(a), Some(p)) = (a, pd) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        let foreign = p.pd.context != ctx || td.is_some_and(|t| t.td.context != ctx);
+        if p.parent.is_some() || foreign || a.comp_mask & !3 != 0 {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        let allocators = a.comp_mask & 1 != 0;
+        if let Some(t) = td {
+            t.users.fetch_add(1, Ordering::AcqRel);
+        }
+        let parent = Parent {
+            td: a.td,
+            _alloc: a.alloc.filter(|_| allocators),
+            _free: a.free.filter(|_| allocators),
+            _pd_context: if a.comp_mask & 2 != 0 { a.pd_context } else { ptr::null_mut() },
+        };
+        boxed(PdC { pd: IbvPd { context: ctx, handle: p.pd.handle }, inner: p.inner.clone(), parent: Some(parent) })
+    })
+}
 
 /// The access flags softrdma enforces; the optional ones (relaxed ordering, ...) are
 /// accepted and ignored.

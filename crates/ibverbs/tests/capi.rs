@@ -43,6 +43,11 @@ fn regions_on_demand_fault_pages_in_and_fail_where_they_cannot() {
 }
 
 #[test]
+fn a_parent_domain_is_its_protection_domain_for_every_verb() {
+    passes("parent_domain");
+}
+
+#[test]
 fn the_wr_api_posts_whole_batches_or_nothing() {
     passes("wr_api");
 }

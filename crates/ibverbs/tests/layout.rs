@@ -28,7 +28,10 @@ fn entries() -> Vec<Entry> {
         post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv"]);
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
-    layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", advise_mr => "advise_mr", query_device_ex => "query_device_ex",
+    layout!(v, IbvParentDomainInitAttr, "struct ibv_parent_domain_init_attr", [pd => "pd", td => "td",
+        comp_mask => "comp_mask", alloc => "alloc", free => "free", pd_context => "pd_context"]);
+    layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", advise_mr => "advise_mr",
+        alloc_parent_domain => "alloc_parent_domain", dealloc_td => "dealloc_td", alloc_td => "alloc_td", query_device_ex => "query_device_ex",
         query_rt_values => "query_rt_values", create_cq_ex => "create_cq_ex", create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
     layout!(v, IbvCqEx, "struct ibv_cq_ex", [cq => "context", comp_mask => "comp_mask", status => "status",
         wr_id => "wr_id", start_poll => "start_poll", next_poll => "next_poll", end_poll => "end_poll",
