@@ -105,7 +105,7 @@ pub(crate) unsafe extern "C" fn create_cq_ex(ctx: *mut IbvContext, attr: *mut Ib
             || a.wc_flags & !SUPPORTED_WC_FLAGS != 0;
         // SAFETY: parent_domain is NULL or a PD of ours.
         let parent = unsafe { obj::<IbvPd, crate::objects::PdC>(a.parent_domain) };
-        let not_parent = a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 && !parent.is_some_and(|p| p.parent.is_some());
+        let not_parent = a.comp_mask & CQ_INIT_ATTR_MASK_PD != 0 && parent.is_none_or(|p| p.parent.is_none());
         let refused = if a.comp_mask & !(CQ_INIT_ATTR_MASK_FLAGS | CQ_INIT_ATTR_MASK_PD) != 0 || not_parent {
             libc::EINVAL
         } else if unsupported {

@@ -215,9 +215,11 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
     attr: *mut IbvParentDomainInitAttr,
 ) -> *mut IbvPd {
     guard(ptr::null_mut(), || {
-        // SAFETY: attr is NULL or the caller's struct; its pd and td are ours or NULL.
+        // SAFETY: attr is NULL or the caller's struct.
         let a = unsafe { attr.as_ref() };
+        // SAFETY: its pd is ours or NULL.
         let pd = a.and_then(|a| unsafe { obj::<IbvPd, PdC>(a.pd) });
+        // SAFETY: its td is ours or NULL.
         let td = a.and_then(|a| unsafe { obj::<IbvTd, TdC>(a.td) });
         let (Some(a), Some(p)) = (a, pd) else {
             errno::set(libc::EINVAL);
