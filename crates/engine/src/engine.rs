@@ -169,7 +169,11 @@ pub struct Transmit {
 #[derive(Debug)]
 pub(crate) struct Mr {
     pub(crate) pd: PdId,
+    /// Where its bytes are, for the runtime's [`Memory`].
     pub(crate) addr: u64,
+    /// The address work requests and peers name its first byte by (`ibv_reg_mr_iova`; 0
+    /// for a zero-based region; `addr` for most).
+    pub(crate) iova: u64,
     pub(crate) length: u64,
     pub(crate) access: Access,
     pub(crate) keys: MrKeys,
@@ -270,31 +274,33 @@ pub(crate) enum KeyError {
 }
 
 impl Shared {
-    /// Checks that `[addr, addr + len)` lies in the MR `lkey` names, in `pd`, with `need`.
-    pub(crate) fn check_lkey(&self, pd: PdId, lkey: LKey, addr: u64, len: u64, need: Access) -> Result<(), KeyError> {
+    /// Checks that `[addr, addr + len)` lies in the MR `lkey` names, in `pd`, with `need`;
+    /// where its first byte is in memory.
+    pub(crate) fn check_lkey(&self, pd: PdId, lkey: LKey, addr: u64, len: u64, need: Access) -> Result<u64, KeyError> {
         let &index = self.lkeys.get(&lkey.0).ok_or(KeyError::BadKey)?;
         self.check_mr(index, pd, addr, len, need)
     }
 
-    /// Checks that `[va, va + len)` lies in the MR `rkey` names, in `pd`, with `need`.
-    pub(crate) fn check_rkey(&self, pd: PdId, rkey: u32, va: u64, len: u64, need: Access) -> Result<(), KeyError> {
+    /// Checks that `[va, va + len)` lies in the MR `rkey` names, in `pd`, with `need`;
+    /// where its first byte is in memory.
+    pub(crate) fn check_rkey(&self, pd: PdId, rkey: u32, va: u64, len: u64, need: Access) -> Result<u64, KeyError> {
         let &index = self.rkeys.get(&rkey).ok_or(KeyError::BadKey)?;
         self.check_mr(index, pd, va, len, need)
     }
 
-    fn check_mr(&self, index: usize, pd: PdId, addr: u64, len: u64, need: Access) -> Result<(), KeyError> {
+    fn check_mr(&self, index: usize, pd: PdId, addr: u64, len: u64, need: Access) -> Result<u64, KeyError> {
         let mr = &self.mrs[index];
         if mr.pd != pd {
             return Err(KeyError::BadKey);
         }
         let end = addr.checked_add(len).ok_or(KeyError::Bounds)?;
-        if addr < mr.addr || end > mr.addr + mr.length {
+        if addr < mr.iova || end > mr.iova + mr.length {
             return Err(KeyError::Bounds);
         }
         if !mr.access.contains(need) {
             return Err(KeyError::Access);
         }
-        Ok(())
+        Ok(mr.addr + (addr - mr.iova))
     }
 
     /// Keeps `now` as the engine's clock, if it is the latest it was given.
@@ -533,6 +539,23 @@ impl Engine {
     ///
     /// IBA 10.6.3.1: remote write or atomic access needs local write too.
     pub fn reg_mr(&mut self, pd: PdId, addr: u64, length: u64, access: Access) -> Result<MrKeys, VerbsError> {
+        self.reg_mr_iova(pd, addr, length, addr, access)
+    }
+
+    /// `ibv_reg_mr_iova`: registers the `length` bytes at `addr` in memory, which work
+    /// requests and peers name `[iova, iova + length)` (0 for a zero-based region,
+    /// `IBV_ACCESS_ZERO_BASED`); otherwise as [`reg_mr`](Self::reg_mr).
+    pub fn reg_mr_iova(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        length: u64,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrKeys, VerbsError> {
+        if iova.checked_add(length).is_none() {
+            return Err(invalid(format!("the region's iova {iova:#x} + {length} wraps around the address space")));
+        }
         if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
             && !access.contains(Access::LOCAL_WRITE)
         {
@@ -551,7 +574,7 @@ impl Engine {
         let lkey = self.fresh_key(true);
         let rkey = self.fresh_key(false);
         let keys = MrKeys { lkey: LKey(lkey), rkey: RKey(rkey) };
-        let index = self.shared.mrs.insert(Mr { pd, addr, length, access, keys });
+        let index = self.shared.mrs.insert(Mr { pd, addr, iova, length, access, keys });
         self.shared.lkeys.insert(lkey, index);
         self.shared.rkeys.insert(rkey, index);
         Ok(keys)
@@ -598,7 +621,8 @@ impl Engine {
             self.pd_use(old_pd, -1)?;
         }
         let mr = &mut self.shared.mrs[index];
-        (mr.pd, mr.addr, mr.length, mr.access) = (new_pd, addr, length, access);
+        let iova = if range.is_some() { addr } else { mr.iova };
+        (mr.pd, mr.addr, mr.iova, mr.length, mr.access) = (new_pd, addr, iova, length, access);
         Ok(())
     }
 
@@ -852,11 +876,11 @@ impl Engine {
                 lkey.0
             )));
         }
-        let inside = addr.checked_add(len).is_some_and(|end| addr >= mr.addr && end <= mr.addr + mr.length);
+        let inside = addr.checked_add(len).is_some_and(|end| addr >= mr.iova && end <= mr.iova + mr.length);
         if !inside {
             return Err(invalid(format!(
                 "{len} bytes at {addr:#x} leave the region lkey {:#x} names ({} bytes at {:#x})",
-                lkey.0, mr.length, mr.addr
+                lkey.0, mr.length, mr.iova
             )));
         }
         Ok(())

@@ -458,13 +458,15 @@ fn execute<M: Memory + ?Sized>(
             };
             // Every packet is checked against the R_Key again: once dereg_mr returns, no
             // packet still in flight may reach the region.
-            if len > 0 && sh.check_rkey(qp.pd, rkey, va, u64::from(len), Access::REMOTE_WRITE).is_err() {
+            let at =
+                if len > 0 { sh.check_rkey(qp.pd, rkey, va, u64::from(len), Access::REMOTE_WRITE) } else { Ok(va) };
+            let Ok(at) = at else {
                 if let Some((wqe, from_srq)) = recv {
                     sh.give_back_recv(qp, wqe, from_srq);
                 }
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
-            }
-            if len > 0 && mem.write(va, repr.payload).is_err() {
+            };
+            if len > 0 && mem.write(at, repr.payload).is_err() {
                 // Pages of the region that do not take the write (a region on demand): an
                 // R_Key violation, as rxe's failed copy is (RESPST_ERR_RKEY_VIOLATION).
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
@@ -514,11 +516,11 @@ fn execute<M: Memory + ?Sized>(
             if qp.attr.max_dest_rd_atomic == 0 || a.virtual_address % 8 != 0 {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // IBA 9.4.5: 8-byte aligned
             }
-            remote_access(qp, sh, a.rkey, a.virtual_address, 8, Access::REMOTE_ATOMIC)?;
+            let at = remote_access(qp, sh, a.rkey, a.virtual_address, 8, Access::REMOTE_ATOMIC)?;
             let result = if operation == Operation::CompareSwap {
-                mem.compare_swap(a.virtual_address, a.compare, a.swap_add)
+                mem.compare_swap(at, a.compare, a.swap_add)
             } else {
-                mem.fetch_add(a.virtual_address, a.swap_add)
+                mem.fetch_add(at, a.swap_add)
             };
             let original = result.map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
             remember(
@@ -542,13 +544,17 @@ fn execute<M: Memory + ?Sized>(
 
 /// The responder's access check for a RETH or AtomicETH (IBA 9.7.5.1.3, rxe `check_rkey`): the QP must
 /// allow the access, and the R_Key must name an MR of the QP's PD that allows it and holds
-/// the whole range. C9-88: a zero-length operation needs no valid R_Key.
-fn remote_access(qp: &Qp, sh: &Shared, rkey: RKey, va: u64, len: u64, need: Access) -> Result<(), Refusal> {
+/// the whole range. C9-88: a zero-length operation needs no valid R_Key. Where the range's
+/// first byte is in memory.
+fn remote_access(qp: &Qp, sh: &Shared, rkey: RKey, va: u64, len: u64, need: Access) -> Result<u64, Refusal> {
     if len == 0 {
-        return Ok(());
+        return Ok(va);
     }
-    let ok = qp.attr.qp_access_flags.contains(need) && sh.check_rkey(qp.pd, rkey.0, va, len, need).is_ok();
-    if ok { Ok(()) } else { Err(Refusal::Fatal(NakCode::RemoteAccessError)) }
+    let allowed = qp.attr.qp_access_flags.contains(need);
+    match sh.check_rkey(qp.pd, rkey.0, va, len, need) {
+        Ok(at) if allowed => Ok(at),
+        _ => Err(Refusal::Fatal(NakCode::RemoteAccessError)),
+    }
 }
 
 /// Remembers a READ or atomic for duplicates, keeping the last `max_dest_rd_atomic`.

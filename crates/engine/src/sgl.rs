@@ -27,8 +27,10 @@ pub(crate) fn scatter<M: Memory + ?Sized>(
         }
         let n = ((sge.length - offset) as usize).min(data.len());
         let addr = sge.addr + u64::from(offset);
-        sh.check_lkey(pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE).map_err(crate::completer::local_key_status)?;
-        mem.write(addr, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
+        let at = sh
+            .check_lkey(pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE)
+            .map_err(crate::completer::local_key_status)?;
+        mem.write(at, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
         data = &data[n..];
         offset = 0;
     }

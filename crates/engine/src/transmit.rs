@@ -184,12 +184,13 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 (false, true) => (Opcode::RC_RDMA_READ_RESPONSE_LAST, Position::Last),
             };
             // The R_Key again, for every packet: after dereg_mr no response reads the region.
-            let live = chunk == 0 || sh.check_rkey(qp.pd, rkey, va, u64::from(chunk), Access::REMOTE_READ).is_ok();
-            if !live {
+            let from =
+                if chunk == 0 { Ok(va) } else { sh.check_rkey(qp.pd, rkey, va, u64::from(chunk), Access::REMOTE_READ) };
+            let Ok(from) = from else {
                 qp.resp.out.clear();
                 qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteAccessError) });
                 return respond(qp, sh, mem, buf);
-            }
+            };
             let header = RoceRepr {
                 bth: bth(opcode, dest, psn),
                 ext: ExtHeaders {
@@ -201,7 +202,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             let at = header.header_len();
             let payload = buf.get_mut(at..at + chunk as usize)?;
-            if mem.read(va, payload).is_err() {
+            if mem.read(from, payload).is_err() {
                 // Pages of the region that cannot be read (a region on demand): an R_Key
                 // violation, as rxe's failed copy is.
                 qp.resp.out.clear();
@@ -401,7 +402,7 @@ fn request<M: Memory + ?Sized>(
             // Copy the payload straight from the application's memory into the datagram.
             let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
             let out = buf.get_mut(at..at + chunk as usize)?;
-            if let Err(status) = gather(qp, mem, pos, offset, out) {
+            if let Err(status) = gather(qp, sh, mem, pos, offset, out) {
                 completer::fail(qp, sh, status);
                 return None;
             }
@@ -435,8 +436,16 @@ fn request<M: Memory + ?Sized>(
     sent
 }
 
-/// Copies `out.len()` bytes from byte `offset` of send WQE `pos` into `out`.
-fn gather<M: Memory + ?Sized>(qp: &Qp, mem: &M, pos: u64, mut offset: u32, out: &mut [u8]) -> Result<(), WcStatus> {
+/// Copies `out.len()` bytes from byte `offset` of send WQE `pos` into `out`, each SGE's
+/// bytes from where its region has them.
+fn gather<M: Memory + ?Sized>(
+    qp: &Qp,
+    sh: &Shared,
+    mem: &M,
+    pos: u64,
+    mut offset: u32,
+    out: &mut [u8],
+) -> Result<(), WcStatus> {
     let w = qp.sq.get(pos);
     if w.is_inline {
         out.copy_from_slice(&w.inline[offset as usize..offset as usize + out.len()]);
@@ -452,7 +461,10 @@ fn gather<M: Memory + ?Sized>(qp: &Qp, mem: &M, pos: u64, mut offset: u32, out: 
             continue;
         }
         let n = ((sge.length - offset) as usize).min(out.len() - filled);
-        mem.read(sge.addr + u64::from(offset), &mut out[filled..filled + n]).map_err(|_| WcStatus::LocProtErr)?;
+        let at = sh
+            .check_lkey(qp.pd, sge.lkey, sge.addr + u64::from(offset), n as u64, Access(0))
+            .map_err(crate::completer::local_key_status)?;
+        mem.read(at, &mut out[filled..filled + n]).map_err(|_| WcStatus::LocProtErr)?;
         filled += n;
         offset = 0;
     }

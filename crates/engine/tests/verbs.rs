@@ -302,6 +302,52 @@ fn completions_carry_the_time_the_engine_made_them() {
     assert!(recv.completed_at.unwrap() <= at && at <= pair.now, "a flush: the latest now b was given");
 }
 
+/// A region whose addresses are not where its bytes are (`ibv_reg_mr_iova`; zero-based for
+/// device memory): WRITE, READ and atomics name it by its iova and reach its bytes, a SEND
+/// gathers from it and a receive scatters into it by iova, and an iova outside it is a
+/// protection error, though the host address would be inside.
+#[test]
+fn a_region_is_named_by_its_iova_and_touched_where_its_bytes_are() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let access = Access::ALL;
+    // b: 256 bytes at host offset 0x800, named 0..256 (zero-based).
+    let zb = pair.b.engine.reg_mr_iova(pair.b.pd, pair.b.addr_of(0x800), 256, 0, access).unwrap();
+    // a: 128 bytes at host offset 0x400, named 0x7000_0000.
+    let ia = pair.a.engine.reg_mr_iova(pair.a.pd, pair.a.addr_of(0x400), 128, 0x7000_0000, access).unwrap();
+    let data = pattern(64, 9);
+    pair.a.fill(0x400 + 16, &data);
+    let from_iova = [Sge { addr: 0x7000_0000 + 16, length: 64, lkey: ia.lkey }];
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: 32, rkey: zb.rkey }, &from_iova));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x800 + 32, 64), &data[..], "the WRITE landed at the host bytes of iova 32");
+
+    let into_iova = [Sge { addr: 0x7000_0000 + 100, length: 8, lkey: ia.lkey }];
+    pair.a.post_send(wr(2, SendOp::RdmaRead { remote_addr: 32, rkey: zb.rkey }, &into_iova));
+    pair.b.fill(0x800 + 200, &7u64.to_ne_bytes());
+    let old = [Sge { addr: 0x7000_0000 + 120, length: 8, lkey: ia.lkey }];
+    pair.a.post_send(wr(3, SendOp::FetchAdd { remote_addr: 200, rkey: zb.rkey, add: 5 }, &old));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(2, WcStatus::Success), (3, WcStatus::Success)]);
+    assert_eq!(pair.a.read(0x400 + 100, 8), &data[..8], "the READ came from iova 32 and landed at iova 100");
+    assert_eq!(pair.b.read(0x800 + 200, 8), &12u64.to_ne_bytes(), "the atomic added at iova 200");
+    assert_eq!(pair.a.read(0x400 + 120, 8), &7u64.to_ne_bytes(), "its original value landed at iova 120");
+
+    let recv = [Sge { addr: 8, length: 64, lkey: zb.lkey }];
+    pair.b.engine.post_recv(pair.b.qp, &[RecvWr { wr_id: 4, sg_list: &recv }]).unwrap();
+    pair.a.post_send(wr(5, SendOp::Send, &from_iova));
+    pair.drive();
+    assert_eq!(outcomes(&pair.b.poll_all()), [(4, WcStatus::Success)]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(5, WcStatus::Success)], "it gathered from iova 16");
+    assert_eq!(pair.b.read(0x800 + 8, 64), &data[..], "the SEND scattered into iova 8");
+
+    // The host address of its bytes is no iova of it.
+    let outside = SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0x800), rkey: zb.rkey };
+    pair.a.post_send(wr(6, outside, &from_iova));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(6, WcStatus::RemAccessErr)]);
+}
+
 // ---- signaling ---------------------------------------------------------------------------------
 
 #[test]

@@ -256,11 +256,6 @@ unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64
         errno::set(libc::EINVAL);
         return ptr::null_mut();
     };
-    if iova != addr as u64 {
-        // softrdma names registered memory by its address.
-        errno::set(libc::EOPNOTSUPP);
-        return ptr::null_mut();
-    }
     if addr.is_null() && len == usize::MAX && !access(flags).contains(Access::ON_DEMAND) {
         // The whole address space is the implicit on-demand region, and only that: the
         // kernel fails to pin it (EFAULT).
@@ -269,7 +264,7 @@ unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64
     }
     // SAFETY: the C contract of ibv_reg_mr: the application keeps addr..addr+len allocated
     // until ibv_dereg_mr, and accepts that the device writes there at any time.
-    let registered = unsafe { p.inner.reg_mr_raw(addr.cast(), len, access(flags)) };
+    let registered = unsafe { p.inner.reg_mr_raw_iova(addr.cast(), len, iova, access(flags)) };
     errno::or_null(registered, |inner| {
         let mr = IbvMr {
             context: p.pd.context,
@@ -308,10 +303,12 @@ const REREG_FLAGS: c_int = 1 | 2 | 4 | 8;
 const REREG_ERR_INPUT: c_int = -1;
 const REREG_ERR_CMD: c_int = -4;
 
-/// `ibv_rereg_mr`: new access rights for a region, its keys kept. Input errors (EINVAL) as
-/// libibverbs's: no flag, an unknown flag, a translation without address or length, a PD
-/// change without a PD. A new PD or range is not done yet: `IBV_REREG_MR_ERR_INPUT` with
-/// EOPNOTSUPP, which rdma-core's tests take for "not supported" (rxe takes no new range).
+/// `ibv_rereg_mr`: a region moved to another PD of its context (`IBV_REREG_MR_CHANGE_PD`),
+/// to other memory (`_CHANGE_TRANSLATION`: `addr`, `length`), given other access rights
+/// (`_CHANGE_ACCESS`), its keys kept; `ibv_mr` then says so. Input errors (EINVAL,
+/// `IBV_REREG_MR_ERR_INPUT`) as libibverbs's: no flag, an unknown flag, a translation
+/// without address or length, a PD change without a PD (or another context's); what the
+/// device refuses (as `ibv_reg_mr` would) is `IBV_REREG_MR_ERR_CMD`, nothing changed.
 unsafe extern "C" fn rereg_mr(
     mr: *mut IbvMr,
     flags: c_int,
@@ -331,15 +328,27 @@ unsafe extern "C" fn rereg_mr(
             errno::set(libc::EINVAL);
             return REREG_ERR_INPUT;
         }
-        if translation || change_pd {
-            errno::set(libc::EOPNOTSUPP);
-            return REREG_ERR_INPUT;
-        }
+        // SAFETY: pd is ours or NULL.
+        let new_pd = if change_pd { unsafe { obj::<IbvPd, PdC>(pd) } } else { None };
         // SAFETY: mr came from ibv_reg_mr (a live MrC, the caller's to change).
         let m = unsafe { &mut *(mr as *mut MrC) };
-        if let Err(e) = m.inner.rereg_access(access(access_flags)) {
+        if change_pd && new_pd.is_none_or(|p| p.pd.context != m.mr.context) {
+            errno::set(libc::EINVAL);
+            return REREG_ERR_INPUT;
+        }
+        let range = translation.then_some((addr.cast::<u8>(), length));
+        let rights = (flags & 4 != 0).then(|| access(access_flags));
+        // SAFETY: the C contract of ibv_rereg_mr: a new range stays allocated until
+        // ibv_dereg_mr, as ibv_reg_mr's.
+        if let Err(e) = unsafe { m.inner.rereg(new_pd.map(|p| &p.inner), range, rights) } {
             errno::fail(&e);
             return REREG_ERR_CMD;
+        }
+        if let Some((a, l)) = range {
+            (m.mr.addr, m.mr.length) = (a.cast(), l);
+        }
+        if change_pd {
+            m.mr.pd = pd;
         }
         0
     })

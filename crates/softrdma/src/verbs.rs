@@ -214,21 +214,39 @@ impl Pd {
 
     /// `ibv_reg_mr` of memory the caller owns.
     ///
-    /// # Safety
-    /// `addr .. addr + len` must stay allocated and must not be moved or freed until the
-    /// returned [`RawMr`] is dropped, and while it lives the caller must not hold Rust
-    /// references to those bytes across points where the device may access them (the
-    /// device writes with remote or local write access at any time; use
-    /// [`Pd::reg_mr`] for memory that is safe by construction).
-    #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
-    ///
     /// With [`Access::ON_DEMAND`] the range need not be mapped, now or later: the device
     /// faults its pages in as it reaches them, and an access the pages do not allow fails
     /// as a bad access would (`IBV_ACCESS_ON_DEMAND`). From address 0 with length
     /// `usize::MAX` it is the implicit on-demand region, the whole address space.
+    ///
+    /// # Safety
+    /// `addr .. addr + len` must stay allocated and must not be moved or freed until the
+    /// returned [`RawMr`] is dropped (unless registered on demand), and while it lives the
+    /// caller must not hold Rust references to those bytes across points where the device
+    /// may access them (the device writes with remote or local write access at any time;
+    /// use [`Pd::reg_mr`] for memory that is safe by construction).
+    #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<RawMr> {
-        let keys = self.register(addr as usize as u64, len as u64, access)?;
-        let mr = RawMr { pd: Arc::clone(&self.inner), keys, addr: addr as usize as u64, len, on_demand: false };
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.reg_mr_raw_iova(addr, len, addr as usize as u64, access) }
+    }
+
+    /// [`reg_mr_raw`](Self::reg_mr_raw) of memory that work requests and peers name
+    /// `iova .. iova + len` (`ibv_reg_mr_iova`; 0 for a zero-based region).
+    ///
+    /// # Safety
+    /// As [`reg_mr_raw`](Self::reg_mr_raw).
+    #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
+    pub unsafe fn reg_mr_raw_iova(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<RawMr> {
+        let host = addr as usize as u64;
+        let keys = self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr_iova(
+            self.inner.id,
+            host,
+            len as u64,
+            iova,
+            access,
+        )?;
+        let mr = RawMr { pd: Arc::clone(&self.inner), keys, addr: host, len, access, on_demand: false };
         Ok(mr.on_demand(access.contains(Access::ON_DEMAND)))
     }
 
@@ -469,6 +487,7 @@ pub struct RawMr {
     keys: MrKeys,
     addr: u64,
     len: usize,
+    access: Access,
     /// Registered with [`Access::ON_DEMAND`]: its range is in the process's list of ranges
     /// the device faults in before it touches them.
     on_demand: bool,
@@ -500,16 +519,51 @@ impl RawMr {
 impl RawMr {
     /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`: other access rights, the keys kept.
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
-        self.pd.ctx.drv.shared.lock().nic.engine_mut().rereg_mr(self.keys.lkey, None, None, Some(access))?;
-        let on = access.contains(Access::ON_DEMAND);
-        if on != self.on_demand {
-            // The range joins or leaves the process's list of ranges on demand.
-            if on {
-                crate::memory::add_on_demand(self.addr, self.len as u64);
-            } else {
-                crate::memory::remove_on_demand(self.addr, self.len as u64);
-            }
-            self.on_demand = on;
+        // SAFETY: no new range.
+        #[allow(unsafe_code)]
+        unsafe {
+            self.rereg(None, None, Some(access))
+        }
+    }
+
+    /// `ibv_rereg_mr`: the region moved to another PD of the same context, another range
+    /// of memory (named by its address, as [`Pd::reg_mr_raw`]'s), other access rights
+    /// (each `None` keeps what it had); the keys kept. Nothing changes on an error.
+    ///
+    /// # Safety
+    /// A new range must keep [`Pd::reg_mr_raw`]'s contract.
+    #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
+    pub unsafe fn rereg(
+        &mut self,
+        pd: Option<&Pd>,
+        range: Option<(*mut u8, usize)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        if pd.is_some_and(|p| !p.inner.ctx.same(&self.pd.ctx)) {
+            return Err(Error::WrongContext("the new PD"));
+        }
+        let range = range.map(|(a, l)| (a as usize as u64, l));
+        let access = access.unwrap_or(self.access);
+        self.pd.ctx.drv.shared.lock().nic.engine_mut().rereg_mr(
+            self.keys.lkey,
+            pd.map(|p| p.inner.id),
+            range.map(|(a, l)| (a, l as u64)),
+            Some(access),
+        )?;
+        if self.on_demand {
+            crate::memory::remove_on_demand(self.addr, self.len as u64);
+            self.on_demand = false;
+        }
+        if let Some((addr, len)) = range {
+            (self.addr, self.len) = (addr, len);
+        }
+        if let Some(p) = pd {
+            self.pd = Arc::clone(&p.inner);
+        }
+        self.access = access;
+        if access.contains(Access::ON_DEMAND) {
+            crate::memory::add_on_demand(self.addr, self.len as u64);
+            self.on_demand = true;
         }
         Ok(())
     }

@@ -1,7 +1,8 @@
 /* ibv_rereg_mr: new access rights take effect with the keys kept (an RDMA WRITE that the
  * old rights allowed fails with a remote access error once REMOTE_WRITE is gone, and a
- * fresh pair's WRITE succeeds once it is back); input errors as libibverbs's (EINVAL); a
- * new PD or range answers EOPNOTSUPP (not done yet). It answered EOPNOTSUPP for everything.
+ * fresh pair's WRITE succeeds once it is back); a new PD (a QP of the old one meets a
+ * remote access error) and a new range (the WRITE lands in the new memory, the old is
+ * untouched) take effect too, and ibv_mr says so; input errors as libibverbs's (EINVAL).
  * Prints "ok" and exits 0, or names the failed check and exits 1. */
 #include <stdlib.h>
 #include <unistd.h>
@@ -57,9 +58,29 @@ int main(void) {
     CHECK(ibv_rereg_mr(dst, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL, "no flag: EINVAL");
     CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_PD, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
           "a PD change without a PD: EINVAL");
-    CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EOPNOTSUPP,
-          "a new PD: EOPNOTSUPP");
+    CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, 4096, 0) == IBV_REREG_MR_ERR_INPUT &&
+              errno == EINVAL,
+          "a translation without an address: EINVAL");
     CHECK(write_status(src, dst) == IBV_WC_SUCCESS, "a WRITE with REMOTE_WRITE");
+
+    /* Another PD: a QP of the old PD may no longer reach it; back, it may. */
+    struct ibv_pd *pd2 = ibv_alloc_pd(ctx);
+    CHECK(pd2, "ibv_alloc_pd (a second)");
+    CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_PD, pd2, NULL, 0, 0) == 0 && dst->pd == pd2, "rereg to another PD");
+    CHECK(dst->lkey == lkey && dst->rkey == rkey, "the keys stay");
+    CHECK(write_status(src, dst) == IBV_WC_REM_ACCESS_ERR, "a WRITE from a QP of the old PD: remote access error");
+    CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_PD, pd, NULL, 0, 0) == 0 && dst->pd == pd, "rereg back to the PD");
+    CHECK(write_status(src, dst) == IBV_WC_SUCCESS, "a WRITE once it is back");
+
+    /* Another range: the WRITE lands in the new memory. */
+    char *c = calloc(1, 4096);
+    memset(a, 'x', 64);
+    memset(b, 0, 4096);
+    CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, c, 4096, 0) == 0 && dst->addr == c &&
+              dst->length == 4096,
+          "rereg to another range");
+    CHECK(write_status(src, dst) == IBV_WC_SUCCESS && memcmp(c, a, 64) == 0, "a WRITE lands in the new range");
+    CHECK(b[0] == 0, "the old range is untouched");
     CHECK(ibv_rereg_mr(dst, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ) ==
               0,
           "rereg to LOCAL_WRITE | REMOTE_READ");
