@@ -1024,7 +1024,15 @@ impl Engine {
         }
         match next {
             QpState::Reset if previous != QpState::Reset => {
-                // Everything outstanding is discarded without completions (IBA 10.3.1).
+                // Everything outstanding is discarded without completions (IBA 10.3.1), and
+                // the completions of the QP's still in its CQs (the flushes of an error)
+                // go too, as a ConnectX's driver cleans them (mlx5_ib_cq_clean): a QP
+                // brought back through RESET starts with none of its past in its CQs.
+                for cq in [qp.send_cq, qp.recv_cq] {
+                    if let Some(c) = self.shared.cqs.get_mut(cq.0 as usize) {
+                        c.entries.retain(|wc| wc.qp_num != qp.qpn);
+                    }
+                }
                 qp.sq.clear();
                 qp.rq.clear();
                 qp.req = Default::default();

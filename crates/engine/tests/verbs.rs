@@ -348,6 +348,28 @@ fn a_region_is_named_by_its_iova_and_touched_where_its_bytes_are() {
     assert_eq!(outcomes(&pair.a.poll_all()), [(6, WcStatus::RemAccessErr)]);
 }
 
+/// A QP reset after an error leaves none of its completions in its CQs (the flushes it
+/// made), as a ConnectX's driver cleans them; another QP's completions there stay.
+/// rdma-core's `test_mr_rereg_pd`/`_addr` bring QPs back through RESET and poll on.
+#[test]
+fn reset_takes_the_qps_own_completions_out_of_its_cqs() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.a.post_recv(1, 0x100, 64);
+    pair.b.post_recv(2, 0x100, 64);
+    let sge = pair.b.sge(0, 8);
+    pair.b.post_send(wr(3, SendOp::Send, &[sge]));
+    pair.drive();
+    // a's CQ: a's receive of b's SEND; then a fails and flushes nothing (no WR left), b's
+    // receive flushes when b fails.
+    pair.a.post_recv(4, 0x200, 64);
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Err), AttrMask::STATE).unwrap();
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Reset), AttrMask::STATE).unwrap();
+    assert_eq!(pair.a.poll_all(), [], "a's receive and a's flush are gone with the reset");
+    pair.b.engine.modify_qp(pair.b.qp, &state(QpState::Err), AttrMask::STATE).unwrap();
+    let b = outcomes(&pair.b.poll_all());
+    assert_eq!(b, [(3, WcStatus::Success), (2, WcStatus::WrFlushErr)], "b's stay until b is reset");
+}
+
 // ---- signaling ---------------------------------------------------------------------------------
 
 #[test]

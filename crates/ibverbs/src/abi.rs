@@ -114,8 +114,16 @@ pub struct VerbsContext {
     pub query_port: Option<QueryPortFn>,
     /// `advise_mr` (8), which the `ibv_advise_mr` inline calls.
     pub advise_mr: Option<AdviseMrFn>,
-    /// `alloc_null_mr` .. `modify_qp_rate_limit`.
-    pub _ops1: [usize; 12],
+    /// `alloc_null_mr` .. `create_counters`, `destroy_counters`.
+    pub _ops1: [usize; 5],
+    /// `reg_dm_mr` (56), which the `ibv_reg_dm_mr` inline calls.
+    pub reg_dm_mr: Option<unsafe extern "C" fn(*mut IbvPd, *mut IbvDm, u64, usize, u32) -> *mut IbvMr>,
+    /// `alloc_dm` (64), which the `ibv_alloc_dm` inline calls.
+    pub alloc_dm: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvAllocDmAttr) -> *mut IbvDm>,
+    /// `free_dm` (72), which the `ibv_free_dm` inline calls.
+    pub free_dm: Option<unsafe extern "C" fn(*mut IbvDm) -> c_int>,
+    /// `modify_flow_action_esp` .. `modify_qp_rate_limit`.
+    pub _ops1c: [usize; 4],
     /// `alloc_parent_domain` (112), which the `ibv_alloc_parent_domain` inline calls.
     pub alloc_parent_domain: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvParentDomainInitAttr) -> *mut IbvPd>,
     /// `dealloc_td` (120), which the `ibv_dealloc_td` inline calls.
@@ -337,6 +345,28 @@ pub struct IbvCqInitAttrEx {
     pub flags: u32,
     pub parent_domain: *mut IbvPd,
 }
+
+/// `struct ibv_dm`: device memory; the `ibv_memcpy_to_dm`/`_from_dm` inlines call its
+/// entries.
+#[repr(C)]
+pub struct IbvDm {
+    pub context: *mut IbvContext,
+    pub memcpy_to_dm: Option<unsafe extern "C" fn(*mut IbvDm, u64, *const c_void, usize) -> c_int>,
+    pub memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut IbvDm, u64, usize) -> c_int>,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub struct IbvAllocDmAttr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
+}
+
+/// `offsetof(struct ibv_device_attr_ex, max_dm_size)`.
+pub const MAX_DM_SIZE_OFFSET: usize = 376;
 
 /// `struct ibv_td`: a thread domain.
 #[repr(C)]
@@ -674,6 +704,8 @@ const _: () = {
     assert!(size_of::<IbvCqInitAttrEx>() == 56);
     assert!(size_of::<IbvValuesEx>() == 24);
     assert!(size_of::<IbvParentDomainInitAttr>() == 48);
+    assert!(size_of::<IbvDm>() == 32);
+    assert!(size_of::<IbvAllocDmAttr>() == 16);
     assert!(size_of::<IbvQp>() == 160);
     assert!(size_of::<IbvSrq>() == 128);
     assert!(size_of::<IbvWc>() == 48);

@@ -208,7 +208,11 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
     let vctx = VerbsContext {
         query_port: Some(vctx_query_port),
         advise_mr: Some(crate::objects::advise_mr),
-        _ops1: [0; 12],
+        _ops1: [0; 5],
+        reg_dm_mr: Some(crate::objects::reg_dm_mr),
+        alloc_dm: Some(crate::objects::alloc_dm),
+        free_dm: Some(crate::objects::free_dm),
+        _ops1c: [0; 4],
         alloc_parent_domain: Some(crate::objects::alloc_parent_domain),
         dealloc_td: Some(crate::objects::dealloc_td),
         alloc_td: Some(crate::objects::alloc_td),
@@ -341,8 +345,8 @@ export!("ibv_query_device", "IBVERBS_1.1", query_device);
 /// `verbs_context.query_device_ex`: `ibv_query_device`'s attributes in `orig_attr`, one
 /// physical port in `phys_port_cnt_ex`, completion timestamps (all 64 bits of a clock of
 /// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond), on-demand paging
-/// (explicit and implicit regions, every operation of RC, UC and UD) and no other extended
-/// capability (TSO, RSS, tag matching, device memory: 0), within the `attr_size` bytes the caller's
+/// (explicit and implicit regions, every operation of RC, UC and UD), device memory
+/// (`max_dm_size`) and no other extended capability (TSO, RSS, tag matching: 0), within the `attr_size` bytes the caller's
 /// `struct ibv_device_attr_ex` has (an older program's is shorter), as rdma-core's
 /// providers fill it. EINVAL for an input with a comp_mask, as the inline checks.
 unsafe extern "C" fn query_device_ex(
@@ -380,6 +384,7 @@ unsafe extern "C" fn query_device_ex(
     // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT; per transport IBV_ODP_SUPPORT_SEND (1),
     // _RECV (2), _WRITE (4), _READ (8), _ATOMIC (16), _SRQ_RECV (32), as each has them.
     let (rc, uc, ud) = (0x3fu32, 0x27u32, 0x23u32);
+    put(crate::abi::MAX_DM_SIZE_OFFSET, &softrdma::MAX_DM_SIZE.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET, &3u64.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 8, &rc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 12, &uc.to_ne_bytes());

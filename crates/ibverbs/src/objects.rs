@@ -384,6 +384,129 @@ pub(crate) unsafe extern "C" fn advise_mr(pd: *mut IbvPd, advice: u32, flags: u3
     })
 }
 
+/// Device memory: `ibv_alloc_dm`'s, its copies the `ibv_memcpy_*_dm` inlines call.
+#[repr(C)]
+pub(crate) struct DmC {
+    dm: IbvDm,
+    inner: softrdma::DeviceMemory,
+}
+
+/// `verbs_context.alloc_dm` (`ibv_alloc_dm`): EINVAL for a `comp_mask`, an alignment past a
+/// page (`log_align_req` > 12) or more than `max_dm_size` (what mlx5 answers); ENOMEM when
+/// the context already holds too much.
+pub(crate) unsafe extern "C" fn alloc_dm(ctx: *mut IbvContext, attr: *mut IbvAllocDmAttr) -> *mut IbvDm {
+    guard(ptr::null_mut(), || {
+        // SAFETY: ctx is ours or NULL; attr is NULL or the caller's struct.
+        let (Some(c), Some(a)) = (unsafe { ctx_of(ctx) }, unsafe { attr.as_ref() }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if a.comp_mask != 0 || a.log_align_req > 12 || a.length as u64 > softrdma::MAX_DM_SIZE {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        errno::or_null(c.inner.alloc_dm(a.length), |inner| {
+            let dm = IbvDm {
+                context: ctx,
+                memcpy_to_dm: Some(memcpy_to_dm),
+                memcpy_from_dm: Some(memcpy_from_dm),
+                comp_mask: 0,
+                handle: 0,
+            };
+            boxed(DmC { dm, inner })
+        })
+    })
+}
+
+/// `verbs_context.free_dm` (`ibv_free_dm`): EBUSY while a region is over it.
+pub(crate) unsafe extern "C" fn free_dm(dm: *mut IbvDm) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: dm is ours or NULL.
+        match unsafe { obj::<IbvDm, DmC>(dm) } {
+            None => libc::EINVAL,
+            Some(d) if d.inner.regions() > 0 => libc::EBUSY,
+            // SAFETY: made by alloc_dm, freed once.
+            Some(_) => unsafe { destroy::<IbvDm, DmC>(dm) },
+        }
+    })
+}
+
+/// The errno value of a device memory copy's error: EFAULT outside it, EINVAL unaligned
+/// (mlx5's).
+fn dm_errno(e: &softrdma::Error) -> c_int {
+    if matches!(e, softrdma::Error::OutOfRange { .. }) { libc::EFAULT } else { errno::of(e) }
+}
+
+unsafe extern "C" fn memcpy_to_dm(dm: *mut IbvDm, offset: u64, host: *const c_void, len: usize) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: dm is ours or NULL.
+        let Some(d) = (unsafe { obj::<IbvDm, DmC>(dm) }) else { return libc::EINVAL };
+        if len == 0 {
+            return 0;
+        }
+        // SAFETY: host points at len readable bytes (the caller's contract).
+        let data = unsafe { std::slice::from_raw_parts(host.cast::<u8>(), len) };
+        d.inner.copy_to(offset, data).map_or_else(|e| dm_errno(&e), |()| 0)
+    })
+}
+
+unsafe extern "C" fn memcpy_from_dm(host: *mut c_void, dm: *mut IbvDm, offset: u64, len: usize) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: dm is ours or NULL.
+        let Some(d) = (unsafe { obj::<IbvDm, DmC>(dm) }) else { return libc::EINVAL };
+        if len == 0 {
+            return 0;
+        }
+        // SAFETY: host points at len writable bytes (the caller's contract).
+        let out = unsafe { std::slice::from_raw_parts_mut(host.cast::<u8>(), len) };
+        d.inner.copy_from(offset, out).map_or_else(|e| dm_errno(&e), |()| 0)
+    })
+}
+
+/// `IBV_ACCESS_ZERO_BASED`.
+const ACCESS_ZERO_BASED: u32 = 1 << 5;
+
+/// `verbs_context.reg_dm_mr` (`ibv_reg_dm_mr`): a zero-based region over `length` bytes of
+/// the device memory at `offset` (`ibv_mr.addr` NULL: work requests name them from 0).
+/// EINVAL without `IBV_ACCESS_ZERO_BASED` (as libibverbs), or past the device memory's end.
+pub(crate) unsafe extern "C" fn reg_dm_mr(
+    pd: *mut IbvPd,
+    dm: *mut IbvDm,
+    offset: u64,
+    len: usize,
+    acc: u32,
+) -> *mut IbvMr {
+    guard(ptr::null_mut(), || {
+        // SAFETY: pd and dm are ours or NULL.
+        let (Some(p), Some(d)) = (unsafe { obj::<IbvPd, PdC>(pd) }, unsafe { obj::<IbvDm, DmC>(dm) }) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        if acc & ACCESS_ZERO_BASED == 0 {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        }
+        match d.inner.reg_mr(&p.inner, offset, len, access(acc as c_int)) {
+            Ok(inner) => {
+                let mr = IbvMr {
+                    context: p.pd.context,
+                    pd,
+                    addr: ptr::null_mut(),
+                    length: len,
+                    handle: inner.lkey(),
+                    lkey: inner.lkey(),
+                    rkey: inner.rkey(),
+                };
+                boxed(MrC { mr, inner })
+            }
+            Err(e) => {
+                errno::set(if matches!(e, softrdma::Error::OutOfRange { .. }) { libc::EINVAL } else { errno::of(&e) });
+                ptr::null_mut()
+            }
+        }
+    })
+}
+
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
     // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.
     unsafe { destroy::<IbvMr, MrC>(mr) }

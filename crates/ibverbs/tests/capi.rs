@@ -48,6 +48,11 @@ fn a_parent_domain_is_its_protection_domain_for_every_verb() {
 }
 
 #[test]
+fn device_memory_and_regions_named_by_an_iova() {
+    passes("dm");
+}
+
+#[test]
 fn the_wr_api_posts_whole_batches_or_nothing() {
     passes("wr_api");
 }

@@ -30,7 +30,13 @@ fn entries() -> Vec<Entry> {
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
     layout!(v, IbvParentDomainInitAttr, "struct ibv_parent_domain_init_attr", [pd => "pd", td => "td",
         comp_mask => "comp_mask", alloc => "alloc", free => "free", pd_context => "pd_context"]);
+    layout!(v, IbvDm, "struct ibv_dm", [context => "context", memcpy_to_dm => "memcpy_to_dm",
+        memcpy_from_dm => "memcpy_from_dm", comp_mask => "comp_mask", handle => "handle"]);
+    layout!(v, IbvAllocDmAttr, "struct ibv_alloc_dm_attr", [length => "length", log_align_req => "log_align_req",
+        comp_mask => "comp_mask"]);
+    v.push(("struct ibv_device_attr_ex", "max_dm_size".to_owned(), MAX_DM_SIZE_OFFSET));
     layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", advise_mr => "advise_mr",
+        reg_dm_mr => "reg_dm_mr", alloc_dm => "alloc_dm", free_dm => "free_dm",
         alloc_parent_domain => "alloc_parent_domain", dealloc_td => "dealloc_td", alloc_td => "alloc_td", query_device_ex => "query_device_ex",
         query_rt_values => "query_rt_values", create_cq_ex => "create_cq_ex", create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
     layout!(v, IbvCqEx, "struct ibv_cq_ex", [cq => "context", comp_mask => "comp_mask", status => "status",

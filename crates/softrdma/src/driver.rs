@@ -413,6 +413,8 @@ pub(crate) struct Shared {
     watching: AtomicBool,
     /// Receive batches the progress thread took from the sockets itself.
     thread_receives: AtomicU64,
+    /// Bytes of device memory ([`crate::DeviceMemory`]) the context holds.
+    pub(crate) dm_bytes: AtomicU64,
     /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
     sleeping_until: AtomicU64,
     spin: Duration,
@@ -634,6 +636,7 @@ impl Driver {
             app_waiting: std::sync::atomic::AtomicU32::new(0),
             watching: AtomicBool::new(false),
             thread_receives: AtomicU64::new(0),
+            dm_bytes: AtomicU64::new(0),
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
             cm_graveyard: Mutex::new(Vec::new()),

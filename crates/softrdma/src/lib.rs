@@ -81,8 +81,8 @@ pub use softrdma_wire::time::Instant;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
 pub use stats::Counters;
 pub use verbs::{
-    Ah, CompChannel, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Mr, Pd, Prefetch, Qp, QpInit, RawMr, RemoteMr,
-    Srq,
+    Ah, CompChannel, ConnectOptions, Context, Cq, DeviceMemory, EMPTY_WC, Endpoint, MAX_DM_SIZE, Mr, Pd, Prefetch, Qp,
+    QpInit, RawMr, RemoteMr, Srq,
 };
 
 /// How to open a device ([`Device::open_with`]).

@@ -246,7 +246,7 @@ impl Pd {
             iova,
             access,
         )?;
-        let mr = RawMr { pd: Arc::clone(&self.inner), keys, addr: host, len, access, on_demand: false };
+        let mr = RawMr { pd: Arc::clone(&self.inner), keys, addr: host, len, access, on_demand: false, dm: None };
         Ok(mr.on_demand(access.contains(Access::ON_DEMAND)))
     }
 
@@ -469,6 +469,134 @@ impl Drop for Mr {
     }
 }
 
+/// The device memory a context may hold at once (`max_dm_size`), across its allocations.
+pub const MAX_DM_SIZE: u64 = 256 * 1024;
+
+/// Device memory (`ibv_alloc_dm`): memory of the device's, which the application reaches
+/// only by copies ([`copy_to`](Self::copy_to), [`copy_from`](Self::copy_from), 4-byte
+/// aligned as a NIC's) and work requests through zero-based regions over it
+/// ([`reg_mr`](Self::reg_mr)). softrdma's device is software, so its memory is the
+/// process's; what it keeps is the contract: no pointer to it is handed out, and every
+/// access goes through the device lock. It stays while a region over it lives.
+#[derive(Clone, Debug)]
+pub struct DeviceMemory {
+    inner: Arc<DmInner>,
+}
+
+#[derive(Debug)]
+struct DmInner {
+    ctx: Context,
+    buf: MrBuf,
+}
+
+impl Drop for DmInner {
+    fn drop(&mut self) {
+        self.ctx.drv.shared.dm_bytes.fetch_sub(self.buf.len() as u64, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+impl Context {
+    /// `ibv_alloc_dm`: `len` bytes of device memory, zeroed. The context holds at most
+    /// [`MAX_DM_SIZE`] bytes at once: past that, `NoResources`.
+    pub fn alloc_dm(&self, len: usize) -> Result<DeviceMemory> {
+        use std::sync::atomic::Ordering;
+        let held = &self.drv.shared.dm_bytes;
+        let want = len as u64;
+        held.fetch_update(Ordering::AcqRel, Ordering::Acquire, |h| h.checked_add(want).filter(|&t| t <= MAX_DM_SIZE))
+            .map_err(|h| {
+            softrdma_engine::VerbsError::NoResources(format!(
+                "{len} bytes of device memory: the context holds {h} of its {MAX_DM_SIZE} (max_dm_size)"
+            ))
+        })?;
+        let Some(buf) = MrBuf::zeroed(len) else {
+            held.fetch_sub(want, Ordering::AcqRel);
+            return Err(Error::NoMemory(len));
+        };
+        Ok(DeviceMemory { inner: Arc::new(DmInner { ctx: self.clone(), buf }) })
+    }
+}
+
+impl DeviceMemory {
+    /// Bytes.
+    pub fn len(&self) -> usize {
+        self.inner.buf.len()
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks a copy of `len` bytes at `offset`: inside, and 4-byte aligned (a NIC's device
+    /// memory takes 32-bit accesses only).
+    fn range(&self, offset: u64, len: usize) -> Result<std::ops::Range<usize>> {
+        let end = offset.checked_add(len as u64).filter(|&e| e <= self.len() as u64);
+        let Some(end) = end else {
+            let start = usize::try_from(offset).unwrap_or(usize::MAX);
+            return Err(Error::OutOfRange {
+                what: "device memory",
+                start,
+                end: start.saturating_add(len),
+                len: self.len(),
+            });
+        };
+        if offset % 4 != 0 || len % 4 != 0 {
+            return Err(softrdma_engine::VerbsError::Invalid(format!(
+                "device memory copies are 4-byte aligned: offset {offset} and length {len} must be multiples of 4"
+            ))
+            .into());
+        }
+        Ok(offset as usize..end as usize)
+    }
+
+    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset`.
+    pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let r = self.range(offset, data.len())?;
+        let _device = self.inner.ctx.drv.shared.lock();
+        self.inner.buf.bytes_mut()[r].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out`.
+    pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        let r = self.range(offset, out.len())?;
+        let _device = self.inner.ctx.drv.shared.lock();
+        out.copy_from_slice(&self.inner.buf.bytes()[r]);
+        Ok(())
+    }
+
+    /// `ibv_reg_dm_mr`: a zero-based region of `pd` over `len` bytes at `offset` (work
+    /// requests and peers name them `0 .. len`), which keeps the device memory alive.
+    pub fn reg_mr(&self, pd: &Pd, offset: u64, len: usize, access: Access) -> Result<RawMr> {
+        if !pd.inner.ctx.same(&self.inner.ctx) {
+            return Err(Error::WrongContext("the PD"));
+        }
+        let end = offset.checked_add(len as u64).filter(|&e| e <= self.len() as u64);
+        if end.is_none() {
+            let start = usize::try_from(offset).unwrap_or(usize::MAX);
+            return Err(Error::OutOfRange {
+                what: "device memory",
+                start,
+                end: start.saturating_add(len),
+                len: self.len(),
+            });
+        }
+        let at = (self.inner.buf.addr() + offset) as usize as *mut u8;
+        // SAFETY: the range lies in the device memory's buffer (checked), which the region
+        // keeps alive; the device touches it under its lock only, and no Rust reference to
+        // it exists outside that lock.
+        #[allow(unsafe_code)]
+        let mut mr = unsafe { pd.reg_mr_raw_iova(at, len, 0, access)? };
+        mr.dm = Some(Arc::clone(&self.inner));
+        Ok(mr)
+    }
+
+    /// How many regions over it live (`ibv_free_dm` refuses while any does).
+    pub fn regions(&self) -> usize {
+        Arc::strong_count(&self.inner) - 1
+    }
+}
+
 /// What [`Pd::prefetch`] asks for (`enum ibv_advise_mr_advice`).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Prefetch {
@@ -491,6 +619,8 @@ pub struct RawMr {
     /// Registered with [`Access::ON_DEMAND`]: its range is in the process's list of ranges
     /// the device faults in before it touches them.
     on_demand: bool,
+    /// The device memory it is over, kept alive.
+    dm: Option<Arc<DmInner>>,
 }
 
 impl RawMr {
