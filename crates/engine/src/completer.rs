@@ -294,16 +294,7 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             if retire_acked(qp, sh, psn, true).is_some() {
                 // An implied NAK: the READ or atomic at the head was answered, or its
                 // answer would have come before this ACK, so the answer was lost.
-                let w = qp.sq.get(qp.sq.head());
-                let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
-                if qp.comp.psn.distance_to(resume) > 0 {
-                    qp.comp.psn = resume;
-                    qp.comp.retry_started = false;
-                    qp.comp.retry_left = qp.attr.retry_cnt; // progress, as for a NAK below
-                }
-                if start_retry(qp, sh, resume) {
-                    rearm(qp, now);
-                }
+                retry_lost_answer(qp, sh, now);
                 return;
             }
             progress(qp, now, psn);
@@ -332,7 +323,17 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             if !outstanding(qp, psn) {
                 return;
             }
-            let _ = retire_acked(qp, sh, psn, false);
+            let lost_answer = retire_acked(qp, sh, psn, false).is_some();
+            if lost_answer && code != NakCode::PsnSequenceError {
+                // The request NAKed comes after a READ or atomic whose answer was lost:
+                // that one is asked again first, as rxe's completer does (its check_psn:
+                // a response past a READ's last PSN is a retry), and the error belongs to
+                // the request NAKed, not to it. The responder, now in error, will not
+                // answer: the READ ends in RETRY_EXC_ERR, the NAKed request flushed.
+                retry_lost_answer(qp, sh, now);
+                sh.update_timer(qp);
+                return;
+            }
             match code {
                 NakCode::PsnSequenceError => {
                     if qp.comp.psn.distance_to(psn) > 0 {
@@ -354,6 +355,21 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             sh.update_timer(qp);
         }
         Syndrome::Reserved(_) => {}
+    }
+}
+
+/// The READ or atomic at the head was answered, but the answer was lost (an ACK or NAK
+/// came for a later request): it is asked again from what is missing (IBA 9.7.5.1.5).
+fn retry_lost_answer(qp: &mut Qp, sh: &mut Shared, now: Instant) {
+    let w = qp.sq.get(qp.sq.head());
+    let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
+    if qp.comp.psn.distance_to(resume) > 0 {
+        qp.comp.psn = resume;
+        qp.comp.retry_started = false;
+        qp.comp.retry_left = qp.attr.retry_cnt; // progress, as for a sequence-error NAK
+    }
+    if start_retry(qp, sh, resume) {
+        rearm(qp, now);
     }
 }
 
