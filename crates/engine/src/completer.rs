@@ -29,6 +29,7 @@ pub(crate) fn error_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode, status: WcStatus)
         opcode,
         byte_len: 0,
         imm_data: None,
+        invalidated_rkey: None,
         qp_num: qpn,
         src_qp: Qpn::default(),
         grh: None,
@@ -37,9 +38,36 @@ pub(crate) fn error_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode, status: WcStatus)
     }
 }
 
-/// Reports the send WQE at ring position `pos` (the head) and retires it. Successful
-/// unsignaled WRs retire silently; errors always complete (IBA 10.8.3.1).
+/// Reports the send WQE at the head and retires it. Successful unsignaled WRs retire
+/// silently; errors always complete (IBA 10.8.3.1). Local operations the requester already
+/// did right after it (`transmit::local_ops`) complete now too, in order: with success, or
+/// with their error, which fails the QP.
 pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
+    retire_head(qp, sh, status);
+    if status == WcStatus::Success {
+        while !qp.sq.is_empty() {
+            let w = qp.sq.get(qp.sq.head());
+            if !(w.op().is_local() && w.started) {
+                break;
+            }
+            match w.status {
+                Some(WcStatus::Success) | None => retire_head(qp, sh, WcStatus::Success),
+                Some(error) => {
+                    fail(qp, sh, error);
+                    return;
+                }
+            }
+        }
+    }
+    qp.req.skip_to(qp.sq.head());
+    check_drained(qp, sh);
+    if !qp.sq.is_empty() && qp.sq.get(qp.sq.head()).op().is_local() {
+        sh.schedule(qp); // a LOCAL_INV waits to be at the head (its fence)
+    }
+}
+
+/// Reports the head send WQE with `status` and pops it.
+fn retire_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
     let pos = qp.sq.head();
     let wqe = qp.sq.get(pos);
     let op = wqe.op();
@@ -53,6 +81,7 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
             opcode: op.wc_opcode(),
             byte_len: if status == WcStatus::Success { wqe.length } else { 0 },
             imm_data: None,
+            invalidated_rkey: None,
             qp_num: qp.qpn,
             src_qp: Qpn::default(),
             grh: None,
@@ -62,8 +91,6 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
         sh.push_cqe(qp.send_cq, wc);
     }
     qp.sq.pop();
-    qp.req.skip_to(qp.sq.head());
-    check_drained(qp, sh);
 }
 
 /// In SQD, once nothing started is outstanding, raises `IBV_EVENT_SQ_DRAINED` if the
@@ -160,7 +187,9 @@ fn retire_acked(qp: &mut Qp, sh: &mut Shared, limit: Psn, inclusive: bool) -> Op
     while !qp.sq.is_empty() {
         let pos = qp.sq.head();
         let wqe = qp.sq.get(pos);
-        if !wqe.started {
+        if !wqe.started || wqe.op().is_local() {
+            // A local operation at the head is done (complete_head retires those that
+            // follow what it completes) or waits for the requester: no ACK covers it.
             return None;
         }
         let last = wqe.last_psn();
@@ -203,18 +232,20 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
     let mtu = qp.mtu();
     let mut pos = qp.sq.head();
     while pos < qp.req.next || (pos == qp.req.next && pos < qp.sq.tail() && qp.sq.get(pos).started) {
-        if window(qp, pos).contains(psn) {
+        // A local operation occupies no PSN (its window would be the next message's).
+        if !qp.sq.get(pos).op().is_local() && window(qp, pos).contains(psn) {
             break;
         }
         pos += 1;
     }
-    if pos >= qp.sq.tail() || !qp.sq.get(pos).started {
+    if pos >= qp.sq.tail() || !qp.sq.get(pos).started || qp.sq.get(pos).op().is_local() {
         return;
     }
-    // WQEs after the retry point are sent again from scratch.
+    // WQEs after the retry point are sent again from scratch; local operations done
+    // among them are not done again (rxe's req_retry skips them too).
     for later in pos + 1..qp.sq.tail() {
         let w = qp.sq.get_mut(later);
-        if w.started {
+        if w.started && !w.op().is_local() {
             w.started = false;
             if w.op().is_read_or_atomic() {
                 qp.req.read_atomic_done();
@@ -263,16 +294,7 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             if retire_acked(qp, sh, psn, true).is_some() {
                 // An implied NAK: the READ or atomic at the head was answered, or its
                 // answer would have come before this ACK, so the answer was lost.
-                let w = qp.sq.get(qp.sq.head());
-                let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
-                if qp.comp.psn.distance_to(resume) > 0 {
-                    qp.comp.psn = resume;
-                    qp.comp.retry_started = false;
-                    qp.comp.retry_left = qp.attr.retry_cnt; // progress, as for a NAK below
-                }
-                if start_retry(qp, sh, resume) {
-                    rearm(qp, now);
-                }
+                retry_lost_answer(qp, sh, now);
                 return;
             }
             progress(qp, now, psn);
@@ -301,7 +323,17 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             if !outstanding(qp, psn) {
                 return;
             }
-            let _ = retire_acked(qp, sh, psn, false);
+            let lost_answer = retire_acked(qp, sh, psn, false).is_some();
+            if lost_answer && code != NakCode::PsnSequenceError {
+                // The request NAKed comes after a READ or atomic whose answer was lost:
+                // that one is asked again first, as rxe's completer does (its check_psn:
+                // a response past a READ's last PSN is a retry), and the error belongs to
+                // the request NAKed, not to it. The responder, now in error, will not
+                // answer: the READ ends in RETRY_EXC_ERR, the NAKed request flushed.
+                retry_lost_answer(qp, sh, now);
+                sh.update_timer(qp);
+                return;
+            }
             match code {
                 NakCode::PsnSequenceError => {
                     if qp.comp.psn.distance_to(psn) > 0 {
@@ -323,6 +355,21 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             sh.update_timer(qp);
         }
         Syndrome::Reserved(_) => {}
+    }
+}
+
+/// The READ or atomic at the head was answered, but the answer was lost (an ACK or NAK
+/// came for a later request): it is asked again from what is missing (IBA 9.7.5.1.5).
+fn retry_lost_answer(qp: &mut Qp, sh: &mut Shared, now: Instant) {
+    let w = qp.sq.get(qp.sq.head());
+    let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
+    if qp.comp.psn.distance_to(resume) > 0 {
+        qp.comp.psn = resume;
+        qp.comp.retry_started = false;
+        qp.comp.retry_left = qp.attr.retry_cnt; // progress, as for a sequence-error NAK
+    }
+    if start_retry(qp, sh, resume) {
+        rearm(qp, now);
     }
 }
 

@@ -38,6 +38,8 @@ pub struct DeviceConfig {
     pub max_cqe: u32,
     /// Most memory regions.
     pub max_mr: u32,
+    /// Most memory windows.
+    pub max_mw: u32,
     /// Most inline bytes per send WR.
     pub max_inline_data: u32,
     /// Most outstanding READs/atomics per QP, either direction.
@@ -76,6 +78,7 @@ impl Default for DeviceConfig {
             max_sge: 32,
             max_cqe: 1 << 20,
             max_mr: 1 << 20,
+            max_mw: 1 << 20,
             max_inline_data: 256,
             max_qp_rd_atom: 128,
             port_mtu: Mtu::Mtu4096,
@@ -177,7 +180,40 @@ pub(crate) struct Mr {
     pub(crate) length: u64,
     pub(crate) access: Access,
     pub(crate) keys: MrKeys,
+    /// Memory windows bound to it (rxe's `num_mw`): while any is, the region can be neither
+    /// deregistered nor reregistered.
+    pub(crate) windows: u32,
 }
+
+/// A memory window (rxe `rxe_mw.c`). Its R_Key is `index << 8 | key`: the index is fixed
+/// at allocation (and is its [`MwId`]), the key is what the last bind chose.
+#[derive(Debug)]
+pub(crate) struct Mw {
+    pd: PdId,
+    mw_type: MwType,
+    rkey: u32,
+    /// `None`: a type 1 window bound with length 0 (rxe: valid, length 0) or a type 2 window
+    /// in the free state. Either way no access gets through.
+    bound: Option<Bound>,
+}
+
+/// What a window is bound to.
+#[derive(Debug, Clone, Copy)]
+struct Bound {
+    /// The region's slot in `Shared::mrs`.
+    mr: usize,
+    addr: u64,
+    length: u64,
+    access: Access,
+    /// Type 2: the QP it was bound by, the only one it can be reached through.
+    qp: Option<Qpn>,
+}
+
+/// Why a BIND_MW, LOCAL_INV or SEND_WITH_INV's invalidation failed (the work request
+/// completes with `IBV_WC_MW_BIND_ERR` or `IBV_WC_LOC_QP_OP_ERR`; a remote invalidation
+/// is a responder class J error). Says what was wrong, for tests and logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct MwError(pub(crate) &'static str);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Notify {
@@ -216,6 +252,9 @@ pub(crate) struct Shared {
     pub(crate) mrs: Slab<Mr>,
     lkeys: BTreeMap<u32, usize>,
     rkeys: BTreeMap<u32, usize>,
+    /// Memory windows by index (the upper 24 bits of their R_Keys). No MR's lkey or rkey
+    /// has an index of a window in its upper 24 bits, so a key names one object at most.
+    mws: BTreeMap<u32, Mw>,
     cqs: Slab<Cq>,
     pub(crate) srqs: Slab<Srq>,
     pub(crate) ahs: Slab<Ah>,
@@ -281,11 +320,156 @@ impl Shared {
         self.check_mr(index, pd, addr, len, need)
     }
 
-    /// Checks that `[va, va + len)` lies in the MR `rkey` names, in `pd`, with `need`;
-    /// where its first byte is in memory.
-    pub(crate) fn check_rkey(&self, pd: PdId, rkey: u32, va: u64, len: u64, need: Access) -> Result<u64, KeyError> {
-        let &index = self.rkeys.get(&rkey).ok_or(KeyError::BadKey)?;
-        self.check_mr(index, pd, va, len, need)
+    /// The responder's R_Key check for an access of `len` bytes at `va` that needs `need`,
+    /// arriving on QP `qpn` of `pd`: `rkey` must name an MR of `pd` that holds the range and
+    /// allows the access, or a valid memory window of `pd` (a type 2 one bound by `qpn`)
+    /// whose bounds hold it and whose rights allow it. Returns where the first byte is in
+    /// memory (the region names its bytes by its iova; a zero-based window from 0).
+    pub(crate) fn resolve_rkey(
+        &self,
+        pd: PdId,
+        qpn: Qpn,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<u64, KeyError> {
+        if let Some(&index) = self.rkeys.get(&rkey) {
+            return self.check_mr(index, pd, va, len, need);
+        }
+        // rxe_lookup_mw: the key, the PD, the QP of a type 2 window, a length, the rights.
+        let mw = self.mws.get(&(rkey >> 8)).filter(|m| m.rkey == rkey).ok_or(KeyError::BadKey)?;
+        let b = mw.bound.as_ref().filter(|_| mw.pd == pd).ok_or(KeyError::BadKey)?;
+        if b.qp.is_some_and(|q| q != qpn) {
+            return Err(KeyError::BadKey);
+        }
+        if !b.access.contains(need) {
+            return Err(KeyError::Access);
+        }
+        // The window's bounds (rxe checks only the region's: a window is the narrower).
+        let offset =
+            if b.access.contains(Access::ZERO_BASED) { va } else { va.checked_sub(b.addr).ok_or(KeyError::Bounds)? };
+        if offset.checked_add(len).is_none_or(|end| end > b.length) {
+            return Err(KeyError::Bounds);
+        }
+        let local = b.addr + offset;
+        // The region cannot change under a bound window (dereg and rereg refuse), so this
+        // holds; checked all the same, as the one place memory is reached through, which
+        // gives where the bytes are.
+        self.check_mr(b.mr, pd, local, len, Access(0))
+    }
+
+    /// Executes a BIND_MW work request of QP `qpn` (in `qp_pd`): binds the window whose
+    /// R_Key is `mw_rkey` as `bind` says, its new R_Key's low 8 bits from `new_rkey`. The
+    /// checks are rxe's (`rxe_check_bind_mw`), plus the region's PD, which must be the
+    /// window's (the `ibv_bind_mw` inline's EPERM check, for both types).
+    pub(crate) fn bind_mw(
+        &mut self,
+        qp_pd: PdId,
+        qpn: Qpn,
+        mw_rkey: u32,
+        new_rkey: u32,
+        bind: &MwBind,
+    ) -> Result<(), MwError> {
+        const SUPPORTED: u32 = Access::ALL.0 | Access::MW_BIND.0 | Access::ZERO_BASED.0;
+        let mw =
+            self.mws.get(&(mw_rkey >> 8)).filter(|m| m.rkey == mw_rkey).ok_or(MwError("no window has that R_Key"))?;
+        let mr_index = if bind.length > 0 {
+            Some(*self.lkeys.get(&bind.mr.0).ok_or(MwError("no region has that lkey"))?)
+        } else {
+            None
+        };
+        if bind.access.0 & !SUPPORTED != 0 {
+            return Err(MwError("unsupported access flags"));
+        }
+        let zero_based = bind.access.contains(Access::ZERO_BASED);
+        match mw.mw_type {
+            // o10-36.2.2
+            MwType::Type1 if zero_based => return Err(MwError("a type 1 window cannot be zero based")),
+            MwType::Type1 => {}
+            MwType::Type2 => {
+                if mw.bound.is_some() {
+                    return Err(MwError("a type 2 window must be invalidated before it is bound again"));
+                }
+                if qp_pd != mw.pd {
+                    return Err(MwError("the QP's PD is not the window's (C10-72)"));
+                }
+                if mr_index.is_none() {
+                    return Err(MwError("a type 2 window cannot be bound with length 0"));
+                }
+            }
+        }
+        if let Some(index) = mr_index {
+            let mr = &self.mrs[index];
+            if mr.pd != mw.pd {
+                return Err(MwError("the region's PD is not the window's"));
+            }
+            if !mr.access.contains(Access::MW_BIND) {
+                return Err(MwError("the region was not registered with MW_BIND (C10-73)"));
+            }
+            let writable = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
+            if bind.access.0 & writable.0 != 0 && !mr.access.contains(Access::LOCAL_WRITE) {
+                return Err(MwError("a writable window needs a region with LOCAL_WRITE (C10-74)"));
+            }
+            let inside = bind.addr >= mr.iova
+                && bind.addr.checked_add(bind.length).is_some_and(|end| end <= mr.iova + mr.length);
+            if !inside {
+                return Err(MwError("the window leaves the region (C10-75)"));
+            }
+        }
+        let mw_type = mw.mw_type;
+        let old = self.mws.get_mut(&(mw_rkey >> 8)).and_then(|m| m.bound.take());
+        if let Some(old) = old {
+            self.mrs[old.mr].windows -= 1;
+        }
+        if let Some(index) = mr_index {
+            self.mrs[index].windows += 1;
+        }
+        let mw = self.mws.get_mut(&(mw_rkey >> 8)).expect("looked up above");
+        mw.rkey = (mw_rkey & !0xff) | (new_rkey & 0xff);
+        mw.bound = mr_index.map(|mr| Bound {
+            mr,
+            addr: bind.addr,
+            length: bind.length,
+            access: bind.access,
+            qp: (mw_type == MwType::Type2).then_some(qpn),
+        });
+        Ok(())
+    }
+
+    /// Invalidates what `rkey` names, for a LOCAL_INV of QP `qpn` (in `pd`) or, `remote`,
+    /// the IETH of a SEND_WITH_INV it received. Only a bound type 2 window of `pd` can be
+    /// invalidated, and remotely only through the QP it is bound to. Regions cannot: rxe
+    /// invalidates only fast-registration MRs, which user space has none of.
+    pub(crate) fn invalidate(&mut self, pd: PdId, qpn: Qpn, rkey: u32, remote: bool) -> Result<(), MwError> {
+        if self.rkeys.contains_key(&rkey) || self.lkeys.contains_key(&rkey) {
+            return Err(MwError("a registered region cannot be invalidated"));
+        }
+        let mw =
+            self.mws.get_mut(&(rkey >> 8)).filter(|m| m.rkey == rkey).ok_or(MwError("no window has that R_Key"))?;
+        if mw.mw_type == MwType::Type1 {
+            return Err(MwError("a type 1 window cannot be invalidated (o10-37.2.26)"));
+        }
+        if mw.pd != pd {
+            return Err(MwError("the window is of another PD"));
+        }
+        let Some(b) = mw.bound else { return Err(MwError("the window is not bound")) };
+        if remote && b.qp != Some(qpn) {
+            return Err(MwError("the window is bound to another QP"));
+        }
+        mw.bound = None;
+        self.mrs[b.mr].windows -= 1;
+        Ok(())
+    }
+
+    /// Unbinds every window bound to the region in slot `mr` (type 2 ones become free).
+    fn unbind_windows_of_mr(&mut self, mr: usize) {
+        for mw in self.mws.values_mut() {
+            if mw.bound.is_some_and(|b| b.mr == mr) {
+                mw.bound = None;
+            }
+        }
+        self.mrs[mr].windows = 0;
     }
 
     fn check_mr(&self, index: usize, pd: PdId, addr: u64, len: u64, need: Access) -> Result<u64, KeyError> {
@@ -479,6 +663,7 @@ impl Engine {
                 mrs: Slab::new(),
                 lkeys: BTreeMap::new(),
                 rkeys: BTreeMap::new(),
+                mws: BTreeMap::new(),
                 cqs: Slab::new(),
                 srqs: Slab::new(),
                 ahs: Slab::new(),
@@ -519,11 +704,11 @@ impl Engine {
         PdId(self.shared.pds.insert(0) as u32)
     }
 
-    /// `ibv_dealloc_pd`. Fails while MRs, QPs, SRQs or AHs use it.
+    /// `ibv_dealloc_pd`. Fails while MRs, MWs, QPs, SRQs or AHs use it.
     pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), VerbsError> {
         let users = self.shared.pds.get(pd.0 as usize).copied().ok_or(VerbsError::NotFound { kind: "PD", id: pd.0 })?;
         if users > 0 {
-            return Err(VerbsError::Busy(format!("PD {} still has {users} MRs, QPs, SRQs or AHs", pd.0)));
+            return Err(VerbsError::Busy(format!("PD {} still has {users} MRs, MWs, QPs, SRQs or AHs", pd.0)));
         }
         self.shared.pds.remove(pd.0 as usize);
         Ok(())
@@ -574,18 +759,19 @@ impl Engine {
         let lkey = self.fresh_key(true);
         let rkey = self.fresh_key(false);
         let keys = MrKeys { lkey: LKey(lkey), rkey: RKey(rkey) };
-        let index = self.shared.mrs.insert(Mr { pd, addr, iova, length, access, keys });
+        let index = self.shared.mrs.insert(Mr { pd, addr, iova, length, access, keys, windows: 0 });
         self.shared.lkeys.insert(lkey, index);
         self.shared.rkeys.insert(rkey, index);
         Ok(keys)
     }
 
-    /// A random key not in use (and never 0, which some programs treat as "none").
+    /// A random key not in use (and never 0, which some programs treat as "none"), whose
+    /// upper 24 bits are no memory window's.
     fn fresh_key(&mut self, local: bool) -> u32 {
         loop {
             let k = self.shared.rng.next_u32();
             let taken = if local { self.shared.lkeys.contains_key(&k) } else { self.shared.rkeys.contains_key(&k) };
-            if k != 0 && !taken {
+            if k != 0 && !taken && !self.shared.mws.contains_key(&(k >> 8)) {
                 return k;
             }
         }
@@ -595,7 +781,8 @@ impl Engine {
     /// access rights (each `None` keeps what it had); its keys stay. Checked as `reg_mr`
     /// checks a new region; nothing changes on an error. Every packet and WR is checked
     /// against the region as it is when it arrives, so what was in flight meets the new
-    /// rights.
+    /// rights. Refused while memory windows are bound to the region: each was checked
+    /// against it as it is (its range, MW_BIND, LOCAL_WRITE) when it was bound.
     pub fn rereg_mr(
         &mut self,
         lkey: LKey,
@@ -605,6 +792,12 @@ impl Engine {
     ) -> Result<(), VerbsError> {
         let index = *self.shared.lkeys.get(&lkey.0).ok_or(VerbsError::NotFound { kind: "MR", id: lkey.0 })?;
         let mr = &self.shared.mrs[index];
+        if mr.windows > 0 {
+            return Err(invalid(format!(
+                "{} memory windows are bound to the region; invalidate them first",
+                mr.windows
+            )));
+        }
         let (old_pd, (addr, length), access) =
             (mr.pd, range.unwrap_or((mr.addr, mr.length)), access.unwrap_or(mr.access));
         if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
@@ -628,11 +821,84 @@ impl Engine {
 
     /// `ibv_dereg_mr`. Afterwards no access through its keys succeeds: the engine checks
     /// keys on every packet, so nothing in flight can reach the memory once this returns.
+    /// Refused (`EINVAL`) while memory windows are bound to the region, as rxe does (IBA
+    /// 10.6.7.2.6); [`dereg_mr_unbinding`](Self::dereg_mr_unbinding) unbinds them instead.
     pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), VerbsError> {
+        let index = *self.shared.lkeys.get(&lkey.0).ok_or(VerbsError::NotFound { kind: "MR", id: lkey.0 })?;
+        let windows = self.shared.mrs[index].windows;
+        if windows > 0 {
+            return Err(invalid(format!(
+                "{windows} memory windows are bound to the region (IBA 10.6.7.2.6); invalidate or unbind them first"
+            )));
+        }
+        self.dereg_mr_unbinding(lkey)
+    }
+
+    /// `ibv_dereg_mr` that first unbinds every memory window bound to the region (type 1
+    /// windows are left bound with length 0, type 2 ones free), so that it never fails for
+    /// them: for an owner of the memory that frees it next.
+    pub fn dereg_mr_unbinding(&mut self, lkey: LKey) -> Result<(), VerbsError> {
         let index = self.shared.lkeys.remove(&lkey.0).ok_or(VerbsError::NotFound { kind: "MR", id: lkey.0 })?;
+        if self.shared.mrs[index].windows > 0 {
+            self.shared.unbind_windows_of_mr(index);
+        }
         let mr = self.shared.mrs.remove(index);
         self.shared.rkeys.remove(&mr.keys.rkey.0);
         self.pd_use(mr.pd, -1)
+    }
+
+    // ---- memory windows ----------------------------------------------------------------
+
+    /// `ibv_alloc_mw`: a window of `mw_type` in `pd`, unbound (type 2: free). Returns its
+    /// handle and its R_Key, whose low 8 bits are random until a bind chooses them.
+    pub fn alloc_mw(&mut self, pd: PdId, mw_type: MwType) -> Result<(MwId, RKey), VerbsError> {
+        if self.shared.mws.len() as u32 >= self.shared.config.max_mw {
+            return Err(VerbsError::NoResources(format!(
+                "the device's max_mw ({}) windows exist",
+                self.shared.config.max_mw
+            )));
+        }
+        self.pd_use(pd, 1)?;
+        let index = loop {
+            let i = self.shared.rng.next_u32() & 0xff_ffff;
+            let (lo, hi) = (i << 8, i << 8 | 0xff);
+            let taken = self.shared.mws.contains_key(&i)
+                || self.shared.lkeys.range(lo..=hi).next().is_some()
+                || self.shared.rkeys.range(lo..=hi).next().is_some();
+            if i != 0 && !taken {
+                break i;
+            }
+        };
+        let rkey = index << 8 | (self.shared.rng.next_u32() & 0xff);
+        self.shared.mws.insert(index, Mw { pd, mw_type, rkey, bound: None });
+        Ok((MwId(index), RKey(rkey)))
+    }
+
+    /// `ibv_dealloc_mw`: the window is gone, and with it any access through it; a BIND_MW
+    /// still queued for it fails.
+    pub fn dealloc_mw(&mut self, mw: MwId) -> Result<(), VerbsError> {
+        let w = self.shared.mws.remove(&mw.0).ok_or(VerbsError::NotFound { kind: "MW", id: mw.0 })?;
+        if let Some(b) = w.bound {
+            self.shared.mrs[b.mr].windows -= 1;
+        }
+        self.pd_use(w.pd, -1)
+    }
+
+    /// The window's type, R_Key and binding now.
+    pub fn query_mw(&self, mw: MwId) -> Option<MwInfo> {
+        let w = self.shared.mws.get(&mw.0)?;
+        Some(MwInfo {
+            pd: w.pd,
+            mw_type: w.mw_type,
+            rkey: RKey(w.rkey),
+            binding: w.bound.map(|b| MwBinding {
+                mr: self.shared.mrs[b.mr].keys.lkey,
+                addr: b.addr,
+                length: b.length,
+                access: b.access,
+                qp: b.qp,
+            }),
+        })
     }
 
     // ---- completion queues ---------------------------------------------------------------
@@ -842,9 +1108,17 @@ impl Engine {
     }
 
     /// `ibv_destroy_qp`. Its outstanding WRs are discarded without completions; packets
-    /// still addressed to it are dropped.
+    /// still addressed to it are dropped. The type 2 windows bound to it become free (rxe
+    /// keeps them valid but unreachable; a QP that reused the QPN must not reach them).
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let mut qp = self.qps.remove(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
+        let sh = &mut self.shared;
+        for mw in sh.mws.values_mut() {
+            if let Some(b) = mw.bound.filter(|b| b.qp == Some(qpn)) {
+                mw.bound = None;
+                sh.mrs[b.mr].windows -= 1;
+            }
+        }
         qp.comp.retransmit_at = None;
         qp.comp.rnr_wait_until = None;
         self.shared.update_timer(&mut qp);
@@ -1265,8 +1539,11 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
         return Err(format!("{length} bytes exceeds the largest message, {}", shared.config.max_msg_sz));
     }
     let inline = wr.flags.contains(SendFlags::INLINE);
+    if wr.op.is_local() && !wr.sg_list.is_empty() {
+        return Err("BIND_MW and LOCAL_INV take no SGEs (num_sge must be 0)".into());
+    }
     if inline {
-        if wr.op.is_read_or_atomic() {
+        if wr.op.is_read_or_atomic() || wr.op.is_local() {
             return Err("IBV_SEND_INLINE applies to SEND and RDMA WRITE only".into());
         }
         if length > u64::from(qp.cap.max_inline_data) {
@@ -1296,7 +1573,10 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
         }
         QpType::Uc => {
             if wr.op.is_read_or_atomic() {
-                return Err("UC QPs support SEND and RDMA WRITE only".into());
+                return Err("UC QPs support SEND and RDMA WRITE only (and BIND_MW, LOCAL_INV)".into());
+            }
+            if matches!(wr.op, SendOp::SendWithInv { .. }) {
+                return Err("SEND_WITH_INV is RC only: no UC opcode carries an IETH".into());
             }
         }
         QpType::Rc => {}

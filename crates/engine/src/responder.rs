@@ -341,6 +341,7 @@ fn recv_wc(qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32, repr: &RoceRepr
         opcode,
         byte_len,
         imm_data: repr.ext.imm_dt.map(|i| i.0),
+        invalidated_rkey: None,
         qp_num: qp.qpn,
         src_qp: Qpn::from_u24_truncating(qp.attr.dest_qp_num),
         grh: None,
@@ -424,7 +425,23 @@ fn execute<M: Memory + ?Sized>(
             *offset += len;
             if position.ends_message() {
                 let InMessage::Send { wqe, offset, .. } = core::mem::take(&mut qp.resp.current) else { unreachable!() };
-                let wc = recv_wc(qp, wqe.wr_id, WcOpcode::Recv, offset, repr);
+                let mut wc = recv_wc(qp, wqe.wr_id, WcOpcode::Recv, offset, repr);
+                if operation == Operation::SendWithInvalidate {
+                    // The IETH's R_Key is invalidated once the message is placed (rxe
+                    // `execute`). If it cannot be (IBA class J), the receive completes in
+                    // error and the QP fails; rxe also says REM_INV_REQ_ERR there, and this
+                    // NAKs Invalid Request where rxe's ACK would tell the requester nothing.
+                    let invalidated = repr.ext.ieth.map(|i| i.rkey);
+                    match invalidated.map(|rkey| sh.invalidate(qp.pd, qp.qpn, rkey.0, true)) {
+                        Some(Ok(())) => wc.invalidated_rkey = invalidated,
+                        _ => {
+                            let wc = Wc { status: WcStatus::RemInvReqErr, byte_len: 0, ..wc };
+                            sh.push_cqe(qp.recv_cq, wc);
+                            sh.recycle(wqe);
+                            return Err(Refusal::Fatal(NakCode::InvalidRequest));
+                        }
+                    }
+                }
                 sh.push_cqe(qp.recv_cq, wc);
                 sh.recycle(wqe);
                 qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
@@ -433,14 +450,8 @@ fn execute<M: Memory + ?Sized>(
         Operation::RdmaWrite | Operation::RdmaWriteWithImm => {
             if position.starts_message() {
                 let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
-                remote_access(
-                    qp,
-                    sh,
-                    reth.rkey,
-                    reth.virtual_address,
-                    u64::from(reth.dma_length),
-                    Access::REMOTE_WRITE,
-                )?;
+                let length = u64::from(reth.dma_length);
+                remote_access(qp, sh, reth.rkey, reth.virtual_address, length, Access::REMOTE_WRITE)?;
                 qp.resp.current =
                     InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length, rkey: reth.rkey.0 };
             }
@@ -456,17 +467,20 @@ fn execute<M: Memory + ?Sized>(
             } else {
                 None
             };
-            // Every packet is checked against the R_Key again: once dereg_mr returns, no
-            // packet still in flight may reach the region.
-            let at =
-                if len > 0 { sh.check_rkey(qp.pd, rkey, va, u64::from(len), Access::REMOTE_WRITE) } else { Ok(va) };
-            let Ok(at) = at else {
+            // Every packet is checked against the R_Key again: once dereg_mr returns (or a
+            // window is invalidated or deallocated), no packet still in flight reaches the
+            // region.
+            let local = match len {
+                0 => Ok(va),
+                _ => sh.resolve_rkey(qp.pd, qp.qpn, rkey, va, u64::from(len), Access::REMOTE_WRITE),
+            };
+            let Ok(local) = local else {
                 if let Some((wqe, from_srq)) = recv {
                     sh.give_back_recv(qp, wqe, from_srq);
                 }
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
             };
-            if len > 0 && mem.write(at, repr.payload).is_err() {
+            if len > 0 && mem.write(local, repr.payload).is_err() {
                 // Pages of the region that do not take the write (a region on demand): an
                 // R_Key violation, as rxe's failed copy is (RESPST_ERR_RKEY_VIOLATION).
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
@@ -516,11 +530,14 @@ fn execute<M: Memory + ?Sized>(
             if qp.attr.max_dest_rd_atomic == 0 || a.virtual_address % 8 != 0 {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // IBA 9.4.5: 8-byte aligned
             }
-            let at = remote_access(qp, sh, a.rkey, a.virtual_address, 8, Access::REMOTE_ATOMIC)?;
+            let local = remote_access(qp, sh, a.rkey, a.virtual_address, 8, Access::REMOTE_ATOMIC)?;
+            if local % 8 != 0 {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest)); // a zero-based window's start
+            }
             let result = if operation == Operation::CompareSwap {
-                mem.compare_swap(at, a.compare, a.swap_add)
+                mem.compare_swap(local, a.compare, a.swap_add)
             } else {
-                mem.fetch_add(at, a.swap_add)
+                mem.fetch_add(local, a.swap_add)
             };
             let original = result.map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
             remember(
@@ -543,18 +560,18 @@ fn execute<M: Memory + ?Sized>(
 }
 
 /// The responder's access check for a RETH or AtomicETH (IBA 9.7.5.1.3, rxe `check_rkey`): the QP must
-/// allow the access, and the R_Key must name an MR of the QP's PD that allows it and holds
-/// the whole range. C9-88: a zero-length operation needs no valid R_Key. Where the range's
-/// first byte is in memory.
+/// allow the access, and the R_Key must name an MR of the QP's PD, or a memory window
+/// reachable through this QP, that allows it and holds the whole range
+/// ([`Shared::resolve_rkey`]). C9-88: a zero-length operation needs no valid R_Key.
+/// Returns the local address of the first byte.
 fn remote_access(qp: &Qp, sh: &Shared, rkey: RKey, va: u64, len: u64, need: Access) -> Result<u64, Refusal> {
     if len == 0 {
         return Ok(va);
     }
-    let allowed = qp.attr.qp_access_flags.contains(need);
-    match sh.check_rkey(qp.pd, rkey.0, va, len, need) {
-        Ok(at) if allowed => Ok(at),
-        _ => Err(Refusal::Fatal(NakCode::RemoteAccessError)),
+    if !qp.attr.qp_access_flags.contains(need) {
+        return Err(Refusal::Fatal(NakCode::RemoteAccessError));
     }
+    sh.resolve_rkey(qp.pd, qp.qpn, rkey.0, va, len, need).map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))
 }
 
 /// Remembers a READ or atomic for duplicates, keeping the last `max_dest_rd_atomic`.
@@ -732,6 +749,7 @@ fn ud_request<M: Memory + ?Sized>(
         opcode: WcOpcode::Recv,
         byte_len: if status.is_ok() { byte_len } else { 0 },
         imm_data: repr.ext.imm_dt.map(|i| i.0),
+        invalidated_rkey: None,
         qp_num: qp.qpn,
         src_qp: deth.src_qp,
         grh: network_hdr,

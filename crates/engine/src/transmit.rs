@@ -6,8 +6,8 @@
 
 use softrdma_wire::opcode::Position;
 use softrdma_wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, ImmDtRepr, Msn, NakCode,
-    Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, IethRepr, ImmDtRepr, Msn,
+    NakCode, Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome,
 };
 
 use crate::completer::{self, local_key_status};
@@ -184,9 +184,12 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 (false, true) => (Opcode::RC_RDMA_READ_RESPONSE_LAST, Position::Last),
             };
             // The R_Key again, for every packet: after dereg_mr no response reads the region.
-            let from =
-                if chunk == 0 { Ok(va) } else { sh.check_rkey(qp.pd, rkey, va, u64::from(chunk), Access::REMOTE_READ) };
-            let Ok(from) = from else {
+            // A memory window is resolved again too: invalidated or rebound, it answers no more.
+            let local = match chunk {
+                0 => Ok(va),
+                _ => sh.resolve_rkey(qp.pd, qp.qpn, rkey, va, u64::from(chunk), Access::REMOTE_READ),
+            };
+            let Ok(local) = local else {
                 qp.resp.out.clear();
                 qp.resp.out.push_back(RespJob::Ack { psn, syndrome: Syndrome::Nak(NakCode::RemoteAccessError) });
                 return respond(qp, sh, mem, buf);
@@ -202,7 +205,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             let at = header.header_len();
             let payload = buf.get_mut(at..at + chunk as usize)?;
-            if mem.read(from, payload).is_err() {
+            if mem.read(local, payload).is_err() {
                 // Pages of the region that cannot be read (a region on demand): an R_Key
                 // violation, as rxe's failed copy is.
                 qp.resp.out.clear();
@@ -234,8 +237,8 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
         QpType::Ud | QpType::Gsi => 0x60,
     };
     let low = match (op, position) {
-        (SendOp::Send | SendOp::SendWithImm { .. }, Position::First) => 0x00,
-        (SendOp::Send | SendOp::SendWithImm { .. }, Position::Middle) => 0x01,
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, Position::First) => 0x00,
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, Position::Middle) => 0x01,
         (SendOp::Send, Position::Last) => 0x02,
         (SendOp::SendWithImm { .. }, Position::Last) => 0x03,
         (SendOp::Send, Position::Only) => 0x04,
@@ -249,6 +252,9 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
         (SendOp::RdmaRead { .. }, _) => 0x0c,
         (SendOp::CompareSwap { .. }, _) => 0x13,
         (SendOp::FetchAdd { .. }, _) => 0x14,
+        (SendOp::SendWithInv { .. }, Position::Last) => 0x16,
+        (SendOp::SendWithInv { .. }, Position::Only) => 0x17,
+        (SendOp::BindMw { .. } | SendOp::LocalInv { .. }, _) => unreachable!("local operations send nothing"),
     };
     Opcode(base | low)
 }
@@ -278,6 +284,9 @@ fn request<M: Memory + ?Sized>(
             return None;
         }
         qp.comp.rnr_wait_until = None;
+    }
+    if !local_ops(qp, sh) {
+        return None;
     }
     let pos = qp.req.next;
     if pos >= qp.sq.tail() {
@@ -371,7 +380,12 @@ fn request<M: Memory + ?Sized>(
             qp.req.psn = psn.next();
             message_done = true;
         }
-        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => {
+        SendOp::BindMw { .. } | SendOp::LocalInv { .. } => unreachable!("local_ops did them"),
+        SendOp::Send
+        | SendOp::SendWithImm { .. }
+        | SendOp::SendWithInv { .. }
+        | SendOp::RdmaWrite { .. }
+        | SendOp::RdmaWriteWithImm { .. } => {
             let offset = qp.req.offset;
             let chunk = (w.length - offset).min(mtu);
             let first = offset == 0;
@@ -393,6 +407,9 @@ fn request<M: Memory + ?Sized>(
             if last {
                 if let SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } = op {
                     ext.imm_dt = Some(ImmDtRepr(imm));
+                }
+                if let SendOp::SendWithInv { rkey } = op {
+                    ext.ieth = Some(IethRepr { rkey });
                 }
             }
             if let Some(dest) = w.ud {
@@ -434,6 +451,70 @@ fn request<M: Memory + ?Sized>(
         completer::complete_head(qp, sh, WcStatus::Success);
     }
     sent
+}
+
+/// Does the local operations (BIND_MW, LOCAL_INV) at the requester's cursor, as rxe's
+/// requester does when it reaches one (`rxe_do_local_ops`): each takes effect then, ahead
+/// of the ACKs of what was sent before it, and completes in order: at once if nothing is
+/// outstanding before it, else when what is before it completes
+/// ([`completer::complete_head`]). Returns whether the requester may go on to the work
+/// request after them: not while one waits for its fence, nor after one failed (it then
+/// completes in error, in order, and the QP fails; nothing after it is sent).
+fn local_ops(qp: &mut Qp, sh: &mut Shared) -> bool {
+    loop {
+        let pos = qp.req.next;
+        if pos >= qp.sq.tail() {
+            return true;
+        }
+        let w = qp.sq.get(pos);
+        let op = w.op();
+        if !op.is_local() {
+            return true;
+        }
+        if w.started {
+            // Done before a go-back-N rewind brought the cursor back: never done twice.
+            if w.status != Some(WcStatus::Success) {
+                return false;
+            }
+            qp.req.next = pos + 1;
+            continue;
+        }
+        if qp.state != QpState::Rts {
+            return false; // SQD starts nothing new
+        }
+        // The local invalidate fence (IBA 10.6.5.1), which rxe makes mandatory: every
+        // earlier work request has completed. IBV_SEND_FENCE: every earlier READ and atomic.
+        let fenced = matches!(op, SendOp::LocalInv { .. }) && pos != qp.sq.head();
+        if fenced || (w.fence && qp.req.rd_atomic_outstanding > 0) {
+            return false;
+        }
+        let status = match op {
+            SendOp::BindMw { mw, rkey, bind } => {
+                sh.bind_mw(qp.pd, qp.qpn, mw.0, rkey.0, &bind).err().map(|_| WcStatus::MwBindErr)
+            }
+            SendOp::LocalInv { rkey } => {
+                sh.invalidate(qp.pd, qp.qpn, rkey.0, false).err().map(|_| WcStatus::LocQpOpErr)
+            }
+            _ => unreachable!("is_local"),
+        }
+        .unwrap_or(WcStatus::Success);
+        let psn = qp.req.psn;
+        let w = qp.sq.get_mut(pos);
+        w.started = true;
+        w.first_psn = psn;
+        w.npkts = 0;
+        w.status = Some(status);
+        match (pos == qp.sq.head(), status) {
+            // complete_head moves the cursor past it.
+            (true, WcStatus::Success) => completer::complete_head(qp, sh, status),
+            (true, _) => {
+                completer::fail(qp, sh, status);
+                return false;
+            }
+            (false, WcStatus::Success) => qp.req.next = pos + 1,
+            (false, _) => return false,
+        }
+    }
 }
 
 /// Copies `out.len()` bytes from byte `offset` of send WQE `pos` into `out`, each SGE's

@@ -24,6 +24,11 @@ pub struct CqId(pub u32);
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct SrqId(pub u32);
 
+/// A memory window (`ibv_mw`): the upper 24 bits of its R_Key, which stay while the low 8
+/// (the key a bind chooses) change.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct MwId(pub u32);
+
 /// An address handle (UD destinations).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct AhId(pub u32);
@@ -60,7 +65,14 @@ impl Access {
     pub const REMOTE_READ: Self = Self(1 << 2);
     /// `IBV_ACCESS_REMOTE_ATOMIC`: peers may run atomics.
     pub const REMOTE_ATOMIC: Self = Self(1 << 3);
-    /// Everything.
+    /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region (a region's right;
+    /// IBA C10-73).
+    pub const MW_BIND: Self = Self(1 << 4);
+    /// `IBV_ACCESS_ZERO_BASED`: a type 2 window's remote addresses are offsets from its
+    /// start, not virtual addresses (a window's right, given when it is bound).
+    pub const ZERO_BASED: Self = Self(1 << 5);
+    /// Every right over data: local write and the three remote ones (not
+    /// [`MW_BIND`](Self::MW_BIND)).
     pub const ALL: Self = Self(0xf);
     /// `IBV_ACCESS_ON_DEMAND`: the region's pages need not be mapped when it is registered
     /// or when the device reaches them (an access they do not allow is a [`MemoryFault`]
@@ -87,7 +99,7 @@ impl core::ops::BitOr for Access {
 
 impl fmt::Debug for Access {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC"];
+        let names = ["LOCAL_WRITE", "REMOTE_WRITE", "REMOTE_READ", "REMOTE_ATOMIC", "MW_BIND", "ZERO_BASED"];
         let set: Vec<&str> =
             names.iter().enumerate().filter(|(i, _)| self.0 & (1 << i) != 0).map(|(_, n)| *n).collect();
         if set.is_empty() { f.write_str("Access(0)") } else { write!(f, "Access({})", set.join("|")) }
@@ -149,6 +161,60 @@ pub struct UdDest {
     pub remote_qkey: QKey,
 }
 
+/// The type of a memory window (`ibv_mw_type`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum MwType {
+    /// `IBV_MW_TYPE_1`: bound by the bind verb (`ibv_bind_mw`, which posts a BIND_MW work
+    /// request as rxe does), unbound by binding it again with length 0; never invalidated.
+    Type1,
+    /// `IBV_MW_TYPE_2` (type 2B): bound by a BIND_MW work request to the QP that posts it,
+    /// reachable only through that QP, freed by a local or remote invalidation.
+    Type2,
+}
+
+/// What a BIND_MW work request binds a window to (`ibv_mw_bind_info`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct MwBind {
+    /// The region, by its local key (ignored when `length` is 0).
+    pub mr: LKey,
+    /// First byte of the window, inside the region.
+    pub addr: u64,
+    /// Bytes; 0 unbinds a type 1 window (and is an error for type 2).
+    pub length: u64,
+    /// What peers may do through the window (remote rights, and
+    /// [`Access::ZERO_BASED`] for a type 2 window).
+    pub access: Access,
+}
+
+/// A memory window as the device holds it ([`Engine::query_mw`](crate::Engine::query_mw)).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct MwInfo {
+    /// Its protection domain.
+    pub pd: PdId,
+    /// Its type.
+    pub mw_type: MwType,
+    /// Its R_Key now (the low 8 bits change with each bind).
+    pub rkey: RKey,
+    /// What it is bound to; `None` for a type 1 window bound with length 0 (or never
+    /// bound) and for a type 2 window that is free (never bound, or invalidated).
+    pub binding: Option<MwBinding>,
+}
+
+/// What a bound memory window gives access to.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct MwBinding {
+    /// The region, by its local key.
+    pub mr: LKey,
+    /// First byte, in the region.
+    pub addr: u64,
+    /// Bytes (never 0).
+    pub length: u64,
+    /// What peers may do through it.
+    pub access: Access,
+    /// Type 2: the QP that bound it, the only one peers reach it through.
+    pub qp: Option<Qpn>,
+}
+
 /// What a send work request does (`ibv_wr_opcode` with its operands).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum SendOp {
@@ -202,6 +268,30 @@ pub enum SendOp {
         /// Added to the remote value.
         add: u64,
     },
+    /// `IBV_WR_SEND_WITH_INV` (RC): a SEND whose last packet carries an IETH; the
+    /// responder invalidates the type 2 window `rkey` names once the message is placed.
+    SendWithInv {
+        /// The R_Key the responder invalidates.
+        rkey: RKey,
+    },
+    /// `IBV_WR_LOCAL_INV` (RC, UC): invalidates the type 2 window `rkey` names, once every
+    /// earlier work request of the queue has completed (IBA 10.6.5.1's local invalidate
+    /// fence, which rxe always applies). Sends nothing.
+    LocalInv {
+        /// The R_Key to invalidate.
+        rkey: RKey,
+    },
+    /// `IBV_WR_BIND_MW` (RC, UC): binds the window whose R_Key is now `mw` when the
+    /// requester reaches the work request. Sends nothing.
+    BindMw {
+        /// The window's current R_Key (`ibv_mw.rkey`).
+        mw: RKey,
+        /// The window's R_Key once bound: its upper 24 bits are the window's, its low 8 are
+        /// taken from here (`ibv_inc_rkey`).
+        rkey: RKey,
+        /// The region, range and rights.
+        bind: MwBind,
+    },
 }
 
 impl SendOp {
@@ -215,14 +305,21 @@ impl SendOp {
         matches!(self, SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
     }
 
+    /// A local operation (BIND_MW, LOCAL_INV): done by the device itself, no packet.
+    pub const fn is_local(&self) -> bool {
+        matches!(self, SendOp::BindMw { .. } | SendOp::LocalInv { .. })
+    }
+
     /// The completion opcode this operation reports.
     pub const fn wc_opcode(&self) -> WcOpcode {
         match self {
-            SendOp::Send | SendOp::SendWithImm { .. } => WcOpcode::Send,
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
             SendOp::RdmaWrite { .. } | SendOp::RdmaWriteWithImm { .. } => WcOpcode::RdmaWrite,
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
     }
 }
@@ -265,6 +362,8 @@ pub enum WcStatus {
     LocProtErr = 4,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP went to the error state before this WR completed.
     WrFlushErr = 5,
+    /// `IBV_WC_MW_BIND_ERR`: a BIND_MW work request could not bind its window.
+    MwBindErr = 6,
     /// `IBV_WC_BAD_RESP_ERR`: an unexpected response.
     BadRespErr = 7,
     /// `IBV_WC_LOC_ACCESS_ERR`.
@@ -298,6 +397,10 @@ pub enum WcOpcode {
     CompSwap,
     /// `IBV_WC_FETCH_ADD`.
     FetchAdd,
+    /// `IBV_WC_BIND_MW`.
+    BindMw,
+    /// `IBV_WC_LOCAL_INV`.
+    LocalInv,
     /// `IBV_WC_RECV`.
     Recv,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`.
@@ -328,6 +431,9 @@ pub struct Wc {
     pub byte_len: u32,
     /// Immediate data, in network order (`IBV_WC_WITH_IMM`).
     pub imm_data: Option<[u8; 4]>,
+    /// The R_Key a SEND_WITH_INV invalidated at this receiver (`IBV_WC_WITH_INV`,
+    /// `invalidated_rkey`).
+    pub invalidated_rkey: Option<RKey>,
     /// The local QP.
     pub qp_num: Qpn,
     /// The sending QP (UD receives).

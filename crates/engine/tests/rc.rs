@@ -203,6 +203,25 @@ fn atomic_ack_lost_the_retry_is_answered_not_re_executed() {
 }
 
 #[test]
+fn a_nak_past_a_read_whose_answer_was_lost_is_not_the_reads_error() {
+    // The READ executed at B, its response was lost, and the WRITE after it broke a rule:
+    // B NAKs the WRITE and goes to the error state. The NAK says nothing of the READ's
+    // data, which A never got: A asks for it again (rxe's completer too), B no longer
+    // answers, and the READ ends in RETRY_EXC_ERR, not in the WRITE's REM_ACCESS_ERR.
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.set_filter(|p| p.from_a || p.opcode() != Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    let dst = pair.a.sge(0x40, 100);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x300), rkey: pair.b.mr.rkey }, &[dst]));
+    let sge = pair.a.sge(0, 8);
+    let bad = softrdma_wire::RKey(pair.b.mr.rkey.0 ^ 1);
+    pair.a.post_send(wr(2, SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: bad }, &[sge]));
+    pair.drive();
+    assert!(pair.log.iter().any(|p| p.syndrome() == Some(Syndrome::Nak(NakCode::RemoteAccessError))));
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::RetryExcErr), (2, WcStatus::WrFlushErr)]);
+    assert!(pair.a.engine.counters().ack_timeouts > 0);
+}
+
+#[test]
 fn wrong_rkey_is_a_remote_access_error_and_memory_is_untouched() {
     let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
     pair.a.fill(0, &[0xee; 64]);

@@ -9,7 +9,13 @@
 //! - target memory equals the model for every WR that succeeded; UC WRITEs land whole
 //!   packets or nothing; no byte outside the targets changes;
 //! - every receive completes at most once and carries exactly what was sent;
-//! - after the heal, every RC QP has completed everything posted.
+//! - after the heal, every RC QP has completed everything posted;
+//! - memory windows (a fourth connection, RC): B's windows, bound by B's QP, give A what
+//!   each was bound with and nothing more (bounds, rights, invalidation by A's fenced
+//!   SEND_WITH_INVs); A's binds and local invalidations of its own windows, interleaved with
+//!   the traffic and its retransmissions, are done once each and complete in order; at
+//!   most one operation breaks a rule on purpose and must fail with the status IBTA/rxe
+//!   give, the rest flushing; every window ends in the state the model says.
 //!
 //! `SOFTRDMA_SEEDS=10000 cargo test -p softrdma-engine --release --test swarm` runs more
 //! seeds; `SOFTRDMA_SEED=0x...` replays one.
@@ -19,7 +25,7 @@ use std::time::Duration;
 
 use softrdma_engine::*;
 use softrdma_sim::{Fabric, FaultConfig, Node, NodeId, SimRng, Time, swarm};
-use softrdma_wire::{Envelope, Gid, QKey, Qpn};
+use softrdma_wire::{Envelope, Gid, QKey, Qpn, RKey};
 
 const BASE: u64 = 0x1000_0000;
 const MEM: usize = 4 << 20;
@@ -292,6 +298,7 @@ fn run(seed: u64) -> Result<(), String> {
         }
     }
 
+    let mut mw = mw_setup(&mut rng, &mut a, &mut b, (a_pd, a_cq, a_keys.lkey), (b_pd, b_cq, b_keys.lkey), cap)?;
     let b_before = b.mem.clone();
     let na: NodeId = sim.add_node(a);
     let nb: NodeId = sim.add_node(b);
@@ -500,6 +507,21 @@ fn run(seed: u64) -> Result<(), String> {
     if (all_ok && counter != sum) || counter < sum {
         return Err(ctx(format!("atomic counter {counter}, model {sum} (all succeeded: {all_ok})")));
     }
+    // The memory-window connection, against its model.
+    let a_mws: Vec<Option<MwInfo>> = mw.a_mws.iter().map(|&w| sim.node::<EngineNode>(na).engine.query_mw(w)).collect();
+    let b_mws: Vec<Option<MwInfo>> =
+        mw.wins.iter().map(|w| w.as_ref().and_then(|w| sim.node::<EngineNode>(nb).engine.query_mw(w.id))).collect();
+    mw.a_infos = a_mws;
+    mw.b_infos = b_mws;
+    mw_check(&mw, &a_wcs, &b_wcs, &a_mem, &b_mem, &b_before, &mut mark).map_err(|e| {
+        let done: Vec<String> = a_wcs
+            .iter()
+            .filter(|w| w.qp_num == mw.a_qp)
+            .map(|w| format!("{:?}: {:?}", mw.ops[w.wr_id as usize], w.status))
+            .collect();
+        ctx(format!("{e}\n  MW ops: {done:#?}\n  bad: {:?}", mw.bad))
+    })?;
+
     // Nothing outside the targets changed.
     for (off, (&now, &before)) in b_mem.bytes().iter().zip(b_before.bytes()).enumerate() {
         if now != before && !touched[off] {
@@ -513,4 +535,483 @@ fn run(seed: u64) -> Result<(), String> {
 fn swarm_of_seeds_keeps_every_invariant() {
     let ran = swarm(500, run);
     assert!(ran >= 1);
+}
+
+// ---- memory windows ------------------------------------------------------------------------
+
+/// The memory-window connection's index in [`Layout`] (after RC, UC and UD).
+const MW_CONN: usize = 3;
+/// A's own windows (the last one type 1, the others type 2), each over a 4 KiB page from
+/// here.
+const A_WIN_REGION: u64 = 3 << 20;
+const A_WINS: usize = 4;
+
+fn a_type(k: usize) -> MwType {
+    if k == A_WINS - 1 { MwType::Type1 } else { MwType::Type2 }
+}
+
+/// `ibv_inc_rkey`.
+fn inc_rkey(rkey: RKey) -> RKey {
+    RKey((rkey.0 & !0xff) | (rkey.0.wrapping_add(1) & 0xff))
+}
+
+/// One operation of the memory-window connection.
+#[derive(Clone, Copy, Debug)]
+enum MwOp {
+    /// WRITE `len` bytes at `off` in the op's own window of B's.
+    Write { off: u64, len: u32 },
+    /// READ `len` bytes at `off` in the op's own window, into `Layout::read_dest`.
+    Read { off: u64, len: u32 },
+    /// FETCH_ADD on the word at `off` in the op's own window.
+    FetchAdd { off: u64, add: u64 },
+    /// SEND_WITH_INV (fenced) of `len` bytes invalidating the window of op `target`.
+    SendInv { target: usize, len: u32 },
+    /// BIND_MW of A's window `k`, named by R_Key `from`, to `len` bytes of its page.
+    Bind { k: usize, from: RKey, to: RKey, len: u64 },
+    /// LOCAL_INV of A's window `k` by R_Key.
+    Inv { k: usize, rkey: RKey },
+}
+
+impl MwOp {
+    /// The window of A's the op binds or invalidates.
+    fn a_window(&self) -> Option<usize> {
+        match *self {
+            MwOp::Bind { k, .. } | MwOp::Inv { k, .. } => Some(k),
+            _ => None,
+        }
+    }
+}
+
+/// A window of B's, bound before the run over part of its op's 8 KiB slot.
+#[derive(Clone, Copy, Debug)]
+struct BWin {
+    id: MwId,
+    rkey: RKey,
+    mw_type: MwType,
+    /// Its first byte, as an offset in B's memory.
+    start: u64,
+    len: u64,
+    access: Access,
+}
+
+impl BWin {
+    /// The remote address of byte `off` of the window.
+    fn remote(&self, off: u64) -> u64 {
+        if self.access.contains(Access::ZERO_BASED) { off } else { BASE + self.start + off }
+    }
+}
+
+struct MwConn {
+    a_qp: Qpn,
+    b_qp: Qpn,
+    ops: Vec<MwOp>,
+    /// Each op's B window (ops that reach B's memory, and a bad SEND_WITH_INV's type 1
+    /// target).
+    wins: Vec<Option<BWin>>,
+    /// The op that breaks a rule on purpose, and the status it must fail with.
+    bad: Option<(usize, WcStatus)>,
+    a_mws: Vec<MwId>,
+    /// A's windows' R_Key and whether bound: before the first op, and after each op.
+    a_initial: Vec<(RKey, bool)>,
+    a_model: Vec<Vec<(RKey, bool)>>,
+    /// What the devices say at the end.
+    a_infos: Vec<Option<MwInfo>>,
+    b_infos: Vec<Option<MwInfo>>,
+}
+
+fn rand(rng: &mut SimRng, n: u64) -> u64 {
+    rng.next_u64() % n
+}
+
+/// The memory-window connection: its QPs; B's region (binding, no remote right of its own)
+/// and one window per operation that reaches B's memory, bound now by B's QP; A's region
+/// and windows; the workload and its model, posted on A.
+fn mw_setup(
+    rng: &mut SimRng,
+    a: &mut EngineNode,
+    b: &mut EngineNode,
+    (a_pd, a_cq, a_lkey): (PdId, CqId, LKey),
+    (b_pd, b_cq, b_lkey): (PdId, CqId, LKey),
+    cap: QpCap,
+) -> Result<MwConn, String> {
+    let c = MW_CONN;
+    let init =
+        |pd, cq| QpInitAttr { pd, send_cq: cq, recv_cq: cq, srq: None, qp_type: QpType::Rc, cap, sq_sig_all: false };
+    let a_qp = a.engine.create_qp(&init(a_pd, a_cq)).unwrap();
+    let b_qp = b.engine.create_qp(&init(b_pd, b_cq)).unwrap();
+    let mtu = pick(rng, &[Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096]);
+    connect(a, a_qp, QpType::Rc, (b_qp, b.ip), mtu);
+    connect(b, b_qp, QpType::Rc, (a_qp, a.ip), mtu);
+    let (first, end) = (Layout::target(c, 0), Layout::target(c, OPS_PER_CONN));
+    let b_region = b.engine.reg_mr(b_pd, BASE + first, end - first, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    for i in 0..OPS_PER_CONN {
+        b.mem.slice_mut(BASE + Layout::target(c, i), 8192).copy_from_slice(&slot_bytes(i));
+    }
+    let a_region = a
+        .engine
+        .reg_mr(a_pd, BASE + A_WIN_REGION, (A_WINS as u64) << 12, Access::LOCAL_WRITE | Access::MW_BIND)
+        .unwrap();
+    let mut a_mws = Vec::new();
+    let mut a_state = Vec::new();
+    for k in 0..A_WINS {
+        let (id, rkey) = a.engine.alloc_mw(a_pd, a_type(k)).unwrap();
+        a_mws.push(id);
+        a_state.push((rkey, false));
+    }
+    let a_initial = a_state.clone();
+
+    // The workload, op by op against the model: which of B's windows a SEND_WITH_INV frees,
+    // and A's windows' keys and bindings. At most one op, in the second half, breaks a rule.
+    let n = 4 + rand(rng, OPS_PER_CONN as u64 - 4) as usize;
+    let bad_at = (rand(rng, 3) == 0).then(|| n / 2 + rand(rng, (n - n / 2) as u64) as usize);
+    let (mut ops, mut freed, mut bad, mut a_model) = (Vec::new(), Vec::new(), None, Vec::new());
+    let mut wins: Vec<Option<BWin>> = Vec::new();
+    // A window for op `i` over its slot giving `access` (and zero based, maybe, if type 2),
+    // holding `need` bytes from its start, or one byte less when `short`. Bound now, by B.
+    let mut win_for = |rng: &mut SimRng, i: usize, need: u64, access: Access, t: Option<MwType>, short: bool| {
+        let mw_type = t.unwrap_or(if rand(rng, 2) == 0 { MwType::Type1 } else { MwType::Type2 });
+        let zero_based = mw_type == MwType::Type2 && rand(rng, 2) == 0;
+        let lo = 8 * rand(rng, 256);
+        let len = if short { need - 1 } else { need + rand(rng, 8192 - lo - need + 1) };
+        let access = if zero_based { access | Access::ZERO_BASED } else { access };
+        let (id, rkey) = b.engine.alloc_mw(b_pd, mw_type).unwrap();
+        let start = Layout::target(c, i) + lo;
+        let bind = MwBind { mr: b_region.lkey, addr: BASE + start, length: len, access };
+        let op = SendOp::BindMw { mw: rkey, rkey: inc_rkey(rkey), bind };
+        let wr = SendWr { wr_id: 1000 + i as u64, op, sg_list: &[], flags: SendFlags::SIGNALED, ud: None };
+        b.engine.post_send(b_qp, &[wr], &b.mem).unwrap();
+        BWin { id, rkey: inc_rkey(rkey), mw_type, start, len, access }
+    };
+    let rights = |rng: &mut SimRng, need: Access| {
+        need | [Access(0), Access::REMOTE_READ, Access::REMOTE_WRITE | Access::REMOTE_ATOMIC][rand(rng, 3) as usize]
+    };
+    for i in 0..n {
+        let len = 1 + match rand(rng, 3) {
+            0 => rand(rng, 64),
+            1 => rand(rng, 1500),
+            _ => rand(rng, 4096),
+        } as u32;
+        let off = 8 * rand(rng, 64);
+        let need = off + u64::from(len);
+        let mut win = None;
+        let kind = rand(rng, 8);
+        let op = if bad_at != Some(i) {
+            match kind {
+                0 | 1 => {
+                    let r = rights(rng, Access::REMOTE_WRITE);
+                    win = Some(win_for(rng, i, need, r, None, false));
+                    MwOp::Write { off, len }
+                }
+                2 => {
+                    let r = rights(rng, Access::REMOTE_READ);
+                    win = Some(win_for(rng, i, need, r, None, false));
+                    MwOp::Read { off, len }
+                }
+                3 => {
+                    let r = rights(rng, Access::REMOTE_ATOMIC);
+                    win = Some(win_for(rng, i, off + 8, r, None, false));
+                    MwOp::FetchAdd { off, add: rand(rng, 1000) }
+                }
+                4 | 5 => {
+                    // Invalidates a type 2 window an earlier op reached B through.
+                    let target = (0..i).find(|&j| {
+                        wins[j].is_some_and(|w| w.mw_type == MwType::Type2)
+                            && !freed.contains(&j)
+                            && !matches!(ops[j], MwOp::SendInv { .. })
+                    });
+                    if let Some(target) = target {
+                        freed.push(target);
+                        MwOp::SendInv { target, len }
+                    } else {
+                        let r = rights(rng, Access::REMOTE_WRITE);
+                        win = Some(win_for(rng, i, need, r, None, false));
+                        MwOp::Write { off, len }
+                    }
+                }
+                _ => {
+                    // A's own windows: a bound type 2 one is invalidated, any other bound.
+                    let k = rand(rng, A_WINS as u64) as usize;
+                    let (rkey, bound) = a_state[k];
+                    if a_type(k) == MwType::Type2 && bound {
+                        a_state[k].1 = false;
+                        MwOp::Inv { k, rkey }
+                    } else {
+                        a_state[k] = (inc_rkey(rkey), true);
+                        MwOp::Bind { k, from: rkey, to: inc_rkey(rkey), len: 1 + rand(rng, 4096) }
+                    }
+                }
+            }
+        } else {
+            let (op, status) = match kind % 6 {
+                // One byte past its window.
+                0 => {
+                    win = Some(win_for(rng, i, need, Access::REMOTE_WRITE, None, true));
+                    (MwOp::Write { off, len }, WcStatus::RemAccessErr)
+                }
+                // Through a window that only reads.
+                1 => {
+                    win = Some(win_for(rng, i, need, Access::REMOTE_READ, None, false));
+                    (MwOp::Write { off, len }, WcStatus::RemAccessErr)
+                }
+                // A SEND_WITH_INV of a type 1 window: class J at B.
+                2 => {
+                    win = Some(win_for(rng, i, 8, Access::REMOTE_READ, Some(MwType::Type1), false));
+                    (MwOp::SendInv { target: i, len }, WcStatus::RemInvReqErr)
+                }
+                // A LOCAL_INV of a free window of A's, or of its type 1 one.
+                3 => {
+                    let k = (0..A_WINS).find(|&k| !a_state[k].1).unwrap_or(A_WINS - 1);
+                    (MwOp::Inv { k, rkey: a_state[k].0 }, WcStatus::LocQpOpErr)
+                }
+                // A BIND_MW of a bound type 2 window of A's, or by a stale R_Key.
+                4 => {
+                    let k = (0..A_WINS - 1).find(|&k| a_state[k].1).unwrap_or(0);
+                    let (rkey, bound) = a_state[k];
+                    let from = if bound { rkey } else { RKey(rkey.0 ^ 0x80) };
+                    (MwOp::Bind { k, from, to: inc_rkey(rkey), len: 64 }, WcStatus::MwBindErr)
+                }
+                // Through a window a SEND_WITH_INV freed, if any; else past its window.
+                _ => match freed.first().and_then(|&j| wins[j]) {
+                    Some(w) => {
+                        win = Some(w);
+                        (MwOp::Write { off: 0, len: len.min(w.len as u32) }, WcStatus::RemAccessErr)
+                    }
+                    None => {
+                        win = Some(win_for(rng, i, need, Access::REMOTE_WRITE, None, true));
+                        (MwOp::Write { off, len }, WcStatus::RemAccessErr)
+                    }
+                },
+            };
+            bad = Some((i, status));
+            op
+        };
+        ops.push(op);
+        wins.push(win);
+        a_model.push(a_state.clone());
+    }
+
+    // B's binds run now (local operations: no packet), each a success.
+    let mut buf = vec![0u8; 4200];
+    if b.engine.poll_transmit(Time::ZERO, &mut b.mem, &mut buf).is_some() {
+        return Err("B sent a packet before the run".into());
+    }
+    while let Some(wc) = b.engine.poll_cq(b_cq) {
+        if (wc.status, wc.opcode) != (WcStatus::Success, WcOpcode::BindMw) {
+            return Err(format!("B's bind {} completed {:?} {:?}", wc.wr_id, wc.status, wc.opcode));
+        }
+    }
+
+    // A's sources, B's receives, and A's work requests.
+    for (i, op) in ops.iter().enumerate() {
+        let src = Sge { addr: BASE + Layout::src(c, i), length: 0, lkey: a_lkey };
+        let win = wins[i];
+        let w = || win.expect("the op's window");
+        let mut flags = SendFlags::SIGNALED;
+        let (op, sge) = match *op {
+            MwOp::Write { off, len } => {
+                a.mem.slice_mut(src.addr, len as usize).copy_from_slice(&payload(c, i, len));
+                (SendOp::RdmaWrite { remote_addr: w().remote(off), rkey: w().rkey }, Some(Sge { length: len, ..src }))
+            }
+            MwOp::Read { off, len } => {
+                let dest = Sge { addr: BASE + Layout::read_dest(c, i), length: len, lkey: a_lkey };
+                (SendOp::RdmaRead { remote_addr: w().remote(off), rkey: w().rkey }, Some(dest))
+            }
+            MwOp::FetchAdd { off, add } => {
+                (SendOp::FetchAdd { remote_addr: w().remote(off), rkey: w().rkey, add }, Some(Sge { length: 8, ..src }))
+            }
+            MwOp::SendInv { target, len } => {
+                a.mem.slice_mut(src.addr, len as usize).copy_from_slice(&payload(c, i, len));
+                let slot = Sge { addr: BASE + Layout::recv(c, i), length: 8192, lkey: b_lkey };
+                b.engine.post_recv(b_qp, &[RecvWr { wr_id: i as u64, sg_list: &[slot] }]).map_err(|e| e.to_string())?;
+                flags = flags | SendFlags::FENCE; // behind the READs and atomics before it
+                let rkey = wins[target].expect("a window to invalidate").rkey;
+                (SendOp::SendWithInv { rkey }, Some(Sge { length: len, ..src }))
+            }
+            MwOp::Bind { k, from, to, len } => {
+                let addr = BASE + A_WIN_REGION + ((k as u64) << 12);
+                let bind = MwBind { mr: a_region.lkey, addr, length: len, access: Access::REMOTE_READ };
+                (SendOp::BindMw { mw: from, rkey: to, bind }, None)
+            }
+            MwOp::Inv { rkey, .. } => (SendOp::LocalInv { rkey }, None),
+        };
+        let sg_list: &[Sge] = match &sge {
+            Some(s) => std::slice::from_ref(s),
+            None => &[],
+        };
+        let wr = SendWr { wr_id: i as u64, op, sg_list, flags, ud: None };
+        a.engine.post_send(a_qp, &[wr], &a.mem).map_err(|e| format!("post_send: {e}"))?;
+    }
+    Ok(MwConn { a_qp, b_qp, ops, wins, bad, a_mws, a_initial, a_model, a_infos: Vec::new(), b_infos: Vec::new() })
+}
+
+/// What B's 8 KiB slot `i` of the memory-window connection holds before the run.
+fn slot_bytes(i: usize) -> Vec<u8> {
+    payload(MW_CONN + 100, i, 8192)
+}
+
+/// The memory-window connection's invariants (see the module's documentation).
+#[allow(clippy::too_many_arguments)]
+fn mw_check(
+    mw: &MwConn,
+    a_wcs: &[Wc],
+    b_wcs: &[Wc],
+    a_mem: &VecMemory,
+    b_mem: &VecMemory,
+    b_before: &VecMemory,
+    mark: &mut dyn FnMut(u64, usize),
+) -> Result<(), String> {
+    let c = MW_CONN;
+    let n = mw.ops.len();
+    let sends: Vec<&Wc> = a_wcs.iter().filter(|w| w.qp_num == mw.a_qp).collect();
+    let ids: Vec<u64> = sends.iter().map(|w| w.wr_id).collect();
+    if ids != (0..n as u64).collect::<Vec<_>>() {
+        return Err(format!("MW: send completions {ids:?}, expected 0..{n} (exactly once, in order)"));
+    }
+    // Successes up to the first error; that error is the planned one at its op, or retries
+    // running out at or before it; flushes after.
+    let first_error = sends.iter().position(|w| w.status != WcStatus::Success).unwrap_or(n);
+    if let Some(w) = sends.get(first_error) {
+        let planned = mw.bad.is_some_and(|(i, s)| i == first_error && s == w.status);
+        let retries = matches!(w.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)
+            && mw.bad.is_none_or(|(i, _)| first_error <= i);
+        if !planned && !retries {
+            return Err(format!(
+                "MW: op {first_error} {:?} completed {:?} (planned: {:?})",
+                mw.ops[first_error], w.status, mw.bad
+            ));
+        }
+    } else if let Some((i, s)) = mw.bad {
+        return Err(format!("MW: op {i} {:?} succeeded; it must fail with {s:?}", mw.ops[i]));
+    }
+    if let Some(w) = sends.iter().skip(first_error + 1).find(|w| w.status != WcStatus::WrFlushErr) {
+        return Err(format!("MW: op {} completed {:?} after the error", w.wr_id, w.status));
+    }
+    let expected_wc = |op: &MwOp| match op {
+        MwOp::Write { .. } => WcOpcode::RdmaWrite,
+        MwOp::Read { .. } => WcOpcode::RdmaRead,
+        MwOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        MwOp::SendInv { .. } => WcOpcode::Send,
+        MwOp::Bind { .. } => WcOpcode::BindMw,
+        MwOp::Inv { .. } => WcOpcode::LocalInv,
+    };
+    for (i, w) in sends.iter().enumerate() {
+        if w.opcode != expected_wc(&mw.ops[i]) {
+            return Err(format!("MW: op {i} {:?} completed as {:?}", mw.ops[i], w.opcode));
+        }
+    }
+
+    // B's receives: only SEND_WITH_INVs consume them, in order; each carries its message
+    // and the R_Key it invalidated.
+    let recvs: Vec<&Wc> = b_wcs.iter().filter(|w| w.qp_num == mw.b_qp).collect();
+    let mut last = None;
+    for r in &recvs {
+        let i = r.wr_id as usize;
+        if last.is_some_and(|l| i <= l) {
+            return Err(format!("MW: receive {i} completed out of order or twice"));
+        }
+        last = Some(i);
+        let Some(&MwOp::SendInv { target, len }) = mw.ops.get(i) else {
+            return Err(format!("MW: a receive {i} completed that no SEND_WITH_INV was posted for"));
+        };
+        let planned_j = mw.bad.is_some_and(|(b, s)| b == i && s == WcStatus::RemInvReqErr);
+        match r.status {
+            WcStatus::Success if !planned_j => {
+                let rkey = mw.wins[target].map(|w| w.rkey);
+                if r.invalidated_rkey != rkey || r.byte_len != len || r.imm_data.is_some() {
+                    return Err(format!("MW: SEND_WITH_INV {i}'s receive {r:?}, expected R_Key {rkey:?}, {len} B"));
+                }
+                if b_mem.slice(BASE + Layout::recv(c, i), len as usize) != payload(c, i, len) {
+                    return Err(format!("MW: SEND_WITH_INV {i}'s data differs"));
+                }
+            }
+            WcStatus::RemInvReqErr if planned_j => {}
+            WcStatus::WrFlushErr => {}
+            s => return Err(format!("MW: receive {i} completed {s:?}")),
+        }
+        mark(Layout::recv(c, i), 8192);
+    }
+    for (i, op) in mw.ops.iter().enumerate() {
+        if let (MwOp::SendInv { len, .. }, true) = (op, i < first_error) {
+            let got = recvs.iter().find(|r| r.wr_id == i as u64 && r.status == WcStatus::Success);
+            if got.is_none() {
+                return Err(format!("MW: SEND_WITH_INV {i} ({len} B) acknowledged but no receive completed"));
+            }
+        }
+    }
+
+    // Memory: what succeeded landed exactly; the planned failure landed nothing (its bytes
+    // are not marked, so the stray-write check holds it to that); what may have executed
+    // after an error may have landed.
+    for (i, op) in mw.ops.iter().enumerate() {
+        let ok = i < first_error;
+        let planned = mw.bad.is_some_and(|(b, _)| b == i);
+        let Some(w) = mw.wins[i] else { continue };
+        match *op {
+            MwOp::Write { off, len } => {
+                let at = w.start + off;
+                if ok && b_mem.slice(BASE + at, len as usize) != payload(c, i, len) {
+                    return Err(format!("MW: WRITE {i} ({len} B through {w:?}) did not land whole"));
+                }
+                if !planned {
+                    mark(at, len as usize);
+                }
+            }
+            MwOp::Read { off, len } => {
+                let at = w.start + off - Layout::target(c, i);
+                let want = &slot_bytes(i)[at as usize..at as usize + len as usize];
+                if ok && a_mem.slice(BASE + Layout::read_dest(c, i), len as usize) != want {
+                    return Err(format!("MW: READ {i} ({len} B through {w:?}) data differs"));
+                }
+            }
+            MwOp::FetchAdd { off, add } => {
+                let at = w.start + off;
+                let before = u64::from_ne_bytes(b_before.slice(BASE + at, 8).try_into().unwrap());
+                let after = u64::from_ne_bytes(b_mem.slice(BASE + at, 8).try_into().unwrap());
+                if ok {
+                    let got = a_mem.slice(BASE + Layout::src(c, i), 8);
+                    if got != before.to_ne_bytes() || after != before.wrapping_add(add) {
+                        return Err(format!("MW: FETCH_ADD {i} through {w:?}: {before} + {add} -> {after}"));
+                    }
+                }
+                mark(at, 8);
+            }
+            _ => {}
+        }
+    }
+
+    // B's windows: bound as bound, but those a successful SEND_WITH_INV freed.
+    for (j, w) in mw.wins.iter().enumerate() {
+        let Some(w) = w else { continue };
+        if mw.wins[..j].iter().flatten().any(|earlier| earlier.id == w.id) {
+            continue; // a write through a freed window borrows that window
+        }
+        let Some(info) = mw.b_infos[j] else { return Err(format!("MW: B's window {j} is gone")) };
+        let inv = mw.ops.iter().position(|op| matches!(*op, MwOp::SendInv { target, .. } if target == j));
+        let planned_j = mw.bad.is_some_and(|(b, s)| Some(b) == inv && s == WcStatus::RemInvReqErr);
+        let want_bound = match inv {
+            Some(k) if k < first_error && !planned_j => Some(false),
+            Some(_) if !planned_j => None, // may or may not have run at B
+            _ => Some(true),
+        };
+        if info.rkey != w.rkey || want_bound.is_some_and(|b| b != info.binding.is_some()) {
+            return Err(format!("MW: B's window {j} ({w:?}) ended {info:?}; expected bound: {want_bound:?}"));
+        }
+    }
+    // A's windows: as the model has them after the last op that succeeded, unless an op
+    // on them at or after the first error (other than the planned one, which changes
+    // nothing) may have run.
+    let model = if first_error == 0 { &mw.a_initial } else { &mw.a_model[first_error - 1] };
+    for (k, (info, want)) in mw.a_infos.iter().zip(model).enumerate() {
+        let unsure = mw
+            .ops
+            .iter()
+            .enumerate()
+            .skip(first_error)
+            .any(|(i, op)| op.a_window() == Some(k) && mw.bad.is_none_or(|(b, _)| b != i));
+        let info = info.ok_or_else(|| format!("MW: A's window {k} is gone"))?;
+        if !unsure && (info.rkey, info.binding.is_some()) != *want {
+            return Err(format!("MW: A's window {k} ended {info:?}; the model says {want:?}"));
+        }
+    }
+    Ok(())
 }

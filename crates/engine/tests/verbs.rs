@@ -845,3 +845,450 @@ fn post_send_all_posts_a_whole_batch_or_nothing() {
         [(10, WcStatus::Success), (11, WcStatus::Success), (12, WcStatus::Success)]
     );
 }
+
+// ---- memory windows ----------------------------------------------------------------------------
+
+/// Where B's windows live: a region of B's memory registered for binding (the node's own
+/// region covers all memory with every right but MW_BIND).
+const WIN: u64 = 0x8_0000;
+const WIN_LEN: u64 = 0x1_0000;
+
+fn window_region(n: &mut Node, access: Access) -> MrKeys {
+    n.engine.reg_mr(n.pd, n.addr_of(WIN), WIN_LEN, access).unwrap()
+}
+
+/// The R_Key a window whose R_Key is `mw` gets from a bind choosing `key`.
+fn with_key(mw: RKey, key: u8) -> RKey {
+    RKey((mw.0 & !0xff) | u32::from(key))
+}
+
+/// A signaled BIND_MW of window `mw` (its current R_Key) choosing `key`.
+fn bind_wr(wr_id: u64, mw: RKey, key: u8, bind: MwBind) -> SendWr<'static> {
+    wr(wr_id, SendOp::BindMw { mw, rkey: with_key(mw, key), bind }, &[])
+}
+
+fn binding(mr: &MrKeys, offset: u64, length: u64, access: Access) -> MwBind {
+    MwBind { mr: mr.lkey, addr: BASE + WIN + offset, length, access }
+}
+
+/// Posts `w` on B and drives: B's completions.
+fn on_b(pair: &mut Pair, w: SendWr<'_>) -> Vec<Wc> {
+    pair.b.post_send(w);
+    pair.drive();
+    pair.b.poll_all()
+}
+
+/// Posts `op` of `len` bytes from A (offset 0) and drives: A's completions.
+fn from_a(pair: &mut Pair, wr_id: u64, op: SendOp, len: u32) -> Vec<Wc> {
+    let sge = pair.a.sge(0, len);
+    pair.a.post_send(wr(wr_id, op, &[sge]));
+    pair.drive();
+    pair.a.poll_all()
+}
+
+/// An RC pair with a type `t` window on B bound over `[WIN + 0x100, +0x200)` with `access`
+/// (the region allows local write and binding): the pair, the region and the window's
+/// handle and bound R_Key.
+fn bound_window(t: MwType, access: Access) -> (Pair, MrKeys, MwId, RKey) {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mr = window_region(&mut pair.b, Access::LOCAL_WRITE | Access::MW_BIND);
+    let (mw, rkey) = pair.b.engine.alloc_mw(pair.b.pd, t).unwrap();
+    let wcs = on_b(&mut pair, bind_wr(7, rkey, 0x42, binding(&mr, 0x100, 0x200, access)));
+    assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status, wcs[0].opcode), (7, WcStatus::Success, WcOpcode::BindMw));
+    (pair, mr, mw, with_key(rkey, 0x42))
+}
+
+/// A WRITE to `offset` in B's window region through `rkey`.
+fn remote_write(offset: u64, rkey: RKey) -> SendOp {
+    SendOp::RdmaWrite { remote_addr: BASE + WIN + offset, rkey }
+}
+
+/// A READ of `offset` in B's window region through `rkey`.
+fn remote_read(offset: u64, rkey: RKey) -> SendOp {
+    SendOp::RdmaRead { remote_addr: BASE + WIN + offset, rkey }
+}
+
+#[test]
+fn a_type2_window_gives_what_it_was_bound_with_and_nothing_past_its_bounds() {
+    let rights = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let (mut pair, mr, mw, rkey) = bound_window(MwType::Type2, rights);
+    let info = pair.b.engine.query_mw(mw).unwrap();
+    assert_eq!((info.mw_type, info.rkey, info.pd), (MwType::Type2, rkey, pair.b.pd));
+    let expect =
+        MwBinding { mr: mr.lkey, addr: BASE + WIN + 0x100, length: 0x200, access: rights, qp: Some(pair.b.qp) };
+    assert_eq!(info.binding, Some(expect), "bound to the QP that bound it");
+    assert_eq!(rkey.0 & 0xff, 0x42, "the low 8 bits are the key the bind chose");
+    assert_eq!(rkey.0 >> 8, mw.0, "the upper 24 are the window's");
+
+    // The whole window, each way.
+    let data = pattern(0x200, 3);
+    pair.a.fill(0, &data);
+    assert_eq!(outcomes(&from_a(&mut pair, 1, remote_write(0x100, rkey), 0x200)), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(WIN + 0x100, 0x200), &data[..]);
+    pair.a.fill(0, &[0; 0x200]);
+    assert_eq!(outcomes(&from_a(&mut pair, 2, remote_read(0x100, rkey), 0x200)), [(2, WcStatus::Success)]);
+    assert_eq!(pair.a.read(0, 0x200), &data[..]);
+    let add = SendOp::FetchAdd { remote_addr: pair.b.addr_of(WIN + 0x2f8), rkey, add: 5 };
+    assert_eq!(outcomes(&from_a(&mut pair, 3, add, 8)), [(3, WcStatus::Success)]);
+
+    // One byte past the end: the region holds it, the window does not.
+    let past = from_a(&mut pair, 4, remote_write(0x200, rkey), 0x101);
+    assert_eq!(outcomes(&past), [(4, WcStatus::RemAccessErr)]);
+    assert_eq!(pair.b.events(), [Event::Async(AsyncEvent::QpAccessError(pair.b.qp))]);
+    assert_eq!(pair.b.read(WIN + 0x300, 1), [0], "nothing landed past the window");
+    assert_eq!(pair.b.engine.counters().resp_remote_access_errors, 1);
+}
+
+#[test]
+fn a_window_gives_its_own_rights_not_its_regions() {
+    // test_qpex's bind: a region open to remote writes, a window bound with local write only.
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mr = window_region(&mut pair.b, Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::MW_BIND);
+    let (_, rkey) = pair.b.engine.alloc_mw(pair.b.pd, MwType::Type2).unwrap();
+    let wcs = on_b(&mut pair, bind_wr(1, rkey, 1, binding(&mr, 0, WIN_LEN, Access::LOCAL_WRITE)));
+    assert_eq!(outcomes(&wcs), [(1, WcStatus::Success)]);
+    let rkey = with_key(rkey, 1);
+    assert_eq!(outcomes(&from_a(&mut pair, 2, remote_write(0, rkey), 8)), [(2, WcStatus::RemAccessErr)]);
+
+    // And a region with no remote right at all serves a window that reads.
+    let (mut pair, _, _, rkey) = bound_window(MwType::Type1, Access::REMOTE_READ);
+    assert_eq!(outcomes(&from_a(&mut pair, 1, remote_read(0x100, rkey), 64)), [(1, WcStatus::Success)]);
+    assert_eq!(outcomes(&from_a(&mut pair, 2, remote_write(0x100, rkey), 8)), [(2, WcStatus::RemAccessErr)]);
+}
+
+#[test]
+fn binds_that_break_a_rule_complete_with_mw_bind_err_and_fail_the_qp() {
+    let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+    type Case = (&'static str, MwType, Access, fn(&MrKeys) -> MwBind);
+    let cases: [Case; 7] = [
+        ("region without MW_BIND", MwType::Type2, Access::LOCAL_WRITE, |mr| binding(mr, 0, 64, Access::REMOTE_READ)),
+        ("writable window, region without LOCAL_WRITE", MwType::Type2, Access::MW_BIND, |mr| {
+            binding(mr, 0, 64, Access::REMOTE_WRITE)
+        }),
+        ("leaves the region", MwType::Type2, all | Access::MW_BIND, |mr| {
+            binding(mr, WIN_LEN - 8, 16, Access::REMOTE_READ)
+        }),
+        ("starts before the region", MwType::Type1, all | Access::MW_BIND, |mr| MwBind {
+            addr: BASE + WIN - 8,
+            ..binding(mr, 0, 16, Access::REMOTE_READ)
+        }),
+        ("type 2 with length 0", MwType::Type2, all | Access::MW_BIND, |mr| binding(mr, 0, 0, Access::REMOTE_READ)),
+        ("zero-based type 1", MwType::Type1, all | Access::MW_BIND, |mr| {
+            binding(mr, 0, 64, Access::REMOTE_READ | Access::ZERO_BASED)
+        }),
+        ("unknown access bit", MwType::Type2, all | Access::MW_BIND, |mr| binding(mr, 0, 64, Access(1 << 9))),
+    ];
+    for (what, t, region, bind) in cases {
+        let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+        let mr = window_region(&mut pair.b, region);
+        let (mw, rkey) = pair.b.engine.alloc_mw(pair.b.pd, t).unwrap();
+        pair.b.post_send(bind_wr(1, rkey, 9, bind(&mr)));
+        let sge = pair.b.sge(0, 8);
+        pair.b.post_send(wr(2, SendOp::Send, &[sge]));
+        pair.drive();
+        let wcs = pair.b.poll_all();
+        assert_eq!(outcomes(&wcs), [(1, WcStatus::MwBindErr), (2, WcStatus::WrFlushErr)], "{what}");
+        assert_eq!(wcs[0].opcode, WcOpcode::BindMw);
+        assert_eq!(pair.b.engine.qp_state(pair.b.qp), Some(QpState::Err), "{what}");
+        let info = pair.b.engine.query_mw(mw).unwrap();
+        assert_eq!((info.rkey, info.binding), (rkey, None), "{what}: a failed bind changes nothing");
+    }
+}
+
+#[test]
+fn a_type2_window_binds_again_only_once_invalidated_and_a_stale_rkey_binds_nothing() {
+    let (mut pair, mr, mw, rkey) = bound_window(MwType::Type2, Access::REMOTE_READ);
+    let again = on_b(&mut pair, bind_wr(1, rkey, 0x43, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    assert_eq!(outcomes(&again), [(1, WcStatus::MwBindErr)], "o10-37.2.30: a bound type 2 window is not free");
+
+    let (mut pair, mr, mw2, rkey) = bound_window(MwType::Type2, Access::REMOTE_READ);
+    assert_eq!(mw, mw2, "both devices have the same seed");
+    let inv = on_b(&mut pair, wr(1, SendOp::LocalInv { rkey }, &[]));
+    assert_eq!(inv.len(), 1);
+    assert_eq!((inv[0].status, inv[0].opcode), (WcStatus::Success, WcOpcode::LocalInv));
+    assert_eq!(pair.b.engine.query_mw(mw).unwrap().binding, None);
+    assert_eq!(pair.b.engine.query_mw(mw).unwrap().rkey, rkey, "invalidation keeps the R_Key");
+    let stale = RKey(rkey.0 ^ 1);
+    let rebound = on_b(&mut pair, bind_wr(2, rkey, 0x44, binding(&mr, 0x800, 64, Access::REMOTE_READ)));
+    assert_eq!(outcomes(&rebound), [(2, WcStatus::Success)]);
+    let new = with_key(rkey, 0x44);
+    assert_eq!(outcomes(&from_a(&mut pair, 3, remote_read(0x800, new), 64)), [(3, WcStatus::Success)]);
+    assert_eq!(outcomes(&from_a(&mut pair, 4, remote_read(0x800, rkey), 64)), [(4, WcStatus::RemAccessErr)], "old key");
+
+    let (mut pair, mr, _, rkey) = bound_window(MwType::Type2, Access::REMOTE_READ);
+    on_b(&mut pair, wr(1, SendOp::LocalInv { rkey }, &[]));
+    let wcs = on_b(&mut pair, bind_wr(2, stale, 0x45, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    assert_eq!(outcomes(&wcs), [(2, WcStatus::MwBindErr)], "a BIND_MW names the window by its R_Key now");
+}
+
+#[test]
+fn a_type1_window_rebinds_unbinds_with_length_zero_and_is_never_invalidated() {
+    let (mut pair, mr, mw, rkey) = bound_window(MwType::Type1, Access::REMOTE_WRITE);
+    assert_eq!(pair.b.engine.query_mw(mw).unwrap().binding.unwrap().qp, None, "type 1: any QP of the PD");
+    // Bound again elsewhere with no unbind between (type 1 windows stay valid).
+    let wcs = on_b(&mut pair, bind_wr(1, rkey, 0x50, binding(&mr, 0x1000, 16, Access::REMOTE_WRITE)));
+    assert_eq!(outcomes(&wcs), [(1, WcStatus::Success)]);
+    let new = with_key(rkey, 0x50);
+    pair.a.fill(0, b"windowed");
+    assert_eq!(outcomes(&from_a(&mut pair, 2, remote_write(0x1000, new), 8)), [(2, WcStatus::Success)]);
+    assert_eq!(pair.b.read(WIN + 0x1000, 8), b"windowed");
+    // LOCAL_INV refuses a type 1 window (o10-37.2.26): LOC_QP_OP_ERR.
+    let wcs = on_b(&mut pair, wr(3, SendOp::LocalInv { rkey: new }, &[]));
+    assert_eq!(outcomes(&wcs), [(3, WcStatus::LocQpOpErr)]);
+    assert!(pair.b.engine.query_mw(mw).unwrap().binding.is_some(), "still bound");
+
+    // Length 0 unbinds (test_mr's invalidate_mw_type1): nothing reaches the memory, by the
+    // old R_Key or the new one (each refusal fails the QP: a pair for each).
+    for (wr_id, old) in [(2, true), (3, false)] {
+        let (mut pair, mr, mw, rkey) = bound_window(MwType::Type1, Access::REMOTE_WRITE);
+        let unbind = MwBind { length: 0, ..binding(&mr, 0, 0, Access(0)) };
+        assert_eq!(outcomes(&on_b(&mut pair, bind_wr(1, rkey, 0x51, unbind))), [(1, WcStatus::Success)]);
+        let info = pair.b.engine.query_mw(mw).unwrap();
+        assert_eq!((info.rkey, info.binding), (with_key(rkey, 0x51), None));
+        let key = if old { rkey } else { info.rkey };
+        let wcs = from_a(&mut pair, wr_id, remote_write(0x100, key), 8);
+        assert_eq!(outcomes(&wcs), [(wr_id, WcStatus::RemAccessErr)]);
+    }
+}
+
+#[test]
+fn send_with_invalidate_invalidates_the_window_once_the_message_is_placed() {
+    for len in [8u32, 3000] {
+        let (mut pair, _, mw, rkey) = bound_window(MwType::Type2, Access::REMOTE_WRITE);
+        pair.b.post_recv(1, 0x1_0000, 4096);
+        let data = pattern(len as usize, 9);
+        pair.a.fill(0, &data);
+        let wcs = from_a(&mut pair, 2, SendOp::SendWithInv { rkey }, len);
+        assert_eq!(wcs.len(), 1);
+        assert_eq!((wcs[0].status, wcs[0].opcode), (WcStatus::Success, WcOpcode::Send));
+        let want: &[Opcode] = if len == 8 {
+            &[Opcode::RC_SEND_ONLY_WITH_INVALIDATE]
+        } else {
+            &[Opcode::RC_SEND_FIRST, Opcode::RC_SEND_MIDDLE, Opcode::RC_SEND_LAST_WITH_INVALIDATE]
+        };
+        assert_eq!(pair.opcodes(true), want);
+        let recv = pair.b.poll_all();
+        assert_eq!(recv.len(), 1);
+        assert_eq!((recv[0].status, recv[0].opcode, recv[0].byte_len), (WcStatus::Success, WcOpcode::Recv, len));
+        assert_eq!((recv[0].invalidated_rkey, recv[0].imm_data), (Some(rkey), None));
+        assert_eq!(pair.b.read(0x1_0000, len as usize), &data[..]);
+        assert_eq!(pair.b.engine.query_mw(mw).unwrap().binding, None, "free again");
+        let after = from_a(&mut pair, 3, remote_write(0x100, rkey), 8);
+        assert_eq!(outcomes(&after), [(3, WcStatus::RemAccessErr)]);
+    }
+}
+
+#[test]
+fn a_send_with_invalidate_that_cannot_invalidate_fails_both_ends() {
+    // What the IETH names: a region (user regions are never invalidated), a type 1 window,
+    // a free window, a window bound to another QP, a key that names nothing.
+    type Case = (&'static str, fn(&mut Pair) -> RKey);
+    let cases: [Case; 5] = [
+        ("a region", |p| p.b.mr.rkey),
+        ("a type 1 window", |_| bound_window(MwType::Type1, Access::REMOTE_READ).3),
+        ("a free window", |p| p.b.engine.alloc_mw(p.b.pd, MwType::Type2).unwrap().1),
+        ("a window of another QP", |p| {
+            // Bound by a second QP of B's, connected to a second QP of A's.
+            let (ai, bi) = (init_attr(&p.a, QpType::Rc), init_attr(&p.b, QpType::Rc));
+            let (_, other) = p.add_connected(&ai, &bi, Mtu::Mtu1024);
+            let mr = window_region(&mut p.b, Access::LOCAL_WRITE | Access::MW_BIND);
+            let (_, rkey) = p.b.engine.alloc_mw(p.b.pd, MwType::Type2).unwrap();
+            let bind = SendOp::BindMw { mw: rkey, rkey, bind: binding(&mr, 0, 64, Access::REMOTE_READ) };
+            p.b.engine.post_send(other, &[wr(99, bind, &[])], &p.b.mem).unwrap();
+            p.drive();
+            assert_eq!(outcomes(&p.b.poll_all()), [(99, WcStatus::Success)]);
+            rkey
+        }),
+        ("nothing", |p| RKey(p.b.mr.rkey.0 ^ 0x8000_0000)),
+    ];
+    for (what, target) in cases {
+        let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+        let rkey = target(&mut pair);
+        pair.b.post_recv(1, 0x1_0000, 64);
+        pair.b.post_recv(2, 0x2_0000, 64);
+        let wcs = from_a(&mut pair, 3, SendOp::SendWithInv { rkey }, 8);
+        assert_eq!(outcomes(&wcs), [(3, WcStatus::RemInvReqErr)], "{what}");
+        assert_eq!(outcomes(&pair.b.poll_all()), [(1, WcStatus::RemInvReqErr), (2, WcStatus::WrFlushErr)], "{what}");
+        assert_eq!(pair.b.engine.qp_state(pair.b.qp), Some(QpState::Err), "{what}");
+        assert!(pair.log.iter().any(|p| p.syndrome() == Some(Syndrome::Nak(NakCode::InvalidRequest))), "{what}");
+    }
+}
+
+#[test]
+fn a_type2_window_is_reached_only_through_the_qp_that_bound_it() {
+    let (mut pair, _, _, rkey) = bound_window(MwType::Type2, Access::REMOTE_WRITE);
+    let (ai, bi) = (init_attr(&pair.a, QpType::Rc), init_attr(&pair.b, QpType::Rc));
+    let (aq, _) = pair.add_connected(&ai, &bi, Mtu::Mtu1024);
+    let sge = pair.a.sge(0, 8);
+    pair.a.engine.post_send(aq, &[wr(1, remote_write(0x100, rkey), &[sge])], &pair.a.mem).unwrap();
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::RemAccessErr)]);
+    // Through the QP that bound it, the same write goes.
+    let (mut pair, _, _, rkey) = bound_window(MwType::Type2, Access::REMOTE_WRITE);
+    assert_eq!(outcomes(&from_a(&mut pair, 2, remote_write(0x100, rkey), 8)), [(2, WcStatus::Success)]);
+}
+
+#[test]
+fn a_zero_based_window_takes_offsets_from_its_start() {
+    let access = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::ZERO_BASED;
+    let (mut pair, _, _, rkey) = bound_window(MwType::Type2, access);
+    pair.a.fill(0, b"zero-based");
+    let op = SendOp::RdmaWrite { remote_addr: 0x10, rkey };
+    assert_eq!(outcomes(&from_a(&mut pair, 1, op, 10)), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(WIN + 0x110, 10), b"zero-based");
+    let op = SendOp::RdmaRead { remote_addr: 0x1f8, rkey };
+    assert_eq!(outcomes(&from_a(&mut pair, 2, op, 8)), [(2, WcStatus::Success)]);
+    assert_eq!(pair.a.read(0, 8), pair.b.read(WIN + 0x2f8, 8));
+    assert_eq!(outcomes(&from_a(&mut pair, 3, op, 9)), [(3, WcStatus::RemAccessErr)], "past its length");
+}
+
+#[test]
+fn deallocated_windows_reach_nothing_and_bound_regions_stay_registered() {
+    let (mut pair, mr, mw, rkey) = bound_window(MwType::Type2, Access::REMOTE_WRITE);
+    // IBA 10.6.7.2.6, rxe: a region with windows bound is neither deregistered nor changed.
+    let err = pair.b.engine.dereg_mr(mr.lkey).unwrap_err();
+    assert!(matches!(&err, VerbsError::Invalid(m) if m.contains("memory windows")), "{err}");
+    let err = pair.b.engine.rereg_mr(mr.lkey, None, None, Some(Access::LOCAL_WRITE)).unwrap_err();
+    assert!(matches!(&err, VerbsError::Invalid(m) if m.contains("memory windows")), "{err}");
+    let err = pair.b.engine.dealloc_pd(pair.b.pd).unwrap_err();
+    assert!(matches!(&err, VerbsError::Busy(m) if m.contains("MWs")), "{err}");
+    pair.b.engine.dealloc_mw(mw).unwrap();
+    assert_eq!(pair.b.engine.query_mw(mw), None);
+    assert!(matches!(pair.b.engine.dealloc_mw(mw), Err(VerbsError::NotFound { kind: "MW", .. })));
+    pair.b.engine.rereg_mr(mr.lkey, None, None, Some(Access::LOCAL_WRITE | Access::MW_BIND)).unwrap();
+    pair.b.engine.dereg_mr(mr.lkey).unwrap();
+    assert_eq!(outcomes(&from_a(&mut pair, 1, remote_write(0x100, rkey), 8)), [(1, WcStatus::RemAccessErr)]);
+
+    // dereg_mr_unbinding (for an owner about to free the memory) unbinds them instead.
+    let (mut pair, mr, mw, rkey) = bound_window(MwType::Type2, Access::REMOTE_WRITE);
+    pair.b.engine.dereg_mr_unbinding(mr.lkey).unwrap();
+    assert_eq!(pair.b.engine.query_mw(mw).unwrap().binding, None);
+    assert_eq!(outcomes(&from_a(&mut pair, 1, remote_write(0x100, rkey), 8)), [(1, WcStatus::RemAccessErr)]);
+
+    // A destroyed QP frees the type 2 windows it bound.
+    let (mut pair, _, mw, _) = bound_window(MwType::Type2, Access::REMOTE_WRITE);
+    pair.b.engine.destroy_qp(pair.b.qp).unwrap();
+    assert_eq!(pair.b.engine.query_mw(mw).unwrap().binding, None);
+}
+
+#[test]
+fn local_operations_take_effect_when_reached_and_complete_in_order() {
+    // A's own windows: a WRITE in flight, then a BIND_MW, then a LOCAL_INV of it.
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mr = window_region(&mut pair.a, Access::LOCAL_WRITE | Access::MW_BIND);
+    let (mw, rkey) = pair.a.engine.alloc_mw(pair.a.pd, MwType::Type2).unwrap();
+    let sge = pair.a.sge(0, 4000);
+    let target = SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: pair.b.mr.rkey };
+    pair.a.post_send(wr(1, target, &[sge]));
+    pair.a.post_send(bind_wr(2, rkey, 1, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    pair.a.post_send(wr(3, SendOp::LocalInv { rkey: with_key(rkey, 1) }, &[]));
+    pair.drive_for(Duration::from_nanos(1)); // the WRITE is sent, not yet acknowledged
+    assert_eq!(pair.opcodes(true).len(), 4);
+    assert!(pair.a.engine.query_mw(mw).unwrap().binding.is_some(), "the bind took effect when reached");
+    assert_eq!(pair.a.poll_all(), [], "but completes after the WRITE before it");
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(outcomes(&wcs), [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+    let ops: Vec<WcOpcode> = wcs.iter().map(|w| w.opcode).collect();
+    assert_eq!(ops, [WcOpcode::RdmaWrite, WcOpcode::BindMw, WcOpcode::LocalInv]);
+    assert_eq!(pair.a.engine.query_mw(mw).unwrap().binding, None, "the LOCAL_INV ran after both");
+}
+
+#[test]
+fn local_invalidate_waits_for_every_earlier_work_request() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mr = window_region(&mut pair.a, Access::LOCAL_WRITE | Access::MW_BIND);
+    let (mw, rkey) = pair.a.engine.alloc_mw(pair.a.pd, MwType::Type2).unwrap();
+    pair.a.post_send(bind_wr(1, rkey, 1, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    let sge = pair.a.sge(0, 8);
+    pair.b.post_recv(9, 0, 64);
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.a.post_send(wr(3, SendOp::LocalInv { rkey: with_key(rkey, 1) }, &[]));
+    pair.drive_for(Duration::from_nanos(1));
+    assert!(pair.a.engine.query_mw(mw).unwrap().binding.is_some(), "the SEND is not acknowledged yet");
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+    assert_eq!(pair.a.engine.query_mw(mw).unwrap().binding, None);
+}
+
+#[test]
+fn a_failed_bind_behind_outstanding_requests_completes_after_them() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let (_, rkey) = pair.a.engine.alloc_mw(pair.a.pd, MwType::Type2).unwrap();
+    let sge = pair.a.sge(0, 3000);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: pair.b.mr.rkey }, &[sge]));
+    // The node's region lacks MW_BIND.
+    let bad = MwBind { mr: pair.a.mr.lkey, addr: BASE, length: 64, access: Access::REMOTE_READ };
+    pair.a.post_send(bind_wr(2, rkey, 1, bad));
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(3, SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: pair.b.mr.rkey }, &[sge]));
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(outcomes(&wcs), [(1, WcStatus::Success), (2, WcStatus::MwBindErr), (3, WcStatus::WrFlushErr)]);
+    assert_eq!(pair.opcodes(true).len(), 3, "nothing after the failed bind was sent");
+}
+
+#[test]
+fn go_back_n_does_not_bind_twice() {
+    // A type 2 bind done twice would fail the second time (the window is no longer free).
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mr = window_region(&mut pair.a, Access::LOCAL_WRITE | Access::MW_BIND);
+    let (mw, rkey) = pair.a.engine.alloc_mw(pair.a.pd, MwType::Type2).unwrap();
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        // The WRITE's first packet, once: the WRITE and everything after it go again.
+        let first = p.from_a && p.opcode() == Opcode::RC_RDMA_WRITE_FIRST && !dropped;
+        dropped |= first;
+        !first
+    });
+    let write = SendOp::RdmaWrite { remote_addr: pair.b.addr_of(0), rkey: pair.b.mr.rkey };
+    let sge = pair.a.sge(0, 3000);
+    pair.a.post_send(wr(1, write, &[sge]));
+    pair.a.post_send(bind_wr(2, rkey, 1, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    let sge = pair.a.sge(0, 8);
+    pair.a.post_send(wr(3, write, &[sge]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+    assert!(pair.a.engine.counters().retransmitted_packets > 0);
+    assert_eq!(pair.a.engine.query_mw(mw).unwrap().rkey, with_key(rkey, 1));
+}
+
+#[test]
+fn memory_window_work_requests_are_checked_when_posted() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let (_, rkey) = pair.b.engine.alloc_mw(pair.b.pd, MwType::Type2).unwrap();
+    let bind = SendOp::BindMw {
+        mw: rkey,
+        rkey,
+        bind: MwBind { mr: pair.b.mr.lkey, addr: BASE, length: 8, access: Access(0) },
+    };
+    let sge = [pair.b.sge(0, 8)];
+    let err = pair.b.try_post_send(&[wr(1, bind, &sge)]).unwrap_err();
+    assert!(err.to_string().contains("no SGEs"), "{err}");
+    let inline = wr_with(1, SendOp::LocalInv { rkey }, &[], SendFlags::INLINE);
+    assert!(pair.b.try_post_send(&[inline]).unwrap_err().to_string().contains("INLINE"));
+
+    let mut uc = Pair::connected(QpType::Uc, Mtu::Mtu1024);
+    let err = uc.a.try_post_send(&[wr(1, SendOp::SendWithInv { rkey }, &sge)]).unwrap_err();
+    assert!(err.to_string().contains("RC only"), "{err}");
+    uc.a.try_post_send(&[wr(2, SendOp::LocalInv { rkey }, &[])]).unwrap(); // UC may (and fails it: no such window)
+    let mut ud = Pair::connected(QpType::Ud, Mtu::Mtu1024);
+    let err = ud.a.try_post_send(&[wr(1, bind, &[])]).unwrap_err();
+    assert!(err.to_string().contains("UD QPs"), "{err}");
+}
+
+#[test]
+fn window_rkeys_never_share_an_index_with_region_keys() {
+    let mut engine = Engine::new(DeviceConfig { max_mw: 300, ..DeviceConfig::default() });
+    let pd = engine.alloc_pd();
+    let mut indexes = BTreeSet::new();
+    for i in 0..300 {
+        let (mw, rkey) = engine.alloc_mw(pd, if i % 2 == 0 { MwType::Type1 } else { MwType::Type2 }).unwrap();
+        assert_eq!(rkey.0 >> 8, mw.0);
+        assert!(indexes.insert(mw.0), "window indexes are distinct");
+        let keys = engine.reg_mr(pd, BASE, 4096, Access::LOCAL_WRITE).unwrap();
+        assert!(!indexes.contains(&(keys.lkey.0 >> 8)) && !indexes.contains(&(keys.rkey.0 >> 8)));
+    }
+    assert!(matches!(engine.alloc_mw(pd, MwType::Type1), Err(VerbsError::NoResources(_))), "max_mw");
+}

@@ -57,6 +57,7 @@ pub fn wc_status(s: WcStatus) -> u32 {
         WcStatus::LocQpOpErr => 2,
         WcStatus::LocProtErr => 4,
         WcStatus::WrFlushErr => 5,
+        WcStatus::MwBindErr => 6,
         WcStatus::BadRespErr => 7,
         WcStatus::LocAccessErr => 8,
         WcStatus::RemInvReqErr => 9,

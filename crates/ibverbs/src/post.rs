@@ -231,6 +231,8 @@ pub(crate) fn wc_c(wc: &Wc) -> IbvWc {
         WcOpcode::RdmaRead => 2,
         WcOpcode::CompSwap => 3,
         WcOpcode::FetchAdd => 4,
+        WcOpcode::BindMw => 5,
+        WcOpcode::LocalInv => 6,
         WcOpcode::Recv => 128,
         WcOpcode::RecvRdmaWithImm => 129,
     };
@@ -249,13 +251,21 @@ pub(crate) fn wc_c(wc: &Wc) -> IbvWc {
     if wc.imm_data.is_some() {
         flags |= 2; // IBV_WC_WITH_IMM
     }
+    if wc.invalidated_rkey.is_some() {
+        flags |= 8; // IBV_WC_WITH_INV
+    }
     IbvWc {
         wr_id: wc.wr_id,
         status: errno::wc_status(wc.status),
         opcode,
         vendor_err: 0,
         byte_len: wc.byte_len,
-        imm_data: wc.imm_data.map_or(0, u32::from_ne_bytes),
+        // The union's two members: __be32 imm_data, or the host-order invalidated_rkey.
+        imm_data: match (wc.imm_data, wc.invalidated_rkey) {
+            (Some(imm), _) => u32::from_ne_bytes(imm),
+            (None, Some(rkey)) => rkey.0,
+            (None, None) => 0,
+        },
         qp_num: wc.qp_num.value(),
         src_qp: wc.src_qp.value(),
         wc_flags: flags,

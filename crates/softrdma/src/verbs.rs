@@ -464,8 +464,9 @@ impl Mr {
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        // Deregister under the device lock before the buffer is freed (field drop, after).
-        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey);
+        // Deregister under the device lock before the buffer is freed (field drop, after),
+        // unbinding any memory window bound to the region: nothing reaches the memory after.
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr_unbinding(self.keys.lkey);
     }
 }
 
@@ -710,7 +711,9 @@ impl RawMr {
 
 impl Drop for RawMr {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey);
+        // The caller's memory may be freed once this returns: windows bound to the region
+        // are unbound, so that nothing reaches it.
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr_unbinding(self.keys.lkey);
         if self.on_demand {
             crate::memory::remove_on_demand(self.addr, self.len as u64);
         }
@@ -878,6 +881,7 @@ pub const EMPTY_WC: Wc = Wc {
     opcode: softrdma_engine::WcOpcode::Send,
     byte_len: 0,
     imm_data: None,
+    invalidated_rkey: None,
     qp_num: Qpn::from_u24_truncating(0),
     src_qp: Qpn::from_u24_truncating(0),
     grh: None,
