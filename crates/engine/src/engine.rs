@@ -1556,6 +1556,9 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
     if wr.op.is_atomic() && length != 8 {
         return Err(format!("an atomic's local buffer must be 8 bytes, not {length}"));
     }
+    if matches!(wr.op, SendOp::AtomicWrite { .. }) && !wr.sg_list.is_empty() {
+        return Err("ATOMIC_WRITE carries its 8 bytes in the work request and takes no SGEs".into());
+    }
     match qp.qp_type {
         QpType::Ud | QpType::Gsi => {
             if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {

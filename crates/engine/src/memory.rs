@@ -37,6 +37,10 @@ pub trait Memory {
         }
         Ok(old)
     }
+    /// Stores the 8 bytes `value` at `addr` as one write (`ATOMIC_WRITE`).
+    fn atomic_write(&mut self, addr: u64, value: [u8; 8]) -> Result<(), MemoryFault> {
+        self.write(addr, &value)
+    }
     /// Adds `add` (wrapping) to the 8 bytes at `addr`. Returns the value found.
     fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
         let mut b = [0u8; 8];

@@ -525,6 +525,27 @@ fn execute<M: Memory + ?Sized>(
             });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
+        Operation::AtomicWrite => {
+            let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
+            let va = reth.virtual_address;
+            let value: [u8; 8] = repr.payload.try_into().map_err(|_| Refusal::Fatal(NakCode::InvalidRequest))?;
+            if qp.attr.max_dest_rd_atomic == 0 || va % 8 != 0 || reth.dma_length != 8 {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest)); // 8 bytes, 8-byte aligned
+            }
+            let local = remote_access(qp, sh, reth.rkey, va, 8, Access::REMOTE_WRITE)?;
+            if local % 8 != 0 {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest)); // a zero-based window's start
+            }
+            mem.atomic_write(local, value).map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
+            // Answered as a READ of nothing (rxe's send_read_response_ack), and remembered
+            // as one, so that a duplicate is answered again, not executed again.
+            remember(
+                qp,
+                RdAtomicResource { first_psn: psn, npkts: 1, va, rkey: reth.rkey.0, length: 0, atomic_original: None },
+            );
+            qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey: reth.rkey.0 });
+            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+        }
         Operation::CompareSwap | Operation::FetchAdd => {
             let a = repr.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
             if qp.attr.max_dest_rd_atomic == 0 || a.virtual_address % 8 != 0 {
@@ -611,8 +632,10 @@ fn rc_request<M: Memory + ?Sized>(
     match execute(qp, sh, mem, repr, operation, position) {
         Ok(npkts) => {
             qp.resp.psn = psn.wrapping_add(npkts);
-            let answered =
-                matches!(operation, Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd);
+            let answered = matches!(
+                operation,
+                Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite
+            );
             if repr.bth.ack_req && !answered {
                 queue_ack(qp, psn, Syndrome::ACK_NO_CREDITS);
             }
@@ -631,7 +654,8 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
     sh.counters.duplicate_requests += 1;
     let mtu = qp.mtu();
     match operation {
-        Operation::RdmaReadRequest => {
+        // An ATOMIC_WRITE is remembered as a READ of nothing: answered again, not executed.
+        Operation::RdmaReadRequest | Operation::AtomicWrite => {
             // Re-read from the remembered request, restarting mid-stream at this PSN.
             let found = qp.resp.resources.iter().rev().find(|r| {
                 r.atomic_original.is_none()

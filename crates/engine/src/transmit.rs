@@ -252,6 +252,7 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
         (SendOp::RdmaRead { .. }, _) => 0x0c,
         (SendOp::CompareSwap { .. }, _) => 0x13,
         (SendOp::FetchAdd { .. }, _) => 0x14,
+        (SendOp::AtomicWrite { .. }, _) => 0x1d,
         (SendOp::SendWithInv { .. }, Position::Last) => 0x16,
         (SendOp::SendWithInv { .. }, Position::Only) => 0x17,
         (SendOp::BindMw { .. } | SendOp::LocalInv { .. }, _) => unreachable!("local operations send nothing"),
@@ -261,7 +262,7 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
 
 /// PSNs a message occupies.
 pub(crate) fn packets(op: SendOp, length: u32, mtu: u32) -> u32 {
-    if op.is_atomic() { 1 } else { length.div_ceil(mtu).max(1) }
+    if op.is_atomic() || matches!(op, SendOp::AtomicWrite { .. }) { 1 } else { length.div_ceil(mtu).max(1) }
 }
 
 /// The requester's next packet.
@@ -377,6 +378,16 @@ fn request<M: Memory + ?Sized>(
             header.opcode = request_opcode(qp.qp_type, op, Position::Only);
             header.ack_req = true;
             ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: add, compare: 0 });
+            qp.req.psn = psn.next();
+            message_done = true;
+        }
+        SendOp::AtomicWrite { remote_addr, rkey, value } => {
+            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            header.ack_req = true;
+            ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: 8 });
+            let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
+            buf.get_mut(at..at + 8)?.copy_from_slice(&value);
+            payload_len = 8;
             qp.req.psn = psn.next();
             message_done = true;
         }

@@ -268,6 +268,18 @@ pub enum SendOp {
         /// Added to the remote value.
         add: u64,
     },
+    /// `IBV_WR_ATOMIC_WRITE` (RC, IBA 1.5): the 8 bytes of `value` stored at the 8-byte
+    /// aligned remote address as one atomic write. It needs the target's REMOTE_WRITE and a
+    /// responder resource, as a READ does, and is answered as one: by a zero-length RDMA
+    /// READ response (rxe's `send_read_response_ack`). It takes no SGEs.
+    AtomicWrite {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// The bytes stored, as they are in the work request.
+        value: [u8; 8],
+    },
     /// `IBV_WR_SEND_WITH_INV` (RC): a SEND whose last packet carries an IETH; the
     /// responder invalidates the type 2 window `rkey` names once the message is placed.
     SendWithInv {
@@ -297,7 +309,10 @@ pub enum SendOp {
 impl SendOp {
     /// READ or atomic: needs responder resources and a response.
     pub const fn is_read_or_atomic(&self) -> bool {
-        matches!(self, SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. })
+        matches!(
+            self,
+            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::AtomicWrite { .. }
+        )
     }
 
     /// An atomic.
@@ -318,6 +333,7 @@ impl SendOp {
             SendOp::RdmaRead { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
@@ -401,6 +417,8 @@ pub enum WcOpcode {
     BindMw,
     /// `IBV_WC_LOCAL_INV`.
     LocalInv,
+    /// `IBV_WC_ATOMIC_WRITE`.
+    AtomicWrite,
     /// `IBV_WC_RECV`.
     Recv,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`.

@@ -370,6 +370,33 @@ fn reset_takes_the_qps_own_completions_out_of_its_cqs() {
     assert_eq!(b, [(3, WcStatus::Success), (2, WcStatus::WrFlushErr)], "b's stay until b is reset");
 }
 
+/// ATOMIC_WRITE (IBA 1.5): the 8 bytes land as one store at an aligned address the target
+/// allows to be written, the answer is a zero-length READ response (as rxe's), and what the
+/// target refuses (no REMOTE_WRITE on the region, a misaligned address) completes in error.
+#[test]
+fn atomic_write_stores_eight_bytes_and_is_answered_as_a_read_of_nothing() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let value = 0x0102_0304_0506_0708u64.to_ne_bytes();
+    let op = SendOp::AtomicWrite { remote_addr: pair.b.addr_of(0x40), rkey: pair.b.mr.rkey, value };
+    pair.a.post_send(wr(1, op, &[]));
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(outcomes(&wcs), [(1, WcStatus::Success)]);
+    assert_eq!(wcs[0].opcode, WcOpcode::AtomicWrite);
+    assert_eq!(pair.b.read(0x40, 8), &value, "the 8 bytes landed");
+    assert_eq!(pair.opcodes(false), [Opcode::RC_RDMA_READ_RESPONSE_ONLY], "answered by one zero-length READ response");
+    assert!(pair.sent(false).iter().all(|p| p.bytes.len() == 12 + 4 + 4), "BTH, AETH, ICRC: no payload");
+
+    let sge = pair.a.sge(0, 8);
+    let err = pair.a.engine.post_send(pair.a.qp, &[wr(2, op, &[sge])], &pair.a.mem).unwrap_err();
+    assert!(format!("{err:?}").contains("takes no SGEs"), "{err:?}");
+
+    let misaligned = SendOp::AtomicWrite { remote_addr: pair.b.addr_of(0x44), rkey: pair.b.mr.rkey, value };
+    pair.a.post_send(wr(3, misaligned, &[]));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(3, WcStatus::RemInvReqErr)]);
+}
+
 // ---- signaling ---------------------------------------------------------------------------------
 
 #[test]

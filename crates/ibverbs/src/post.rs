@@ -61,6 +61,14 @@ unsafe fn send_op(w: &IbvSendWr, ud: bool) -> Option<(SendOp, Option<UdDest>)> {
             swap: atomic.swap,
         },
         6 => SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: RKey(atomic.rkey), add: atomic.compare_add },
+        // IBV_WR_ATOMIC_WRITE: the 8 bytes the first SGE holds, taken now (as rxe's provider).
+        15 => {
+            // SAFETY: the caller's SGE list has num_sge entries.
+            let s = unsafe { w.sg_list.as_ref() }.filter(|s| w.num_sge >= 1 && s.length == 8 && s.addr != 0)?;
+            // SAFETY: the SGE names 8 readable bytes of the caller's (its contract).
+            let value = unsafe { (s.addr as usize as *const [u8; 8]).read_unaligned() };
+            SendOp::AtomicWrite { remote_addr: rdma.remote_addr, rkey: RKey(rdma.rkey), value }
+        }
         _ => return None,
     };
     let dest = if ud {
@@ -121,7 +129,12 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
             let start = sg.len();
             // SAFETY: as above.
             match unsafe { (sges(c.sg_list, c.num_sge, &mut sg), send_op(c, ud)) } {
-                (Some(()), Some((op, dest))) => ops.push((c.wr_id, op, c.send_flags, dest, start..sg.len())),
+                (Some(()), Some((op, dest))) => {
+                    if matches!(op, SendOp::AtomicWrite { .. }) {
+                        sg.truncate(start); // its bytes are in the operation
+                    }
+                    ops.push((c.wr_id, op, c.send_flags, dest, start..sg.len()))
+                }
                 _ => {
                     stop = Some(libc::EINVAL);
                     break;
@@ -233,6 +246,7 @@ pub(crate) fn wc_c(wc: &Wc) -> IbvWc {
         WcOpcode::FetchAdd => 4,
         WcOpcode::BindMw => 5,
         WcOpcode::LocalInv => 6,
+        WcOpcode::AtomicWrite => 9,
         WcOpcode::Recv => 128,
         WcOpcode::RecvRdmaWithImm => 129,
     };

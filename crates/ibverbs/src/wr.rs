@@ -36,7 +36,9 @@ const WITH_SEND_WITH_IMM: u64 = 1 << 3;
 const WITH_RDMA_READ: u64 = 1 << 4;
 const WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
 const WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
-const SUPPORTED: u64 = WITH_RDMA_WRITE
+const WITH_ATOMIC_WRITE: u64 = 1 << 12;
+const SUPPORTED: u64 = WITH_ATOMIC_WRITE
+    | WITH_RDMA_WRITE
     | WITH_RDMA_WRITE_WITH_IMM
     | WITH_SEND
     | WITH_SEND_WITH_IMM
@@ -101,7 +103,7 @@ pub(crate) fn qp_ex(qp_base: IbvQp) -> IbvQpEx {
 /// its `ibv_qp_ex` takes the `ibv_wr_*` operations named there; `IBV_QP_INIT_ATTR_CREATE_FLAGS`
 /// with no flag set is taken. Other `comp_mask` bits (XRC, TSO, RSS), any creation flag and
 /// operations softrdma does not do (local invalidate,
-/// memory windows, TSO, atomic write) fail with `EOPNOTSUPP`, as ibv_create_qp_ex(3) says
+/// memory windows, TSO) fail with `EOPNOTSUPP`, as ibv_create_qp_ex(3) says
 /// of a QP that cannot do what was asked.
 pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut IbvQpInitAttrEx) -> *mut IbvQp {
     guard(ptr::null_mut(), || {
@@ -337,8 +339,17 @@ unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut IbvQpEx, _srqn: u32) {
     with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
 }
 
-unsafe extern "C" fn wr_atomic_write(qpx: *mut IbvQpEx, _rkey: u32, _remote_addr: u64, _data: *const c_void) {
-    with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
+/// `ibv_wr_atomic_write`: the 8 bytes at `data`, taken now.
+unsafe extern "C" fn wr_atomic_write(qpx: *mut IbvQpEx, rkey: u32, remote_addr: u64, data: *const c_void) {
+    with_builder(qpx, |q, b| {
+        if data.is_null() {
+            b.fail(libc::EINVAL);
+            return;
+        }
+        // SAFETY: data names the 8 bytes to write (the caller's contract).
+        let value = unsafe { data.cast::<[u8; 8]>().read_unaligned() };
+        b.push(q, WITH_ATOMIC_WRITE, SendOp::AtomicWrite { remote_addr, rkey: RKey(rkey), value });
+    });
 }
 
 unsafe extern "C" fn wr_set_sge(qpx: *mut IbvQpEx, lkey: u32, addr: u64, length: u32) {

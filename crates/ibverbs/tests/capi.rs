@@ -53,6 +53,11 @@ fn device_memory_and_regions_named_by_an_iova() {
 }
 
 #[test]
+fn atomic_write_stores_eight_bytes() {
+    passes("atomic_write");
+}
+
+#[test]
 fn the_wr_api_posts_whole_batches_or_nothing() {
     passes("wr_api");
 }

@@ -68,6 +68,11 @@ impl Memory for ProcessMemory {
     fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
         Ok(atomic_at(addr)?.fetch_add(add, Ordering::SeqCst))
     }
+
+    fn atomic_write(&mut self, addr: u64, value: [u8; 8]) -> Result<(), MemoryFault> {
+        atomic_at(addr)?.store(u64::from_ne_bytes(value), Ordering::SeqCst);
+        Ok(())
+    }
 }
 
 /// The 8 bytes at `addr` as an atomic, if aligned (IBA 9.4.5: atomics need 8-byte alignment).
