@@ -53,7 +53,7 @@ impl Paged {
         (addr / PAGE)..=(last / PAGE)
     }
     fn allows(&self, addr: u64, len: usize, write: bool) -> bool {
-        Self::pages(addr, len).all(|p| !self.unmapped.contains(&p) && !(write && self.read_only.contains(&p)))
+        Self::pages(addr, len).all(|p| !(self.unmapped.contains(&p) || (write && self.read_only.contains(&p))))
     }
     fn check(&self, addr: u64, len: usize, write: bool) -> Result<(), MemoryFault> {
         if self.allows(addr, len, write) { Ok(()) } else { Err(MemoryFault { addr, len }) }
