@@ -479,6 +479,40 @@ pub const MAX_DM_SIZE: u64 = 256 * 1024;
 /// ([`reg_mr`](Self::reg_mr)). softrdma's device is software, so its memory is the
 /// process's; what it keeps is the contract: no pointer to it is handed out, and every
 /// access goes through the device lock. It stays while a region over it lives.
+///
+/// A peer's RDMA WRITE into device memory, through a zero-based region over it, and when
+/// its completion was made on the device clock:
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// use softrdma::{Access, ConnectOptions, QpInit, QpType, SendFlags, SendOp, SendWr, WcStatus};
+///
+/// let (a, b) = (softrdma::device("lo")?.open()?, softrdma::device("lo")?.open()?);
+/// let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+/// let (cqa, cqb) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+/// let qa = pa.create_qp(&QpInit::new(QpType::Rc, &cqa))?;
+/// let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cqb))?;
+/// qa.connect(100, &qb.endpoint(0, 200)?, &ConnectOptions::default())?;
+/// qb.connect(200, &qa.endpoint(0, 100)?, &ConnectOptions::default())?;
+///
+/// let dm = b.alloc_dm(4096)?;
+/// let region = dm.reg_mr(&pb, 1024, 2048, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
+/// let src = pa.reg_mr(64, Access::LOCAL_WRITE)?;
+/// src.write(0, b"into device memory")?;
+/// let sge = [src.sge(0..18)?];
+/// // Zero-based: the region's first byte is address 0 for the peer.
+/// let op = SendOp::RdmaWrite { remote_addr: 16, rkey: softrdma::RKey(region.rkey()) };
+/// let before = a.clock();
+/// qa.post_send(&[SendWr { wr_id: 1, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// let wc = cqa.wait(Duration::from_secs(5))?;
+/// assert_eq!(wc.status, WcStatus::Success);
+/// assert!(wc.completed_at.is_some_and(|t| t >= before && t <= a.clock()));
+/// let mut out = [0u8; 20];
+/// dm.copy_from(1024 + 16, &mut out)?; // 4-byte aligned, as a NIC's
+/// assert_eq!(&out[..18], b"into device memory");
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug)]
 pub struct DeviceMemory {
     inner: Arc<DmInner>,
