@@ -359,21 +359,20 @@ impl Shared {
         self.check_mr(b.mr, pd, local, len, Access(0))
     }
 
-    /// Executes a BIND_MW work request of QP `qpn` (in `qp_pd`): binds the window whose
-    /// R_Key is `mw_rkey` as `bind` says, its new R_Key's low 8 bits from `new_rkey`. The
-    /// checks are rxe's (`rxe_check_bind_mw`), plus the region's PD, which must be the
-    /// window's (the `ibv_bind_mw` inline's EPERM check, for both types).
+    /// Executes a BIND_MW work request of QP `qpn` (in `qp_pd`): binds window `id` as `bind`
+    /// says, its new R_Key's low 8 bits from `new_rkey`. The checks are rxe's
+    /// (`rxe_check_bind_mw`), plus the region's PD, which must be the window's (the
+    /// `ibv_bind_mw` inline's EPERM check, for both types).
     pub(crate) fn bind_mw(
         &mut self,
         qp_pd: PdId,
         qpn: Qpn,
-        mw_rkey: u32,
+        id: MwId,
         new_rkey: u32,
         bind: &MwBind,
     ) -> Result<(), MwError> {
         const SUPPORTED: u32 = Access::ALL.0 | Access::MW_BIND.0 | Access::ZERO_BASED.0;
-        let mw =
-            self.mws.get(&(mw_rkey >> 8)).filter(|m| m.rkey == mw_rkey).ok_or(MwError("no window has that R_Key"))?;
+        let mw = self.mws.get(&id.0).ok_or(MwError("no such window (deallocated?)"))?;
         let mr_index = if bind.length > 0 {
             Some(*self.lkeys.get(&bind.mr.0).ok_or(MwError("no region has that lkey"))?)
         } else {
@@ -418,15 +417,15 @@ impl Shared {
             }
         }
         let mw_type = mw.mw_type;
-        let old = self.mws.get_mut(&(mw_rkey >> 8)).and_then(|m| m.bound.take());
+        let old = self.mws.get_mut(&id.0).and_then(|m| m.bound.take());
         if let Some(old) = old {
             self.mrs[old.mr].windows -= 1;
         }
         if let Some(index) = mr_index {
             self.mrs[index].windows += 1;
         }
-        let mw = self.mws.get_mut(&(mw_rkey >> 8)).expect("looked up above");
-        mw.rkey = (mw_rkey & !0xff) | (new_rkey & 0xff);
+        let mw = self.mws.get_mut(&id.0).expect("looked up above");
+        mw.rkey = (mw.rkey & !0xff) | (new_rkey & 0xff);
         mw.bound = mr_index.map(|mr| Bound {
             mr,
             addr: bind.addr,

@@ -290,6 +290,9 @@ fn request<M: Memory + ?Sized>(
         return None;
     }
     let pos = qp.req.next;
+    if qp.state == QpState::Sqd && !(pos < qp.sq.tail() && qp.sq.get(pos).started) {
+        return None; // past local operations done before, SQD still starts nothing new
+    }
     if pos >= qp.sq.tail() {
         return None;
     }
@@ -501,7 +504,7 @@ fn local_ops(qp: &mut Qp, sh: &mut Shared) -> bool {
         }
         let status = match op {
             SendOp::BindMw { mw, rkey, bind } => {
-                sh.bind_mw(qp.pd, qp.qpn, mw.0, rkey.0, &bind).err().map(|_| WcStatus::MwBindErr)
+                sh.bind_mw(qp.pd, qp.qpn, mw, rkey.0, &bind).err().map(|_| WcStatus::MwBindErr)
             }
             SendOp::LocalInv { rkey } => {
                 sh.invalidate(qp.pd, qp.qpn, rkey.0, false).err().map(|_| WcStatus::LocQpOpErr)

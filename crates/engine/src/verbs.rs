@@ -293,11 +293,12 @@ pub enum SendOp {
         /// The R_Key to invalidate.
         rkey: RKey,
     },
-    /// `IBV_WR_BIND_MW` (RC, UC): binds the window whose R_Key is now `mw` when the
-    /// requester reaches the work request. Sends nothing.
+    /// `IBV_WR_BIND_MW` (RC, UC): binds window `mw` when the requester reaches the work
+    /// request. Sends nothing.
     BindMw {
-        /// The window's current R_Key (`ibv_mw.rkey`).
-        mw: RKey,
+        /// The window, by its handle (the IBA verb's; rxe names it by its current R_Key and
+        /// refuses one that is not current, where mlx5 takes the index alone, as here).
+        mw: MwId,
         /// The window's R_Key once bound: its upper 24 bits are the window's, its low 8 are
         /// taken from here (`ibv_inc_rkey`).
         rkey: RKey,

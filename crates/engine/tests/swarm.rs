@@ -566,8 +566,9 @@ enum MwOp {
     FetchAdd { off: u64, add: u64 },
     /// SEND_WITH_INV (fenced) of `len` bytes invalidating the window of op `target`.
     SendInv { target: usize, len: u32 },
-    /// BIND_MW of A's window `k`, named by R_Key `from`, to `len` bytes of its page.
-    Bind { k: usize, from: RKey, to: RKey, len: u64 },
+    /// BIND_MW of A's window `k` (`A_WINS`: one deallocated before the run), its R_Key
+    /// then `to`, to `len` bytes of its page.
+    Bind { k: usize, to: RKey, len: u64 },
     /// LOCAL_INV of A's window `k` by R_Key.
     Inv { k: usize, rkey: RKey },
 }
@@ -576,7 +577,7 @@ impl MwOp {
     /// The window of A's the op binds or invalidates.
     fn a_window(&self) -> Option<usize> {
         match *self {
-            MwOp::Bind { k, .. } | MwOp::Inv { k, .. } => Some(k),
+            MwOp::Bind { k, .. } | MwOp::Inv { k, .. } if k < A_WINS => Some(k),
             _ => None,
         }
     }
@@ -659,6 +660,8 @@ fn mw_setup(
         a_state.push((rkey, false));
     }
     let a_initial = a_state.clone();
+    let (gone, _) = a.engine.alloc_mw(a_pd, MwType::Type2).unwrap();
+    a.engine.dealloc_mw(gone).unwrap();
 
     // The workload, op by op against the model: which of B's windows a SEND_WITH_INV frees,
     // and A's windows' keys and bindings. At most one op, in the second half, breaks a rule.
@@ -677,7 +680,7 @@ fn mw_setup(
         let (id, rkey) = b.engine.alloc_mw(b_pd, mw_type).unwrap();
         let start = Layout::target(c, i) + lo;
         let bind = MwBind { mr: b_region.lkey, addr: BASE + start, length: len, access };
-        let op = SendOp::BindMw { mw: rkey, rkey: inc_rkey(rkey), bind };
+        let op = SendOp::BindMw { mw: id, rkey: inc_rkey(rkey), bind };
         let wr = SendWr { wr_id: 1000 + i as u64, op, sg_list: &[], flags: SendFlags::SIGNALED, ud: None };
         b.engine.post_send(b_qp, &[wr], &b.mem).unwrap();
         BWin { id, rkey: inc_rkey(rkey), mw_type, start, len, access }
@@ -737,7 +740,7 @@ fn mw_setup(
                         MwOp::Inv { k, rkey }
                     } else {
                         a_state[k] = (inc_rkey(rkey), true);
-                        MwOp::Bind { k, from: rkey, to: inc_rkey(rkey), len: 1 + rand(rng, 4096) }
+                        MwOp::Bind { k, to: inc_rkey(rkey), len: 1 + rand(rng, 4096) }
                     }
                 }
             }
@@ -763,12 +766,11 @@ fn mw_setup(
                     let k = (0..A_WINS).find(|&k| !a_state[k].1).unwrap_or(A_WINS - 1);
                     (MwOp::Inv { k, rkey: a_state[k].0 }, WcStatus::LocQpOpErr)
                 }
-                // A BIND_MW of a bound type 2 window of A's, or by a stale R_Key.
+                // A BIND_MW of a bound type 2 window of A's, or of a deallocated one.
                 4 => {
-                    let k = (0..A_WINS - 1).find(|&k| a_state[k].1).unwrap_or(0);
-                    let (rkey, bound) = a_state[k];
-                    let from = if bound { rkey } else { RKey(rkey.0 ^ 0x80) };
-                    (MwOp::Bind { k, from, to: inc_rkey(rkey), len: 64 }, WcStatus::MwBindErr)
+                    let k = (0..A_WINS - 1).find(|&k| a_state[k].1).unwrap_or(A_WINS);
+                    let to = a_state.get(k).map_or(RKey(0), |&(rkey, _)| inc_rkey(rkey));
+                    (MwOp::Bind { k, to, len: 64 }, WcStatus::MwBindErr)
                 }
                 // Through a window a SEND_WITH_INV freed, if any; else past its window.
                 _ => match freed.first().and_then(|&j| wins[j]) {
@@ -827,10 +829,10 @@ fn mw_setup(
                 let rkey = wins[target].expect("a window to invalidate").rkey;
                 (SendOp::SendWithInv { rkey }, Some(Sge { length: len, ..src }))
             }
-            MwOp::Bind { k, from, to, len } => {
-                let addr = BASE + A_WIN_REGION + ((k as u64) << 12);
+            MwOp::Bind { k, to, len } => {
+                let addr = BASE + A_WIN_REGION + ((k.min(A_WINS - 1) as u64) << 12);
                 let bind = MwBind { mr: a_region.lkey, addr, length: len, access: Access::REMOTE_READ };
-                (SendOp::BindMw { mw: from, rkey: to, bind }, None)
+                (SendOp::BindMw { mw: a_mws.get(k).copied().unwrap_or(gone), rkey: to, bind }, None)
             }
             MwOp::Inv { rkey, .. } => (SendOp::LocalInv { rkey }, None),
         };

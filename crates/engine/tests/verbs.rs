@@ -889,9 +889,10 @@ fn with_key(mw: RKey, key: u8) -> RKey {
     RKey((mw.0 & !0xff) | u32::from(key))
 }
 
-/// A signaled BIND_MW of window `mw` (its current R_Key) choosing `key`.
+/// A signaled BIND_MW of the window whose R_Key is `mw` (its upper 24 bits are the
+/// window's handle) choosing `key`.
 fn bind_wr(wr_id: u64, mw: RKey, key: u8, bind: MwBind) -> SendWr<'static> {
-    wr(wr_id, SendOp::BindMw { mw, rkey: with_key(mw, key), bind }, &[])
+    wr(wr_id, SendOp::BindMw { mw: MwId(mw.0 >> 8), rkey: with_key(mw, key), bind }, &[])
 }
 
 fn binding(mr: &MrKeys, offset: u64, length: u64, access: Access) -> MwBind {
@@ -1024,7 +1025,7 @@ fn binds_that_break_a_rule_complete_with_mw_bind_err_and_fail_the_qp() {
 }
 
 #[test]
-fn a_type2_window_binds_again_only_once_invalidated_and_a_stale_rkey_binds_nothing() {
+fn a_type2_window_binds_again_only_once_invalidated_and_a_deallocated_one_never() {
     let (mut pair, mr, mw, rkey) = bound_window(MwType::Type2, Access::REMOTE_READ);
     let again = on_b(&mut pair, bind_wr(1, rkey, 0x43, binding(&mr, 0, 64, Access::REMOTE_READ)));
     assert_eq!(outcomes(&again), [(1, WcStatus::MwBindErr)], "o10-37.2.30: a bound type 2 window is not free");
@@ -1043,10 +1044,17 @@ fn a_type2_window_binds_again_only_once_invalidated_and_a_stale_rkey_binds_nothi
     assert_eq!(outcomes(&from_a(&mut pair, 3, remote_read(0x800, new), 64)), [(3, WcStatus::Success)]);
     assert_eq!(outcomes(&from_a(&mut pair, 4, remote_read(0x800, rkey), 64)), [(4, WcStatus::RemAccessErr)], "old key");
 
-    let (mut pair, mr, _, rkey) = bound_window(MwType::Type2, Access::REMOTE_READ);
+    // The window is named by its handle: a key byte that is not current does not matter
+    // (as mlx5; rxe, whose kernel gets only the R_Key, refuses it).
+    let (mut pair, mr, mw, rkey) = bound_window(MwType::Type2, Access::REMOTE_READ);
     on_b(&mut pair, wr(1, SendOp::LocalInv { rkey }, &[]));
     let wcs = on_b(&mut pair, bind_wr(2, stale, 0x45, binding(&mr, 0, 64, Access::REMOTE_READ)));
-    assert_eq!(outcomes(&wcs), [(2, WcStatus::MwBindErr)], "a BIND_MW names the window by its R_Key now");
+    assert_eq!(outcomes(&wcs), [(2, WcStatus::Success)]);
+    assert_eq!(pair.b.engine.query_mw(mw).unwrap().rkey, with_key(rkey, 0x45));
+    on_b(&mut pair, wr(3, SendOp::LocalInv { rkey: with_key(rkey, 0x45) }, &[]));
+    pair.b.engine.dealloc_mw(mw).unwrap();
+    let wcs = on_b(&mut pair, bind_wr(4, rkey, 0x46, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    assert_eq!(outcomes(&wcs), [(4, WcStatus::MwBindErr)], "a deallocated window");
 }
 
 #[test]
@@ -1120,8 +1128,8 @@ fn a_send_with_invalidate_that_cannot_invalidate_fails_both_ends() {
             let (ai, bi) = (init_attr(&p.a, QpType::Rc), init_attr(&p.b, QpType::Rc));
             let (_, other) = p.add_connected(&ai, &bi, Mtu::Mtu1024);
             let mr = window_region(&mut p.b, Access::LOCAL_WRITE | Access::MW_BIND);
-            let (_, rkey) = p.b.engine.alloc_mw(p.b.pd, MwType::Type2).unwrap();
-            let bind = SendOp::BindMw { mw: rkey, rkey, bind: binding(&mr, 0, 64, Access::REMOTE_READ) };
+            let (mw, rkey) = p.b.engine.alloc_mw(p.b.pd, MwType::Type2).unwrap();
+            let bind = SendOp::BindMw { mw, rkey, bind: binding(&mr, 0, 64, Access::REMOTE_READ) };
             p.b.engine.post_send(other, &[wr(99, bind, &[])], &p.b.mem).unwrap();
             p.drive();
             assert_eq!(outcomes(&p.b.poll_all()), [(99, WcStatus::Success)]);
@@ -1284,12 +1292,9 @@ fn go_back_n_does_not_bind_twice() {
 #[test]
 fn memory_window_work_requests_are_checked_when_posted() {
     let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
-    let (_, rkey) = pair.b.engine.alloc_mw(pair.b.pd, MwType::Type2).unwrap();
-    let bind = SendOp::BindMw {
-        mw: rkey,
-        rkey,
-        bind: MwBind { mr: pair.b.mr.lkey, addr: BASE, length: 8, access: Access(0) },
-    };
+    let (mw, rkey) = pair.b.engine.alloc_mw(pair.b.pd, MwType::Type2).unwrap();
+    let bind =
+        SendOp::BindMw { mw, rkey, bind: MwBind { mr: pair.b.mr.lkey, addr: BASE, length: 8, access: Access(0) } };
     let sge = [pair.b.sge(0, 8)];
     let err = pair.b.try_post_send(&[wr(1, bind, &sge)]).unwrap_err();
     assert!(err.to_string().contains("no SGEs"), "{err}");
@@ -1318,4 +1323,19 @@ fn window_rkeys_never_share_an_index_with_region_keys() {
         assert!(!indexes.contains(&(keys.lkey.0 >> 8)) && !indexes.contains(&(keys.rkey.0 >> 8)));
     }
     assert!(matches!(engine.alloc_mw(pd, MwType::Type1), Err(VerbsError::NoResources(_))), "max_mw");
+}
+
+#[test]
+fn sqd_does_no_local_operation_and_rts_does_it() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let mr = window_region(&mut pair.a, Access::LOCAL_WRITE | Access::MW_BIND);
+    let (mw, rkey) = pair.a.engine.alloc_mw(pair.a.pd, MwType::Type2).unwrap();
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Sqd), AttrMask::STATE).unwrap();
+    pair.a.post_send(bind_wr(1, rkey, 1, binding(&mr, 0, 64, Access::REMOTE_READ)));
+    pair.drive();
+    assert_eq!((pair.a.engine.query_mw(mw).unwrap().binding, pair.a.poll_all()), (None, vec![]));
+    pair.a.engine.modify_qp(pair.a.qp, &state(QpState::Rts), AttrMask::STATE).unwrap();
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert!(pair.a.engine.query_mw(mw).unwrap().binding.is_some());
 }

@@ -58,17 +58,34 @@ pub type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesE
 pub const COMPLETION_TIMESTAMP_MASK_OFFSET: usize = 264;
 /// `offsetof(struct ibv_device_attr_ex, hca_core_clock)`.
 pub const HCA_CORE_CLOCK_OFFSET: usize = 272;
+/// `offsetof(struct ibv_device_attr_ex, device_cap_flags_ex)`.
+pub const DEVICE_CAP_FLAGS_EX_OFFSET: usize = 280;
 /// `verbs_context.create_cq_ex`.
 pub type CreateCqExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvCqInitAttrEx) -> *mut IbvCqEx;
 /// `verbs_context.create_qp_ex`.
 pub type CreateQpExFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvQpInitAttrEx) -> *mut IbvQp;
 
+/// The `alloc_mw` entry (`ibv_alloc_mw` calls it if set, else fails with EOPNOTSUPP).
+pub type AllocMwFn = unsafe extern "C" fn(*mut IbvPd, u32) -> *mut IbvMw;
+/// The `bind_mw` entry (`ibv_bind_mw`, for type 1 windows).
+pub type BindMwFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvMw, *mut IbvMwBind) -> c_int;
+/// The `dealloc_mw` entry (`ibv_dealloc_mw`).
+pub type DeallocMwFn = unsafe extern "C" fn(*mut IbvMw) -> c_int;
+
 /// `struct ibv_context_ops`: the header inlines (`ibv_post_send`, `ibv_poll_cq`, ...) call
 /// these without a NULL check.
 #[repr(C)]
 pub struct IbvContextOps {
-    /// `_compat_*` and `alloc_mw`, `bind_mw`, `dealloc_mw`, `_compat_create_cq`.
-    pub _before_poll: [usize; 11],
+    /// `_compat_query_device` .. `_compat_dereg_mr`.
+    pub _before_mw: [usize; 7],
+    /// `alloc_mw` (offset 56).
+    pub alloc_mw: Option<AllocMwFn>,
+    /// `bind_mw` (64).
+    pub bind_mw: Option<BindMwFn>,
+    /// `dealloc_mw` (72).
+    pub dealloc_mw: Option<DeallocMwFn>,
+    /// `_compat_create_cq`.
+    pub _before_poll: [usize; 1],
     /// `poll_cq` (offset 88).
     pub poll_cq: Option<PollCqFn>,
     /// `req_notify_cq` (96).
@@ -261,6 +278,35 @@ pub struct IbvMr {
     pub handle: u32,
     pub lkey: u32,
     pub rkey: u32,
+}
+
+/// `struct ibv_mw`.
+#[repr(C)]
+pub struct IbvMw {
+    pub context: *mut IbvContext,
+    pub pd: *mut IbvPd,
+    pub rkey: u32,
+    pub handle: u32,
+    /// `enum ibv_mw_type`: `IBV_MW_TYPE_1` (1), `IBV_MW_TYPE_2` (2).
+    pub mw_type: u32,
+}
+
+/// `struct ibv_mw_bind_info`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IbvMwBindInfo {
+    pub mr: *mut IbvMr,
+    pub addr: u64,
+    pub length: u64,
+    pub mw_access_flags: u32,
+}
+
+/// `struct ibv_mw_bind` (`ibv_bind_mw`'s).
+#[repr(C)]
+pub struct IbvMwBind {
+    pub wr_id: u64,
+    pub send_flags: u32,
+    pub bind_info: IbvMwBindInfo,
 }
 
 /// `struct ibv_comp_channel`.
@@ -503,8 +549,17 @@ pub struct IbvSendWr {
     pub wr: WrUnion,
     /// `qp_type.xrc.remote_srqn`.
     pub remote_srqn: u32,
-    /// `bind_mw` / `tso`.
-    pub _bind_mw_tso: [u64; 6],
+    /// `bind_mw` (its union with `tso`: softrdma does no TSO).
+    pub bind_mw: WrBindMw,
+}
+
+/// `bind_mw` of `struct ibv_send_wr` (`IBV_WR_BIND_MW`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct WrBindMw {
+    pub mw: *mut IbvMw,
+    pub rkey: u32,
+    pub bind_info: IbvMwBindInfo,
 }
 
 /// `struct ibv_recv_wr`.
@@ -710,5 +765,7 @@ const _: () = {
     assert!(size_of::<IbvSrq>() == 128);
     assert!(size_of::<IbvWc>() == 48);
     assert!(size_of::<IbvSendWr>() == 128);
+    assert!(size_of::<IbvMw>() == 32);
+    assert!(size_of::<IbvMwBind>() == 48);
     assert!(size_of::<IbvQpAttr>() == 144);
 };

@@ -181,7 +181,11 @@ unsafe extern "C" fn open_device(dev: *mut IbvDevice) -> *mut IbvContext {
 /// Wraps an open softrdma context in a `verbs_context` and returns its `ibv_context`.
 pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut IbvContext {
     let ops = IbvContextOps {
-        _before_poll: [0; 11],
+        _before_mw: [0; 7],
+        alloc_mw: Some(crate::objects::alloc_mw),
+        bind_mw: Some(crate::objects::bind_mw),
+        dealloc_mw: Some(crate::objects::dealloc_mw),
+        _before_poll: [0; 1],
         poll_cq: Some(crate::post::poll_cq),
         req_notify_cq: Some(crate::post::req_notify_cq),
         _before_srq: [0; 7],
@@ -303,7 +307,8 @@ unsafe extern "C" fn query_device(ctx: *mut IbvContext, out: *mut IbvDeviceAttr)
             hw_ver: a.hw_ver,
             max_qp: int(a.max_qp),
             max_qp_wr: int(a.max_qp_wr),
-            device_cap_flags: 0,
+            // IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B, as rxe reports them.
+            device_cap_flags: if a.max_mw > 0 { (1 << 17) | (1 << 24) } else { 0 },
             max_sge: int(a.max_sge),
             max_sge_rd: int(a.max_sge_rd),
             max_cq: limit(a.max_cq),
@@ -344,9 +349,10 @@ export!("ibv_query_device", "IBVERBS_1.1", query_device);
 
 /// `verbs_context.query_device_ex`: `ibv_query_device`'s attributes in `orig_attr`, one
 /// physical port in `phys_port_cnt_ex`, completion timestamps (all 64 bits of a clock of
-/// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond), on-demand paging
-/// (explicit and implicit regions, every operation of RC, UC and UD), device memory
-/// (`max_dm_size`) and no other extended capability (TSO, RSS, tag matching: 0), within the `attr_size` bytes the caller's
+/// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond), `device_cap_flags_ex` as
+/// `device_cap_flags`, on-demand paging (explicit and implicit regions, every operation of
+/// RC, UC and UD), device memory (`max_dm_size`) and no other extended capability (TSO,
+/// RSS, tag matching: 0), within the `attr_size` bytes the caller's
 /// `struct ibv_device_attr_ex` has (an older program's is shorter), as rdma-core's
 /// providers fill it. EINVAL for an input with a comp_mask, as the inline checks.
 unsafe extern "C" fn query_device_ex(
@@ -389,6 +395,10 @@ unsafe extern "C" fn query_device_ex(
     put(crate::abi::ODP_CAPS_OFFSET + 8, &rc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 12, &uc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 16, &ud.to_ne_bytes());
+    // device_cap_flags_ex: the same capabilities (its low 32 bits are ibv_device_cap_flags).
+    // SAFETY: orig_attr, which query_device just wrote, is attr's first field.
+    let flags = unsafe { (*attr.cast::<IbvDeviceAttr>()).device_cap_flags };
+    put(crate::abi::DEVICE_CAP_FLAGS_EX_OFFSET, &u64::from(flags).to_ne_bytes());
     0
 }
 

@@ -30,6 +30,12 @@ pub fn of(e: &Error) -> c_int {
     }
 }
 
+/// Sets `errno` to `n` and returns it, as the verbs that return an error number do.
+pub fn fail_with(n: c_int) -> c_int {
+    set(n);
+    n
+}
+
 /// Sets `errno` for `e` and returns it, as the verbs that return an error number do.
 pub fn fail(e: &Error) -> c_int {
     let n = of(e);

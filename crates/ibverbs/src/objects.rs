@@ -1,4 +1,4 @@
-//! PD, MR, completion channel, CQ, QP, SRQ, AH and asynchronous events. Each C object is
+//! PD, MR, MW, completion channel, CQ, QP, SRQ, AH and asynchronous events. Each C object is
 //! a `#[repr(C)]` struct whose first member is the public C struct, followed by the
 //! softrdma handle; dropping the handle destroys the object on the device.
 
@@ -50,6 +50,12 @@ pub(crate) struct TdC {
 pub(crate) struct MrC {
     pub(crate) mr: IbvMr,
     pub(crate) inner: softrdma::RawMr,
+}
+
+#[repr(C)]
+pub(crate) struct MwC {
+    pub(crate) mw: IbvMw,
+    pub(crate) inner: softrdma::Mw,
 }
 
 #[repr(C)]
@@ -244,10 +250,11 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
     })
 }
 
-/// The access flags softrdma enforces; the optional ones (relaxed ordering, ...) are
-/// accepted and ignored.
+/// The access flags softrdma enforces for a region (the four rights, MW_BIND and
+/// ON_DEMAND); the optional ones (relaxed ordering, huge pages, ...) are accepted and
+/// ignored.
 fn access(flags: c_int) -> Access {
-    Access(flags as u32 & (Access::ALL | Access::ON_DEMAND).0)
+    Access(flags as u32 & (Access::ALL.0 | Access::MW_BIND.0 | Access::ON_DEMAND.0))
 }
 
 unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, flags: c_int) -> *mut IbvMr {
@@ -507,11 +514,123 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
     })
 }
 
+/// `ibv_dereg_mr`: EINVAL, the region kept, while memory windows are bound to it (as rxe,
+/// IBA 10.6.7.2.6).
 pub(crate) unsafe extern "C" fn dereg_mr(mr: *mut IbvMr) -> c_int {
-    // SAFETY: mr came from ibv_reg_mr; dropping the RawMr deregisters it first.
-    unsafe { destroy::<IbvMr, MrC>(mr) }
+    guard(libc::EIO, || {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: mr came from ibv_reg_mr (a live MrC, the caller's to destroy).
+        let m = unsafe { &mut *(mr as *mut MrC) };
+        if let Err(e) = m.inner.deregister() {
+            return errno::fail(&e);
+        }
+        // SAFETY: made by ibv_reg_mr, destroyed once; its RawMr is deregistered already.
+        unsafe { free::<IbvMr, MrC>(mr) };
+        0
+    })
 }
 export!("ibv_dereg_mr", "IBVERBS_1.1", dereg_mr);
+
+/// `ops.alloc_mw` (`ibv_alloc_mw`): a window of `IBV_MW_TYPE_1` or `IBV_MW_TYPE_2`; any
+/// other type is EINVAL.
+pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut IbvPd, mw_type: u32) -> *mut IbvMw {
+    guard(ptr::null_mut(), || {
+        // SAFETY: pd is ours or NULL.
+        let (Some(p), Some(t)) = (unsafe { obj::<IbvPd, PdC>(pd) }, mw_type_of(mw_type)) else {
+            errno::set(libc::EINVAL);
+            return ptr::null_mut();
+        };
+        errno::or_null(p.inner.alloc_mw(t), |inner| {
+            let mw = IbvMw { context: p.pd.context, pd, rkey: inner.rkey().0, handle: inner.id().0, mw_type };
+            boxed(MwC { mw, inner })
+        })
+    })
+}
+
+fn mw_type_of(raw: u32) -> Option<softrdma::MwType> {
+    match raw {
+        1 => Some(softrdma::MwType::Type1),
+        2 => Some(softrdma::MwType::Type2),
+        _ => None,
+    }
+}
+
+/// `ops.dealloc_mw` (`ibv_dealloc_mw`).
+pub(crate) unsafe extern "C" fn dealloc_mw(mw: *mut IbvMw) -> c_int {
+    // SAFETY: mw came from ibv_alloc_mw; dropping the Mw deallocates it.
+    unsafe { destroy::<IbvMw, MwC>(mw) }
+}
+
+/// `IBV_ACCESS_OPTIONAL_RANGE`: flags a device may ignore.
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+/// A window's `mw_access_flags` as the engine takes them: the optional flags dropped, any
+/// other unknown bit kept (the bind then fails with `IBV_WC_MW_BIND_ERR`, as rxe's).
+pub(crate) fn mw_access(flags: u32) -> Access {
+    Access(flags & !ACCESS_OPTIONAL_RANGE)
+}
+
+/// The window a BIND_MW of `mw` with `info` binds, what it binds, and `mw->rkey`: for
+/// `ibv_bind_mw`, `IBV_WR_BIND_MW` and `ibv_wr_bind_mw`. `None` when `mw` or the region is
+/// not ours. The window is named by its handle, whatever `mw->rkey` says: rxe's provider
+/// names it by `mw->rkey` and its kernel refuses one that is not current, which a type 2
+/// window bound by a work request before (rxe leaves `mw->rkey` alone then) never is.
+///
+/// # Safety
+/// `mw` and `info.mr` must be NULL or ours.
+pub(crate) unsafe fn bind_of(
+    mw: *mut IbvMw,
+    info: &IbvMwBindInfo,
+) -> Option<(softrdma::MwId, softrdma::RKey, softrdma::MwBind)> {
+    // SAFETY: per the contract.
+    let w = unsafe { obj::<IbvMw, MwC>(mw) }?;
+    let lkey = if info.mr.is_null() {
+        0
+    } else {
+        // SAFETY: per the contract.
+        unsafe { obj::<IbvMr, MrC>(info.mr) }?.mr.lkey
+    };
+    let bind = softrdma::MwBind {
+        mr: softrdma::LKey(lkey),
+        addr: info.addr,
+        length: info.length,
+        access: mw_access(info.mw_access_flags),
+    };
+    Some((w.inner.id(), softrdma::RKey(w.mw.rkey), bind))
+}
+
+/// `ops.bind_mw` (`ibv_bind_mw`, type 1 windows; the inline checked the type and the PDs):
+/// as rxe's, a BIND_MW work request posted on `qp` with the window's next R_Key
+/// (`ibv_inc_rkey`), which `mw->rkey` takes at once ("the user has to undo this if he gets
+/// an error completion"). A zero-based type 1 window is EINVAL (o10-36.2.2).
+pub(crate) unsafe extern "C" fn bind_mw(qp: *mut IbvQp, mw: *mut IbvMw, mw_bind: *mut IbvMwBind) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: the caller's objects (ours) or NULL.
+        let (Some(q), Some(b)) = (unsafe { obj::<IbvQp, QpC>(qp) }, unsafe { mw_bind.as_ref() }) else {
+            return errno::fail_with(libc::EINVAL);
+        };
+        if b.bind_info.mw_access_flags & Access::ZERO_BASED.0 != 0 {
+            return errno::fail_with(libc::EINVAL);
+        }
+        // SAFETY: the window and region are the caller's (ours) or NULL.
+        let Some((id, from, bind)) = (unsafe { bind_of(mw, &b.bind_info) }) else {
+            return errno::fail_with(libc::EINVAL);
+        };
+        let to = softrdma::inc_rkey(from);
+        let op = softrdma::SendOp::BindMw { mw: id, rkey: to, bind };
+        let flags = softrdma::SendFlags(b.send_flags & 0xf);
+        let wr = softrdma::SendWr { wr_id: b.wr_id, op, sg_list: &[], flags, ud: None };
+        if let Err(e) = q.inner.post_send(&[wr]) {
+            return errno::fail(&e);
+        }
+        // SAFETY: mw is a live window of ours (mw_bind found it); the application owns its
+        // fields, as it does rxe's.
+        unsafe { (*mw).rkey = to.0 };
+        0
+    })
+}
 
 pub(crate) unsafe extern "C" fn create_comp_channel(ctx: *mut IbvContext) -> *mut IbvCompChannel {
     guard(ptr::null_mut(), || {

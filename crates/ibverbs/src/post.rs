@@ -40,10 +40,12 @@ unsafe fn sges(sg: *const IbvSge, n: c_int, out: &mut Sges) -> Option<()> {
     Some(())
 }
 
-/// The operation of a C send WR, or `None` for one softrdma does not do.
+/// The operation of a C send WR, or `None` for one softrdma does not do (or a BIND_MW
+/// whose window or region is not ours).
 ///
 /// # Safety
-/// `w` must be a valid WR; for UD, `wr.ud.ah` one of ours.
+/// `w` must be a valid WR; for UD, `wr.ud.ah` one of ours; for BIND_MW, `bind_mw.mw` and
+/// `bind_mw.bind_info.mr` ours or NULL.
 unsafe fn send_op(w: &IbvSendWr, ud: bool) -> Option<(SendOp, Option<UdDest>)> {
     // SAFETY: reading the union member the opcode names.
     let (rdma, atomic) = unsafe { (w.wr.rdma, w.wr.atomic) };
@@ -61,6 +63,18 @@ unsafe fn send_op(w: &IbvSendWr, ud: bool) -> Option<(SendOp, Option<UdDest>)> {
             swap: atomic.swap,
         },
         6 => SendOp::FetchAdd { remote_addr: atomic.remote_addr, rkey: RKey(atomic.rkey), add: atomic.compare_add },
+        // invalidate_rkey shares imm_data's slot, in host order.
+        7 => SendOp::LocalInv { rkey: RKey(w.imm_data) },
+        8 => {
+            // rxe's validate_send_wr: nothing in the imm_data/invalidate_rkey slot.
+            if w.imm_data != 0 {
+                return None;
+            }
+            // SAFETY: the window and region are the caller's (ours) or NULL.
+            let (id, _, bind) = unsafe { crate::objects::bind_of(w.bind_mw.mw, &w.bind_mw.bind_info) }?;
+            SendOp::BindMw { mw: id, rkey: RKey(w.bind_mw.rkey), bind }
+        }
+        9 => SendOp::SendWithInv { rkey: RKey(w.imm_data) },
         // IBV_WR_ATOMIC_WRITE: the 8 bytes the first SGE holds, taken now (as rxe's provider).
         15 => {
             // SAFETY: the caller's SGE list has num_sge entries.

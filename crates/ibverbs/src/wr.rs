@@ -36,6 +36,9 @@ const WITH_SEND_WITH_IMM: u64 = 1 << 3;
 const WITH_RDMA_READ: u64 = 1 << 4;
 const WITH_ATOMIC_CMP_AND_SWP: u64 = 1 << 5;
 const WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
+const WITH_LOCAL_INV: u64 = 1 << 7;
+const WITH_BIND_MW: u64 = 1 << 8;
+const WITH_SEND_WITH_INV: u64 = 1 << 9;
 const WITH_ATOMIC_WRITE: u64 = 1 << 12;
 const SUPPORTED: u64 = WITH_ATOMIC_WRITE
     | WITH_RDMA_WRITE
@@ -44,7 +47,10 @@ const SUPPORTED: u64 = WITH_ATOMIC_WRITE
     | WITH_SEND_WITH_IMM
     | WITH_RDMA_READ
     | WITH_ATOMIC_CMP_AND_SWP
-    | WITH_ATOMIC_FETCH_AND_ADD;
+    | WITH_ATOMIC_FETCH_AND_ADD
+    | WITH_LOCAL_INV
+    | WITH_BIND_MW
+    | WITH_SEND_WITH_INV;
 
 /// `IBV_SEND_INLINE`.
 const SEND_INLINE: u32 = 8;
@@ -102,9 +108,9 @@ pub(crate) fn qp_ex(qp_base: IbvQp) -> IbvQpEx {
 /// `verbs_context.create_qp_ex`: a QP in `attr.pd`; with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`
 /// its `ibv_qp_ex` takes the `ibv_wr_*` operations named there; `IBV_QP_INIT_ATTR_CREATE_FLAGS`
 /// with no flag set is taken. Other `comp_mask` bits (XRC, TSO, RSS), any creation flag and
-/// operations softrdma does not do (local invalidate,
-/// memory windows, TSO) fail with `EOPNOTSUPP`, as ibv_create_qp_ex(3) says
-/// of a QP that cannot do what was asked.
+/// operations softrdma does not do (TSO), or that the transport has not (UC: READ, atomics,
+/// ATOMIC_WRITE, SEND_WITH_INV, which no UC opcode carries; UD: all but SENDs), fail with
+/// `EOPNOTSUPP`, as ibv_create_qp_ex(3) says of a QP that cannot do what was asked.
 pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut IbvQpInitAttrEx) -> *mut IbvQp {
     guard(ptr::null_mut(), || {
         // SAFETY: the caller's attributes or NULL.
@@ -122,11 +128,13 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
             return ptr::null_mut();
         }
         let send_ops = if a.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0 { a.send_ops_flags } else { 0 };
-        // What each transport can post (IBA: UC has no READ or atomics, UD only SENDs).
+        // What each transport can post (IBA: UC has no READ, atomics or SEND_WITH_INV, UD
+        // only SENDs; BIND_MW and LOCAL_INV are local, as rxe has them on UC).
+        let uc = WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM;
         let possible = match a.qp_type {
-            2 => SUPPORTED,                                                                   // RC
-            3 => WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM, // UC
-            4 => WITH_SEND | WITH_SEND_WITH_IMM,                                              // UD
+            2 => SUPPORTED,                          // RC
+            3 => uc | WITH_BIND_MW | WITH_LOCAL_INV, // UC
+            4 => WITH_SEND | WITH_SEND_WITH_IMM,     // UD
             _ => 0,
         };
         if send_ops & !possible != 0 {
@@ -317,20 +325,33 @@ unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut IbvQpEx, rkey: u32, remote_ad
     with_builder(qpx, |q, b| b.push(q, WITH_ATOMIC_FETCH_AND_ADD, op));
 }
 
+/// `ibv_wr_bind_mw`: binds `mw` as `info` says, its R_Key then `rkey` (whose low 8 bits
+/// are the key; `ibv_inc_rkey`), as rxe's (which leaves `mw->rkey` to the application).
+unsafe extern "C" fn wr_bind_mw(qpx: *mut IbvQpEx, mw: *mut c_void, rkey: u32, info: *const c_void) {
+    with_builder(qpx, |q, b| {
+        // SAFETY: the caller's bind info, or NULL.
+        let Some(info) = (unsafe { info.cast::<IbvMwBindInfo>().as_ref() }) else {
+            b.fail(libc::EINVAL);
+            return;
+        };
+        // SAFETY: the window and region are the caller's (ours) or NULL.
+        match unsafe { crate::objects::bind_of(mw.cast(), info) } {
+            Some((id, _, bind)) => b.push(q, WITH_BIND_MW, SendOp::BindMw { mw: id, rkey: RKey(rkey), bind }),
+            None => b.fail(libc::EINVAL),
+        }
+    });
+}
+
+unsafe extern "C" fn wr_local_inv(qpx: *mut IbvQpEx, rkey: u32) {
+    with_builder(qpx, |q, b| b.push(q, WITH_LOCAL_INV, SendOp::LocalInv { rkey: RKey(rkey) }));
+}
+
+unsafe extern "C" fn wr_send_inv(qpx: *mut IbvQpEx, rkey: u32) {
+    with_builder(qpx, |q, b| b.push(q, WITH_SEND_WITH_INV, SendOp::SendWithInv { rkey: RKey(rkey) }));
+}
+
 /// Builders of operations softrdma does not do (creation refuses their flags, so only a
 /// program that calls one it did not ask for gets here): the batch fails.
-unsafe extern "C" fn wr_bind_mw(qpx: *mut IbvQpEx, _mw: *mut c_void, _rkey: u32, _info: *const c_void) {
-    with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
-}
-
-unsafe extern "C" fn wr_local_inv(qpx: *mut IbvQpEx, _rkey: u32) {
-    with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
-}
-
-unsafe extern "C" fn wr_send_inv(qpx: *mut IbvQpEx, _rkey: u32) {
-    with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
-}
-
 unsafe extern "C" fn wr_send_tso(qpx: *mut IbvQpEx, _hdr: *mut c_void, _hdr_sz: u16, _mss: u16) {
     with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
 }

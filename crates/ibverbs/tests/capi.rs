@@ -63,6 +63,11 @@ fn the_wr_api_posts_whole_batches_or_nothing() {
 }
 
 #[test]
+fn memory_windows_of_both_types_bind_reach_and_invalidate() {
+    passes("mw");
+}
+
+#[test]
 fn async_events_name_their_cq_and_srq() {
     passes("async_events");
 }

@@ -24,7 +24,8 @@ fn entries() -> Vec<Entry> {
     let mut v: Vec<Entry> = Vec::new();
     layout!(v, IbvDevice, "struct ibv_device", [ops => "_ops", node_type => "node_type", transport_type => "transport_type",
         name => "name", dev_name => "dev_name", dev_path => "dev_path", ibdev_path => "ibdev_path"]);
-    layout!(v, IbvContextOps, "struct ibv_context_ops", [poll_cq => "poll_cq", req_notify_cq => "req_notify_cq",
+    layout!(v, IbvContextOps, "struct ibv_context_ops", [alloc_mw => "alloc_mw", bind_mw => "bind_mw",
+        dealloc_mw => "dealloc_mw", poll_cq => "poll_cq", req_notify_cq => "req_notify_cq",
         post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv"]);
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
@@ -51,6 +52,7 @@ fn entries() -> Vec<Entry> {
     v.push(("struct ibv_device_attr_ex", "completion_timestamp_mask".to_owned(), COMPLETION_TIMESTAMP_MASK_OFFSET));
     v.push(("struct ibv_device_attr_ex", "hca_core_clock".to_owned(), HCA_CORE_CLOCK_OFFSET));
     v.push(("struct ibv_device_attr_ex", "odp_caps".to_owned(), ODP_CAPS_OFFSET));
+    v.push(("struct ibv_device_attr_ex", "device_cap_flags_ex".to_owned(), DEVICE_CAP_FLAGS_EX_OFFSET));
     layout!(v, IbvPollCqAttr, "struct ibv_poll_cq_attr", [comp_mask => "comp_mask"]);
     layout!(v, IbvCqInitAttrEx, "struct ibv_cq_init_attr_ex", [cqe => "cqe", cq_context => "cq_context",
         channel => "channel", comp_vector => "comp_vector", wc_flags => "wc_flags", comp_mask => "comp_mask",
@@ -119,7 +121,17 @@ fn entries() -> Vec<Entry> {
     layout!(v, IbvSge, "struct ibv_sge", [addr => "addr", length => "length", lkey => "lkey"]);
     layout!(v, IbvSendWr, "struct ibv_send_wr", [wr_id => "wr_id", next => "next", sg_list => "sg_list",
         num_sge => "num_sge", opcode => "opcode", send_flags => "send_flags", imm_data => "imm_data", wr => "wr",
-        remote_srqn => "qp_type.xrc.remote_srqn", _bind_mw_tso => "bind_mw"]);
+        remote_srqn => "qp_type.xrc.remote_srqn", bind_mw => "bind_mw"]);
+    let bind = offset_of!(IbvSendWr, bind_mw);
+    v.push(("struct ibv_send_wr", "bind_mw.mw".into(), bind + offset_of!(WrBindMw, mw)));
+    v.push(("struct ibv_send_wr", "bind_mw.rkey".into(), bind + offset_of!(WrBindMw, rkey)));
+    v.push(("struct ibv_send_wr", "bind_mw.bind_info".into(), bind + offset_of!(WrBindMw, bind_info)));
+    layout!(v, IbvMw, "struct ibv_mw", [context => "context", pd => "pd", rkey => "rkey", handle => "handle",
+        mw_type => "type"]);
+    layout!(v, IbvMwBindInfo, "struct ibv_mw_bind_info", [mr => "mr", addr => "addr", length => "length",
+        mw_access_flags => "mw_access_flags"]);
+    layout!(v, IbvMwBind, "struct ibv_mw_bind", [wr_id => "wr_id", send_flags => "send_flags",
+        bind_info => "bind_info"]);
     let wr = offset_of!(IbvSendWr, wr);
     v.push(("struct ibv_send_wr", "wr.rdma.remote_addr".into(), wr + offset_of!(WrRdma, remote_addr)));
     v.push(("struct ibv_send_wr", "wr.rdma.rkey".into(), wr + offset_of!(WrRdma, rkey)));

@@ -273,7 +273,7 @@ pub struct DeviceAttr {
     pub max_qp_init_rd_atom: u8,
     /// Atomics are atomic with respect to this device's other operations.
     pub atomic_cap: AtomicCap,
-    /// Memory windows: none.
+    /// Most memory windows (type 1 and type 2B, as rxe).
     pub max_mw: u32,
     /// Multicast groups: none.
     pub max_mcast_grp: u32,
@@ -314,7 +314,7 @@ impl DeviceAttr {
             max_qp_rd_atom: c.max_qp_rd_atom,
             max_qp_init_rd_atom: c.max_qp_rd_atom,
             atomic_cap: AtomicCap::Hca,
-            max_mw: 0,
+            max_mw: c.max_mw,
             max_mcast_grp: 0,
             max_ah: None,
             max_srq: None,

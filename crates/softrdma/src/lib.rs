@@ -73,16 +73,17 @@ pub use memory::MR_ALIGN;
 pub use same_host::SAME_HOST_ENV;
 pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
 pub use softrdma_engine::{
-    Access, AddressVector, AsyncEvent, AttrMask, CqId, LKey, Mtu, NetworkHdr, PostErrorKind, QpAttr, QpCap, QpState,
-    QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError, Wc, WcOpcode, WcStatus,
+    Access, AddressVector, AsyncEvent, AttrMask, CqId, LKey, Mtu, MwBind, MwBinding, MwId, MwInfo, MwType, NetworkHdr,
+    PostErrorKind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError,
+    Wc, WcOpcode, WcStatus,
 };
 pub use softrdma_wire::cma::PortSpace;
 pub use softrdma_wire::time::Instant;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
 pub use stats::Counters;
 pub use verbs::{
-    Ah, CompChannel, ConnectOptions, Context, Cq, DeviceMemory, EMPTY_WC, Endpoint, MAX_DM_SIZE, Mr, Pd, Prefetch, Qp,
-    QpInit, RawMr, RemoteMr, Srq,
+    Ah, CompChannel, ConnectOptions, Context, Cq, DeviceMemory, EMPTY_WC, Endpoint, MAX_DM_SIZE, Mr, Mw, Pd, Prefetch,
+    Qp, QpInit, RawMr, RemoteMr, Srq, inc_rkey,
 };
 
 /// How to open a device ([`Device::open_with`]).

@@ -1,5 +1,5 @@
-//! The verbs objects: [`Context`], [`Pd`], [`Mr`], [`Cq`], [`CompChannel`], [`Qp`], [`Srq`],
-//! [`Ah`].
+//! The verbs objects: [`Context`], [`Pd`], [`Mr`], [`Mw`], [`Cq`], [`CompChannel`], [`Qp`],
+//! [`Srq`], [`Ah`].
 //!
 //! Ownership mirrors the verbs' rules: every object keeps its parents alive (a QP its PD,
 //! CQs and SRQ; an MR its PD; everything its context), so a parent can never be destroyed
@@ -12,8 +12,8 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
 use softrdma_engine::{
-    Access, AddressVector, AhId, AsyncEvent, AttrMask, CqId, MrKeys, PdId, QpAttr, QpCap, QpInitAttr, QpState, QpType,
-    RecvWr, SendWr, Sge, SrqId, Wc,
+    Access, AddressVector, AhId, AsyncEvent, AttrMask, CqId, MrKeys, MwBind, MwBinding, MwId, MwType, PdId, QpAttr,
+    QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, Wc,
 };
 use softrdma_wire::{Gid, Qpn, RKey};
 
@@ -246,7 +246,16 @@ impl Pd {
             iova,
             access,
         )?;
-        let mr = RawMr { pd: Arc::clone(&self.inner), keys, addr: host, len, access, on_demand: false, dm: None };
+        let mr = RawMr {
+            pd: Arc::clone(&self.inner),
+            keys,
+            addr: host,
+            len,
+            access,
+            on_demand: false,
+            dm: None,
+            registered: true,
+        };
         Ok(mr.on_demand(access.contains(Access::ON_DEMAND)))
     }
 
@@ -281,6 +290,13 @@ impl Pd {
             })?;
         }
         Ok(())
+    }
+
+    /// `ibv_alloc_mw`: a memory window of `mw_type` in this PD, bound to nothing yet
+    /// ([`Qp::bind_mw`] binds it).
+    pub fn alloc_mw(&self, mw_type: MwType) -> Result<Mw> {
+        let (id, rkey) = self.inner.ctx.drv.shared.lock().nic.engine_mut().alloc_mw(self.inner.id, mw_type)?;
+        Ok(Mw { pd: Arc::clone(&self.inner), id, mw_type, posted_rkey: AtomicU32::new(rkey.0) })
     }
 
     fn register(&self, addr: u64, len: u64, access: Access) -> Result<MrKeys> {
@@ -343,6 +359,8 @@ impl Pd {
 /// [`write`](Mr::write) and [`with`](Mr::with), which hold the device lock meanwhile.
 /// Dropping the region deregisters it first, so nothing in flight reaches freed memory:
 /// a later packet gets a remote access error, a later work request a protection error.
+/// Memory windows bound to it are unbound then (the C API's `ibv_dereg_mr` refuses a
+/// region with windows bound, as rxe does; a region that owns its memory cannot wait).
 ///
 /// ```
 /// # fn main() -> softrdma::Result<()> {
@@ -656,6 +674,8 @@ pub struct RawMr {
     on_demand: bool,
     /// The device memory it is over, kept alive.
     dm: Option<Arc<DmInner>>,
+    /// Until [`RawMr::deregister`] succeeded.
+    registered: bool,
 }
 
 impl RawMr {
@@ -683,6 +703,7 @@ impl RawMr {
 
 impl RawMr {
     /// `ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`: other access rights, the keys kept.
+    /// Refused while memory windows are bound to the region.
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
         // SAFETY: no new range.
         #[allow(unsafe_code)]
@@ -741,10 +762,28 @@ impl RawMr {
         }
         self
     }
+
+    /// `ibv_dereg_mr` as rxe does it: refused while memory windows are bound to the region,
+    /// which then stays registered. Once it succeeded, dropping the `RawMr` does nothing
+    /// more; dropping one still registered deregisters it whatever is bound, unbinding the
+    /// windows.
+    pub fn deregister(&mut self) -> Result<()> {
+        if self.registered {
+            self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr(self.keys.lkey)?;
+            self.registered = false;
+            if std::mem::take(&mut self.on_demand) {
+                crate::memory::remove_on_demand(self.addr, self.len as u64);
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Drop for RawMr {
     fn drop(&mut self) {
+        if !self.registered {
+            return;
+        }
         // The caller's memory may be freed once this returns: windows bound to the region
         // are unbound, so that nothing reaches it.
         let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dereg_mr_unbinding(self.keys.lkey);
@@ -752,6 +791,117 @@ impl Drop for RawMr {
             crate::memory::remove_on_demand(self.addr, self.len as u64);
         }
     }
+}
+
+/// A memory window (`ibv_mw`): remote access to part of a region, with rights of its own,
+/// that its owner binds, rebinds and revokes without registering anything
+/// ([`Pd::alloc_mw`], [`Qp::bind_mw`]). The region must allow binding
+/// ([`Access::MW_BIND`]); it needs no remote right itself.
+///
+/// A type 2 window is bound by a work request of a QP and reached only through that QP; it
+/// is freed again by a LOCAL_INV ([`Qp::invalidate`]) or by the peer's SEND_WITH_INV. A
+/// type 1 window is reached through any QP of its PD, bound again at will and unbound by
+/// a bind of length 0. Dropping the window deallocates it: nothing reaches the memory
+/// through it after.
+///
+/// B lends A a window over 16 bytes of a region A could not otherwise reach, A writes
+/// there and gives it back with a SEND_WITH_INV:
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// use softrdma::{Access, ConnectOptions, MwType, QpInit, QpType, RecvWr, SendFlags, SendOp, SendWr, WcStatus};
+///
+/// let (a, b) = (softrdma::device("lo")?.open()?, softrdma::device("lo")?.open()?);
+/// let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+/// let (cqa, cqb) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+/// let qa = pa.create_qp(&QpInit::new(QpType::Rc, &cqa))?;
+/// let qb = pb.create_qp(&QpInit::new(QpType::Rc, &cqb))?;
+/// qa.connect(1, &qb.endpoint(0, 2)?, &ConnectOptions::default())?;
+/// qb.connect(2, &qa.endpoint(0, 1)?, &ConnectOptions::default())?;
+///
+/// // B: a region with no remote right, and a window over 16 of its bytes that A may write.
+/// let region = pb.reg_mr(4096, Access::LOCAL_WRITE | Access::MW_BIND)?;
+/// let window = pb.alloc_mw(MwType::Type2)?;
+/// let rkey = qb.bind_mw(1, &window, &region, 64..80, Access::REMOTE_WRITE, SendFlags::SIGNALED)?;
+/// assert_eq!(cqb.wait(Duration::from_secs(5))?.status, WcStatus::Success);
+/// let target = window.remote().expect("bound");
+/// assert_eq!((target.rkey, target.len), (rkey, 16));
+///
+/// // A writes through it, then sends B a message that gives the window back.
+/// let ma = pa.reg_mr(64, Access::LOCAL_WRITE)?;
+/// ma.write(0, b"through a window")?;
+/// let sge = [ma.sge(0..16)?];
+/// let write = SendOp::RdmaWrite { remote_addr: target.addr, rkey };
+/// qa.post_send(&[SendWr { wr_id: 2, op: write, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// assert_eq!(cqa.wait(Duration::from_secs(5))?.status, WcStatus::Success);
+/// let mut got = [0u8; 16];
+/// region.read(64, &mut got)?;
+/// assert_eq!(&got, b"through a window");
+///
+/// let rsge = [region.sge(0..64)?];
+/// qb.post_recv(&[RecvWr { wr_id: 3, sg_list: &rsge }])?;
+/// let inv = SendOp::SendWithInv { rkey };
+/// qa.post_send(&[SendWr { wr_id: 4, op: inv, sg_list: &[], flags: SendFlags::SIGNALED, ud: None }])?;
+/// let recv = cqb.wait(Duration::from_secs(5))?;
+/// assert_eq!(recv.invalidated_rkey, Some(rkey));
+/// assert!(window.remote().is_none(), "free again");
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Mw {
+    pd: Arc<PdInner>,
+    id: MwId,
+    mw_type: MwType,
+    /// The R_Key the window has once the binds posted so far are done (`ibv_mw.rkey`,
+    /// which rxe's `ibv_bind_mw` moves on at post time).
+    posted_rkey: AtomicU32,
+}
+
+impl Mw {
+    /// The device's handle.
+    pub fn id(&self) -> MwId {
+        self.id
+    }
+
+    /// Type 1 or type 2.
+    pub fn mw_type(&self) -> MwType {
+        self.mw_type
+    }
+
+    /// Its R_Key now (a bind posted but not yet done has not changed it).
+    pub fn rkey(&self) -> RKey {
+        self.info().map_or(RKey(self.posted_rkey.load(Ordering::Relaxed)), |i| i.rkey)
+    }
+
+    /// What it is bound to now: `None` when free (type 2) or bound with length 0 (type 1).
+    pub fn binding(&self) -> Option<MwBinding> {
+        self.info()?.binding
+    }
+
+    /// What a peer needs to reach the whole window as it is bound now: its first address
+    /// (0 for a zero-based window), length and R_Key.
+    pub fn remote(&self) -> Option<RemoteMr> {
+        let info = self.info()?;
+        let b = info.binding?;
+        let addr = if b.access.contains(Access::ZERO_BASED) { 0 } else { b.addr };
+        Some(RemoteMr { addr, len: b.length, rkey: info.rkey })
+    }
+
+    fn info(&self) -> Option<softrdma_engine::MwInfo> {
+        self.pd.ctx.drv.shared.lock().nic.engine().query_mw(self.id)
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        let _ = self.pd.ctx.drv.shared.lock().nic.engine_mut().dealloc_mw(self.id);
+    }
+}
+
+/// `ibv_inc_rkey`: the next key of a window's R_Key (its low 8 bits plus one).
+pub fn inc_rkey(rkey: RKey) -> RKey {
+    RKey((rkey.0 & !0xff) | (rkey.0.wrapping_add(1) & 0xff))
 }
 
 /// Where a peer's memory is: what one side sends the other so it can READ or WRITE there.
@@ -1387,6 +1537,54 @@ impl Qp {
             sh.after_verb(&mut st);
         }
         Ok(posted?)
+    }
+
+    /// Posts a BIND_MW that binds `mw` to bytes `range` of `region` with `access` (remote
+    /// rights, and [`Access::ZERO_BASED`] for a type 2 window that peers address from 0),
+    /// its R_Key's low 8 bits moved on (`ibv_inc_rkey`), as `ibv_bind_mw` does for type 1
+    /// and `IBV_WR_BIND_MW` for type 2. Returns the R_Key the window has once bound. The
+    /// bind is done when the send queue reaches it and completes in order
+    /// (`IBV_WC_BIND_MW`); one the device refuses completes with `IBV_WC_MW_BIND_ERR` and
+    /// fails the QP. An empty `range` unbinds a type 1 window.
+    pub fn bind_mw(
+        &self,
+        wr_id: u64,
+        mw: &Mw,
+        region: &Mr,
+        range: Range<usize>,
+        access: Access,
+        flags: SendFlags,
+    ) -> Result<RKey> {
+        let ctx = &self.inner.pd.ctx;
+        for (same, what) in [(mw.pd.ctx.same(ctx), "the memory window"), (region.pd.ctx.same(ctx), "the region")] {
+            if !same {
+                return Err(Error::WrongContext(what));
+            }
+        }
+        region.check("Qp::bind_mw", &range)?;
+        let bind = MwBind {
+            mr: region.keys.lkey,
+            addr: region.addr() + range.start as u64,
+            length: range.len() as u64,
+            access,
+        };
+        let sh = self.shared();
+        let mut st = sh.lock();
+        // Under the device lock: binds of one window from several threads chain their keys.
+        let from = RKey(mw.posted_rkey.load(Ordering::Relaxed));
+        let to = inc_rkey(from);
+        let wr = SendWr { wr_id, op: SendOp::BindMw { mw: mw.id, rkey: to, bind }, sg_list: &[], flags, ud: None };
+        let posted = st.nic.engine_mut().post_send(self.inner.qpn, &[wr], &crate::memory::ProcessMemory);
+        sh.after_verb(&mut st);
+        posted?;
+        mw.posted_rkey.store(to.0, Ordering::Relaxed);
+        Ok(to)
+    }
+
+    /// Posts a LOCAL_INV of `rkey`: the type 2 window it names is free again once every
+    /// work request posted before it has completed.
+    pub fn invalidate(&self, wr_id: u64, rkey: RKey, flags: SendFlags) -> Result<()> {
+        self.post_send(&[SendWr { wr_id, op: SendOp::LocalInv { rkey }, sg_list: &[], flags, ud: None }])
     }
 
     /// `ibv_post_recv`: posts `wrs` in order, stopping at the first bad one.

@@ -238,3 +238,53 @@ fn a_large_region_costs_memory_only_where_it_is_written() {
     b.mr.read(GIB / 2, &mut untouched).unwrap();
     assert!(untouched.iter().all(|&x| x == 0), "a fresh region reads as zeroes");
 }
+
+#[test]
+fn memory_windows_bind_rebind_invalidate_and_a_dropped_region_takes_its_windows_along() {
+    let (a, b) = rc_pair(4096);
+    let region = b.pd.reg_mr(8192, Access::LOCAL_WRITE | Access::MW_BIND).unwrap();
+    let one = b.pd.alloc_mw(MwType::Type1).unwrap();
+    let two = b.pd.alloc_mw(MwType::Type2).unwrap();
+    assert_eq!((one.mw_type(), two.mw_type()), (MwType::Type1, MwType::Type2));
+    assert!(one.remote().is_none() && two.binding().is_none(), "bound to nothing yet");
+    let before = two.rkey();
+    let k1 = b.qp.bind_mw(1, &one, &region, 0..100, Access::REMOTE_READ, SendFlags::SIGNALED).unwrap();
+    let k2 = b.qp.bind_mw(2, &two, &region, 4096..4196, Access::REMOTE_WRITE, SendFlags::SIGNALED).unwrap();
+    let wcs = b.cq.wait_n(2, WAIT).unwrap();
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success && w.opcode == WcOpcode::BindMw), "{wcs:?}");
+    assert_eq!((two.rkey(), k2), (inc_rkey(before), inc_rkey(before)));
+    let binding = two.binding().unwrap();
+    assert_eq!(
+        (binding.addr, binding.length, binding.qp),
+        (region.addr() + 4096, 100, Some(Qpn::new(b.qp.qpn()).unwrap()))
+    );
+
+    // A writes through the type 2 window; reads through the type 1.
+    a.mr.write(0, &pattern(100, 5)).unwrap();
+    let sge = [a.mr.sge(0..100).unwrap()];
+    let w = two.remote().unwrap();
+    a.qp.post_send(&[wr(3, SendOp::RdmaWrite { remote_addr: w.addr, rkey: w.rkey }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let mut got = vec![0u8; 100];
+    region.read(4096, &mut got).unwrap();
+    assert_eq!(got, pattern(100, 5));
+    let r = one.remote().unwrap();
+    a.qp.post_send(&[wr(4, SendOp::RdmaRead { remote_addr: r.addr, rkey: k1 }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+
+    // A type 2 window is freed by a LOCAL_INV and bound again with the next key.
+    b.qp.invalidate(5, k2, SendFlags::SIGNALED).unwrap();
+    assert_eq!(b.cq.wait(WAIT).unwrap().opcode, WcOpcode::LocalInv);
+    assert!(two.binding().is_none());
+    let k3 = b.qp.bind_mw(6, &two, &region, 0..8, Access::REMOTE_WRITE, SendFlags::SIGNALED).unwrap();
+    assert_eq!(b.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    assert_eq!(k3, inc_rkey(k2));
+
+    // Dropping the region unbinds both windows before its memory goes: the next access
+    // through either is refused.
+    drop(region);
+    assert!(one.binding().is_none() && two.binding().is_none());
+    a.qp.post_send(&[wr(7, SendOp::RdmaWrite { remote_addr: 0, rkey: k3 }, &sge[..])]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::RemAccessErr);
+    drop((one, two)); // deallocated
+}

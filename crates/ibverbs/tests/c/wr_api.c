@@ -56,9 +56,9 @@ int main(void) {
                                              .max_recv_sge = 2, .max_inline_data = 64},
                                      .comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
                                      .pd = pd,
-                                     .send_ops_flags = IBV_QP_EX_WITH_BIND_MW};
+                                     .send_ops_flags = IBV_QP_EX_WITH_TSO};
     errno = 0;
-    CHECK(ibv_create_qp_ex(ctx, &ax) == NULL && errno == EOPNOTSUPP, "creation refuses IBV_QP_EX_WITH_BIND_MW");
+    CHECK(ibv_create_qp_ex(ctx, &ax) == NULL && errno == EOPNOTSUPP, "creation refuses IBV_QP_EX_WITH_TSO");
     ax.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
     struct ibv_qp *a = ibv_create_qp_ex(ctx, &ax);
     CHECK(a, "ibv_create_qp_ex with WRITE, READ and FETCH_AND_ADD");
