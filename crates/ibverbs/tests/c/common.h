@@ -36,6 +36,29 @@ static inline int completions(struct ibv_cq *cq, int n, struct ibv_wc *wc) {
     return got;
 }
 
+/* Posts `wr` on `qp` signaled, as wr_id `id`, and waits up to 2 s for its completion on
+ * `cq`, passing over others: its status, or -1. */
+static inline int post_and_wait(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_send_wr *wr, uint64_t id) {
+    struct ibv_send_wr *bad;
+    wr->wr_id = id;
+    wr->send_flags |= IBV_SEND_SIGNALED;
+    if (ibv_post_send(qp, wr, &bad))
+        return -1;
+    struct ibv_wc wc;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int n = ibv_poll_cq(cq, 1, &wc);
+        if (n < 0)
+            return -1;
+        if (n == 1 && wc.wr_id == id)
+            return wc.status;
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec >= 2)
+            return -1;
+    }
+}
+
 static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
     struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
                             .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |

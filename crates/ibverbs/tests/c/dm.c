@@ -13,24 +13,9 @@
 
 static struct ibv_cq *cq;
 
-/* Posts `wr` (signaled, wr_id 9) on `qp` and waits for it: its status, or -1. */
+/* Posts `wr` (signaled) on `qp` and waits for it: its status, or -1. */
 static int run(struct ibv_qp *qp, struct ibv_send_wr *wr) {
-    struct ibv_send_wr *bad;
-    wr->wr_id = 9;
-    wr->send_flags = IBV_SEND_SIGNALED;
-    if (ibv_post_send(qp, wr, &bad))
-        return -1;
-    struct ibv_wc wc;
-    for (int i = 0; i < 2000; i++) {
-        int n = ibv_poll_cq(cq, 1, &wc);
-        if (n < 0)
-            return -1;
-        if (n == 1 && wc.wr_id == 9)
-            return wc.status;
-        if (n == 0)
-            usleep(1000);
-    }
-    return -1;
+    return post_and_wait(qp, cq, wr, 9);
 }
 
 int main(void) {

@@ -37,22 +37,9 @@ static int pair(struct ibv_qp **a, struct ibv_qp **b) {
 static int one(struct ibv_qp *qp, enum ibv_wr_opcode op, void *local, uint32_t lkey, void *remote, uint32_t rkey,
                uint32_t len) {
     struct ibv_sge sge = {.addr = (uintptr_t)local, .length = len, .lkey = lkey};
-    struct ibv_send_wr wr = {.wr_id = 7, .sg_list = &sge, .num_sge = 1, .opcode = op, .send_flags = IBV_SEND_SIGNALED,
-                             .wr.rdma = {.remote_addr = (uintptr_t)remote, .rkey = rkey}},
-                       *bad;
-    if (ibv_post_send(qp, &wr, &bad))
-        return -1;
-    struct ibv_wc wc;
-    for (int i = 0; i < 2000; i++) {
-        int n = ibv_poll_cq(cq, 1, &wc);
-        if (n < 0)
-            return -1;
-        if (n == 1 && wc.wr_id == 7)
-            return wc.status;
-        if (n == 0)
-            usleep(1000);
-    }
-    return -1;
+    struct ibv_send_wr wr = {.sg_list = &sge, .num_sge = 1, .opcode = op,
+                             .wr.rdma = {.remote_addr = (uintptr_t)remote, .rkey = rkey}};
+    return post_and_wait(qp, cq, &wr, 7);
 }
 
 int main(void) {
