@@ -28,6 +28,11 @@ fn passes(name: &str) {
 }
 
 #[test]
+fn multicast_reaches_every_attached_qp_of_every_process() {
+    passes("mcast");
+}
+
+#[test]
 fn channels_in_an_event_loop_nonblocking_and_pollable() {
     passes("event_loop");
 }

@@ -25,7 +25,8 @@ fn entries() -> Vec<Entry> {
     layout!(v, IbvDevice, "struct ibv_device", [ops => "_ops", node_type => "node_type", transport_type => "transport_type",
         name => "name", dev_name => "dev_name", dev_path => "dev_path", ibdev_path => "ibdev_path"]);
     layout!(v, IbvContextOps, "struct ibv_context_ops", [poll_cq => "poll_cq", req_notify_cq => "req_notify_cq",
-        post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv"]);
+        post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv",
+        attach_mcast => "_compat_attach_mcast", detach_mcast => "_compat_detach_mcast"]);
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
     layout!(v, IbvParentDomainInitAttr, "struct ibv_parent_domain_init_attr", [pd => "pd", td => "td",
