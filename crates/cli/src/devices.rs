@@ -251,6 +251,8 @@ fn devinfo_text(i: &DevInfo, verbose: bool) -> String {
         let _ = writeln!(o, "\tatomic_cap:\t\t\t{} ({})", atomic_cap_str(a.atomic_cap), a.atomic_cap as u8);
         let _ = writeln!(o, "\tmax_mw:\t\t\t\t{}", a.max_mw);
         let _ = writeln!(o, "\tmax_mcast_grp:\t\t\t{}", a.max_mcast_grp);
+        let _ = writeln!(o, "\tmax_mcast_qp_attach:\t\t{}", a.max_mcast_qp_attach);
+        let _ = writeln!(o, "\tmax_total_mcast_qp_attach:\t{}", a.max_total_mcast_qp_attach);
         let _ = writeln!(o, "\tmax_ah:\t\t\t\t{}", limit(a.max_ah));
         let _ = writeln!(o, "\tmax_srq:\t\t\t{}", limit(a.max_srq));
         let _ = writeln!(o, "\tmax_srq_wr:\t\t\t{}", a.max_srq_wr);
@@ -328,6 +330,8 @@ struct Limits {
     atomic_cap: &'static str,
     max_mw: u32,
     max_mcast_grp: u32,
+    max_mcast_qp_attach: u32,
+    max_total_mcast_qp_attach: u32,
     max_ah: Option<u32>,
     max_srq: Option<u32>,
     max_srq_wr: u32,
@@ -390,6 +394,8 @@ impl DevinfoJsonDevice {
                 atomic_cap: atomic_cap_str(a.atomic_cap),
                 max_mw: a.max_mw,
                 max_mcast_grp: a.max_mcast_grp,
+                max_mcast_qp_attach: a.max_mcast_qp_attach,
+                max_total_mcast_qp_attach: a.max_total_mcast_qp_attach,
                 max_ah: a.max_ah,
                 max_srq: a.max_srq,
                 max_srq_wr: a.max_srq_wr,

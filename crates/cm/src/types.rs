@@ -241,9 +241,10 @@ pub enum CmEventKind {
     Disconnected = 10,
     /// `RDMA_CM_EVENT_DEVICE_REMOVAL` (never raised here).
     DeviceRemoval = 11,
-    /// `RDMA_CM_EVENT_MULTICAST_JOIN` (never raised here).
+    /// `RDMA_CM_EVENT_MULTICAST_JOIN`: a multicast join is done (raised by the runtime's
+    /// `rdma_join_multicast`, not by this CM: on RoCE a join needs no MAD).
     MulticastJoin = 12,
-    /// `RDMA_CM_EVENT_MULTICAST_ERROR` (never raised here).
+    /// `RDMA_CM_EVENT_MULTICAST_ERROR` (never raised: a join that cannot be made fails at once).
     MulticastError = 13,
     /// `RDMA_CM_EVENT_ADDR_CHANGE` (never raised here).
     AddrChange = 14,

@@ -65,6 +65,12 @@ pub struct DeviceConfig {
     /// `None` (the default): no limit but each QP's. A runtime sets what the peer's receive
     /// buffer holds.
     pub peer_window: Option<u32>,
+    /// Most multicast groups with a QP attached at once (`max_mcast_grp`; rxe: 8192).
+    pub max_mcast_grp: u32,
+    /// Most QPs attached to one group (`max_mcast_qp_attach`; rxe: 56).
+    pub max_mcast_qp_attach: u32,
+    /// Most attachments, all groups together (`max_total_mcast_qp_attach`; rxe: 0x70000).
+    pub max_total_mcast_qp_attach: u32,
 }
 
 impl Default for DeviceConfig {
@@ -87,6 +93,9 @@ impl Default for DeviceConfig {
             udp_port: softrdma_wire::ROCEV2_UDP_PORT,
             congestion: None,
             peer_window: None,
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 0x70000,
         }
     }
 }
@@ -274,6 +283,9 @@ pub(crate) struct Shared {
     pub(crate) windows: crate::window::PeerWindows,
     /// The latest `now` the engine was given: what completions carry ([`Wc::completed_at`]).
     clock: Option<Instant>,
+    /// The multicast groups with a QP attached, and those QPs in the order they attached
+    /// (rxe's `mcg` table): what a packet to QPN 0xFFFFFF and a group address reaches.
+    pub(crate) mcast: BTreeMap<Gid, Vec<Qpn>>,
 }
 
 /// A software RDMA device.
@@ -675,6 +687,7 @@ impl Engine {
                 cnps: VecDeque::new(),
                 windows,
                 clock: None,
+                mcast: BTreeMap::new(),
             },
             qps: BTreeMap::new(),
             next_qpn,
@@ -1118,12 +1131,92 @@ impl Engine {
                 sh.mrs[b.mr].windows -= 1;
             }
         }
+        // Its multicast attachments go with it, as uverbs detaches a QP it destroys.
+        self.shared.mcast.retain(|_, qps| {
+            qps.retain(|&q| q != qpn);
+            !qps.is_empty()
+        });
         qp.comp.retransmit_at = None;
         qp.comp.rnr_wait_until = None;
         self.shared.update_timer(&mut qp);
         self.shared.windows.forget(qpn, &mut qp.window);
         self.wake_window_waiters();
         self.pd_use(qp.pd, -1)
+    }
+
+    /// `ibv_attach_mcast`: UD QP `qpn` receives, from now on, a copy of every packet to QPN
+    /// 0xFFFFFF ([`Qpn::MULTICAST`]) whose destination is group `gid` (an IPv4-mapped
+    /// `::ffff:224.0.0.0/4` or an `ff00::/8` GID), if its Q_Key matches, as any UD receive.
+    /// Attaching a QP twice to one group is no error (rxe). EINVAL ([`VerbsError::Invalid`])
+    /// for a GID that is no multicast group or a QP that is not UD; ENOMEM
+    /// ([`VerbsError::NoResources`]) past `max_mcast_grp` groups, `max_mcast_qp_attach` QPs
+    /// in the group or `max_total_mcast_qp_attach` attachments in all.
+    ///
+    /// The engine keeps the table; joining the group on the network (IGMP/MLD, the sockets
+    /// that receive it) is the runtime's, which reads [`mcast_groups`](Self::mcast_groups).
+    pub fn attach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), VerbsError> {
+        let qp = self.qps.get(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
+        if !gid.is_multicast() {
+            return Err(invalid(format!(
+                "attach_mcast: {gid} is not a multicast GID (ff00::/8 or ::ffff:224.0.0.0/4)"
+            )));
+        }
+        if qp.qp_type != QpType::Ud {
+            return Err(invalid(format!(
+                "attach_mcast: QP {qpn} is {:?}; only UD QPs join multicast groups",
+                qp.qp_type
+            )));
+        }
+        let c = &self.shared.config;
+        let (max_grp, max_qps, max_total) = (c.max_mcast_grp, c.max_mcast_qp_attach, c.max_total_mcast_qp_attach);
+        let total: usize = self.shared.mcast.values().map(Vec::len).sum();
+        let groups = self.shared.mcast.len();
+        let qps = self.shared.mcast.get(&gid);
+        if qps.is_some_and(|q| q.contains(&qpn)) {
+            return Ok(());
+        }
+        if qps.is_none() && groups >= max_grp as usize {
+            return Err(VerbsError::NoResources(format!("the device's max_mcast_grp ({max_grp}) groups have QPs")));
+        }
+        if qps.is_some_and(|q| q.len() >= max_qps as usize) {
+            return Err(VerbsError::NoResources(format!(
+                "group {gid} has max_mcast_qp_attach ({max_qps}) QPs attached"
+            )));
+        }
+        if total >= max_total as usize {
+            return Err(VerbsError::NoResources(format!(
+                "the device has max_total_mcast_qp_attach ({max_total}) attachments"
+            )));
+        }
+        self.shared.mcast.entry(gid).or_default().push(qpn);
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: QP `qpn` no longer receives group `gid`'s packets. EINVAL, as
+    /// rxe's, when the QP is not attached to it (or the group has no QP).
+    pub fn detach_mcast(&mut self, qpn: Qpn, gid: Gid) -> Result<(), VerbsError> {
+        if !self.qps.contains_key(&qpn.value()) {
+            return Err(VerbsError::NotFound { kind: "QP", id: qpn.value() });
+        }
+        let not_attached = || invalid(format!("detach_mcast: QP {qpn} is not attached to {gid}"));
+        let qps = self.shared.mcast.get_mut(&gid).ok_or_else(not_attached)?;
+        let at = qps.iter().position(|&q| q == qpn).ok_or_else(not_attached)?;
+        qps.remove(at);
+        if qps.is_empty() {
+            self.shared.mcast.remove(&gid);
+        }
+        Ok(())
+    }
+
+    /// The multicast groups at least one QP is attached to, in GID order: those the
+    /// runtime must receive.
+    pub fn mcast_groups(&self) -> impl Iterator<Item = Gid> + '_ {
+        self.shared.mcast.keys().copied()
+    }
+
+    /// The QPs attached to group `gid`, in the order they attached.
+    pub fn mcast_members(&self, gid: Gid) -> &[Qpn] {
+        self.shared.mcast.get(&gid).map_or(&[], Vec::as_slice)
     }
 
     /// Schedules the QPs that waited for room in a peer's window and may now have it.

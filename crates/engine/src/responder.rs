@@ -110,6 +110,11 @@ impl Engine {
             sh.counters.rcvd_dropped += 1;
             return;
         };
+        if dest_qp == Qpn::MULTICAST {
+            self.handle_multicast(now, envelope, ip, payload, info, mem);
+            self.wake_window_waiters();
+            return;
+        }
         // rxe_recv.c: the destination must be ours, the QP must exist and be of the
         // opcode's transport, and the P_Key must match the default partition.
         let qp = match self.qps.get_mut(&dest_qp.value()) {
@@ -119,91 +124,40 @@ impl Engine {
                 return;
             }
         };
-        // An authenticated QP acts on nothing whose tag does not verify (crate::auth).
-        let payload = match &qp.keys {
-            Some(sealer) => match sealer.open(payload) {
-                Some(opened) => opened,
-                None => {
-                    sh.counters.rcvd_auth_failures += 1;
-                    return;
-                }
-            },
-            None => payload,
-        };
-        let repr = match RoceRepr::parse_ignoring_icrc(&RocePacket::new_unchecked(payload)) {
-            Ok(r) => r,
-            Err(_) => {
-                sh.counters.rcvd_malformed += 1;
-                return;
-            }
-        };
-        if repr.bth.pkey.0 & 0x7fff != 0x7fff {
-            sh.counters.rcvd_dropped += 1;
-            return;
-        }
-        // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`), and from
-        // the one UDP source port it uses (see `peer_port`).
-        if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
-            let from_peer =
-                qp.peer_ip() == Some(envelope.src_ip()) && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
-            if !from_peer {
-                sh.counters.rcvd_dropped += 1;
-                return;
-            }
-            match qp.peer_port {
-                Some(port) if port != envelope.src_port() => {
-                    sh.counters.rcvd_wrong_source += 1;
-                    return;
-                }
-                None if proves_peer(qp, &repr, info.is_response()) => qp.peer_port = Some(envelope.src_port()),
-                _ => {}
-            }
-        }
-        if let Some(config) = sh.config.congestion {
-            let cc = qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
-            if info.operation == Operation::Cnp {
-                sh.counters.cnps_rcvd += 1;
-                cc.rp.on_cnp(now);
-                sh.update_timer(qp);
-                return;
-            }
-            congestion_seen(qp, sh, now, envelope, ip, &repr);
-        } else if info.operation == Operation::Cnp {
-            sh.counters.rcvd_dropped += 1;
-            return;
-        }
-        if info.is_response() {
-            if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
-                sh.counters.rcvd_dropped += 1;
-                return;
-            }
-            sh.counters.rcvd_packets += 1;
-            complete_response(qp, sh, mem, now, &repr, info.operation, info.position);
-            sh.count_window(qp);
-        } else {
-            // The responder works from RTR on (IBA 10.3.1.3).
-            if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
-                sh.counters.rcvd_dropped += 1;
-                return;
-            }
-            if qp.qp_type != QpType::Ud {
-                sh.counters.rcvd_packets += 1; // UD counts after its Q_Key check
-            }
-            if qp.state == QpState::Rtr && !qp.resp.established {
-                qp.resp.established = true;
-                sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
-            }
-            match qp.qp_type {
-                QpType::Rc => rc_request(qp, sh, mem, &repr, info.operation, info.position),
-                QpType::Uc => uc_request(qp, sh, mem, &repr, info.operation, info.position),
-                QpType::Ud | QpType::Gsi => ud_request(qp, sh, mem, envelope, ip, &repr),
-            }
-        }
-        if !qp.resp.out.is_empty() {
-            sh.schedule(qp);
-        }
-        sh.update_timer(qp);
+        receive_for(qp, sh, now, envelope, ip, payload, info, mem);
         self.wake_window_waiters();
+    }
+
+    /// A packet to QPN 0xFFFFFF (rxe `rxe_rcv_mcast_pkt`): a UD packet to a multicast group
+    /// goes, a copy each, to every QP attached to the group (its destination address as a
+    /// GID), each taking it as a UD receive of its own (state, Q_Key, a posted receive).
+    /// Anything else to that QPN, or to a group no QP is attached to, is dropped.
+    fn handle_multicast<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        envelope: &Envelope,
+        ip: IpInfo,
+        payload: &[u8],
+        info: &softrdma_wire::opcode::OpcodeInfo,
+        mem: &mut M,
+    ) {
+        let group = softrdma_wire::Gid::from_ip(envelope.dst_ip());
+        let sh = &mut self.shared;
+        if info.transport != Transport::Ud || !group.is_multicast() || !sh.mcast.contains_key(&group) {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        }
+        // By index: a delivery never changes the group table.
+        for i in 0.. {
+            let Some(&qpn) = self.shared.mcast.get(&group).and_then(|qps| qps.get(i)) else { break };
+            let sh = &mut self.shared;
+            match self.qps.get_mut(&qpn.value()) {
+                Some(qp) if transport_matches(info.transport, qp.qp_type) => {
+                    receive_for(qp, sh, now, envelope, ip, payload, info, mem);
+                }
+                _ => sh.counters.rcvd_dropped += 1,
+            }
+        }
     }
 
     /// Fires every timer due at `now`.
@@ -241,6 +195,105 @@ impl Engine {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.shared.timers.first().map(|&(at, _)| at)
     }
+}
+
+/// What a packet for QP `qp` (its transport checked) does there: every check after the
+/// lookup (authentication, P_Key, the peer, congestion), then the responder or completer.
+#[allow(clippy::too_many_arguments)]
+fn receive_for<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    now: Instant,
+    envelope: &Envelope,
+    ip: IpInfo,
+    payload: &[u8],
+    info: &softrdma_wire::opcode::OpcodeInfo,
+    mem: &mut M,
+) {
+    // An authenticated QP acts on nothing whose tag does not verify (crate::auth).
+    let payload = match &qp.keys {
+        Some(sealer) => match sealer.open(payload) {
+            Some(opened) => opened,
+            None => {
+                sh.counters.rcvd_auth_failures += 1;
+                return;
+            }
+        },
+        None => payload,
+    };
+    let repr = match RoceRepr::parse_ignoring_icrc(&RocePacket::new_unchecked(payload)) {
+        Ok(r) => r,
+        Err(_) => {
+            sh.counters.rcvd_malformed += 1;
+            return;
+        }
+    };
+    if repr.bth.pkey.0 & 0x7fff != 0x7fff {
+        sh.counters.rcvd_dropped += 1;
+        return;
+    }
+    // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`), and from
+    // the one UDP source port it uses (see `peer_port`).
+    if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+        let from_peer =
+            qp.peer_ip() == Some(envelope.src_ip()) && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
+        if !from_peer {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        }
+        match qp.peer_port {
+            Some(port) if port != envelope.src_port() => {
+                sh.counters.rcvd_wrong_source += 1;
+                return;
+            }
+            None if proves_peer(qp, &repr, info.is_response()) => qp.peer_port = Some(envelope.src_port()),
+            _ => {}
+        }
+    }
+    if let Some(config) = sh.config.congestion {
+        let cc = qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
+        if info.operation == Operation::Cnp {
+            sh.counters.cnps_rcvd += 1;
+            cc.rp.on_cnp(now);
+            sh.update_timer(qp);
+            return;
+        }
+        congestion_seen(qp, sh, now, envelope, ip, &repr);
+    } else if info.operation == Operation::Cnp {
+        sh.counters.rcvd_dropped += 1;
+        return;
+    }
+    if info.is_response() {
+        if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        }
+        sh.counters.rcvd_packets += 1;
+        complete_response(qp, sh, mem, now, &repr, info.operation, info.position);
+        sh.count_window(qp);
+    } else {
+        // The responder works from RTR on (IBA 10.3.1.3).
+        if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
+            sh.counters.rcvd_dropped += 1;
+            return;
+        }
+        if qp.qp_type != QpType::Ud {
+            sh.counters.rcvd_packets += 1; // UD counts after its Q_Key check
+        }
+        if qp.state == QpState::Rtr && !qp.resp.established {
+            qp.resp.established = true;
+            sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
+        }
+        match qp.qp_type {
+            QpType::Rc => rc_request(qp, sh, mem, &repr, info.operation, info.position),
+            QpType::Uc => uc_request(qp, sh, mem, &repr, info.operation, info.position),
+            QpType::Ud | QpType::Gsi => ud_request(qp, sh, mem, envelope, ip, &repr),
+        }
+    }
+    if !qp.resp.out.is_empty() {
+        sh.schedule(qp);
+    }
+    sh.update_timer(qp);
 }
 
 fn transport_matches(t: Transport, qp_type: QpType) -> bool {

@@ -33,6 +33,8 @@ pub struct IbvDevice {
 pub type PostSendFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvSendWr, *mut *mut IbvSendWr) -> c_int;
 /// A `post_recv` entry.
 pub type PostRecvFn = unsafe extern "C" fn(*mut IbvQp, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
+/// `attach_mcast` / `detach_mcast` of the context ops (`ibv_attach_mcast`'s signature).
+pub type McastFn = unsafe extern "C" fn(*mut IbvQp, *const IbvGid, u16) -> c_int;
 /// The `post_srq_recv` entry.
 pub type PostSrqRecvFn = unsafe extern "C" fn(*mut IbvSrq, *mut IbvRecvWr, *mut *mut IbvRecvWr) -> c_int;
 /// The `poll_cq` entry.
@@ -100,8 +102,16 @@ pub struct IbvContextOps {
     pub post_send: Option<PostSendFn>,
     /// `post_recv` (208).
     pub post_recv: Option<PostRecvFn>,
-    /// `_compat_create_ah` .. `_compat_async_event`.
-    pub _after: [usize; 5],
+    /// `_compat_create_ah`, `_compat_destroy_ah`.
+    pub _after: [usize; 2],
+    /// `_compat_attach_mcast` (232): rdma-core's library calls its own op table, not this
+    /// slot, but a program that reads the context's ops finds `ibv_attach_mcast` here, as
+    /// the providers of old set it.
+    pub attach_mcast: Option<McastFn>,
+    /// `_compat_detach_mcast` (240): `ibv_detach_mcast`, likewise.
+    pub detach_mcast: Option<McastFn>,
+    /// `_compat_async_event`.
+    pub _async_event: usize,
 }
 
 /// `struct ibv_context`.

@@ -193,7 +193,10 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         _before_send: [0; 4],
         post_send: Some(crate::post::post_send),
         post_recv: Some(crate::post::post_recv),
-        _after: [0; 5],
+        _after: [0; 2],
+        attach_mcast: Some(crate::objects::attach_mcast),
+        detach_mcast: Some(crate::objects::detach_mcast),
+        _async_event: 0,
     };
     // Close-on-exec, as the kernel's uverbs file is.
     // SAFETY: a NUL-terminated name; memfd_create returns a new descriptor or -1.
@@ -327,8 +330,8 @@ unsafe extern "C" fn query_device(ctx: *mut IbvContext, out: *mut IbvDeviceAttr)
             max_raw_ipv6_qp: 0,
             max_raw_ethy_qp: 0,
             max_mcast_grp: int(a.max_mcast_grp),
-            max_mcast_qp_attach: 0,
-            max_total_mcast_qp_attach: 0,
+            max_mcast_qp_attach: int(a.max_mcast_qp_attach),
+            max_total_mcast_qp_attach: int(a.max_total_mcast_qp_attach),
             max_ah: limit(a.max_ah),
             max_fmr: 0,
             max_map_per_fmr: 0,

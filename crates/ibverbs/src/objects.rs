@@ -1044,6 +1044,43 @@ pub(crate) unsafe extern "C" fn destroy_qp(qp: *mut IbvQp) -> c_int {
 }
 export!("ibv_destroy_qp", "IBVERBS_1.1", destroy_qp);
 
+/// `ibv_attach_mcast`: UD QP `qp` receives multicast group `gid`'s datagrams
+/// ([`softrdma::Qp::attach_mcast`]; the first QP of the device joins the group on its
+/// interface). `lid` is unused, as on every RoCE device (the group is its GID). 0, or the
+/// error number (also in `errno`): EINVAL for a GID that is no multicast group or a QP that
+/// is not UD, ENOMEM past the device's `max_mcast_*`.
+pub(crate) unsafe extern "C" fn attach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _lid: u16) -> c_int {
+    // SAFETY: qp is ours or NULL; gid the caller's or NULL.
+    unsafe { mcast(qp, gid, true) }
+}
+export!("ibv_attach_mcast", "IBVERBS_1.1", attach_mcast);
+
+/// `ibv_detach_mcast`: the reverse (EINVAL if the QP is not attached to the group); the
+/// device's last QP to leave leaves the group on the interface.
+pub(crate) unsafe extern "C" fn detach_mcast(qp: *mut IbvQp, gid: *const IbvGid, _lid: u16) -> c_int {
+    // SAFETY: as above.
+    unsafe { mcast(qp, gid, false) }
+}
+export!("ibv_detach_mcast", "IBVERBS_1.1", detach_mcast);
+
+/// # Safety
+/// `qp` must be NULL or ours, `gid` NULL or a readable `union ibv_gid`.
+unsafe fn mcast(qp: *mut IbvQp, gid: *const IbvGid, attach: bool) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: per the contract.
+        let (Some(q), Some(g)) = (unsafe { obj::<IbvQp, QpC>(qp) }, unsafe { gid.as_ref() }) else {
+            errno::set(libc::EINVAL);
+            return libc::EINVAL;
+        };
+        let gid = Gid(g.raw);
+        let done = if attach { q.inner.attach_mcast(gid) } else { q.inner.detach_mcast(gid) };
+        match done {
+            Ok(()) => 0,
+            Err(e) => errno::fail(&e),
+        }
+    })
+}
+
 /// `ibv_ah_attr` → [`AddressVector`]. On RoCE every address is global: an AH without a
 /// GRH has nowhere to go.
 fn av(a: &IbvAhAttr) -> Option<AddressVector> {

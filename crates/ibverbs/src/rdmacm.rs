@@ -55,6 +55,9 @@ struct IdC {
     request_depths: Option<(u8, u8)>,
     /// `rdma_set_local_ece`'s vendor ID and options.
     local_ece: (u32, u32),
+    /// The multicast groups joined: address, the join's `context` (what its events carry in
+    /// `param.ud.private_data`, as librdmacm's), the group's GID.
+    mcast: Vec<(SocketAddr, usize, softrdma::Gid)>,
 }
 
 /// An `rdma_cm_event` and the private data it points at.
@@ -229,6 +232,7 @@ fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, 
         owns_recv_cq: false,
         request_depths: None,
         local_ece: (0, 0),
+        mcast: Vec::new(),
     }));
     IDS.lock().unwrap_or_else(PoisonError::into_inner).push((key, p as usize));
     p
@@ -268,7 +272,14 @@ fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
         unsafe { (*id).request_depths = Some((p.responder_resources, p.initiator_depth)) };
     }
     let private_data = ev.private_data.clone();
-    let pd_ptr = if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() };
+    let mut pd_ptr: *const c_void = if private_data.is_empty() { ptr::null() } else { private_data.as_ptr().cast() };
+    if let (CmEventKind::MulticastJoin | CmEventKind::MulticastError, Some(u)) = (ev.kind, &ev.ud) {
+        // librdmacm: a join's events carry the join's context in param.ud.private_data.
+        // SAFETY: id is a live ID of ours (above).
+        if let Some(&(_, context, _)) = unsafe { &(*id).mcast }.iter().find(|m| m.2 == u.ah.dgid) {
+            pd_ptr = context as *const c_void;
+        }
+    }
     let pd_len = u8::try_from(private_data.len()).unwrap_or(u8::MAX);
     let param = match (&ev.ud, &ev.param) {
         (Some(u), _) => RdmaCmEventParam {
@@ -1110,17 +1121,20 @@ unsafe extern "C" fn getaddrinfo(
         // SAFETY: the hints' addresses, if any.
         let (hint_src, hint_dst) =
             h.map_or((None, None), |h| unsafe { (sockaddr_to(h.ai_src_addr), sockaddr_to(h.ai_dst_addr)) });
+        // `None`: an active result with no destination, only the hints' source.
         let addr = match &node {
             Some(n) => match lookup(n, port, family) {
-                Some(a) => a,
+                Some(a) => Some(a),
                 None => return libc::EAI_NONAME,
             },
             // No node and no service: the addresses are the hints' own, as in librdmacm
-            // (libfabric's verbs provider names its peer so).
+            // (libfabric's verbs provider names its peer so; pyverbs' AddrInfo(src=...)
+            // gives a source alone, as its tests name a multicast group).
             None if service.is_none() => match (passive, hint_src, hint_dst) {
-                (true, Some(a), _) | (false, _, Some(a)) => a,
-                (true, None, _) => SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-                (false, _, None) => return fail_with(libc::EINVAL),
+                (true, Some(a), _) | (false, _, Some(a)) => Some(a),
+                (true, None, _) => Some(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)),
+                (false, Some(_), None) => None,
+                (false, None, None) => return fail_with(libc::EINVAL),
             },
             None if passive => {
                 let any = if family == libc::AF_INET6 {
@@ -1128,10 +1142,11 @@ unsafe extern "C" fn getaddrinfo(
                 } else {
                     IpAddr::V4(Ipv4Addr::UNSPECIFIED)
                 };
-                SocketAddr::new(any, port)
+                Some(SocketAddr::new(any, port))
             }
             None => return libc::EAI_NONAME,
         };
+        let v4 = addr.or(hint_src).is_some_and(|a| a.is_ipv4());
         let mut ps = h.map_or(0, |h| h.ai_port_space);
         let mut qp_type = h.map_or(0, |h| h.ai_qp_type);
         if ps == 0 {
@@ -1145,7 +1160,7 @@ unsafe extern "C" fn getaddrinfo(
         let mut out = Box::new(AddrinfoC {
             ai: RdmaAddrinfo {
                 ai_flags: flags,
-                ai_family: if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 },
+                ai_family: if v4 { libc::AF_INET } else { libc::AF_INET6 },
                 ai_qp_type: qp_type,
                 ai_port_space: ps,
                 ai_src_len: 0,
@@ -1163,15 +1178,18 @@ unsafe extern "C" fn getaddrinfo(
             src: zero,
             dst: zero,
         });
-        let (sa, len) = sockaddr_from(addr);
-        if passive {
+        if let (true, Some(addr)) = (passive, addr) {
+            let (sa, len) = sockaddr_from(addr);
             out.src = sa;
             out.ai.ai_src_len = len;
             out.ai.ai_src_addr = (&raw mut out.src).cast();
         } else {
-            out.dst = sa;
-            out.ai.ai_dst_len = len;
-            out.ai.ai_dst_addr = (&raw mut out.dst).cast();
+            if let Some(addr) = addr {
+                let (sa, len) = sockaddr_from(addr);
+                out.dst = sa;
+                out.ai.ai_dst_len = len;
+                out.ai.ai_dst_addr = (&raw mut out.dst).cast();
+            }
             if let Some(src) = hint_src {
                 let (sa, len) = sockaddr_from(src);
                 out.src = sa;
@@ -1259,6 +1277,85 @@ unsafe extern "C" fn get_dst_port(id: *mut RdmaCmId) -> u16 {
 }
 export!("softrdma_rdmacm_rdma_get_dst_port", "SOFTRDMA_PRIVATE_1", get_dst_port);
 
+// ---- multicast -------------------------------------------------------------------------
+
+/// `struct rdma_cm_join_mc_attr_ex`.
+#[repr(C)]
+struct JoinMcAttrEx {
+    comp_mask: u32,
+    join_flags: u32,
+    addr: *mut libc::sockaddr,
+}
+
+const RDMA_CM_JOIN_MC_ATTR_ADDRESS: u32 = 1 << 0;
+const RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS: u32 = 1 << 1;
+const RDMA_CM_JOIN_MC_ATTR_RESERVED: u32 = 1 << 2;
+const RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+const RDMA_MC_JOIN_FLAG_RESERVED: u32 = 2;
+
+/// librdmacm's `rdma_join_multicast2`: joins (the ID's QP attached unless send-only), then
+/// `MULTICAST_JOIN` on the ID's channel (a synchronous ID waits for it).
+fn join(id: *mut RdmaCmId, addr: *mut libc::sockaddr, join_flags: u32, context: *mut c_void) -> c_int {
+    // SAFETY: id is ours or NULL; addr the caller's.
+    let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { sockaddr_to(addr) }) else {
+        return fail_with(libc::EINVAL);
+    };
+    let mgid = softrdma::Gid::from_ip(a.ip().to_canonical());
+    // Recorded first: the event, which may be read at once by another thread, names it.
+    i.mcast.push((a, context as usize, mgid));
+    if let Err(e) = i.inner.join_multicast(a, join_flags == RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER) {
+        i.mcast.pop();
+        return fail(&e);
+    }
+    complete(i)
+}
+
+/// `rdma_join_multicast`: a full member of group `addr` (EINVAL for an ID that is not UD or
+/// bound, or an address that is no multicast group).
+unsafe extern "C" fn join_multicast(id: *mut RdmaCmId, addr: *mut libc::sockaddr, context: *mut c_void) -> c_int {
+    guard(-1, || join(id, addr, 0, context))
+}
+export!("softrdma_rdmacm_rdma_join_multicast", "SOFTRDMA_PRIVATE_1", join_multicast);
+
+/// `rdma_join_multicast_ex`: with librdmacm's checks of the attributes (ENOTSUP for an
+/// unknown comp_mask bit, EINVAL without an address or join flags, or with unknown flags);
+/// `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER` joins without attaching the QP.
+unsafe extern "C" fn join_multicast_ex(id: *mut RdmaCmId, attr: *mut JoinMcAttrEx, context: *mut c_void) -> c_int {
+    guard(-1, || {
+        // SAFETY: the caller's attributes or NULL.
+        let Some(a) = (unsafe { attr.as_ref() }) else { return fail_with(libc::EINVAL) };
+        if a.comp_mask >= RDMA_CM_JOIN_MC_ATTR_RESERVED {
+            return fail_with(libc::ENOTSUP);
+        }
+        if a.comp_mask & RDMA_CM_JOIN_MC_ATTR_ADDRESS == 0
+            || a.comp_mask & RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS == 0
+            || a.join_flags >= RDMA_MC_JOIN_FLAG_RESERVED
+        {
+            return fail_with(libc::EINVAL);
+        }
+        join(id, a.addr, a.join_flags, context)
+    })
+}
+export!("softrdma_rdmacm_rdma_join_multicast_ex", "SOFTRDMA_PRIVATE_1", join_multicast_ex);
+
+/// `rdma_leave_multicast`: the ID's QP is detached from group `addr`; EADDRNOTAVAIL for a
+/// group the ID did not join, as librdmacm's.
+unsafe extern "C" fn leave_multicast(id: *mut RdmaCmId, addr: *mut libc::sockaddr) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; addr the caller's.
+        let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { sockaddr_to(addr) }) else {
+            return fail_with(libc::EINVAL);
+        };
+        let Some(at) = i.mcast.iter().position(|m| m.0 == a) else { return fail_with(libc::EADDRNOTAVAIL) };
+        i.mcast.remove(at);
+        match i.inner.leave_multicast(a) {
+            Ok(()) => 0,
+            Err(e) => fail(&e),
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_leave_multicast", "SOFTRDMA_PRIVATE_1", leave_multicast);
+
 // ---- Enhanced Connection Establishment ---------------------------------------------------
 
 /// `struct ibv_ece`.
@@ -1322,9 +1419,6 @@ enosys!(
     "softrdma_rdmacm_rdma_create_srq",
     "softrdma_rdmacm_rdma_create_srq_ex",
     "softrdma_rdmacm_rdma_destroy_srq",
-    "softrdma_rdmacm_rdma_join_multicast",
-    "softrdma_rdmacm_rdma_join_multicast_ex",
-    "softrdma_rdmacm_rdma_leave_multicast",
     "softrdma_rdmacm_rdma_notify",
     "softrdma_rdmacm_rdma_reject_ece",
 );

@@ -156,8 +156,6 @@ unsafe extern "C" fn int_eopnotsupp() -> c_int {
     errno::set(libc::EOPNOTSUPP);
     libc::EOPNOTSUPP
 }
-export!("ibv_attach_mcast", "IBVERBS_1.1", int_eopnotsupp);
-export!("ibv_detach_mcast", "IBVERBS_1.1", int_eopnotsupp);
 export!("ibv_query_ece", "IBVERBS_1.10", int_eopnotsupp);
 export!("ibv_set_ece", "IBVERBS_1.10", int_eopnotsupp);
 

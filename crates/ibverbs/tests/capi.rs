@@ -28,6 +28,16 @@ fn passes(name: &str) {
 }
 
 #[test]
+fn multicast_reaches_every_attached_qp_of_every_process() {
+    passes("mcast");
+}
+
+#[test]
+fn rdma_join_multicast_reports_the_group_and_attaches_the_ids_qp() {
+    passes("mcast_cm");
+}
+
+#[test]
 fn channels_in_an_event_loop_nonblocking_and_pollable() {
     passes("event_loop");
 }

@@ -26,7 +26,8 @@ fn entries() -> Vec<Entry> {
         name => "name", dev_name => "dev_name", dev_path => "dev_path", ibdev_path => "ibdev_path"]);
     layout!(v, IbvContextOps, "struct ibv_context_ops", [alloc_mw => "alloc_mw", bind_mw => "bind_mw",
         dealloc_mw => "dealloc_mw", poll_cq => "poll_cq", req_notify_cq => "req_notify_cq",
-        post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv"]);
+        post_srq_recv => "post_srq_recv", post_send => "post_send", post_recv => "post_recv",
+        attach_mcast => "_compat_attach_mcast", detach_mcast => "_compat_detach_mcast"]);
     layout!(v, IbvContext, "struct ibv_context", [device => "device", ops => "ops", cmd_fd => "cmd_fd",
         async_fd => "async_fd", num_comp_vectors => "num_comp_vectors", mutex => "mutex", abi_compat => "abi_compat"]);
     layout!(v, IbvParentDomainInitAttr, "struct ibv_parent_domain_init_attr", [pd => "pd", td => "td",

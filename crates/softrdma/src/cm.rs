@@ -27,7 +27,7 @@ use std::time::{Duration, Instant as StdInstant};
 use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, NicError, UdParam};
 use softrdma_engine::{Access, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, Wc};
 use softrdma_wire::cma::PortSpace;
-use softrdma_wire::{QKey, Qpn, RKey};
+use softrdma_wire::{Gid, QKey, Qpn, RKey};
 
 use crate::driver::{self, CmDelivery, Driver, State};
 use crate::verbs::{Cq, Mr, Pd, Qp, QpInit};
@@ -276,8 +276,19 @@ pub(crate) struct CmIdInner {
     /// listener, one otherwise).
     bindings: Mutex<Vec<Binding>>,
     qp: Mutex<Option<IdQp>>,
+    /// The multicast groups joined (`rdma_join_multicast`), in join order.
+    mcast: Mutex<Vec<Joined>>,
     /// `rdma_set_option`'s ID options, given to each device's CM ID as it is made.
     id_options: Mutex<IdOptions>,
+}
+
+/// A multicast group an ID joined.
+#[derive(Debug, Clone, Copy)]
+struct Joined {
+    addr: SocketAddr,
+    mgid: Gid,
+    /// The ID's QP was attached to it by the join (a full member's, with a QP then).
+    attached: bool,
 }
 
 /// What `rdma_set_option` sets on an ID (`RDMA_OPTION_ID_*`).
@@ -319,6 +330,7 @@ impl CmIdInner {
             qp_type,
             bindings: Mutex::new(Vec::new()),
             qp: Mutex::new(None),
+            mcast: Mutex::new(Vec::new()),
             id_options: Mutex::new(IdOptions::default()),
         }
     }
@@ -740,6 +752,88 @@ impl CmId {
     /// device it listens on.
     pub fn contexts(&self) -> Vec<Context> {
         self.inner.bindings().into_iter().map(|b| b.ctx).collect()
+    }
+
+    /// `rdma_join_multicast` (`rdma_join_multicast_ex` with `send_only` for
+    /// `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER`): joins multicast group `addr` (an IPv4 or IPv6
+    /// multicast address) on the ID's device, as the kernel's rdma_cm joins one on RoCE
+    /// (`cma_iboe_join_multicast`): the group's GID is the address (IPv4-mapped for IPv4),
+    /// the ID's QP, if it has one and the join is not send-only, is attached to it
+    /// ([`Qp::attach_mcast`], as librdmacm's `ucma_process_join` does), and
+    /// `MULTICAST_JOIN` follows on the ID's channel with [`CmEvent::ud`]: the address
+    /// vector to the group (its GID, the ID's source GID, hop limit 64), remote QPN
+    /// 0xFFFFFF and the Q_Key `RDMA_UDP_QKEY`.
+    ///
+    /// The ID must be UD (port space UDP or IPoIB) and bound to a device (`bind_addr` or
+    /// `resolve_addr`); `addr` a multicast address it has not joined yet; EINVAL otherwise.
+    pub fn join_multicast(&self, addr: SocketAddr, send_only: bool) -> Result<()> {
+        let invalid = |msg: String| Error::Verbs(softrdma_engine::VerbsError::Invalid(msg));
+        if self.inner.qp_type != QpType::Ud {
+            return Err(invalid(format!(
+                "join_multicast on a {:?} ID: only UD IDs (port space UDP or IPoIB) join multicast groups",
+                self.inner.qp_type
+            )));
+        }
+        let ip = addr.ip().to_canonical();
+        if !ip.is_multicast() {
+            return Err(invalid(format!("join_multicast: {ip} is not a multicast address")));
+        }
+        let b = self.binding("join_multicast (bind_addr or resolve_addr first)")?;
+        let local = self.local_addr().ok_or(Error::Unbound("join_multicast (bind_addr or resolve_addr first)"))?;
+        let source = Gid::from_ip(local.ip().to_canonical());
+        let sgid_index = (0..=u8::MAX)
+            .map_while(|i| b.ctx.gid(i).map(|g| (i, g)))
+            .find(|&(_, g)| g == source)
+            .map(|(i, _)| i)
+            .ok_or_else(|| invalid(format!("join_multicast: the ID's address {local} is no GID of its device")))?;
+        let mgid = Gid::from_ip(ip);
+        let mut joined = self.inner.mcast.lock().unwrap_or_else(PoisonError::into_inner);
+        if joined.iter().any(|j| j.addr == addr) {
+            return Err(invalid(format!("join_multicast: the ID has joined {addr} already")));
+        }
+        let qp = if send_only { None } else { self.qp() };
+        if let Some(qp) = &qp {
+            qp.attach_mcast(mgid)?;
+        }
+        joined.push(Joined { addr, mgid, attached: qp.is_some() });
+        drop(joined);
+        let ah =
+            softrdma_engine::AddressVector { dgid: mgid, sgid_index, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+        let ud = UdParam { remote_qpn: Qpn::MULTICAST.value(), qkey: QKey::RDMA_CM_UDP.0, ah };
+        let event = CmEvent {
+            id: self.clone(),
+            kind: CmEventKind::MulticastJoin,
+            status: CmStatus::Ok,
+            private_data: Vec::new(),
+            param: None,
+            listen_id: None,
+            ud: Some(ud),
+        };
+        if let Some(channel) = self.inner.channel.lock().unwrap_or_else(PoisonError::into_inner).upgrade() {
+            channel.push(event);
+        }
+        Ok(())
+    }
+
+    /// `rdma_leave_multicast`: leaves group `addr`, which the ID joined: the ID's QP is
+    /// detached from it (the device's last member leaves the group on the interface).
+    /// `EADDRNOTAVAIL` (an [`Error::Io`] of it) for a group the ID did not join, as
+    /// librdmacm's.
+    pub fn leave_multicast(&self, addr: SocketAddr) -> Result<()> {
+        let mut joined = self.inner.mcast.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(at) = joined.iter().position(|j| j.addr == addr) else {
+            return Err(Error::io(
+                format!("leave_multicast: the ID has not joined {addr}"),
+                std::io::Error::from_raw_os_error(libc::EADDRNOTAVAIL),
+            ));
+        };
+        let j = joined.remove(at);
+        drop(joined);
+        if let (true, Some(qp)) = (j.attached, self.qp()) {
+            // The QP may have been detached by hand meanwhile: nothing to undo then.
+            let _ = qp.detach_mcast(j.mgid);
+        }
+        Ok(())
     }
 
     /// The attached QP (`id->qp`).

@@ -275,8 +275,12 @@ pub struct DeviceAttr {
     pub atomic_cap: AtomicCap,
     /// Most memory windows (type 1 and type 2B, as rxe).
     pub max_mw: u32,
-    /// Multicast groups: none.
+    /// Most multicast groups with a QP attached (rxe's 8192).
     pub max_mcast_grp: u32,
+    /// Most QPs attached to one multicast group (rxe's 56).
+    pub max_mcast_qp_attach: u32,
+    /// Most multicast attachments, all groups together (rxe's 0x70000).
+    pub max_total_mcast_qp_attach: u32,
     /// Most address handles.
     pub max_ah: Option<u32>,
     /// Most shared receive queues.
@@ -315,7 +319,9 @@ impl DeviceAttr {
             max_qp_init_rd_atom: c.max_qp_rd_atom,
             atomic_cap: AtomicCap::Hca,
             max_mw: c.max_mw,
-            max_mcast_grp: 0,
+            max_mcast_grp: c.max_mcast_grp,
+            max_mcast_qp_attach: c.max_mcast_qp_attach,
+            max_total_mcast_qp_attach: c.max_total_mcast_qp_attach,
             max_ah: None,
             max_srq: None,
             max_srq_wr: c.max_qp_wr,

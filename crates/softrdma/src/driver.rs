@@ -36,7 +36,7 @@ use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::icrc::Ipv4IdentificationCache;
-use softrdma_wire::{BthPacket, Envelope, Qpn};
+use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
 
 use crate::capture::Capture;
 use crate::device::Device;
@@ -98,6 +98,10 @@ const TX_BATCH: usize = 32;
 pub(crate) struct Port {
     pub(crate) member: Member,
     pub(crate) addresses: Vec<IpAddr>,
+    /// The device's interface: where its multicast groups are joined and sent.
+    interface_index: u32,
+    /// The UDP port (4791 but in tests), and the socket options, for the group sockets.
+    udp_port: u16,
 }
 
 impl Port {
@@ -119,6 +123,9 @@ impl Port {
                     gro,
                     // The scope of the link-local GIDs: the device is one interface.
                     scope_id: Some(device.interface_index()),
+                    // Multicast leaves by the device's interface, TTL 1, looped back to
+                    // the host's own members of the group.
+                    multicast_interface: Some(device.interface_index()),
                     // ECN-capable transport (ECT(0)) with congestion control, so that a
                     // congested router marks our packets instead of dropping them.
                     traffic_class: congestion_control(options).then_some(ECT0),
@@ -137,7 +144,13 @@ impl Port {
             }
             Err(e) => return Err(open_error(device, options, e)),
         };
-        Ok((Port { member, addresses: device.addresses().to_vec() }, gro))
+        let port = Port {
+            member,
+            addresses: device.addresses().to_vec(),
+            interface_index: device.interface_index(),
+            udp_port: options.port,
+        };
+        Ok((port, gro))
     }
 
     /// One socket per GID, in GID order.
@@ -259,8 +272,9 @@ impl TxQueue {
             let qpn = self.dest_qp(off);
             let mut count = 1;
             let mut total = first.len;
-            // QP1's MADs leave one datagram each, IPv4 identification 0, as they always did.
-            if self.gso && qpn != Qpn::GSI {
+            // QP1's MADs leave one datagram each, IPv4 identification 0, as they always did;
+            // so does multicast, which every member's socket receives alike.
+            if self.gso && qpn != Qpn::GSI && qpn != Qpn::MULTICAST {
                 while i + count < n && count < GSO_MAX_SEGMENTS {
                     let (o, t) = self.meta[i + count];
                     let previous_full = self.meta[i + count - 1].1.len == first.len;
@@ -353,6 +367,9 @@ pub(crate) struct State {
     pub(crate) same_host: Option<SameHost>,
     /// Packets wait in the same-host path's backlogs for room in an inbox.
     same_host_backlog: bool,
+    /// The multicast groups the engine's QPs are attached to, each with the socket that
+    /// receives it ([`State::sync_groups`]).
+    groups: Vec<(Gid, Arc<RoceSocket>)>,
 }
 
 /// The device lock held: the engine, the CM and their tables.
@@ -425,6 +442,10 @@ pub(crate) struct Shared {
     pub(crate) thread_id: OnceLock<std::thread::ThreadId>,
     /// The process that opened the device (a child of `fork` is another).
     pid: u32,
+    /// The group sockets ([`State::groups`]), for the threads that poll the sockets
+    /// without the device lock; `has_groups` says whether there are any, without this lock.
+    group_sockets: Mutex<Vec<Arc<RoceSocket>>>,
+    has_groups: AtomicBool,
 }
 
 /// What [`Shared::watch_bell`] did.
@@ -621,6 +642,7 @@ impl Driver {
             stats: Publisher::open(&device, options.port),
             same_host,
             same_host_backlog: false,
+            groups: Vec::new(),
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -643,6 +665,8 @@ impl Driver {
             cm_buried: AtomicBool::new(false),
             thread_id: OnceLock::new(),
             pid: std::process::id(),
+            group_sockets: Mutex::new(Vec::new()),
+            has_groups: AtomicBool::new(false),
         });
         {
             let mut live = LIVE.lock().unwrap_or_else(PoisonError::into_inner);
@@ -866,9 +890,11 @@ impl Shared {
     fn wait_channel_inner(&self, fd: &OwnedFd, timeout: Option<Duration>) {
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         loop {
-            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len());
+            let groups = self.group_sockets();
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len() + groups.len());
             fds.push(PollFd::new(fd, PollFlags::IN));
             fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+            fds.extend(groups.iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
             // Rung by another process of the host: this thread takes the packet, as from a
             // socket.
             let bell = self.watch_bell(&mut fds);
@@ -882,6 +908,7 @@ impl Shared {
                 return;
             }
             drop(fds);
+            drop(groups);
             if let Some(bell) = &self.inbox_bell {
                 drain_bell(bell.as_fd());
             }
@@ -928,9 +955,17 @@ impl Shared {
         }
     }
 
+    /// The sockets of the device's multicast groups, to poll beside the port's (none, at
+    /// the cost of one atomic load, while no QP is attached to a group).
+    fn group_sockets(&self) -> Vec<Arc<RoceSocket>> {
+        if !self.has_groups.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        self.group_sockets.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
     fn run(self: Arc<Self>) {
         let mut last_work = self.now();
-        let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(1 + self.port.sockets().len());
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
             let polled = self.app_polled.load(Ordering::Relaxed);
@@ -982,13 +1017,16 @@ impl Shared {
                 std::hint::spin_loop();
                 continue;
             };
-            fds.clear();
+            // The group sockets as they are now: a detach meanwhile closes none under the poll.
+            let groups = if app_polling { Vec::new() } else { self.group_sockets() };
+            let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len() + groups.len());
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             let mut bell = Bell::Unwatched;
             if !app_polling {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
                     fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+                    fds.extend(groups.iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
                     bell = self.watch_bell(&mut fds);
                 } else {
                     // A thread began to wait on a channel meanwhile: it watches the sockets.
@@ -998,6 +1036,7 @@ impl Shared {
             if bell != Bell::Pending {
                 poll(&mut fds, timeout);
             }
+            drop(fds);
             self.unwatch_bell(bell);
             self.watching.store(false, Ordering::SeqCst);
             self.sleeping_until.store(0, Ordering::Release);
@@ -1065,6 +1104,9 @@ impl State {
             worked |= got;
             self.rx_empty[i] = if got { 0 } else { self.rx_empty[i].saturating_add(1) };
         }
+        if !sockets.is_empty() {
+            worked |= self.receive_groups(shared, now);
+        }
         if self.nic.poll_timeout().is_some_and(|t| t <= now) {
             self.nic.handle_timeout(now);
             worked = true;
@@ -1073,6 +1115,67 @@ impl State {
         let State { stats, nic, send_errors, same_host, .. } = self;
         stats.after_receive(now, worked, progress_thread, || counters(nic, *send_errors, same_host.as_ref()));
         worked
+    }
+
+    /// Receives what the multicast groups' sockets hold: the datagrams that came in by the
+    /// device's interface (a group socket takes the group's datagrams from every
+    /// interface the group is joined on, by any device of the process).
+    fn receive_groups(&mut self, shared: &Shared, now: Instant) -> bool {
+        let mut worked = false;
+        for g in 0..self.groups.len() {
+            let socket = Arc::clone(&self.groups[g].1);
+            for _ in 0..RX_ROUNDS {
+                match socket.recv(&mut self.rx) {
+                    Ok(n) if n > 0 => {
+                        worked = true;
+                        self.rx_batches += 1;
+                        self.ingress_from(shared, now, Some(shared.port.interface_index));
+                        if n < RX_BATCH {
+                            break;
+                        }
+                    }
+                    _ => break,
+                }
+            }
+        }
+        worked
+    }
+
+    /// Makes the group sockets what the engine's multicast table asks for: joins each group
+    /// a QP is attached to (binding its socket on the device's interface), leaves those no
+    /// QP is. Call after every attach, detach and QP destruction. Fails with the first group
+    /// that could not be joined (the others are joined still).
+    pub(crate) fn sync_groups(&mut self, shared: &Shared) -> Result<(), (Gid, io::Error)> {
+        let wanted: Vec<Gid> = self.nic.engine().mcast_groups().collect();
+        if wanted.len() == self.groups.len() && self.groups.iter().all(|(g, _)| wanted.contains(g)) {
+            return Ok(()); // (most calls: a QP destroyed that was in no group)
+        }
+        let mut result = Ok(());
+        self.groups.retain(|(g, _)| wanted.contains(g));
+        for gid in wanted {
+            if self.groups.iter().any(|(g, _)| *g == gid) {
+                continue;
+            }
+            let config = softrdma_udp::Config {
+                port: shared.port.udp_port,
+                recv_buffer_size: Some(SOCKET_BUFFER),
+                ..softrdma_udp::Config::default()
+            };
+            match RoceSocket::bind_group(gid.to_ip(), shared.port.interface_index, &config) {
+                Ok(socket) => self.groups.push((gid, Arc::new(socket))),
+                Err(e) => {
+                    if result.is_ok() {
+                        result = Err((gid, e));
+                    }
+                }
+            }
+        }
+        let sockets: Vec<Arc<RoceSocket>> = self.groups.iter().map(|(_, s)| Arc::clone(s)).collect();
+        shared.has_groups.store(!sockets.is_empty(), Ordering::Release);
+        *shared.group_sockets.lock().unwrap_or_else(PoisonError::into_inner) = sockets;
+        // A sleeping progress thread polls the sockets it had: wake it to take the new set.
+        ring(&shared.doorbell);
+        result
     }
 
     /// When the engine or the CM next wants to be called.
@@ -1087,8 +1190,17 @@ impl State {
 
     /// Hands the received batch to the NIC.
     fn ingress(&mut self, shared: &Shared, now: Instant) {
+        self.ingress_from(shared, now, None);
+    }
+
+    /// [`ingress`](Self::ingress) of the datagrams that came in by interface `interface`
+    /// (`None`: all).
+    fn ingress_from(&mut self, shared: &Shared, now: Instant, interface: Option<u32>) {
         let State { nic, rx, capture, .. } = self;
         for d in rx.iter() {
+            if interface.is_some_and(|i| d.ifindex != 0 && d.ifindex != i) {
+                continue;
+            }
             if Member::is_probe(d.payload) {
                 shared.port.member.answer_probe(d.payload);
                 continue;

@@ -1344,6 +1344,8 @@ impl Drop for QpInner {
         let mut st = sh.lock();
         sh.app_flush(&mut st);
         let _ = st.nic.engine_mut().destroy_qp(self.qpn);
+        // Its multicast groups: those it was the device's last member of are left.
+        let _ = st.sync_groups(sh);
         drop(st);
         // As the kernel's destroy (ib_uverbs_release_uevent): its events are gone with it,
         // and its QPN may name another QP next. Those the engine queued before the destroy
@@ -1513,6 +1515,79 @@ impl Qp {
             &QpAttr { qp_state: QpState::Rts, sq_psn: psn, ..QpAttr::default() },
             AttrMask::STATE | AttrMask::SQ_PSN,
         )
+    }
+
+    /// `ibv_attach_mcast`: this UD QP receives, from now on, the datagrams sent to
+    /// multicast group `gid` (an IPv4-mapped `::ffff:224.0.0.0/4` GID, or an `ff00::/8`
+    /// one) with remote QPN 0xFFFFFF ([`Qpn::MULTICAST`](crate::Qpn::MULTICAST)) and its
+    /// Q_Key, a copy for each QP attached, on this host or any other on the link. The first
+    /// QP of the device to attach joins the group on the device's interface (IGMP / MLD,
+    /// by the kernel); the last to detach, or be destroyed, leaves it. What the QP sends to
+    /// the group loops back to the members on this host, itself included.
+    ///
+    /// Fails (EINVAL) for a GID that is no multicast group, a QP that is not UD; (ENOMEM)
+    /// past the device's `max_mcast_grp`, `max_mcast_qp_attach`,
+    /// `max_total_mcast_qp_attach` ([`DeviceAttr`](crate::DeviceAttr)); or when the group
+    /// cannot be joined on the interface.
+    ///
+    /// ```
+    /// # fn main() -> softrdma::Result<()> {
+    /// use std::time::Duration;
+    /// use softrdma::*;
+    /// let group = Gid::from_ip("230.0.45.67".parse().unwrap());
+    /// let (a, b) = (device("lo")?.open()?, device("lo")?.open()?);
+    /// let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+    /// let (cqa, cqb) = (a.create_cq(16, None)?, b.create_cq(16, None)?);
+    /// let (qa, qb) = (pa.create_qp(&QpInit::new(QpType::Ud, &cqa))?, pb.create_qp(&QpInit::new(QpType::Ud, &cqb))?);
+    /// qa.ready_ud(0x11, 0)?;
+    /// qb.ready_ud(0x11, 0)?;
+    /// qb.attach_mcast(group)?; // b joins the group
+    /// let mb = pb.reg_mr(256, Access::LOCAL_WRITE)?;
+    /// let rsge = [mb.sge(0..256)?];
+    /// qb.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge }])?;
+    ///
+    /// // a sends to the group: an AH with the group's GID, remote QPN 0xFFFFFF.
+    /// let av = AddressVector { dgid: group, sgid_index: 0, hop_limit: 1, traffic_class: 0, flow_label: 0 };
+    /// let ah = pa.create_ah(av)?;
+    /// let ma = pa.reg_mr(16, Access::LOCAL_WRITE)?;
+    /// ma.write(0, b"to all")?;
+    /// let sge = [ma.sge(0..6)?];
+    /// let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::MULTICAST, remote_qkey: QKey(0x11) };
+    /// qa.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])?;
+    /// let wc = cqb.wait(Duration::from_secs(5))?;
+    /// assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 40 + 6));
+    /// let mut got = [0u8; 6];
+    /// mb.read(40, &mut got)?;
+    /// assert_eq!(&got, b"to all");
+    /// qb.detach_mcast(group)?; // and leaves it
+    /// # Ok(()) }
+    /// ```
+    pub fn attach_mcast(&self, gid: Gid) -> Result<()> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        st.nic.engine_mut().attach_mcast(self.inner.qpn, gid)?;
+        match st.sync_groups(sh) {
+            Err((failed, e)) if failed == gid => {
+                // Not joined on the network: the table must not claim it is.
+                let _ = st.nic.engine_mut().detach_mcast(self.inner.qpn, gid);
+                let _ = st.sync_groups(sh);
+                Err(Error::io(
+                    format!("joining multicast group {gid} on {}", self.inner.pd.ctx.drv.device.interface()),
+                    e,
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `ibv_detach_mcast`: this QP no longer receives group `gid` (EINVAL if it was not
+    /// attached). The device's last QP to detach leaves the group.
+    pub fn detach_mcast(&self, gid: Gid) -> Result<()> {
+        let sh = self.shared();
+        let mut st = sh.lock();
+        st.nic.engine_mut().detach_mcast(self.inner.qpn, gid)?;
+        let _ = st.sync_groups(sh);
+        Ok(())
     }
 
     /// `ibv_post_send`: posts `wrs` in order and sends what it can at once from this thread.

@@ -188,6 +188,13 @@ pub struct Config {
     /// fails), and every datagram to a link-local address goes out in it. `None` for
     /// sockets that use no link-local address.
     pub scope_id: Option<u32>,
+    /// The index of the interface datagrams to a multicast group leave by
+    /// (`IP_MULTICAST_IF`: the socket's own IPv4 address; `IPV6_MULTICAST_IF`: this index),
+    /// with hop limit 1 (the link: `IP_MULTICAST_TTL` / `IPV6_MULTICAST_HOPS`) and looped
+    /// back to the sending host (`IP_MULTICAST_LOOP`), whose own members of the group must
+    /// receive them too. `None` leaves the kernel's choice (the route; then the same TTL and
+    /// loop, the kernel's defaults).
+    pub multicast_interface: Option<u32>,
 }
 
 impl Default for Config {
@@ -202,6 +209,7 @@ impl Default for Config {
             gro: false,
             udp6_zero_checksum_tx: false,
             scope_id: None,
+            multicast_interface: None,
         }
     }
 }
@@ -298,7 +306,47 @@ impl RoceSocket {
             }
             _ => SocketAddr::new(ip, config.port),
         };
-        let v4 = ip.is_ipv4();
+        Self::open(addr, config, false)
+    }
+
+    /// Binds multicast group `group` on `config.port`, and joins the group on interface
+    /// `interface` (an index): the socket receives the group's datagrams that arrive there
+    /// or that this host sends there (looped back). Every socket bound to the group and
+    /// port receives its own copy of each datagram, in any process of the host (the kernel
+    /// delivers multicast to all of them: `SO_REUSEADDR`, no reuseport group and no
+    /// steering), so every process with a member receives. Closing the socket leaves the
+    /// group. Such a socket receives only; `InvalidInput` for a `group` that is not a
+    /// multicast address.
+    pub fn bind_group(group: IpAddr, interface: u32, config: &Config) -> io::Result<Self> {
+        if !group.is_multicast() {
+            return Err(invalid("bind_group: not a multicast address"));
+        }
+        let addr = match group {
+            // A link-scope group needs its interface (the scope); any other ignores it.
+            IpAddr::V6(v6) => SocketAddr::V6(SocketAddrV6::new(v6, config.port, 0, interface)),
+            IpAddr::V4(_) => SocketAddr::new(group, config.port),
+        };
+        let config = Config { reuse_port: false, multicast_interface: None, ..config.clone() };
+        let s = Self::open(addr, &config, true)?;
+        let sock = socket2::SockRef::from(&s.socket);
+        match group {
+            IpAddr::V4(g) => {
+                sock.join_multicast_v4_n(&g, &socket2::InterfaceIndexOrAddress::Index(interface))?;
+                // Only the groups this socket joined (it is bound to one anyway).
+                sock.set_multicast_all_v4(false)?;
+            }
+            IpAddr::V6(g) => {
+                sock.join_multicast_v6(&g, interface)?;
+                // Linux 4.20 on; older kernels bind the address alone, which suffices.
+                let _ = sock.set_multicast_all_v6(false);
+            }
+        }
+        Ok(s)
+    }
+
+    /// Creates, configures and binds the socket (`SO_REUSEADDR` with `reuse_address`).
+    fn open(addr: SocketAddr, config: &Config, reuse_address: bool) -> io::Result<Self> {
+        let v4 = addr.is_ipv4();
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_nonblocking(true)?;
         if !v4 {
@@ -306,6 +354,9 @@ impl RoceSocket {
         }
         if config.reuse_port {
             socket.set_reuse_port(true)?;
+        }
+        if reuse_address {
+            socket.set_reuse_address(true)?;
         }
         let fd = socket.as_fd();
         if let Some(bytes) = config.recv_buffer_size {
@@ -326,6 +377,13 @@ impl RoceSocket {
             if let Some(tos) = config.traffic_class {
                 socket.set_tos_v4(u32::from(tos))?;
             }
+            if let (Some(_), IpAddr::V4(own)) = (config.multicast_interface, addr.ip()) {
+                if !own.is_unspecified() {
+                    socket.set_multicast_if_v4(&own)?;
+                }
+                socket.set_multicast_ttl_v4(1)?;
+                socket.set_multicast_loop_v4(true)?;
+            }
         } else {
             sys::set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_PMTUDISC_DO)?;
             sys::set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVPKTINFO, 1)?;
@@ -342,6 +400,11 @@ impl RoceSocket {
             }
             if let Some(tclass) = config.traffic_class {
                 socket.set_tclass_v6(u32::from(tclass))?;
+            }
+            if let Some(interface) = config.multicast_interface {
+                socket.set_multicast_if_v6(interface)?;
+                socket.set_multicast_hops_v6(1)?;
+                socket.set_multicast_loop_v6(true)?;
             }
         }
         if config.gro {

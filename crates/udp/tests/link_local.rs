@@ -171,3 +171,38 @@ fn a_tentative_link_local_address_binds() {
     let s = ns.within(0, || RoceSocket::bind_with(tentative.parse().unwrap(), &config));
     assert!(s.is_ok(), "binding tentative {tentative}: {:?}", s.err());
 }
+
+/// IPv6 multicast (no `lo`: it has no IPv6 multicast route) between the namespaces: a
+/// group socket ([`RoceSocket::bind_group`]) joined on each end gets the datagram a
+/// link-local socket sends to the group by its interface ([`Config::multicast_interface`]),
+/// the sender's own namespace by loopback, both with the group as the destination the ICRC
+/// covers.
+#[test]
+fn ipv6_groups_reach_every_member_on_the_link() {
+    let Some(ns) = Netns::create_or_skip("mc") else { return };
+    let scope = [ns.ifindex(0), ns.ifindex(1)];
+    let ll = LINK_LOCAL.map(|a| a.parse::<Ipv6Addr>().unwrap());
+    for group in ["ff0e::db8:77", "ff12::db8:77"] {
+        let group: IpAddr = group.parse().unwrap();
+        let member = |i: usize| {
+            let config = Config { port: 4791, ..Config::default() };
+            ns.within(i, || RoceSocket::bind_group(group, scope[i], &config)).unwrap()
+        };
+        let members = [member(0), member(1)];
+        let config = Config { scope_id: Some(scope[0]), multicast_interface: Some(scope[0]), ..Config::default() };
+        let tx = ns.within(0, || RoceSocket::bind_with(IpAddr::V6(ll[0]), &config)).unwrap();
+        let envelope = tx.envelope_to(SocketAddr::new(group, 4791)).unwrap();
+        let mut buf = [0u8; 256];
+        let len = send_only(b"to the group").emit(&envelope, &mut buf).unwrap();
+        tx.send(&envelope, &buf[..len]).unwrap();
+        for (i, m) in members.iter().enumerate() {
+            let mut batch = RecvBatch::new(4, 2048);
+            assert_eq!(m.recv_timeout(&mut batch, WAIT).unwrap(), 1, "{group}: member in namespace {i}");
+            let d = batch.iter().next().unwrap();
+            assert_eq!((d.ifindex, d.hop_limit), (scope[i], 1), "{group}: by the link, hop limit 1");
+            assert_eq!(d.envelope(), envelope, "{group}: the group is the destination");
+            let packet = RocePacket::new_checked(d.payload).unwrap();
+            assert_eq!(RoceRepr::parse(&packet, &d.envelope()).expect("the ICRC verifies").payload, b"to the group");
+        }
+    }
+}

@@ -60,6 +60,10 @@ u24_newtype!(
 impl Qpn {
     /// The general services interface QP, which carries every CM MAD (IBA 13.4.6).
     pub const GSI: Self = Self(1);
+    /// The destination QPN of every multicast packet (IBA 10.5.2.1: `0xFFFFFF`, "the
+    /// permissive QP"): the receiving device hands it to each of its QPs attached to the
+    /// destination group.
+    pub const MULTICAST: Self = Self(0xff_ffff);
 }
 
 /// A remote key: names a memory region (or window) to the responder. Opaque 32 bits.
@@ -138,6 +142,13 @@ impl Gid {
             None => v6.into(),
         }
     }
+
+    /// Whether the GID names a multicast group: `ff00::/8`, or an IPv4-mapped
+    /// `::ffff:224.0.0.0/4` (Linux `rdma_is_multicast_addr`, which `ibv_attach_mcast`
+    /// checks).
+    pub fn is_multicast(self) -> bool {
+        self.0[0] == 0xff || matches!(self.to_ip(), core::net::IpAddr::V4(v4) if v4.is_multicast())
+    }
 }
 
 impl fmt::Debug for Gid {
@@ -155,6 +166,17 @@ impl fmt::Display for Gid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multicast_gids() {
+        let gid = |s: &str| Gid::from_ip(s.parse().unwrap());
+        for m in ["230.1.2.3", "224.0.0.1", "239.255.255.255", "ff0e::1", "ff02::1:2", "ff1e::db8"] {
+            assert!(gid(m).is_multicast(), "{m}");
+        }
+        for u in ["10.0.0.1", "223.255.255.255", "240.0.0.1", "::1", "fe80::1", "2001:db8::1", "0.0.0.0"] {
+            assert!(!gid(u).is_multicast(), "{u}");
+        }
+    }
 
     #[test]
     fn u24_bounds() {
