@@ -112,6 +112,9 @@ pub(crate) struct PacketLine {
     becn: bool,
     pkey: u16,
     pad: u8,
+    /// An XRC request's target SRQ (XRCETH).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    xrc_srqn: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     reth: Option<Reth>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -277,6 +280,7 @@ pub(crate) fn decode_frame(number: usize, frame: &Frame, start: Duration) -> Opt
         becn: bth.becn,
         pkey: bth.pkey.0,
         pad: packet.bth().pad_count(),
+        xrc_srqn: ext.xrceth.map(|x| x.srqn),
         reth: ext.reth.map(|r| Reth { va: r.virtual_address, rkey: r.rkey.0, dma_length: r.dma_length }),
         aeth: ext.aeth.map(|a| aeth(a.syndrome, a.msn.value())),
         deth: ext.deth.map(|d| Deth { qkey: d.qkey.0, src_qp: d.src_qp.value() }),
@@ -389,6 +393,9 @@ fn write_text(s: &mut String, line: &Line) -> fmt::Result {
     }
     if let Some(imm) = p.imm_data {
         write!(s, " imm={imm:#010x}")?;
+    }
+    if let Some(srqn) = p.xrc_srqn {
+        write!(s, " xrc_srqn={srqn:#08x}")?;
     }
     if let Some(i) = &p.ieth {
         write!(s, " inv_rkey={:#010x}", i.rkey)?;

@@ -144,6 +144,7 @@ fn send_attack(t: &mut Target, a: &Attack, expected_psn: Psn) {
             psn: Psn::from_u24_truncating(expected_psn.value().wrapping_add(a.psn_offset as u32)),
         },
         ext: ExtHeaders {
+            xrceth: h.contains(Headers::XRCETH).then_some(softrdma_wire::XrcEthRepr { srqn: a.len & 0xff_ffff }),
             feth: h.contains(Headers::FETH).then_some(FethRepr { selectivity: 0, placement_type: 1 }),
             reth: h.contains(Headers::RETH).then_some(RethRepr { virtual_address: a.va, rkey, dma_length: a.len }),
             aeth: h

@@ -267,6 +267,48 @@ pub mod ieth {
     }
 }
 
+/// XRC extended transport header: the XRC SRQ of the target that a request's receive
+/// comes from (4 bytes: 8 reserved bits, the 24-bit SRQ number).
+pub mod xrceth {
+    use super::*;
+
+    /// Length in bytes.
+    pub const HEADER_LEN: usize = 4;
+    const SRQN: Field = 0..4;
+
+    header_view!(
+        /// A zero-copy view of an XRCETH.
+        XrcEthPacket,
+        HEADER_LEN
+    );
+
+    impl<T: AsRef<[u8]>> XrcEthPacket<T> {
+        /// The XRC SRQ number (the low 24 bits; the reserved byte is ignored).
+        pub fn srqn(&self) -> u32 {
+            field::u32_at(self.buffer.as_ref(), SRQN) & 0x00ff_ffff
+        }
+    }
+
+    /// A parsed XRCETH.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+    pub struct XrcEthRepr {
+        /// The XRC SRQ number, 24 bits.
+        pub srqn: u32,
+    }
+
+    impl XrcEthRepr {
+        /// Parses an XRCETH.
+        pub fn parse<T: AsRef<[u8]>>(p: &XrcEthPacket<T>) -> Result<Self> {
+            p.check_len()?;
+            Ok(Self { srqn: p.srqn() })
+        }
+        /// Writes the XRCETH, its reserved byte zero; a number wider than 24 bits is masked.
+        pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut XrcEthPacket<T>) {
+            field::set_u32(p.buffer.as_mut(), SRQN, self.srqn & 0x00ff_ffff);
+        }
+    }
+}
+
 /// Datagram extended transport header: the Q_Key and the sender's QP of a UD packet
 /// (8 bytes).
 pub mod deth {

@@ -75,6 +75,7 @@ pub use ext::feth::{FethPacket, FethRepr};
 pub use ext::ieth::{IethPacket, IethRepr};
 pub use ext::imm_dt::{ImmDtPacket, ImmDtRepr};
 pub use ext::reth::{RethPacket, RethRepr};
+pub use ext::xrceth::{XrcEthPacket, XrcEthRepr};
 pub use icrc::{Envelope, Ipv4Envelope, Ipv6Envelope};
 pub use opcode::{Headers, Opcode, OpcodeInfo, Operation, PayloadRule, Position, Transport};
 pub use psn::{Psn, PsnWindow};

@@ -24,6 +24,9 @@ pub enum Transport {
     Ud,
     /// RoCEv2 congestion notification packet, 0x81.
     Cnp,
+    /// Extended reliable connected, base 0xA0: RC's operations, each request naming the
+    /// target's shared receive queue in an XRCETH.
+    Xrc,
 }
 
 /// What a packet asks for or answers.
@@ -120,7 +123,7 @@ impl PayloadRule {
 
 /// A set of extended transport headers.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Headers(u8);
+pub struct Headers(u16);
 
 impl Headers {
     /// No extended header.
@@ -141,10 +144,14 @@ impl Headers {
     pub const IMM_DT: Self = Self(1 << 6);
     /// Invalidate extended transport header (4 bytes).
     pub const IETH: Self = Self(1 << 7);
+    /// XRC extended transport header: the target's XRC SRQ number (4 bytes). It follows
+    /// the BTH, before any other.
+    pub const XRCETH: Self = Self(1 << 8);
 
     /// Every header in wire order with its length. A packet carries its headers in exactly
     /// this order after the BTH; no opcode needs another order.
-    pub const ORDER: [(Headers, usize); 8] = [
+    pub const ORDER: [(Headers, usize); 9] = [
+        (Self::XRCETH, 4),
         (Self::FETH, 4),
         (Self::RETH, 16),
         (Self::AETH, 4),
@@ -205,7 +212,8 @@ impl Headers {
 
 impl fmt::Debug for Headers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const NAMES: [&str; 8] = ["FETH", "RETH", "AETH", "DETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH"];
+        const NAMES: [&str; 9] =
+            ["FETH", "RETH", "AETH", "DETH", "AtomicETH", "AtomicAckETH", "ImmDt", "IETH", "XRCETH"];
         let mut set = f.debug_set();
         for (i, name) in NAMES.iter().enumerate() {
             if self.0 & (1 << i) != 0 {
@@ -261,6 +269,12 @@ const RETH_IMM: Headers = Headers::RETH.with(Headers::IMM_DT);
 const AETH_ATOMIC_ACK: Headers = Headers::AETH.with(Headers::ATOMIC_ACK_ETH);
 const DETH_IMM: Headers = Headers::DETH.with(Headers::IMM_DT);
 const FETH_RETH: Headers = Headers::FETH.with(Headers::RETH);
+const X: Headers = Headers::XRCETH;
+const X_IMM: Headers = X.with(Headers::IMM_DT);
+const X_RETH: Headers = X.with(Headers::RETH);
+const X_RETH_IMM: Headers = X_RETH.with(Headers::IMM_DT);
+const X_ATOMIC: Headers = X.with(Headers::ATOMIC_ETH);
+const X_IETH: Headers = X.with(Headers::IETH);
 
 const fn row(
     code: u8,
@@ -275,7 +289,7 @@ const fn row(
 }
 
 /// Every opcode softrdma knows, in numeric order.
-pub static OPCODES: [OpcodeInfo; 40] = [
+pub static OPCODES: [OpcodeInfo; 63] = [
     row(0x00, "RC_SEND_FIRST", T::Rc, O::Send, Pos::First, Headers::NONE, P::PathMtu),
     row(0x01, "RC_SEND_MIDDLE", T::Rc, O::Send, Pos::Middle, Headers::NONE, P::PathMtu),
     row(0x02, "RC_SEND_LAST", T::Rc, O::Send, Pos::Last, Headers::NONE, P::UpToPathMtuNonEmpty),
@@ -349,6 +363,55 @@ pub static OPCODES: [OpcodeInfo; 40] = [
     row(0x65, "UD_SEND_ONLY_WITH_IMMEDIATE", T::Ud, O::SendWithImm, Pos::Only, DETH_IMM, P::UpToPathMtu),
     // RoCEv2 CNP (Annex A17.9.2): BTH with BECN set, then 16 reserved bytes.
     row(0x81, "CNP", T::Cnp, O::Cnp, Pos::Only, Headers::NONE, P::Exactly(16)),
+    // XRC (IBA 1.2 annex A14): RC's opcodes at base 0xA0, an XRCETH in every request;
+    // responses as RC's.
+    row(0xa0, "XRC_SEND_FIRST", T::Xrc, O::Send, Pos::First, X, P::PathMtu),
+    row(0xa1, "XRC_SEND_MIDDLE", T::Xrc, O::Send, Pos::Middle, X, P::PathMtu),
+    row(0xa2, "XRC_SEND_LAST", T::Xrc, O::Send, Pos::Last, X, P::UpToPathMtuNonEmpty),
+    row(0xa3, "XRC_SEND_LAST_WITH_IMMEDIATE", T::Xrc, O::SendWithImm, Pos::Last, X_IMM, P::UpToPathMtuNonEmpty),
+    row(0xa4, "XRC_SEND_ONLY", T::Xrc, O::Send, Pos::Only, X, P::UpToPathMtu),
+    row(0xa5, "XRC_SEND_ONLY_WITH_IMMEDIATE", T::Xrc, O::SendWithImm, Pos::Only, X_IMM, P::UpToPathMtu),
+    row(0xa6, "XRC_RDMA_WRITE_FIRST", T::Xrc, O::RdmaWrite, Pos::First, X_RETH, P::PathMtu),
+    row(0xa7, "XRC_RDMA_WRITE_MIDDLE", T::Xrc, O::RdmaWrite, Pos::Middle, X, P::PathMtu),
+    row(0xa8, "XRC_RDMA_WRITE_LAST", T::Xrc, O::RdmaWrite, Pos::Last, X, P::UpToPathMtuNonEmpty),
+    row(
+        0xa9,
+        "XRC_RDMA_WRITE_LAST_WITH_IMMEDIATE",
+        T::Xrc,
+        O::RdmaWriteWithImm,
+        Pos::Last,
+        X_IMM,
+        P::UpToPathMtuNonEmpty,
+    ),
+    row(0xaa, "XRC_RDMA_WRITE_ONLY", T::Xrc, O::RdmaWrite, Pos::Only, X_RETH, P::UpToPathMtu),
+    row(0xab, "XRC_RDMA_WRITE_ONLY_WITH_IMMEDIATE", T::Xrc, O::RdmaWriteWithImm, Pos::Only, X_RETH_IMM, P::UpToPathMtu),
+    row(0xac, "XRC_RDMA_READ_REQUEST", T::Xrc, O::RdmaReadRequest, Pos::Only, X_RETH, P::None),
+    row(0xad, "XRC_RDMA_READ_RESPONSE_FIRST", T::Xrc, O::RdmaReadResponse, Pos::First, Headers::AETH, P::PathMtu),
+    row(0xae, "XRC_RDMA_READ_RESPONSE_MIDDLE", T::Xrc, O::RdmaReadResponse, Pos::Middle, Headers::NONE, P::PathMtu),
+    row(
+        0xaf,
+        "XRC_RDMA_READ_RESPONSE_LAST",
+        T::Xrc,
+        O::RdmaReadResponse,
+        Pos::Last,
+        Headers::AETH,
+        P::UpToPathMtuNonEmpty,
+    ),
+    row(0xb0, "XRC_RDMA_READ_RESPONSE_ONLY", T::Xrc, O::RdmaReadResponse, Pos::Only, Headers::AETH, P::UpToPathMtu),
+    row(0xb1, "XRC_ACKNOWLEDGE", T::Xrc, O::Acknowledge, Pos::Only, Headers::AETH, P::None),
+    row(0xb2, "XRC_ATOMIC_ACKNOWLEDGE", T::Xrc, O::AtomicAcknowledge, Pos::Only, AETH_ATOMIC_ACK, P::None),
+    row(0xb3, "XRC_COMPARE_SWAP", T::Xrc, O::CompareSwap, Pos::Only, X_ATOMIC, P::None),
+    row(0xb4, "XRC_FETCH_ADD", T::Xrc, O::FetchAdd, Pos::Only, X_ATOMIC, P::None),
+    row(
+        0xb6,
+        "XRC_SEND_LAST_WITH_INVALIDATE",
+        T::Xrc,
+        O::SendWithInvalidate,
+        Pos::Last,
+        X_IETH,
+        P::UpToPathMtuNonEmpty,
+    ),
+    row(0xb7, "XRC_SEND_ONLY_WITH_INVALIDATE", T::Xrc, O::SendWithInvalidate, Pos::Only, X_IETH, P::UpToPathMtu),
 ];
 
 const ROWS: usize = OPCODES.len();
@@ -456,6 +519,7 @@ mod tests {
                 0x00..=0x1f => Transport::Rc,
                 0x20..=0x3f => Transport::Uc,
                 0x60..=0x7f => Transport::Ud,
+                0xa0..=0xbf => Transport::Xrc,
                 _ => Transport::Cnp,
             };
             assert_eq!(info.transport, expected, "{}", info.name);
@@ -464,6 +528,7 @@ mod tests {
                 Transport::Uc => "UC_",
                 Transport::Ud => "UD_",
                 Transport::Cnp => "CNP",
+                Transport::Xrc => "XRC_",
             };
             assert!(info.name.starts_with(prefix), "{}", info.name);
         }

@@ -14,6 +14,7 @@ use crate::ext::feth::{FethPacket, FethRepr};
 use crate::ext::ieth::{IethPacket, IethRepr};
 use crate::ext::imm_dt::{ImmDtPacket, ImmDtRepr};
 use crate::ext::reth::{RethPacket, RethRepr};
+use crate::ext::xrceth::{XrcEthPacket, XrcEthRepr};
 use crate::icrc::{self, Envelope, ICRC_LEN};
 use crate::opcode::{Headers, OpcodeInfo, PayloadRule};
 use crate::{Error, Result};
@@ -187,6 +188,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RocePacket<T> {
 /// table says for its opcode.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub struct ExtHeaders {
+    /// XRC extended transport header (every XRC request).
+    pub xrceth: Option<XrcEthRepr>,
     /// FLUSH extended transport header.
     pub feth: Option<FethRepr>,
     /// RDMA extended transport header.
@@ -210,6 +213,7 @@ impl ExtHeaders {
     pub fn headers(&self) -> Headers {
         let mut h = Headers::NONE;
         let present = [
+            (self.xrceth.is_some(), Headers::XRCETH),
             (self.feth.is_some(), Headers::FETH),
             (self.reth.is_some(), Headers::RETH),
             (self.aeth.is_some(), Headers::AETH),
@@ -293,6 +297,7 @@ impl<'a> RoceRepr<'a> {
                         ext.atomic_ack_eth = Some(AtomicAckEthRepr::parse(&AtomicAckEthPacket::new_unchecked(b))?)
                     }
                     Headers::IMM_DT => ext.imm_dt = Some(ImmDtRepr::parse(&ImmDtPacket::new_unchecked(b))?),
+                    Headers::XRCETH => ext.xrceth = Some(XrcEthRepr::parse(&XrcEthPacket::new_unchecked(b))?),
                     _ => ext.ieth = Some(IethRepr::parse(&IethPacket::new_unchecked(b))?),
                 }
                 at += len;
@@ -403,6 +408,9 @@ impl<'a> RoceRepr<'a> {
         }
         if let Some(r) = &self.ext.ieth {
             r.emit(&mut IethPacket::new_unchecked(&mut ext[at(Headers::IETH)..]));
+        }
+        if let Some(r) = &self.ext.xrceth {
+            r.emit(&mut XrcEthPacket::new_unchecked(&mut ext[at(Headers::XRCETH)..]));
         }
         let pad_at = header_len + payload_len;
         buf[pad_at..pad_at + pad].fill(0);
@@ -527,6 +535,7 @@ mod tests {
             };
             let h = info.headers;
             let ext = ExtHeaders {
+                xrceth: h.contains(Headers::XRCETH).then_some(XrcEthRepr { srqn: 0x12_3456 }),
                 feth: h.contains(Headers::FETH).then_some(FethRepr { selectivity: 0, placement_type: 1 }),
                 reth: h.contains(Headers::RETH).then_some(reth),
                 aeth: h.contains(Headers::AETH).then_some(aeth),

@@ -23,7 +23,7 @@ use softrdma_wire::{
     DatagramRepr, DethPacket, DethRepr, Envelope, Error, EthernetFrameRepr, ExtHeaders, FethPacket, FethRepr, Headers,
     IethPacket, IethRepr, ImmDtPacket, ImmDtRepr, IpRepr, Ipv4Envelope, Ipv6Envelope, Msn, Opcode, OpcodeInfo, PKey,
     PayloadRule, Psn, PsnWindow, QKey, Qpn, RKey, ROCEV2_UDP_PORT, RethPacket, RethRepr, RocePacket, RoceRepr,
-    Syndrome, UdpDatagram,
+    Syndrome, UdpDatagram, XrcEthRepr,
 };
 
 type TestResult = Result<(), TestCaseError>;
@@ -113,6 +113,11 @@ fn ieth() -> impl Strategy<Value = IethRepr> {
     any::<u32>().prop_map(|rkey| IethRepr { rkey: RKey(rkey) })
 }
 
+/// An XRCETH: a 24-bit SRQ number.
+fn xrceth() -> impl Strategy<Value = XrcEthRepr> {
+    (0..1u32 << 24).prop_map(|srqn| XrcEthRepr { srqn })
+}
+
 /// A FETH with in-range fields: selectivity is 2 bits, placement type 4.
 fn feth() -> impl Strategy<Value = FethRepr> {
     (0..4u8, 0..16u8).prop_map(|(selectivity, placement_type)| FethRepr { selectivity, placement_type })
@@ -120,10 +125,11 @@ fn feth() -> impl Strategy<Value = FethRepr> {
 
 /// Exactly the extended headers in `headers`, with arbitrary contents.
 fn ext_for(headers: Headers) -> impl Strategy<Value = ExtHeaders> {
-    (feth(), reth(), aeth(), deth(), atomic_eth(), atomic_ack_eth(), imm_dt(), ieth()).prop_map(
-        move |(feth, reth, aeth, deth, atomic_eth, atomic_ack_eth, imm_dt, ieth)| {
+    (feth(), reth(), aeth(), deth(), atomic_eth(), atomic_ack_eth(), imm_dt(), ieth(), xrceth()).prop_map(
+        move |(feth, reth, aeth, deth, atomic_eth, atomic_ack_eth, imm_dt, ieth, xrceth)| {
             let has = |h| headers.contains(h);
             ExtHeaders {
+                xrceth: has(Headers::XRCETH).then_some(xrceth),
                 feth: has(Headers::FETH).then_some(feth),
                 reth: has(Headers::RETH).then_some(reth),
                 aeth: has(Headers::AETH).then_some(aeth),
