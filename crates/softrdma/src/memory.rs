@@ -131,6 +131,31 @@ fn fault_in(addr: u64, len: u64, write: bool) -> Result<(), MemoryFault> {
     populate(addr, len, write).map_err(|_| MemoryFault { addr, len: usize::try_from(len).unwrap_or(usize::MAX) })
 }
 
+/// Whether every page of `[addr, addr + len)` is mapped in this process (`mincore`, which
+/// answers `ENOMEM` for a hole, without faulting anything in): what a plain registration
+/// checks, as the kernel's pinning fails with `EFAULT` on unmapped memory.
+pub(crate) fn mapped(addr: u64, len: u64) -> bool {
+    const PAGE: u64 = 4096;
+    const CHUNK: u64 = 64 << 20;
+    if len == 0 {
+        return true;
+    }
+    let Some(end) = addr.checked_add(len) else { return false };
+    let mut at = addr & !(PAGE - 1);
+    let mut residency = vec![0u8; (CHUNK / PAGE) as usize];
+    while at < end {
+        let n = (end - at).min(CHUNK);
+        // SAFETY: mincore only reads the page tables of the range and writes one byte per
+        // page into `residency`, which holds CHUNK / PAGE >= n / PAGE (rounded up) bytes.
+        let rc = unsafe { libc::mincore(at as usize as *mut libc::c_void, n as usize, residency.as_mut_ptr()) };
+        if rc != 0 {
+            return false;
+        }
+        at += n;
+    }
+    true
+}
+
 /// Asks the kernel to map the pages of `[addr, addr + len)` as an access of that kind would
 /// (`ibv_advise_mr`'s prefetch does this too); `EFAULT` (or `ENOMEM` for an unmapped hole)
 /// where the access would fault.

@@ -217,7 +217,9 @@ impl Pd {
     /// With [`Access::ON_DEMAND`] the range need not be mapped, now or later: the device
     /// faults its pages in as it reaches them, and an access the pages do not allow fails
     /// as a bad access would (`IBV_ACCESS_ON_DEMAND`). From address 0 with length
-    /// `usize::MAX` it is the implicit on-demand region, the whole address space.
+    /// `usize::MAX` it is the implicit on-demand region, the whole address space. Without
+    /// it, a range with a page that is not mapped is refused (`EFAULT`), as the kernel's
+    /// pinning refuses it.
     ///
     /// # Safety
     /// `addr .. addr + len` must stay allocated and must not be moved or freed until the
@@ -239,6 +241,15 @@ impl Pd {
     #[allow(unsafe_code)] // An unsafe contract, for memory this crate does not own (the C layer's).
     pub unsafe fn reg_mr_raw_iova(&self, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<RawMr> {
         let host = addr as usize as u64;
+        if !access.contains(Access::ON_DEMAND) && !crate::memory::mapped(host, len as u64) {
+            return Err(Error::io(
+                format!(
+                    "registering {len} bytes at {host:#x}: some of its pages are not mapped (register it with \
+                     Access::ON_DEMAND to allow that)"
+                ),
+                std::io::Error::from_raw_os_error(libc::EFAULT),
+            ));
+        }
         let keys = self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr_iova(
             self.inner.id,
             host,

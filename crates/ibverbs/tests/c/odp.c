@@ -5,7 +5,8 @@
  * under a local SGE) the work fails with the error a protection fault gives, and the
  * process lives on; the implicit region (NULL, SIZE_MAX) covers any buffer, and only on
  * demand; ibv_advise_mr prefetches, refuses SGEs outside regions on demand (EINVAL) and
- * reports unmapped pages (EFAULT). Prints "ok" and exits 0, or names the failed check and
+ * reports unmapped pages (EFAULT); a plain registration over an unmapped page is refused
+ * (EFAULT), as the kernel's pinning refuses it. Prints "ok" and exits 0, or names the failed check and
  * exits 1. */
 #include <stdint.h>
 #include <stdlib.h>
@@ -99,6 +100,11 @@ int main(void) {
     struct ibv_sge gone = {.addr = (uintptr_t)(region + 2 * PAGE), .length = 64, .lkey = odp->lkey};
     CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, IBV_ADVISE_MR_FLAG_FLUSH, &gone, 1) == EFAULT,
           "ibv_advise_mr of an unmapped page: EFAULT");
+    errno = 0;
+    CHECK(!ibv_reg_mr(pd, region + PAGE, 2 * PAGE, IBV_ACCESS_LOCAL_WRITE) && errno == EFAULT,
+          "a plain registration over an unmapped page: EFAULT, as the kernel's pinning");
+    struct ibv_mr *on_demand_hole = ibv_reg_mr(pd, region + PAGE, 2 * PAGE, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+    CHECK(on_demand_hole && ibv_dereg_mr(on_demand_hole) == 0, "the same range on demand: taken");
     CHECK(one(a, IBV_WR_RDMA_WRITE, src, plain->lkey, region + PAGE + 8, odp->rkey, 22) == IBV_WC_REM_ACCESS_ERR,
           "a WRITE into a read-only page on demand: IBV_WC_REM_ACCESS_ERR");
     CHECK(strcmp(region + PAGE + 8, "read on demand") == 0, "the read-only page is unchanged");
