@@ -1232,24 +1232,21 @@ impl Engine {
     /// `ibv_advise_mr`'s check of one SGE: the region `lkey` names is one of `pd`'s,
     /// registered on demand ([`Access::ON_DEMAND`]), and holds `[addr, addr + len)`.
     pub fn check_on_demand(&self, pd: PdId, lkey: LKey, addr: u64, len: u64) -> Result<(), VerbsError> {
-        let mr = self.shared.lkeys.get(&lkey.0).map(|&i| &self.shared.mrs[i]).filter(|mr| mr.pd == pd);
-        let Some(mr) = mr else {
-            return Err(invalid(format!("lkey {:#x} names no memory region of this PD", lkey.0)));
-        };
-        if !mr.access.contains(Access::ON_DEMAND) {
-            return Err(invalid(format!(
+        match self.shared.check_lkey(pd, lkey, addr, len, Access::ON_DEMAND) {
+            Ok(_) => Ok(()),
+            Err(KeyError::BadKey) => Err(invalid(format!("lkey {:#x} names no memory region of this PD", lkey.0))),
+            Err(KeyError::Access) => Err(invalid(format!(
                 "lkey {:#x} names a region registered without IBV_ACCESS_ON_DEMAND; only those take advice",
                 lkey.0
-            )));
+            ))),
+            Err(KeyError::Bounds) => {
+                let mr = &self.shared.mrs[self.shared.lkeys[&lkey.0]];
+                Err(invalid(format!(
+                    "{len} bytes at {addr:#x} leave the region lkey {:#x} names ({} bytes at {:#x})",
+                    lkey.0, mr.length, mr.iova
+                )))
+            }
         }
-        let inside = addr.checked_add(len).is_some_and(|end| addr >= mr.iova && end <= mr.iova + mr.length);
-        if !inside {
-            return Err(invalid(format!(
-                "{len} bytes at {addr:#x} leave the region lkey {:#x} names ({} bytes at {:#x})",
-                lkey.0, mr.length, mr.iova
-            )));
-        }
-        Ok(())
     }
 
     /// How many QPs exist.
