@@ -23,37 +23,18 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+mod common;
+
+use common::SimNode;
 use softrdma_engine::*;
-use softrdma_sim::{Fabric, FaultConfig, Node, NodeId, SimRng, Time, swarm};
-use softrdma_wire::{Envelope, Gid, QKey, Qpn, RKey};
+use softrdma_sim::{Fabric, FaultConfig, NodeId, SimRng, Time, swarm};
+use softrdma_wire::{Gid, QKey, Qpn, RKey};
 
 const BASE: u64 = 0x1000_0000;
 const MEM: usize = 4 << 20;
 
 /// An engine and its memory, as a node of the simulated fabric.
-struct EngineNode {
-    engine: Engine,
-    mem: VecMemory,
-    ip: IpAddr,
-}
-
-impl Node for EngineNode {
-    fn addresses(&self) -> Vec<IpAddr> {
-        vec![self.ip]
-    }
-    fn handle_datagram(&mut self, now: Time, envelope: &Envelope, payload: &[u8]) {
-        self.engine.handle_datagram(now, envelope, payload, &mut self.mem);
-    }
-    fn handle_timeout(&mut self, now: Time) {
-        self.engine.handle_timeout(now);
-    }
-    fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
-        self.engine.poll_transmit(now, &mut self.mem, buf).map(|t| (t.envelope, t.len))
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        self.engine.poll_timeout()
-    }
-}
+type EngineNode = SimNode<VecMemory>;
 
 /// One operation of the workload, with what the model expects of it.
 #[derive(Clone, Debug)]

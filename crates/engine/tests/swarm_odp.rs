@@ -22,9 +22,11 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+mod common;
+
+use common::{SimNode, connect_qp};
 use softrdma_engine::*;
-use softrdma_sim::{Fabric, FaultConfig, Node, NodeId, SimRng, Time, swarm};
-use softrdma_wire::{Envelope, Gid, Qpn};
+use softrdma_sim::{Fabric, FaultConfig, NodeId, SimRng, swarm};
 
 const BASE: u64 = 0x1000_0000;
 const MEM: usize = 2 << 20;
@@ -83,29 +85,7 @@ impl Memory for Paged {
     }
 }
 
-struct EngineNode {
-    engine: Engine,
-    mem: Paged,
-    ip: IpAddr,
-}
-
-impl Node for EngineNode {
-    fn addresses(&self) -> Vec<IpAddr> {
-        vec![self.ip]
-    }
-    fn handle_datagram(&mut self, now: Time, envelope: &Envelope, payload: &[u8]) {
-        self.engine.handle_datagram(now, envelope, payload, &mut self.mem);
-    }
-    fn handle_timeout(&mut self, now: Time) {
-        self.engine.handle_timeout(now);
-    }
-    fn poll_transmit(&mut self, now: Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
-        self.engine.poll_transmit(now, &mut self.mem, buf).map(|t| (t.envelope, t.len))
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        self.engine.poll_timeout()
-    }
-}
+type EngineNode = SimNode<Paged>;
 
 /// One operation on the region, by its offset in it.
 #[derive(Clone, Copy, Debug)]
@@ -137,48 +117,6 @@ fn node(ip: [u8; 4], seed: u64) -> (EngineNode, PdId, CqId) {
     (EngineNode { engine, mem, ip }, pd, cq)
 }
 
-fn connect(n: &mut EngineNode, qp: Qpn, peer: (Qpn, IpAddr)) {
-    let e = &mut n.engine;
-    let init = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, ..QpAttr::default() };
-    e.modify_qp(qp, &init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
-    let av =
-        AddressVector { dgid: Gid::from_ip(peer.1), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: Some(av),
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: peer.0.value(),
-        rq_psn: 0x10,
-        max_dest_rd_atomic: 8,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    let mask = AttrMask::STATE
-        | AttrMask::AV
-        | AttrMask::PATH_MTU
-        | AttrMask::DEST_QPN
-        | AttrMask::RQ_PSN
-        | AttrMask::MAX_DEST_RD_ATOMIC
-        | AttrMask::MIN_RNR_TIMER;
-    e.modify_qp(qp, &rtr, mask).unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 0x10,
-        timeout: 8,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    let mask = AttrMask::STATE
-        | AttrMask::SQ_PSN
-        | AttrMask::TIMEOUT
-        | AttrMask::RETRY_CNT
-        | AttrMask::RNR_RETRY
-        | AttrMask::MAX_QP_RD_ATOMIC;
-    e.modify_qp(qp, &rts, mask).unwrap();
-}
-
 fn run(seed: u64) -> Result<(), String> {
     let mut rng = SimRng::with_stream(seed, 11);
     let mut sim = Fabric::new(seed);
@@ -205,8 +143,10 @@ fn run(seed: u64) -> Result<(), String> {
         |pd, cq| QpInitAttr { pd, send_cq: cq, recv_cq: cq, srq: None, qp_type: QpType::Rc, cap, sq_sig_all: false };
     let a_qp = a.engine.create_qp(&init(a_pd, a_cq)).unwrap();
     let b_qp = b.engine.create_qp(&init(b_pd, b_cq)).unwrap();
-    connect(&mut a, a_qp, (b_qp, b.ip));
-    connect(&mut b, b_qp, (a_qp, a.ip));
+    // timeout 8: a 1 ms local ACK timeout, as the swarm's.
+    let timeout = |rts: &mut QpAttr| rts.timeout = 8;
+    connect_qp(&mut a.engine, a_qp, b_qp, b.ip, QpType::Rc, Mtu::Mtu1024, &timeout);
+    connect_qp(&mut b.engine, b_qp, a_qp, a.ip, QpType::Rc, Mtu::Mtu1024, &timeout);
 
     // The workload: each op at a random place of the region; a's buffer per op.
     let n = 8 + (rng.next_u64() % 24) as usize;

@@ -90,17 +90,30 @@ pub fn connect(
     mtu: Mtu,
     tweak: &dyn Fn(&mut QpAttr),
 ) {
+    connect_qp(&mut n.engine, n.qp, peer_qp, peer_addr, qp_type, mtu, tweak);
+}
+
+/// [`connect`] for QP `qp` of any engine, whatever memory it runs over.
+pub fn connect_qp(
+    engine: &mut Engine,
+    qp: Qpn,
+    peer_qp: Qpn,
+    peer_addr: std::net::IpAddr,
+    qp_type: QpType,
+    mtu: Mtu,
+    tweak: &dyn Fn(&mut QpAttr),
+) {
     let init =
         QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, qkey: QKey(0x1111_1111), ..QpAttr::default() };
     let init_mask = match qp_type {
         QpType::Ud => AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
         _ => AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
     };
-    n.engine.modify_qp(n.qp, &init, init_mask).unwrap();
+    engine.modify_qp(qp, &init, init_mask).unwrap();
     if qp_type == QpType::Ud {
-        n.engine.modify_qp(n.qp, &QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+        engine.modify_qp(qp, &QpAttr { qp_state: QpState::Rtr, ..QpAttr::default() }, AttrMask::STATE).unwrap();
         let rts = QpAttr { qp_state: QpState::Rts, sq_psn: 1, ..QpAttr::default() };
-        n.engine.modify_qp(n.qp, &rts, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
+        engine.modify_qp(qp, &rts, AttrMask::STATE | AttrMask::SQ_PSN).unwrap();
         return;
     }
     let av =
@@ -127,8 +140,8 @@ pub fn connect(
     } else {
         rtr.max_dest_rd_atomic = 0;
     }
-    n.engine.modify_qp(n.qp, &rtr, rtr_mask).unwrap();
-    n.engine.modify_qp(n.qp, &rts, rts_mask).unwrap();
+    engine.modify_qp(qp, &rtr, rtr_mask).unwrap();
+    engine.modify_qp(qp, &rts, rts_mask).unwrap();
 }
 
 impl Pair {
@@ -382,6 +395,32 @@ impl softrdma_sim::Node for Node {
     fn handle_datagram_marked(&mut self, now: softrdma_sim::Time, envelope: &Envelope, payload: &[u8], ce: bool) {
         let ip = IpInfo { traffic_class: if ce { 0b11 } else { 0 }, ..IpInfo::default() };
         self.engine.handle_datagram_with(now, envelope, ip, payload, &mut self.mem);
+    }
+    fn handle_timeout(&mut self, now: softrdma_sim::Time) {
+        self.engine.handle_timeout(now);
+    }
+    fn poll_transmit(&mut self, now: softrdma_sim::Time, buf: &mut [u8]) -> Option<(Envelope, usize)> {
+        self.engine.poll_transmit(now, &mut self.mem, buf).map(|t| (t.envelope, t.len))
+    }
+    fn poll_timeout(&self) -> Option<softrdma_sim::Time> {
+        self.engine.poll_timeout()
+    }
+}
+
+/// An engine and its memory (any [`Memory`]: a `VecMemory`, or one that faults), as a
+/// node of the simulator's fabric: what the swarms drive.
+pub struct SimNode<M> {
+    pub engine: Engine,
+    pub mem: M,
+    pub ip: std::net::IpAddr,
+}
+
+impl<M: Memory> softrdma_sim::Node for SimNode<M> {
+    fn addresses(&self) -> Vec<std::net::IpAddr> {
+        vec![self.ip]
+    }
+    fn handle_datagram(&mut self, now: softrdma_sim::Time, envelope: &Envelope, payload: &[u8]) {
+        self.engine.handle_datagram(now, envelope, payload, &mut self.mem);
     }
     fn handle_timeout(&mut self, now: softrdma_sim::Time) {
         self.engine.handle_timeout(now);
