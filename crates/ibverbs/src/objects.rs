@@ -272,18 +272,15 @@ unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64
     // SAFETY: the C contract of ibv_reg_mr: the application keeps addr..addr+len allocated
     // until ibv_dereg_mr, and accepts that the device writes there at any time.
     let registered = unsafe { p.inner.reg_mr_raw_iova(addr.cast(), len, iova, access(flags)) };
-    errno::or_null(registered, |inner| {
-        let mr = IbvMr {
-            context: p.pd.context,
-            pd,
-            addr,
-            length: len,
-            handle: inner.lkey(),
-            lkey: inner.lkey(),
-            rkey: inner.rkey(),
-        };
-        boxed(MrC { mr, inner })
-    })
+    errno::or_null(registered, |inner| mr_c(p, pd, addr, len, inner))
+}
+
+/// The `ibv_mr` of region `inner` of PD `p` (whose C address is `pd`), as the application
+/// names it: from `addr`, `len` bytes.
+fn mr_c(p: &PdC, pd: *mut IbvPd, addr: *mut c_void, len: usize, inner: softrdma::RawMr) -> *mut IbvMr {
+    let (lkey, rkey) = (inner.lkey(), inner.rkey());
+    let mr = IbvMr { context: p.pd.context, pd, addr, length: len, handle: lkey, lkey, rkey };
+    boxed(MrC { mr, inner })
 }
 
 pub(crate) unsafe extern "C" fn reg_mr(pd: *mut IbvPd, addr: *mut c_void, len: usize, flags: c_int) -> *mut IbvMr {
@@ -494,18 +491,7 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
             return ptr::null_mut();
         }
         match d.inner.reg_mr(&p.inner, offset, len, access(acc as c_int)) {
-            Ok(inner) => {
-                let mr = IbvMr {
-                    context: p.pd.context,
-                    pd,
-                    addr: ptr::null_mut(),
-                    length: len,
-                    handle: inner.lkey(),
-                    lkey: inner.lkey(),
-                    rkey: inner.rkey(),
-                };
-                boxed(MrC { mr, inner })
-            }
+            Ok(inner) => mr_c(p, pd, ptr::null_mut(), len, inner),
             Err(e) => {
                 errno::set(if matches!(e, softrdma::Error::OutOfRange { .. }) { libc::EINVAL } else { errno::of(&e) });
                 ptr::null_mut()
