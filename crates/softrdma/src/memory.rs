@@ -135,7 +135,6 @@ fn fault_in(addr: u64, len: u64, write: bool) -> Result<(), MemoryFault> {
 /// answers `ENOMEM` for a hole, without faulting anything in): what a plain registration
 /// checks, as the kernel's pinning fails with `EFAULT` on unmapped memory.
 pub(crate) fn mapped(addr: u64, len: u64) -> bool {
-    const PAGE: u64 = 4096;
     const CHUNK: u64 = 64 << 20;
     if len == 0 {
         return true;
@@ -160,7 +159,6 @@ pub(crate) fn mapped(addr: u64, len: u64) -> bool {
 /// (`ibv_advise_mr`'s prefetch does this too); `EFAULT` (or `ENOMEM` for an unmapped hole)
 /// where the access would fault.
 pub(crate) fn populate(addr: u64, len: u64, write: bool) -> rustix::io::Result<()> {
-    const PAGE: u64 = 4096;
     let start = addr & !(PAGE - 1);
     let end = addr.saturating_add(len).saturating_add(PAGE - 1) & !(PAGE - 1);
     let advice = if write { rustix::mm::Advice::LinuxPopulateWrite } else { rustix::mm::Advice::LinuxPopulateRead };
@@ -194,6 +192,8 @@ unsafe impl Sync for MrBuf {}
 
 /// Alignment of the memory [`crate::Pd::reg_mr`] allocates: a page, as registered memory usually is.
 pub const MR_ALIGN: usize = 4096;
+/// A page, for the system calls that work by pages.
+const PAGE: u64 = MR_ALIGN as u64;
 
 impl MrBuf {
     /// `len` zero bytes (at least one), page aligned. `None` if the allocation fails.

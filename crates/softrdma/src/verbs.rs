@@ -208,7 +208,7 @@ impl Pd {
     /// device can reach them while the region lives and never after.
     pub fn reg_mr(&self, len: usize, access: Access) -> Result<Mr> {
         let buf = MrBuf::zeroed(len).ok_or(Error::NoMemory(len))?;
-        let keys = self.register(buf.addr(), len as u64, access)?;
+        let keys = self.register(buf.addr(), len as u64, buf.addr(), access)?;
         Ok(Mr { pd: Arc::clone(&self.inner), keys, access, buf: Some(buf) })
     }
 
@@ -250,13 +250,7 @@ impl Pd {
                 std::io::Error::from_raw_os_error(libc::EFAULT),
             ));
         }
-        let keys = self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr_iova(
-            self.inner.id,
-            host,
-            len as u64,
-            iova,
-            access,
-        )?;
+        let keys = self.register(host, len as u64, iova, access)?;
         let mr = RawMr {
             pd: Arc::clone(&self.inner),
             keys,
@@ -310,8 +304,9 @@ impl Pd {
         Ok(Mw { pd: Arc::clone(&self.inner), id, mw_type, posted_rkey: AtomicU32::new(rkey.0) })
     }
 
-    fn register(&self, addr: u64, len: u64, access: Access) -> Result<MrKeys> {
-        Ok(self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr(self.inner.id, addr, len, access)?)
+    /// Registers the `len` bytes at `addr`, named from `iova`, in this PD.
+    fn register(&self, addr: u64, len: u64, iova: u64, access: Access) -> Result<MrKeys> {
+        Ok(self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr_iova(self.inner.id, addr, len, iova, access)?)
     }
 
     /// `ibv_create_srq`.
