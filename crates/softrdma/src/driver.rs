@@ -758,14 +758,6 @@ impl Drop for Driver {
             // delivering); it then ends on its own, having seen `stop`.
             if Some(&std::thread::current().id()) != self.shared.thread_id.get() {
                 let _ = t.join();
-                // CM IDs dropped just before the device (a process returning from `main`,
-                // say) had no progress pass left to send their DREQ or DREP: send them now,
-                // or the peer waits out its DREQ retries.
-                let sh = &self.shared;
-                let mut st = sh.lock();
-                if st.bury_dead_cm_ids(sh, sh.now()) {
-                    sh.after_verb(&mut st);
-                }
             }
         }
         if let Some(c) = &mut self.shared.lock().capture {
@@ -1044,6 +1036,14 @@ impl Shared {
             if let Some(bell) = &self.inbox_bell {
                 drain_bell(bell.as_fd());
             }
+        }
+        // CM IDs dropped just before the device (a process returning from `main`, say) had
+        // no pass left to send their DREQ or DREP: send them now, or the peer waits out its
+        // DREQ retries. Here, not in `Driver::drop`: the device's last reference may go in
+        // this thread (an object it was delivering), and then nobody joins it.
+        let mut st = self.lock();
+        if st.bury_dead_cm_ids(&self, self.now()) {
+            self.after_verb(&mut st);
         }
     }
 }
