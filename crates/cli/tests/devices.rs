@@ -136,7 +136,8 @@ fn stats_reports_the_counters_of_a_live_process() {
     let sge = [src.sge(0..10_000).unwrap()];
     for i in 0..5 {
         let op = SendOp::RdmaWrite { remote_addr: remote.addr, rkey: remote.rkey };
-        a.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+        a.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])
+            .unwrap();
         assert_eq!(cq.wait(Duration::from_secs(10)).unwrap().status, softrdma::WcStatus::Success);
     }
     let mut landed = [0u8; 10_000];
@@ -304,7 +305,15 @@ fn stats_follows_a_process_that_busy_polls() {
     while seen.is_none() && start.elapsed() < Duration::from_secs(10) {
         while in_flight < 16 {
             let op = SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey };
-            a.post_send(&[SendWr { wr_id: 1, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+            a.post_send(&[SendWr {
+                wr_id: 1,
+                op,
+                sg_list: &sge,
+                flags: SendFlags::SIGNALED,
+                ud: None,
+                xrc_srqn: None,
+            }])
+            .unwrap();
             in_flight += 1;
         }
         let n = cq.poll(&mut wcs);

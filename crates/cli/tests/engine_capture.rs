@@ -177,7 +177,12 @@ fn engine_traffic_decodes_cleanly_with_softrdma_decode_and_tshark() {
     ];
     for (wr_id, op, len) in ops {
         let sg = [sge(len)];
-        a.e.post_send(aq, &[SendWr { wr_id, op, sg_list: &sg, flags: SendFlags::SIGNALED, ud: None }], &a.mem).unwrap();
+        a.e.post_send(
+            aq,
+            &[SendWr { wr_id, op, sg_list: &sg, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }],
+            &a.mem,
+        )
+        .unwrap();
     }
     let ah =
         a.e.create_ah(
@@ -197,6 +202,7 @@ fn engine_traffic_decodes_cleanly_with_softrdma_decode_and_tshark() {
             sg_list: &sg,
             flags: SendFlags::SIGNALED,
             ud: Some(ud),
+            xrc_srqn: None,
         }],
         &a.mem,
     )

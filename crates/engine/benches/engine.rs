@@ -126,6 +126,7 @@ fn run_batch(a: &mut Side, b: &mut Side, buf: &mut [u8], batch: usize, len: u32,
             sg_list: std::slice::from_ref(&sge),
             flags: if i + 1 == batch { SendFlags::SIGNALED } else { SendFlags(0) },
             ud: None,
+            xrc_srqn: None,
         })
         .collect();
     a.engine.post_send(a.qp, &wrs, &a.mem).unwrap();
@@ -159,6 +160,7 @@ fn bench(c: &mut Criterion) {
                 sg_list: std::slice::from_ref(&sge),
                 flags: SendFlags(0),
                 ud: None,
+                xrc_srqn: None,
             };
             a.engine.post_send(a.qp, &[w], &a.mem).unwrap();
             let t = a.engine.poll_transmit(Instant::ZERO, &mut a.mem, &mut buf).unwrap();

@@ -14,7 +14,7 @@ use crate::Instant;
 use crate::engine::{KeyError, Shared};
 use crate::memory::Memory;
 use crate::qp::{InMessage, Qp};
-use crate::verbs::{AsyncEvent, Event, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
+use crate::verbs::{AsyncEvent, Event, QpState, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
 
 /// The completion of a WR flushed by the error state.
 pub(crate) fn flush_wc(qpn: Qpn, wr_id: u64, opcode: WcOpcode) -> Wc {
@@ -134,10 +134,10 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
 
 /// Fails the QP because of an error its requester found (a local protection or length
 /// error, retries exhausted, a NAK): the head WQE completes with `status` and the rest of
-/// the send queue flushes. An RC QP goes to ERR, receives flushed too; a UC or UD QP goes to
-/// SQE (IBA 10.3.1.5), where its receive side carries on and SQE→RTS resumes sending.
+/// the send queue flushes. An RC (or XRC) QP goes to ERR, receives flushed too; a UC or UD QP
+/// goes to SQE (IBA 10.3.1.5), where its receive side carries on and SQE→RTS resumes sending.
 pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
-    if qp.qp_type == QpType::Rc {
+    if qp.qp_type.is_reliable() {
         enter_error(qp, sh, Some(status));
     } else {
         fail_send_queue(qp, sh, Some(status));
@@ -221,7 +221,7 @@ fn progress(qp: &mut Qp, now: Instant, acked_through: Psn) {
 pub(crate) fn rearm(qp: &mut Qp, now: Instant) {
     let unacked = qp.comp.psn != qp.req.psn || qp.req.rd_atomic_outstanding > 0;
     qp.comp.retransmit_at = match local_ack_timeout(qp.attr.timeout) {
-        Some(t) if unacked && qp.qp_type == crate::verbs::QpType::Rc => Some(now + t),
+        Some(t) if unacked && qp.qp_type.is_reliable() => Some(now + t),
         _ => None,
     };
 }

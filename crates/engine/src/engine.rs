@@ -71,6 +71,8 @@ pub struct DeviceConfig {
     pub max_mcast_qp_attach: u32,
     /// Most attachments, all groups together (`max_total_mcast_qp_attach`; rxe: 0x70000).
     pub max_total_mcast_qp_attach: u32,
+    /// Most XRC domains open at once (`max_xrcds`; ConnectX: 2^24, rxe: none).
+    pub max_xrcds: u32,
 }
 
 impl Default for DeviceConfig {
@@ -96,6 +98,7 @@ impl Default for DeviceConfig {
             max_mcast_grp: 8192,
             max_mcast_qp_attach: 56,
             max_total_mcast_qp_attach: 0x70000,
+            max_xrcds: 1 << 16,
         }
     }
 }
@@ -244,6 +247,8 @@ pub(crate) struct Srq {
     pub(crate) ring: Ring<RecvWqe>,
     pub(crate) max_sge: u32,
     pub(crate) limit: u32,
+    /// An XRC SRQ's domain and the CQ its receives complete to.
+    pub(crate) xrc: Option<(XrcdId, CqId)>,
 }
 
 #[derive(Debug)]
@@ -266,6 +271,7 @@ pub(crate) struct Shared {
     mws: BTreeMap<u32, Mw>,
     cqs: Slab<Cq>,
     pub(crate) srqs: Slab<Srq>,
+    xrcds: Slab<()>,
     pub(crate) ahs: Slab<Ah>,
     pub(crate) ready: VecDeque<Qpn>,
     pub(crate) timers: BTreeSet<(Instant, u32)>,
@@ -556,7 +562,7 @@ impl Shared {
     /// Counts the packets `qp` has sent and not yet seen acknowledged in its peer's window
     /// ([`crate::window`]): an RC QP that sends, none otherwise.
     pub(crate) fn count_window(&mut self, qp: &mut Qp) {
-        let sending = qp.qp_type == QpType::Rc && matches!(qp.state, QpState::Rts | QpState::Sqd);
+        let sending = qp.qp_type.is_reliable() && matches!(qp.state, QpState::Rts | QpState::Sqd);
         let outstanding = if sending { qp.comp.psn.distance_to(qp.req.psn).max(0).unsigned_abs() } else { 0 };
         let peer = qp.peer_ip();
         self.windows.recount(&mut qp.window, peer, outstanding);
@@ -677,6 +683,7 @@ impl Engine {
                 mws: BTreeMap::new(),
                 cqs: Slab::new(),
                 srqs: Slab::new(),
+                xrcds: Slab::new(),
                 ahs: Slab::new(),
                 ready: VecDeque::with_capacity(1024),
                 timers: BTreeSet::new(),
@@ -953,8 +960,13 @@ impl Engine {
         if !self.shared.cqs.contains(cq.0 as usize) {
             return Err(VerbsError::NotFound { kind: "CQ", id: cq.0 });
         }
-        if let Some(qp) = self.qps.values().find(|q| q.send_cq == cq || q.recv_cq == cq) {
+        if let Some(qp) =
+            self.qps.values().find(|q| q.qp_type != QpType::XrcTgt && (q.send_cq == cq || q.recv_cq == cq))
+        {
             return Err(VerbsError::Busy(format!("CQ {} is used by QP {}", cq.0, qp.qpn)));
+        }
+        if let Some((i, _)) = self.shared.srqs.iter().find(|(_, s)| s.xrc.is_some_and(|(_, c)| c == cq)) {
+            return Err(VerbsError::Busy(format!("CQ {} is used by XRC SRQ {i}", cq.0)));
         }
         self.shared.cqs.remove(cq.0 as usize);
         Ok(())
@@ -1010,7 +1022,92 @@ impl Engine {
         }
         self.pd_use(pd, 1)?;
         let ring = Ring::new(max_wr, || RecvWqe { sges: Vec::with_capacity(max_sge as usize), ..RecvWqe::default() });
-        Ok(SrqId(self.shared.srqs.insert(Srq { pd, ring, max_sge, limit: 0 }) as u32))
+        Ok(SrqId(self.shared.srqs.insert(Srq { pd, ring, max_sge, limit: 0, xrc: None }) as u32))
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of XRC domain `xrcd` whose receives
+    /// complete to `cq`. The XRC TGT QPs of the domain take a message's receive from it
+    /// when the message's XRCETH names its number (the [`SrqId`]'s value), and check the
+    /// message's memory accesses against its PD `pd`.
+    pub fn create_xrc_srq(
+        &mut self,
+        pd: PdId,
+        xrcd: XrcdId,
+        cq: CqId,
+        max_wr: u32,
+        max_sge: u32,
+    ) -> Result<SrqId, VerbsError> {
+        if !self.shared.xrcds.contains(xrcd.0 as usize) {
+            return Err(VerbsError::NotFound { kind: "XRC domain", id: xrcd.0 });
+        }
+        if !self.shared.cqs.contains(cq.0 as usize) {
+            return Err(VerbsError::NotFound { kind: "CQ", id: cq.0 });
+        }
+        let srq = self.create_srq(pd, max_wr, max_sge)?;
+        self.shared.srqs[srq.0 as usize].xrc = Some((xrcd, cq));
+        Ok(srq)
+    }
+
+    /// The XRC domain and CQ of an XRC SRQ; `None` for another SRQ or none.
+    pub fn xrc_srq(&self, srq: SrqId) -> Option<(XrcdId, CqId)> {
+        self.shared.srqs.get(srq.0 as usize)?.xrc
+    }
+
+    /// `ibv_open_xrcd`: a new XRC domain.
+    pub fn alloc_xrcd(&mut self) -> Result<XrcdId, VerbsError> {
+        if self.shared.xrcds.len() as u32 >= self.shared.config.max_xrcds {
+            return Err(VerbsError::NoResources(format!(
+                "the device's max_xrcds ({}) domains are open",
+                self.shared.config.max_xrcds
+            )));
+        }
+        Ok(XrcdId(self.shared.xrcds.insert(()) as u32))
+    }
+
+    /// `ibv_close_xrcd`. Fails (EBUSY) while an XRC SRQ or an XRC TGT QP belongs to it.
+    pub fn dealloc_xrcd(&mut self, xrcd: XrcdId) -> Result<(), VerbsError> {
+        if !self.shared.xrcds.contains(xrcd.0 as usize) {
+            return Err(VerbsError::NotFound { kind: "XRC domain", id: xrcd.0 });
+        }
+        if let Some((i, _)) = self.shared.srqs.iter().find(|(_, s)| s.xrc.is_some_and(|(d, _)| d == xrcd)) {
+            return Err(VerbsError::Busy(format!("XRC domain {} has SRQ {i}; destroy it first", xrcd.0)));
+        }
+        if let Some(qp) = self.qps.values().find(|q| q.xrcd == Some(xrcd)) {
+            return Err(VerbsError::Busy(format!("XRC domain {} has XRC TGT QP {}; destroy it first", xrcd.0, qp.qpn)));
+        }
+        self.shared.xrcds.remove(xrcd.0 as usize);
+        Ok(())
+    }
+
+    /// `ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`: an XRC TGT QP of domain `xrcd`. It has no
+    /// PD, CQs or queues of its own: each request names the XRC SRQ of the domain whose
+    /// receive, PD and CQ serve it. It starts in RESET.
+    pub fn create_xrc_tgt_qp(&mut self, xrcd: XrcdId) -> Result<Qpn, VerbsError> {
+        if !self.shared.xrcds.contains(xrcd.0 as usize) {
+            return Err(VerbsError::NotFound { kind: "XRC domain", id: xrcd.0 });
+        }
+        if self.qps.len() as u32 >= self.shared.config.max_qp {
+            return Err(VerbsError::NoResources(format!(
+                "the device's max_qp ({}) QPs exist",
+                self.shared.config.max_qp
+            )));
+        }
+        // Until a request names an SRQ, its PD and CQs are none that exist: nothing can
+        // reach memory or complete through it.
+        let init = QpInitAttr {
+            pd: PdId(u32::MAX),
+            send_cq: CqId(u32::MAX),
+            recv_cq: CqId(u32::MAX),
+            srq: None,
+            qp_type: QpType::XrcTgt,
+            cap: QpCap { max_send_wr: 1, ..QpCap::default() },
+            sq_sig_all: false,
+        };
+        let qpn = self.allocate_qpn();
+        let mut qp = Qp::new(qpn, init.pd, &init);
+        qp.xrcd = Some(xrcd);
+        self.qps.insert(qpn.value(), qp);
+        Ok(qpn)
     }
 
     /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arms the limit event for when fewer than
@@ -1024,9 +1121,12 @@ impl Engine {
         Ok(())
     }
 
-    /// `ibv_destroy_srq`. Fails while a QP uses it.
+    /// `ibv_destroy_srq`. Fails while a QP uses it (an XRC TGT QP in the middle of a
+    /// message into it).
     pub fn destroy_srq(&mut self, srq: SrqId) -> Result<(), VerbsError> {
-        if let Some(qp) = self.qps.values().find(|q| q.srq == Some(srq)) {
+        if let Some(qp) =
+            self.qps.values().find(|q| q.srq == Some(srq) && (q.qp_type != QpType::XrcTgt || q.resp.in_message()))
+        {
             return Err(VerbsError::Busy(format!("SRQ {} is used by QP {}", srq.0, qp.qpn)));
         }
         let s = self.shared.srqs.try_remove(srq.0 as usize).ok_or(VerbsError::NotFound { kind: "SRQ", id: srq.0 })?;
@@ -1087,6 +1187,12 @@ impl Engine {
         if init.qp_type == QpType::Gsi {
             return Err(invalid("the GSI QP (QP1) belongs to the connection manager"));
         }
+        if init.qp_type == QpType::XrcTgt {
+            return Err(invalid("an XRC TGT QP belongs to an XRC domain: create it with create_xrc_tgt_qp"));
+        }
+        if init.qp_type == QpType::XrcIni && (init.srq.is_some() || cap.max_recv_wr > 0 || cap.max_recv_sge > 0) {
+            return Err(invalid("an XRC INI (XRC_SEND) QP receives nothing: no SRQ, max_recv_wr and max_recv_sge 0"));
+        }
         for cq in [init.send_cq, init.recv_cq] {
             if !self.shared.cqs.contains(cq.0 as usize) {
                 return Err(VerbsError::NotFound { kind: "CQ", id: cq.0 });
@@ -1141,6 +1247,14 @@ impl Engine {
         self.shared.update_timer(&mut qp);
         self.shared.windows.forget(qpn, &mut qp.window);
         self.wake_window_waiters();
+        if qp.qp_type == QpType::XrcTgt {
+            // Its PD and CQs were its SRQs'; a receive it had taken completes flushed.
+            if let crate::qp::InMessage::Send { wqe, .. } = core::mem::take(&mut qp.resp.current) {
+                let wc = crate::completer::flush_wc(qp.qpn, wqe.wr_id, WcOpcode::Recv);
+                self.shared.push_cqe(qp.recv_cq, wc);
+            }
+            return Ok(());
+        }
         self.pd_use(qp.pd, -1)
     }
 
@@ -1470,6 +1584,9 @@ impl Engine {
     pub fn post_recv(&mut self, qpn: Qpn, wrs: &[RecvWr<'_>]) -> Result<(), PostError> {
         let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
         let qp = self.qps.get_mut(&qpn.value()).ok_or_else(|| bad(0, format!("no such QP {qpn}")))?;
+        if matches!(qp.qp_type, QpType::XrcIni | QpType::XrcTgt) {
+            return Err(bad(0, format!("{} QP {qpn} has no receive queue; post receives to an XRC SRQ", qp.qp_type)));
+        }
         if let Some(srq) = qp.srq {
             // ibv_post_recv(3): a QP with an SRQ takes receives only through ibv_post_srq_recv.
             return Err(bad(0, format!("QP {qpn} uses SRQ {}; post receives with post_srq_recv", srq.0)));
@@ -1584,6 +1701,7 @@ fn post_sends<M: Memory + ?Sized>(
         slot.solicited = wr.flags.contains(SendFlags::SOLICITED);
         slot.fence = wr.flags.contains(SendFlags::FENCE);
         slot.ud = wr.ud;
+        slot.xrc_srqn = wr.xrc_srqn.unwrap_or(0);
         slot.started = false;
         slot.npkts = 0;
         slot.read_done = 0;
@@ -1671,6 +1789,18 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
                 return Err("SEND_WITH_INV is RC only: no UC opcode carries an IETH".into());
             }
         }
+        QpType::XrcIni => {
+            let Some(srqn) = wr.xrc_srqn else {
+                return Err("an XRC send names the XRC SRQ at the target (wr.qp_type.xrc.remote_srqn)".into());
+            };
+            if srqn > 0xff_ffff {
+                return Err(format!("remote_srqn {srqn:#x} does not fit in 24 bits"));
+            }
+            if matches!(wr.op, SendOp::AtomicWrite { .. }) {
+                return Err("ATOMIC_WRITE has no XRC opcode".into());
+            }
+        }
+        QpType::XrcTgt => return Err("an XRC TGT (XRC_RECV) QP has no send queue".into()),
         QpType::Rc => {}
     }
     Ok(())

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use softrdma_wire::{Envelope, Psn, Qpn};
 
 use crate::Instant;
-use crate::verbs::{AddressVector, CqId, PdId, QpAttr, QpCap, QpState, QpType, SendOp, Sge, SrqId, UdDest};
+use crate::verbs::{AddressVector, CqId, PdId, QpAttr, QpCap, QpState, QpType, SendOp, Sge, SrqId, UdDest, XrcdId};
 
 /// A fixed-capacity ring whose slots are reused, so that posting a WR never allocates.
 /// Positions are ever-increasing `u64` counters; the slot is `position % capacity`.
@@ -101,6 +101,8 @@ pub(crate) struct SendWqe {
     pub(crate) solicited: bool,
     pub(crate) fence: bool,
     pub(crate) ud: Option<UdDest>,
+    /// XRC INI: the XRC SRQ at the target that takes it (every packet's XRCETH).
+    pub(crate) xrc_srqn: u32,
     /// Set when its first packet is built: the PSNs it occupies.
     pub(crate) started: bool,
     pub(crate) first_psn: Psn,
@@ -205,9 +207,10 @@ pub(crate) struct Completer {
 pub(crate) enum RespJob {
     /// ACK or NAK for `psn`.
     Ack { psn: Psn, syndrome: softrdma_wire::Syndrome },
-    /// READ response packets from `psn` on: `remaining` bytes from `va`, through `rkey`,
-    /// which is checked again for every packet (the MR may be deregistered meanwhile).
-    Read { psn: Psn, va: u64, remaining: u32, first: bool, rkey: u32 },
+    /// READ response packets from `psn` on: `remaining` bytes from `va`, through `rkey` of
+    /// PD `pd`, which is checked again for every packet (the MR may be deregistered
+    /// meanwhile). The PD is the QP's, or for an XRC TGT QP the SRQ's that the READ named.
+    Read { psn: Psn, va: u64, remaining: u32, first: bool, rkey: u32, pd: PdId },
     /// The answer to an atomic.
     AtomicAck { psn: Psn, original: u64 },
 }
@@ -219,6 +222,8 @@ pub(crate) struct RdAtomicResource {
     pub(crate) npkts: u32,
     pub(crate) va: u64,
     pub(crate) rkey: u32,
+    /// The PD its R_Key was checked in (an XRC TGT QP's changes with each request).
+    pub(crate) pd: PdId,
     pub(crate) length: u32,
     /// For an atomic: the value it returned.
     pub(crate) atomic_original: Option<u64>,
@@ -254,6 +259,13 @@ pub(crate) struct Responder {
     pub(crate) established: bool,
 }
 
+impl Responder {
+    /// In the middle of a SEND or WRITE.
+    pub(crate) fn in_message(&self) -> bool {
+        matches!(self.current, InMessage::Send { .. } | InMessage::Write { .. })
+    }
+}
+
 /// A queue pair.
 #[derive(Debug)]
 pub(crate) struct Qp {
@@ -263,7 +275,11 @@ pub(crate) struct Qp {
     pub(crate) pd: PdId,
     pub(crate) send_cq: CqId,
     pub(crate) recv_cq: CqId,
+    /// The SRQ it receives from; an XRC TGT QP's is the one its latest request named, whose
+    /// PD and CQ are then `pd` and `recv_cq`.
     pub(crate) srq: Option<SrqId>,
+    /// An XRC TGT QP's domain: the SRQs its requests may name.
+    pub(crate) xrcd: Option<XrcdId>,
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
     pub(crate) attr: QpAttr,
@@ -318,6 +334,7 @@ impl Qp {
             send_cq: init.send_cq,
             recv_cq: init.recv_cq,
             srq: init.srq,
+            xrcd: None,
             sq_sig_all: init.sq_sig_all,
             cap,
             attr: QpAttr::default(),

@@ -8,8 +8,8 @@
 //! Specification Vol. 1 (chapter 11, Software Transport Verbs); where the two could differ,
 //! the Linux table wins, because it decides what real `libibverbs` programs may do.
 //!
-//! Only the RC, UC, UD and GSI (QP1) columns are kept; XRC, SMI, raw packet and
-//! driver-specific QP types are out of scope.
+//! The RC, UC, UD, GSI (QP1) and XRC (`IB_QPT_XRC_INI`, `IB_QPT_XRC_TGT`) columns are kept;
+//! SMI, raw packet and driver-specific QP types are out of scope.
 //!
 //! # Choices
 //!
@@ -151,11 +151,28 @@ pub enum QpType {
     /// The General Services Interface QP, QP1 (`IB_QPT_GSI`, kernel only): UD-like, with its
     /// own column in the Linux table.
     Gsi,
+    /// The sending half of XRC (`IBV_QPT_XRC_SEND`, the kernel's `IB_QPT_XRC_INI`): an RC
+    /// requester whose every request names the XRC SRQ it goes to; it receives nothing.
+    XrcIni,
+    /// The receiving half of XRC (`IBV_QPT_XRC_RECV`, `IB_QPT_XRC_TGT`): an RC responder of
+    /// an XRC domain that takes each message's receive from the XRC SRQ the request names.
+    XrcTgt,
 }
 
 impl QpType {
     /// Every type.
-    pub const ALL: [QpType; 4] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::Gsi];
+    pub const ALL: [QpType; 6] = [QpType::Rc, QpType::Uc, QpType::Ud, QpType::Gsi, QpType::XrcIni, QpType::XrcTgt];
+
+    /// Connected to one peer QP (RC, UC and both XRC halves): the AV and destination QPN
+    /// are the QP's, not each WR's.
+    pub const fn is_connected(self) -> bool {
+        matches!(self, QpType::Rc | QpType::Uc | QpType::XrcIni | QpType::XrcTgt)
+    }
+
+    /// Reliable (RC and XRC): ACKs, retries, READs and atomics.
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, QpType::Rc | QpType::XrcIni | QpType::XrcTgt)
+    }
 
     /// The C enumerator: `"IBV_QPT_RC"`, ..., and the kernel's `"IB_QPT_GSI"` for QP1, which
     /// user space cannot create.
@@ -165,16 +182,21 @@ impl QpType {
             QpType::Uc => "IBV_QPT_UC",
             QpType::Ud => "IBV_QPT_UD",
             QpType::Gsi => "IB_QPT_GSI",
+            QpType::XrcIni => "IBV_QPT_XRC_SEND",
+            QpType::XrcTgt => "IBV_QPT_XRC_RECV",
         }
     }
 
-    /// The short name used in [`Display`](fmt::Display): `"RC"`, `"UC"`, `"UD"`, `"GSI"`.
+    /// The short name used in [`Display`](fmt::Display): `"RC"`, `"UC"`, `"UD"`, `"GSI"`,
+    /// `"XRC_INI"`, `"XRC_TGT"`.
     pub const fn short_name(self) -> &'static str {
         match self {
             QpType::Rc => "RC",
             QpType::Uc => "UC",
             QpType::Ud => "UD",
             QpType::Gsi => "GSI",
+            QpType::XrcIni => "XRC_INI",
+            QpType::XrcTgt => "XRC_TGT",
         }
     }
 
@@ -184,6 +206,7 @@ impl QpType {
         match self {
             QpType::Rc => "an",
             QpType::Uc | QpType::Ud | QpType::Gsi => "a",
+            QpType::XrcIni | QpType::XrcTgt => "an",
         }
     }
 }
@@ -583,10 +606,11 @@ impl TransitionRule {
 /// allowed.
 ///
 /// Transcribed from Linux `drivers/infiniband/core/verbs.c: qp_state_table` (columns
-/// `IB_QPT_RC`, `IB_QPT_UC`, `IB_QPT_UD`, `IB_QPT_GSI`); see the module docs for the choices.
+/// `IB_QPT_RC`, `IB_QPT_UC`, `IB_QPT_UD`, `IB_QPT_GSI`, `IB_QPT_XRC_INI`, `IB_QPT_XRC_TGT`);
+/// see the module docs for the choices.
 pub const fn transition_rule(qp_type: QpType, current: QpState, next: QpState) -> Option<TransitionRule> {
     use QpState::{Err, Init, Reset, Rtr, Rts, Sqd, Sqe};
-    use QpType::{Gsi, Rc, Uc, Ud};
+    use QpType::{Gsi, Rc, Uc, Ud, XrcIni, XrcTgt};
 
     const NONE: AttrMask = AttrMask::EMPTY;
     const CUR_STATE: AttrMask = AttrMask::CUR_STATE;
@@ -631,36 +655,45 @@ pub const fn transition_rule(qp_type: QpType, current: QpState, next: QpState) -
         // RESET→INIT: every type must name its P_Key; UD and GSI their Q_Key, connected types
         // their access flags; all but GSI (bound to its port at creation) their port.
         (Reset, Init) => match qp_type {
-            Rc | Uc => (any(&[PKEY_INDEX, PORT, ACCESS_FLAGS]), NONE),
+            Rc | Uc | XrcIni | XrcTgt => (any(&[PKEY_INDEX, PORT, ACCESS_FLAGS]), NONE),
             Ud => (any(&[PKEY_INDEX, PORT, QKEY]), NONE),
             Gsi => (any(&[PKEY_INDEX, QKEY]), NONE),
         },
 
         // INIT→INIT: the RESET→INIT attributes become optional.
         (Init, Init) => match qp_type {
-            Rc | Uc => (NONE, any(&[PKEY_INDEX, PORT, ACCESS_FLAGS])),
+            Rc | Uc | XrcIni | XrcTgt => (NONE, any(&[PKEY_INDEX, PORT, ACCESS_FLAGS])),
             Ud => (NONE, any(&[PKEY_INDEX, PORT, QKEY])),
             Gsi => (NONE, any(&[PKEY_INDEX, QKEY])),
         },
 
         // INIT→RTR: connected types learn the remote end (AV, DEST_QPN), PMTU and the
-        // expected PSN; RC also its responder resources and RNR NAK timer.
+        // expected PSN; RC and XRC TGT (the responders) also their responder resources and
+        // RNR NAK timer.
         (Init, Rtr) => match qp_type {
-            Rc => (
+            Rc | XrcTgt => (
                 any(&[AV, PATH_MTU, DEST_QPN, RQ_PSN, MAX_DEST_RD_ATOMIC, MIN_RNR_TIMER]),
                 any(&[ALT_PATH, ACCESS_FLAGS, PKEY_INDEX]),
             ),
-            Uc => (any(&[AV, PATH_MTU, DEST_QPN, RQ_PSN]), any(&[ALT_PATH, ACCESS_FLAGS, PKEY_INDEX])),
+            Uc | XrcIni => (any(&[AV, PATH_MTU, DEST_QPN, RQ_PSN]), any(&[ALT_PATH, ACCESS_FLAGS, PKEY_INDEX])),
             Ud | Gsi => (NONE, any(&[PKEY_INDEX, QKEY])),
         },
 
-        // RTR→RTS: everybody sets its send PSN; RC also its retransmission parameters and
-        // outstanding read/atomic depth.
+        // RTR→RTS: everybody sets its send PSN; RC and XRC INI (the requesters) also their
+        // retransmission parameters and outstanding read/atomic depth; XRC TGT, which sends
+        // nothing but responses, only a timeout.
         (Rtr, Rts) => match qp_type {
             Rc => (
                 any(&[TIMEOUT, RETRY_CNT, RNR_RETRY, SQ_PSN, MAX_QP_RD_ATOMIC]),
                 any(&[CUR_STATE, ALT_PATH, ACCESS_FLAGS, MIN_RNR_TIMER, PATH_MIG_STATE]),
             ),
+            XrcIni => (
+                any(&[TIMEOUT, RETRY_CNT, RNR_RETRY, SQ_PSN, MAX_QP_RD_ATOMIC]),
+                any(&[CUR_STATE, ALT_PATH, ACCESS_FLAGS, PATH_MIG_STATE]),
+            ),
+            XrcTgt => {
+                (any(&[TIMEOUT, SQ_PSN]), any(&[CUR_STATE, ALT_PATH, ACCESS_FLAGS, MIN_RNR_TIMER, PATH_MIG_STATE]))
+            }
             Uc => (SQ_PSN, any(&[CUR_STATE, ALT_PATH, ACCESS_FLAGS, PATH_MIG_STATE])),
             Ud | Gsi => (SQ_PSN, any(&[CUR_STATE, QKEY])),
         },
@@ -668,8 +701,8 @@ pub const fn transition_rule(qp_type: QpType, current: QpState, next: QpState) -
         // RTS→RTS (attribute-only modify of a running QP) and SQD→RTS (resume) accept the
         // same bits.
         (Rts | Sqd, Rts) => match qp_type {
-            Rc => (NONE, any(&[CUR_STATE, ACCESS_FLAGS, ALT_PATH, PATH_MIG_STATE, MIN_RNR_TIMER])),
-            Uc => (NONE, any(&[CUR_STATE, ACCESS_FLAGS, ALT_PATH, PATH_MIG_STATE])),
+            Rc | XrcTgt => (NONE, any(&[CUR_STATE, ACCESS_FLAGS, ALT_PATH, PATH_MIG_STATE, MIN_RNR_TIMER])),
+            Uc | XrcIni => (NONE, any(&[CUR_STATE, ACCESS_FLAGS, ALT_PATH, PATH_MIG_STATE])),
             Ud | Gsi => (NONE, any(&[CUR_STATE, QKEY])),
         },
 
@@ -695,14 +728,43 @@ pub const fn transition_rule(qp_type: QpType, current: QpState, next: QpState) -
                     PATH_MIG_STATE,
                 ]),
             ),
+            XrcIni => (
+                NONE,
+                any(&[
+                    PORT,
+                    AV,
+                    TIMEOUT,
+                    RETRY_CNT,
+                    RNR_RETRY,
+                    MAX_QP_RD_ATOMIC,
+                    ALT_PATH,
+                    ACCESS_FLAGS,
+                    PKEY_INDEX,
+                    PATH_MIG_STATE,
+                ]),
+            ),
+            XrcTgt => (
+                NONE,
+                any(&[
+                    PORT,
+                    AV,
+                    TIMEOUT,
+                    MAX_DEST_RD_ATOMIC,
+                    ALT_PATH,
+                    ACCESS_FLAGS,
+                    PKEY_INDEX,
+                    MIN_RNR_TIMER,
+                    PATH_MIG_STATE,
+                ]),
+            ),
             Uc => (NONE, any(&[AV, ALT_PATH, ACCESS_FLAGS, PKEY_INDEX, PATH_MIG_STATE])),
             Ud | Gsi => (NONE, any(&[PKEY_INDEX, QKEY])),
         },
 
         // SQE→RTS: recover from a send queue error (UC/UD). Linux has a valid entry for RC
-        // too, with nothing required or optional, although RC never enters SQE.
+        // and XRC too, with nothing required or optional, although they never enter SQE.
         (Sqe, Rts) => match qp_type {
-            Rc => (NONE, NONE),
+            Rc | XrcIni | XrcTgt => (NONE, NONE),
             Uc => (NONE, any(&[CUR_STATE, ACCESS_FLAGS])),
             Ud | Gsi => (NONE, any(&[CUR_STATE, QKEY])),
         },
@@ -905,7 +967,7 @@ pub fn check_modify(
 mod tests {
     use super::*;
     use QpState::{Err, Init, Reset, Rtr, Rts, Sqd, Sqe};
-    use QpType::{Gsi, Rc, Uc, Ud};
+    use QpType::{Gsi, Rc, Uc, Ud, XrcIni, XrcTgt};
     use proptest::prelude::*;
 
     // --- An independent transcription of the Linux table, in its own layout -----------------
@@ -941,13 +1003,15 @@ mod tests {
             Uc => 1,
             Rc => 2,
             Gsi => 3,
+            XrcIni => 4,
+            XrcTgt => 5,
         }
     }
 
-    /// `(valid, req_param[UD, UC, RC, GSI], opt_param[UD, UC, RC, GSI])`.
-    type Entry = (bool, [u32; 4], [u32; 4]);
-    const INVALID: Entry = (false, [0; 4], [0; 4]);
-    const VALID_EMPTY: Entry = (true, [0; 4], [0; 4]);
+    /// `(valid, req_param[UD, UC, RC, GSI, XRC_INI, XRC_TGT], opt_param[...])`.
+    type Entry = (bool, [u32; 6], [u32; 6]);
+    const INVALID: Entry = (false, [0; 6], [0; 6]);
+    const VALID_EMPTY: Entry = (true, [0; 6], [0; 6]);
 
     fn linux_entry(cur: QpState, next: QpState) -> Entry {
         let mut table = [[INVALID; 7]; 7];
@@ -960,19 +1024,23 @@ mod tests {
                 IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
                 IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
                 IB_QP_PKEY_INDEX | IB_QP_QKEY,
+                IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
+                IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
             ],
-            [0; 4],
+            [0; 6],
         );
         table[init][reset] = VALID_EMPTY;
         table[init][err] = VALID_EMPTY;
         table[init][init] = (
             true,
-            [0; 4],
+            [0; 6],
             [
                 IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_QKEY,
                 IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
                 IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
                 IB_QP_PKEY_INDEX | IB_QP_QKEY,
+                IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
+                IB_QP_PKEY_INDEX | IB_QP_PORT | IB_QP_ACCESS_FLAGS,
             ],
         );
         table[init][rtr] = (
@@ -987,12 +1055,21 @@ mod tests {
                     | IB_QP_MAX_DEST_RD_ATOMIC
                     | IB_QP_MIN_RNR_TIMER,
                 0,
+                IB_QP_AV | IB_QP_PATH_MTU | IB_QP_DEST_QPN | IB_QP_RQ_PSN,
+                IB_QP_AV
+                    | IB_QP_PATH_MTU
+                    | IB_QP_DEST_QPN
+                    | IB_QP_RQ_PSN
+                    | IB_QP_MAX_DEST_RD_ATOMIC
+                    | IB_QP_MIN_RNR_TIMER,
             ],
             [
                 IB_QP_PKEY_INDEX | IB_QP_QKEY,
                 IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX,
                 IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX,
                 IB_QP_PKEY_INDEX | IB_QP_QKEY,
+                IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX,
+                IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX,
             ],
         );
         table[rtr][reset] = VALID_EMPTY;
@@ -1004,42 +1081,50 @@ mod tests {
                 IB_QP_SQ_PSN,
                 IB_QP_TIMEOUT | IB_QP_RETRY_CNT | IB_QP_RNR_RETRY | IB_QP_SQ_PSN | IB_QP_MAX_QP_RD_ATOMIC,
                 IB_QP_SQ_PSN,
+                IB_QP_TIMEOUT | IB_QP_RETRY_CNT | IB_QP_RNR_RETRY | IB_QP_SQ_PSN | IB_QP_MAX_QP_RD_ATOMIC,
+                IB_QP_TIMEOUT | IB_QP_SQ_PSN,
             ],
             [
                 IB_QP_CUR_STATE | IB_QP_QKEY,
                 IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PATH_MIG_STATE,
                 IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_MIN_RNR_TIMER | IB_QP_PATH_MIG_STATE,
                 IB_QP_CUR_STATE | IB_QP_QKEY,
+                IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PATH_MIG_STATE,
+                IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_MIN_RNR_TIMER | IB_QP_PATH_MIG_STATE,
             ],
         );
         table[rts][reset] = VALID_EMPTY;
         table[rts][err] = VALID_EMPTY;
         table[rts][rts] = (
             true,
-            [0; 4],
+            [0; 6],
             [
                 IB_QP_CUR_STATE | IB_QP_QKEY,
                 IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS | IB_QP_ALT_PATH | IB_QP_PATH_MIG_STATE,
                 IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS | IB_QP_ALT_PATH | IB_QP_PATH_MIG_STATE | IB_QP_MIN_RNR_TIMER,
                 IB_QP_CUR_STATE | IB_QP_QKEY,
+                IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS | IB_QP_ALT_PATH | IB_QP_PATH_MIG_STATE,
+                IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS | IB_QP_ALT_PATH | IB_QP_PATH_MIG_STATE | IB_QP_MIN_RNR_TIMER,
             ],
         );
-        table[rts][sqd] = (true, [0; 4], [IB_QP_EN_SQD_ASYNC_NOTIFY; 4]);
+        table[rts][sqd] = (true, [0; 6], [IB_QP_EN_SQD_ASYNC_NOTIFY; 6]);
         table[sqd][reset] = VALID_EMPTY;
         table[sqd][err] = VALID_EMPTY;
         table[sqd][rts] = (
             true,
-            [0; 4],
+            [0; 6],
             [
                 IB_QP_CUR_STATE | IB_QP_QKEY,
                 IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PATH_MIG_STATE,
                 IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_MIN_RNR_TIMER | IB_QP_PATH_MIG_STATE,
                 IB_QP_CUR_STATE | IB_QP_QKEY,
+                IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PATH_MIG_STATE,
+                IB_QP_CUR_STATE | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_MIN_RNR_TIMER | IB_QP_PATH_MIG_STATE,
             ],
         );
         table[sqd][sqd] = (
             true,
-            [0; 4],
+            [0; 6],
             [
                 IB_QP_PKEY_INDEX | IB_QP_QKEY,
                 IB_QP_AV | IB_QP_ALT_PATH | IB_QP_ACCESS_FLAGS | IB_QP_PKEY_INDEX | IB_QP_PATH_MIG_STATE,
@@ -1056,15 +1141,34 @@ mod tests {
                     | IB_QP_MIN_RNR_TIMER
                     | IB_QP_PATH_MIG_STATE,
                 IB_QP_PKEY_INDEX | IB_QP_QKEY,
+                IB_QP_PORT
+                    | IB_QP_AV
+                    | IB_QP_TIMEOUT
+                    | IB_QP_RETRY_CNT
+                    | IB_QP_RNR_RETRY
+                    | IB_QP_MAX_QP_RD_ATOMIC
+                    | IB_QP_ALT_PATH
+                    | IB_QP_ACCESS_FLAGS
+                    | IB_QP_PKEY_INDEX
+                    | IB_QP_PATH_MIG_STATE,
+                IB_QP_PORT
+                    | IB_QP_AV
+                    | IB_QP_TIMEOUT
+                    | IB_QP_MAX_DEST_RD_ATOMIC
+                    | IB_QP_ALT_PATH
+                    | IB_QP_ACCESS_FLAGS
+                    | IB_QP_PKEY_INDEX
+                    | IB_QP_MIN_RNR_TIMER
+                    | IB_QP_PATH_MIG_STATE,
             ],
         );
         table[sqe][reset] = VALID_EMPTY;
         table[sqe][err] = VALID_EMPTY;
-        // No RC entry in Linux: req/opt for RC stay 0 but the entry is valid.
+        // No RC or XRC entry in Linux: req/opt for them stay 0 but the entry is valid.
         table[sqe][rts] = (
             true,
-            [0; 4],
-            [IB_QP_CUR_STATE | IB_QP_QKEY, IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS, 0, IB_QP_CUR_STATE | IB_QP_QKEY],
+            [0; 6],
+            [IB_QP_CUR_STATE | IB_QP_QKEY, IB_QP_CUR_STATE | IB_QP_ACCESS_FLAGS, 0, IB_QP_CUR_STATE | IB_QP_QKEY, 0, 0],
         );
         table[err][reset] = VALID_EMPTY;
         table[err][err] = VALID_EMPTY;
@@ -1138,6 +1242,16 @@ mod tests {
         assert_eq!(rule(Gsi, Init, Init).optional, M::PKEY_INDEX | M::QKEY);
         assert_eq!(rule(Ud, Init, Init).optional, M::PKEY_INDEX | M::PORT | M::QKEY);
         assert_eq!(rule(Rc, Rts, Sqd).optional, M::EN_SQD_ASYNC_NOTIFY);
+        // XRC: the INI half is a requester (UC's RTR, RC's RTS), the TGT half a responder
+        // (RC's RTR, a timeout and SQ_PSN only for RTS).
+        assert_eq!(rule(XrcIni, Reset, Init).required, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS);
+        assert_eq!(rule(XrcIni, Init, Rtr).required, M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN);
+        assert_eq!(rule(XrcTgt, Init, Rtr).required, rule(Rc, Init, Rtr).required);
+        assert_eq!(rule(XrcIni, Rtr, Rts).required, rule(Rc, Rtr, Rts).required);
+        assert_eq!(rule(XrcIni, Rtr, Rts).optional, M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE);
+        assert_eq!(rule(XrcTgt, Rtr, Rts).required, M::TIMEOUT | M::SQ_PSN);
+        assert_eq!(rule(XrcTgt, Sqd, Sqd).optional - rule(Rc, Sqd, Sqd).optional, M::EMPTY);
+        assert!(!rule(XrcTgt, Sqd, Sqd).optional.contains(M::RETRY_CNT), "a TGT QP never retries");
         assert_eq!(rule(Uc, Sqe, Rts).optional, M::CUR_STATE | M::ACCESS_FLAGS);
         assert_eq!(rule(Rc, Sqe, Rts), TransitionRule { required: M::EMPTY, optional: M::EMPTY });
         assert_eq!(rule(Rc, Sqd, Sqd).optional.count(), 12);
@@ -1196,7 +1310,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(rejected, 4 * (49 - 22));
+        assert_eq!(rejected, QpType::ALL.len() * (49 - 22));
         assert!(transition_rule(Rc, Reset, Err).is_none());
     }
 
@@ -1312,7 +1426,7 @@ mod tests {
     }
 
     fn any_type() -> impl Strategy<Value = QpType> {
-        (0usize..4).prop_map(|i| QpType::ALL[i])
+        (0usize..QpType::ALL.len()).prop_map(|i| QpType::ALL[i])
     }
 
     /// Masks that are usually close to the interesting bits, sometimes anything.
@@ -1515,6 +1629,7 @@ mod tests {
         assert_eq!(QpState::try_from(7), Result::Err(7));
         assert_eq!(Rtr.to_string(), "RTR");
         assert_eq!(Gsi.to_string(), "GSI");
+        assert_eq!((XrcIni.to_string(), XrcTgt.c_name()), ("XRC_INI".to_string(), "IBV_QPT_XRC_RECV"));
         assert_eq!(Rc.c_name(), "IBV_QPT_RC");
         assert_eq!(valid_next_states(Rc, Rts).collect::<Vec<_>>(), [Reset, Rts, Sqd, Err]);
     }

@@ -118,7 +118,7 @@ impl Engine {
         // rxe_recv.c: the destination must be ours, the QP must exist and be of the
         // opcode's transport, and the P_Key must match the default partition.
         let qp = match self.qps.get_mut(&dest_qp.value()) {
-            Some(qp) if sh.is_local(envelope.dst_ip()) && transport_matches(info.transport, qp.qp_type) => qp,
+            Some(qp) if sh.is_local(envelope.dst_ip()) && transport_matches(info, qp.qp_type) => qp,
             _ => {
                 sh.counters.rcvd_dropped += 1;
                 return;
@@ -152,7 +152,7 @@ impl Engine {
             let Some(&qpn) = self.shared.mcast.get(&group).and_then(|qps| qps.get(i)) else { break };
             let sh = &mut self.shared;
             match self.qps.get_mut(&qpn.value()) {
-                Some(qp) if transport_matches(info.transport, qp.qp_type) => {
+                Some(qp) if transport_matches(info, qp.qp_type) => {
                     receive_for(qp, sh, now, envelope, ip, payload, info, mem);
                 }
                 _ => sh.counters.rcvd_dropped += 1,
@@ -232,9 +232,9 @@ fn receive_for<M: Memory + ?Sized>(
         sh.counters.rcvd_dropped += 1;
         return;
     }
-    // RC/UC: only the connected peer may talk to the QP (rxe `check_addr`), and from
+    // RC/UC/XRC: only the connected peer may talk to the QP (rxe `check_addr`), and from
     // the one UDP source port it uses (see `peer_port`).
-    if matches!(qp.qp_type, QpType::Rc | QpType::Uc) {
+    if qp.qp_type.is_connected() {
         let from_peer =
             qp.peer_ip() == Some(envelope.src_ip()) && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
         if !from_peer {
@@ -285,9 +285,10 @@ fn receive_for<M: Memory + ?Sized>(
             sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
         }
         match qp.qp_type {
-            QpType::Rc => rc_request(qp, sh, mem, &repr, info.operation, info.position),
+            QpType::Rc | QpType::XrcTgt => rc_request(qp, sh, mem, &repr, info.operation, info.position),
             QpType::Uc => uc_request(qp, sh, mem, &repr, info.operation, info.position),
             QpType::Ud | QpType::Gsi => ud_request(qp, sh, mem, envelope, ip, &repr),
+            QpType::XrcIni => sh.counters.rcvd_dropped += 1, // transport_matches keeps requests away
         }
     }
     if !qp.resp.out.is_empty() {
@@ -296,14 +297,20 @@ fn receive_for<M: Memory + ?Sized>(
     sh.update_timer(qp);
 }
 
-fn transport_matches(t: Transport, qp_type: QpType) -> bool {
-    matches!(
-        (t, qp_type),
-        (Transport::Rc, QpType::Rc)
-            | (Transport::Uc, QpType::Uc)
-            | (Transport::Ud, QpType::Ud | QpType::Gsi)
-            | (Transport::Cnp, QpType::Rc | QpType::Uc | QpType::Ud)
-    )
+/// Whether a packet of this opcode is for a QP of `qp_type`: of its transport, and for XRC
+/// of its half (requests to the TGT QP, responses to the INI QP).
+fn transport_matches(info: &softrdma_wire::opcode::OpcodeInfo, qp_type: QpType) -> bool {
+    match (info.transport, qp_type) {
+        (Transport::Xrc, QpType::XrcTgt) => !info.is_response(),
+        (Transport::Xrc, QpType::XrcIni) => info.is_response(),
+        (t, qp_type) => matches!(
+            (t, qp_type),
+            (Transport::Rc, QpType::Rc)
+                | (Transport::Uc, QpType::Uc)
+                | (Transport::Ud, QpType::Ud | QpType::Gsi)
+                | (Transport::Cnp, QpType::Rc | QpType::Uc | QpType::Ud | QpType::XrcIni | QpType::XrcTgt)
+        ),
+    }
 }
 
 fn complete_response<M: Memory + ?Sized>(
@@ -565,6 +572,7 @@ fn execute<M: Memory + ?Sized>(
                     npkts,
                     va: reth.virtual_address,
                     rkey: reth.rkey.0,
+                    pd: qp.pd,
                     length: reth.dma_length,
                     atomic_original: None,
                 },
@@ -575,6 +583,7 @@ fn execute<M: Memory + ?Sized>(
                 remaining: reth.dma_length,
                 first: true,
                 rkey: reth.rkey.0,
+                pd: qp.pd,
             });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
@@ -594,9 +603,17 @@ fn execute<M: Memory + ?Sized>(
             // as one, so that a duplicate is answered again, not executed again.
             remember(
                 qp,
-                RdAtomicResource { first_psn: psn, npkts: 1, va, rkey: reth.rkey.0, length: 0, atomic_original: None },
+                RdAtomicResource {
+                    first_psn: psn,
+                    npkts: 1,
+                    va,
+                    rkey: reth.rkey.0,
+                    pd: qp.pd,
+                    length: 0,
+                    atomic_original: None,
+                },
             );
-            qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey: reth.rkey.0 });
+            qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey: reth.rkey.0, pd: qp.pd });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -621,6 +638,7 @@ fn execute<M: Memory + ?Sized>(
                     npkts: 1,
                     va: a.virtual_address,
                     rkey: a.rkey.0,
+                    pd: qp.pd,
                     length: 8,
                     atomic_original: Some(original),
                 },
@@ -682,7 +700,11 @@ fn rc_request<M: Memory + ?Sized>(
         return;
     }
     qp.resp.nak_sent = false;
-    match execute(qp, sh, mem, repr, operation, position) {
+    let executed = match qp.qp_type {
+        QpType::XrcTgt => xrc_target(qp, sh, repr).and_then(|()| execute(qp, sh, mem, repr, operation, position)),
+        _ => execute(qp, sh, mem, repr, operation, position),
+    };
+    match executed {
         Ok(npkts) => {
             qp.resp.psn = psn.wrapping_add(npkts);
             let answered = matches!(
@@ -700,6 +722,27 @@ fn rc_request<M: Memory + ?Sized>(
         }
         Err(Refusal::Fatal(code)) => nak_fatal(qp, sh, psn, code),
     }
+}
+
+/// An XRC TGT QP's request names, in its XRCETH, the XRC SRQ that serves its message: its
+/// receive, the PD its memory accesses are checked in and the CQ its receive completes to
+/// (IBA 9.8: an SRQ of the QP's XRC domain, or the request is invalid). A message's packets
+/// all name the SRQ its first named.
+fn xrc_target(qp: &mut Qp, sh: &Shared, repr: &RoceRepr<'_>) -> Result<(), Refusal> {
+    let srqn = repr.ext.xrceth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?.srqn;
+    let srq = sh.srqs.get(srqn as usize).ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
+    let cq = match srq.xrc {
+        Some((xrcd, cq)) if Some(xrcd) == qp.xrcd => cq,
+        _ => return Err(Refusal::Fatal(NakCode::InvalidRequest)),
+    };
+    let id = crate::verbs::SrqId(srqn);
+    if qp.resp.in_message() && qp.srq != Some(id) {
+        return Err(Refusal::Fatal(NakCode::InvalidRequest));
+    }
+    qp.srq = Some(id);
+    qp.pd = srq.pd;
+    qp.recv_cq = cq;
+    Ok(())
 }
 
 /// A request whose PSN is before the expected one (IBA 9.7.5.1.2 / C9-105).
@@ -731,6 +774,7 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
                     remaining: r.length - skip.min(r.length),
                     first: skip == 0,
                     rkey: r.rkey,
+                    pd: r.pd,
                 });
             }
         }
@@ -842,9 +886,7 @@ fn ud_request<M: Memory + ?Sized>(
 /// most one per [`CNP_INTERVAL`](crate::congestion::CNP_INTERVAL).
 fn congestion_seen(qp: &mut Qp, sh: &mut Shared, now: Instant, envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) {
     let peer = match qp.qp_type {
-        QpType::Rc | QpType::Uc => {
-            qp.envelope.map(|e| (e, softrdma_wire::Qpn::from_u24_truncating(qp.attr.dest_qp_num)))
-        }
+        t if t.is_connected() => qp.envelope.map(|e| (e, softrdma_wire::Qpn::from_u24_truncating(qp.attr.dest_qp_num))),
         _ => repr.ext.deth.and_then(|d| Some((sh.reply_envelope(envelope)?, d.src_qp))),
     };
     let Some(cc) = qp.cc.as_deref_mut() else { return };

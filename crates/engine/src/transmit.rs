@@ -7,7 +7,7 @@
 use softrdma_wire::opcode::Position;
 use softrdma_wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, IethRepr, ImmDtRepr, Msn,
-    NakCode, Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome,
+    NakCode, Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome, XrcEthRepr,
 };
 
 use crate::completer::{self, local_key_status};
@@ -154,7 +154,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
         RespJob::Ack { psn, syndrome } => {
             qp.resp.out.pop_front();
             let repr = RoceRepr {
-                bth: bth(Opcode::RC_ACKNOWLEDGE, dest, psn),
+                bth: bth(response_opcode(qp.qp_type, Opcode::RC_ACKNOWLEDGE), dest, psn),
                 ext: ExtHeaders { aeth: ack(syndrome), ..Default::default() },
                 payload: &[],
             };
@@ -163,7 +163,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
         RespJob::AtomicAck { psn, original } => {
             qp.resp.out.pop_front();
             let repr = RoceRepr {
-                bth: bth(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, psn),
+                bth: bth(response_opcode(qp.qp_type, Opcode::RC_ATOMIC_ACKNOWLEDGE), dest, psn),
                 ext: ExtHeaders {
                     aeth: ack(Syndrome::ACK_NO_CREDITS),
                     atomic_ack_eth: Some(AtomicAckEthRepr { original_data: original }),
@@ -173,7 +173,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             emit(&repr, envelope, 0, buf)
         }
-        RespJob::Read { psn, va, remaining, first, rkey } => {
+        RespJob::Read { psn, va, remaining, first, rkey, pd } => {
             let mtu = qp.mtu();
             let chunk = remaining.min(mtu);
             let last = chunk == remaining;
@@ -187,7 +187,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             // A memory window is resolved again too: invalidated or rebound, it answers no more.
             let local = match chunk {
                 0 => Ok(va),
-                _ => sh.resolve_rkey(qp.pd, qp.qpn, rkey, va, u64::from(chunk), Access::REMOTE_READ),
+                _ => sh.resolve_rkey(pd, qp.qpn, rkey, va, u64::from(chunk), Access::REMOTE_READ),
             };
             let Ok(local) = local else {
                 qp.resp.out.clear();
@@ -195,7 +195,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 return respond(qp, sh, mem, buf);
             };
             let header = RoceRepr {
-                bth: bth(opcode, dest, psn),
+                bth: bth(response_opcode(qp.qp_type, opcode), dest, psn),
                 ext: ExtHeaders {
                     aeth: (position != Position::Middle)
                         .then_some(AethRepr { syndrome: Syndrome::ACK_NO_CREDITS, msn }),
@@ -222,10 +222,20 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                     remaining: remaining - chunk,
                     first: false,
                     rkey,
+                    pd,
                 };
             }
             emit(&header, envelope, chunk as usize, buf)
         }
+    }
+}
+
+/// The opcode of response `rc_opcode` (an RC one) in the transport of a `qp_type` QP:
+/// XRC's responses are RC's, in XRC's opcode range (IBA Table 38).
+fn response_opcode(qp_type: QpType, rc_opcode: Opcode) -> Opcode {
+    match qp_type {
+        QpType::XrcTgt => Opcode(0xa0 | (rc_opcode.0 & 0x1f)),
+        _ => rc_opcode,
     }
 }
 
@@ -235,6 +245,7 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
         QpType::Rc => 0x00,
         QpType::Uc => 0x20,
         QpType::Ud | QpType::Gsi => 0x60,
+        QpType::XrcIni | QpType::XrcTgt => 0xa0,
     };
     let low = match (op, position) {
         (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, Position::First) => 0x00,
@@ -296,7 +307,7 @@ fn request<M: Memory + ?Sized>(
     if pos >= qp.sq.tail() {
         return None;
     }
-    let rc = qp.qp_type == QpType::Rc;
+    let rc = qp.qp_type.is_reliable();
     if rc && qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS {
         return None; // wait for ACKs
     }
@@ -354,6 +365,10 @@ fn request<M: Memory + ?Sized>(
     };
     let psn = qp.req.psn;
     let mut ext = ExtHeaders::default();
+    if qp.qp_type == QpType::XrcIni {
+        // Every XRC request names the SRQ that serves its message (IBA 9.2.2.2).
+        ext.xrceth = Some(XrcEthRepr { srqn: w.xrc_srqn });
+    }
     let mut header = bth(Opcode(0), dest_qp, psn);
     let mut payload_len = 0u32;
     let message_done;

@@ -20,9 +20,14 @@ pub struct PdId(pub u32);
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct CqId(pub u32);
 
-/// A shared receive queue.
+/// A shared receive queue. An XRC SRQ's number on the wire (the XRCETH's, what
+/// `ibv_get_srq_num` returns) is this value.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
 pub struct SrqId(pub u32);
+
+/// An XRC domain (`ibv_xrcd`): the XRC SRQs and XRC TGT QPs that may serve each other.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub struct XrcdId(pub u32);
 
 /// A memory window (`ibv_mw`): the upper 24 bits of its R_Key, which stay while the low 8
 /// (the key a bind chooses) change.
@@ -354,6 +359,9 @@ pub struct SendWr<'a> {
     pub flags: SendFlags,
     /// Destination, for UD QPs.
     pub ud: Option<UdDest>,
+    /// For XRC INI QPs: the number of the XRC SRQ at the target that takes the message
+    /// (`wr.qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: Option<u32>,
 }
 
 /// A receive work request (`ibv_recv_wr`).

@@ -84,8 +84,16 @@ fn round(pair: &mut Pair, buf: &mut [u8], sges: &[Sge; 2], rsge: &[Sge; 1]) {
                 sg_list: &sges[..1],
                 flags: SendFlags(0),
                 ud: None,
+                xrc_srqn: None,
             },
-            SendWr { wr_id: i, op: SendOp::Send, sg_list: &sges[1..], flags: SendFlags::SIGNALED, ud: None },
+            SendWr {
+                wr_id: i,
+                op: SendOp::Send,
+                sg_list: &sges[1..],
+                flags: SendFlags::SIGNALED,
+                ud: None,
+                xrc_srqn: None,
+            },
         ];
         pair.a.engine.post_send(pair.a.qp, &wrs, &pair.a.mem).unwrap();
         pump(pair, buf);

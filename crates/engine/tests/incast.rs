@@ -83,6 +83,7 @@ fn run(cc: bool) -> Outcome {
                 sg_list: &[sge],
                 flags: SendFlags::SIGNALED,
                 ud: None,
+                xrc_srqn: None,
             };
             s.engine.post_send(q, &[wr], &s.mem).unwrap();
         }
@@ -101,6 +102,7 @@ fn run(cc: bool) -> Outcome {
             sg_list: &[sge],
             flags: SendFlags::SIGNALED,
             ud: None,
+            xrc_srqn: None,
         };
         n.engine.post_send(ping_qp, &[wr], &n.mem).unwrap();
     };

@@ -48,7 +48,7 @@ fn run(peer_window: Option<u32>) -> (u64, u64, u64, u64) {
         for &q in &qps {
             let sge = Sge { addr: BASE, length: MSG, lkey: sender.mr.lkey };
             let op = SendOp::RdmaWrite { remote_addr: BASE, rkey };
-            let wr = SendWr { wr_id: i, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None };
+            let wr = SendWr { wr_id: i, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None };
             sender.engine.post_send(q, &[wr], &sender.mem).unwrap();
         }
     }

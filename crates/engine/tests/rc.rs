@@ -306,6 +306,7 @@ fn inline_data_is_copied_at_post_time() {
         sg_list: &[sge],
         flags: SendFlags::SIGNALED | SendFlags::INLINE,
         ud: None,
+        xrc_srqn: None,
     };
     pair.a.engine.post_send(pair.a.qp, &[w], &pair.a.mem).unwrap();
     pair.a.fill(0, b"changed"); // the buffer is reusable at once

@@ -274,7 +274,7 @@ fn run(seed: u64) -> Result<(), String> {
             };
             let ud =
                 (conn.qp_type == QpType::Ud).then_some(UdDest { ah, remote_qpn: conn.b_qp, remote_qkey: QKey(0x4242) });
-            let wr = SendWr { wr_id: i as u64, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud };
+            let wr = SendWr { wr_id: i as u64, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud, xrc_srqn: None };
             a.engine.post_send(conn.a_qp, &[wr], &a.mem).map_err(|e| format!("post_send: {e}"))?;
         }
     }
@@ -662,7 +662,8 @@ fn mw_setup(
         let start = Layout::target(c, i) + lo;
         let bind = MwBind { mr: b_region.lkey, addr: BASE + start, length: len, access };
         let op = SendOp::BindMw { mw: id, rkey: inc_rkey(rkey), bind };
-        let wr = SendWr { wr_id: 1000 + i as u64, op, sg_list: &[], flags: SendFlags::SIGNALED, ud: None };
+        let wr =
+            SendWr { wr_id: 1000 + i as u64, op, sg_list: &[], flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None };
         b.engine.post_send(b_qp, &[wr], &b.mem).unwrap();
         BWin { id, rkey: inc_rkey(rkey), mw_type, start, len, access }
     };
@@ -821,7 +822,7 @@ fn mw_setup(
             Some(s) => std::slice::from_ref(s),
             None => &[],
         };
-        let wr = SendWr { wr_id: i as u64, op, sg_list, flags, ud: None };
+        let wr = SendWr { wr_id: i as u64, op, sg_list, flags, ud: None, xrc_srqn: None };
         a.engine.post_send(a_qp, &[wr], &a.mem).map_err(|e| format!("post_send: {e}"))?;
     }
     Ok(MwConn { a_qp, b_qp, ops, wins, bad, a_mws, a_initial, a_model, a_infos: Vec::new(), b_infos: Vec::new() })

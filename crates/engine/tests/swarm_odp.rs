@@ -192,7 +192,7 @@ fn run(seed: u64) -> Result<(), String> {
         };
         let sge = [Sge { addr: a_slot(i), length: len, lkey: a_keys.lkey }];
         let sg: &[Sge] = if len == 0 { &[] } else { &sge };
-        let wr = SendWr { wr_id: i as u64, op: sop, sg_list: sg, flags: SendFlags::SIGNALED, ud: None };
+        let wr = SendWr { wr_id: i as u64, op: sop, sg_list: sg, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None };
         a.engine.post_send(a_qp, &[wr], &a.mem).map_err(|e| format!("post_send: {e}"))?;
     }
 

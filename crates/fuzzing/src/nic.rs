@@ -221,7 +221,7 @@ impl Side {
         };
         let sge = self.local_sge(offset & !7, len);
         let wr_id = self.next_wr_id;
-        let wr = SendWr { wr_id, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None };
+        let wr = SendWr { wr_id, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None };
         if self.nic.engine_mut().post_send(qpn, &[wr], &self.mem).is_ok() {
             self.next_wr_id += 1;
             self.outstanding.insert(wr_id);

@@ -607,7 +607,7 @@ pub(crate) unsafe extern "C" fn bind_mw(qp: *mut IbvQp, mw: *mut IbvMw, mw_bind:
         let to = softrdma::inc_rkey(from);
         let op = softrdma::SendOp::BindMw { mw: id, rkey: to, bind };
         let flags = softrdma::SendFlags(b.send_flags & 0xf);
-        let wr = softrdma::SendWr { wr_id: b.wr_id, op, sg_list: &[], flags, ud: None };
+        let wr = softrdma::SendWr { wr_id: b.wr_id, op, sg_list: &[], flags, ud: None, xrc_srqn: None };
         if let Err(e) = q.inner.post_send(&[wr]) {
             return errno::fail(&e);
         }
@@ -893,6 +893,8 @@ fn qp_type(raw: u32) -> Option<QpType> {
         2 => Some(QpType::Rc),
         3 => Some(QpType::Uc),
         4 => Some(QpType::Ud),
+        9 => Some(QpType::XrcIni),
+        10 => Some(QpType::XrcTgt),
         _ => None,
     }
 }
@@ -902,6 +904,8 @@ fn qp_type_raw(t: QpType) -> u32 {
         QpType::Rc => 2,
         QpType::Uc => 3,
         QpType::Ud | QpType::Gsi => 4,
+        QpType::XrcIni => 9,
+        QpType::XrcTgt => 10,
     }
 }
 

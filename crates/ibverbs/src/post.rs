@@ -164,6 +164,7 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
                 sg_list: &sg[r.clone()],
                 flags: SendFlags(flags & 0xf),
                 ud: *ud,
+                xrc_srqn: None,
             })
             .collect();
         let posted = if wrs.is_empty() { Ok(()) } else { q.inner.post_send(&wrs) };

@@ -64,6 +64,8 @@ struct Pending {
     /// Inline data, copied when it is set (the caller may reuse its buffer at once).
     inline: Option<Vec<u8>>,
     ud: Option<UdDest>,
+    /// `ibv_wr_set_xrc_srqn`.
+    xrc_srqn: Option<u32>,
 }
 
 /// The work requests of one `ibv_wr_start` .. `ibv_wr_complete` section.
@@ -226,7 +228,7 @@ impl Builder {
         }
         // The application set them before calling the builder (ibv_wr_post(3)).
         let (wr_id, flags) = (q.qpx.wr_id, q.qpx.wr_flags);
-        self.wrs.push(Pending { wr_id, flags, op, sges: Vec::new(), inline: None, ud: None });
+        self.wrs.push(Pending { wr_id, flags, op, sges: Vec::new(), inline: None, ud: None, xrc_srqn: None });
     }
 
     /// A setter: the work request built last.
@@ -282,6 +284,7 @@ unsafe extern "C" fn wr_complete(qpx: *mut IbvQpEx) -> c_int {
                     sg_list: inline.as_slice().get(..1).unwrap_or(&p.sges),
                     flags: SendFlags(flags & 0xf),
                     ud: p.ud,
+                    xrc_srqn: p.xrc_srqn,
                 }
             })
             .collect();

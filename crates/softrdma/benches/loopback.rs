@@ -235,7 +235,7 @@ fn write_imm(r: &Rdma, peer: &Advert, i: u64) {
         flags = flags | SendFlags::SIGNALED;
     }
     let op = SendOp::RdmaWriteWithImm { remote_addr: peer.addr + 64, rkey: peer.rkey(), imm: [0; 4] };
-    r.qp.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags, ud: None }]).unwrap();
+    r.qp.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags, ud: None, xrc_srqn: None }]).unwrap();
 }
 
 /// Waits for the next receive completion, skipping send completions. `events`: sleep on
@@ -319,7 +319,15 @@ fn rdma_bandwidth(time: Duration) -> f64 {
     let post = |slot: usize, id: u64| {
         let sge = [r.mr.sge(slot * SIZE..(slot + 1) * SIZE).unwrap()];
         let op = SendOp::RdmaWrite { remote_addr: theirs.addr + (slot * SIZE) as u64, rkey: theirs.rkey() };
-        r.qp.post_send(&[SendWr { wr_id: id, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+        r.qp.post_send(&[SendWr {
+            wr_id: id,
+            op,
+            sg_list: &sge,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            xrc_srqn: None,
+        }])
+        .unwrap();
     };
     for slot in 0..DEPTH {
         post(slot, slot as u64);

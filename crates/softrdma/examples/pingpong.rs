@@ -87,8 +87,16 @@ fn side(mut tcp: TcpStream, client: bool, iters: usize, size: usize) -> Result<V
     let message: Vec<u8> = (0..size).map(|i| (i % 253) as u8).collect();
     mr.write(0, &message).map_err(e)?;
     let mut rtts = Vec::with_capacity(iters);
-    let post_send =
-        || qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &send, flags: SendFlags::SIGNALED, ud: None }]);
+    let post_send = || {
+        qp.post_send(&[SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sg_list: &send,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            xrc_srqn: None,
+        }])
+    };
     // Sends complete when the peer's ACK comes back, which may be after the peer's next
     // message: count them apart from the messages.
     let mut unacked = 0usize;

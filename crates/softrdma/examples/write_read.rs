@@ -83,7 +83,7 @@ fn client(server: IpAddr, options: ContextOptions) -> softrdma::Result<bool> {
     let qp = ep.qp().expect("create_ep gives a QP");
     let atomic = |wr_id: u64, op: SendOp| -> softrdma::Result<u64> {
         let sge = [local.sge(0..8)?];
-        qp.post_send(&[SendWr { wr_id, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+        qp.post_send(&[SendWr { wr_id, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])?;
         let wc = ep.get_send_comp(T)?;
         if wc.status != WcStatus::Success {
             return Ok(u64::MAX);

@@ -956,11 +956,11 @@ impl CmId {
             remote_qpn: Qpn::from_u24_truncating(ud.remote_qpn),
             remote_qkey: QKey(ud.qkey),
         };
-        q.qp.post_send(&[SendWr { wr_id, op: SendOp::Send, sg_list: &sge, flags, ud: Some(dest) }])
+        q.qp.post_send(&[SendWr { wr_id, op: SendOp::Send, sg_list: &sge, flags, ud: Some(dest), xrc_srqn: None }])
     }
 
     fn post(&self, wr_id: u64, op: SendOp, sgl: &[Sge], flags: SendFlags) -> Result<()> {
-        self.id_qp("post")?.qp.post_send(&[SendWr { wr_id, op, sg_list: sgl, flags, ud: None }])
+        self.id_qp("post")?.qp.post_send(&[SendWr { wr_id, op, sg_list: sgl, flags, ud: None, xrc_srqn: None }])
     }
 
     /// `rdma_get_send_comp`: waits up to `timeout` for a completion on the send CQ.

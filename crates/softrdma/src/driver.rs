@@ -1606,12 +1606,28 @@ mod tests {
         let sge = [ma.sge(0..64 * 1024).unwrap()];
         for i in 0..20 {
             let op = SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey };
-            qpa.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+            qpa.post_send(&[SendWr {
+                wr_id: i,
+                op,
+                sg_list: &sge,
+                flags: SendFlags::SIGNALED,
+                ud: None,
+                xrc_srqn: None,
+            }])
+            .unwrap();
             assert_eq!(cqa.wait(Duration::from_secs(10)).unwrap().status, WcStatus::Success);
         }
         let during = shared.thread_receives.load(Ordering::Relaxed) - before;
         let op = SendOp::RdmaWriteWithImm { remote_addr: target.addr, rkey: target.rkey, imm: [0; 4] };
-        qpa.post_send(&[SendWr { wr_id: 99, op, sg_list: &sge[..0], flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+        qpa.post_send(&[SendWr {
+            wr_id: 99,
+            op,
+            sg_list: &sge[..0],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            xrc_srqn: None,
+        }])
+        .unwrap();
         assert!(waiter.join().unwrap(), "the WRITE with immediate fires the channel");
         assert_eq!(during, 0, "receive batches the progress thread took while a thread waited on the channel");
     }

@@ -75,7 +75,7 @@ pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
 pub use softrdma_engine::{
     Access, AddressVector, AsyncEvent, AttrMask, CqId, LKey, Mtu, MwBind, MwBinding, MwId, MwInfo, MwType, NetworkHdr,
     PostErrorKind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError,
-    Wc, WcOpcode, WcStatus,
+    Wc, WcOpcode, WcStatus, XrcdId,
 };
 pub use softrdma_wire::cma::PortSpace;
 pub use softrdma_wire::time::Instant;
@@ -83,7 +83,7 @@ pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
 pub use stats::Counters;
 pub use verbs::{
     Ah, CompChannel, ConnectOptions, Context, Cq, DeviceMemory, EMPTY_WC, Endpoint, MAX_DM_SIZE, Mr, Mw, Pd, Prefetch,
-    Qp, QpInit, RawMr, RemoteMr, Srq, inc_rkey,
+    Qp, QpInit, RawMr, RemoteMr, Srq, Xrcd, inc_rkey,
 };
 
 /// How to open a device ([`Device::open_with`]).

@@ -432,7 +432,7 @@ impl Conn {
     }
 
     fn post(&self, wr_id: u64, op: SendOp, sgl: &[Sge], flags: SendFlags) -> Result<()> {
-        self.qp.post_send(&[SendWr { wr_id, op, sg_list: sgl, flags, ud: None }])
+        self.qp.post_send(&[SendWr { wr_id, op, sg_list: sgl, flags, ud: None, xrc_srqn: None }])
     }
 
     /// A zero-length WRITE with immediate `m` (`rs_post_msg`).

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant as StdInstant};
 
 use softrdma_engine::{
     Access, AddressVector, AhId, AsyncEvent, AttrMask, CqId, MrKeys, MwBind, MwBinding, MwId, MwType, PdId, QpAttr,
-    QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, Wc,
+    QpCap, QpInitAttr, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, Wc, XrcdId,
 };
 use softrdma_wire::{Gid, Qpn, RKey};
 
@@ -312,7 +312,7 @@ impl Pd {
     /// `ibv_create_srq`.
     pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
         let id = self.inner.ctx.drv.shared.lock().nic.engine_mut().create_srq(self.inner.id, max_wr, max_sge)?;
-        Ok(Srq { inner: Arc::new(SrqInner { pd: Arc::clone(&self.inner), id }) })
+        Ok(Srq { inner: Arc::new(SrqInner { pd: Arc::clone(&self.inner), id, _xrc: None }) })
     }
 
     /// `ibv_create_ah`: where UD sends go.
@@ -346,12 +346,128 @@ impl Pd {
         let qpn = ctx.drv.shared.lock().nic.engine_mut().create_qp(&attr)?;
         Ok(Qp {
             inner: Arc::new(QpInner {
-                pd: Arc::clone(&self.inner),
+                ctx: ctx.clone(),
                 qpn,
                 qp_type: init.qp_type,
-                _send_cq: init.send_cq.clone(),
-                _recv_cq: init.recv_cq.clone(),
-                _srq: init.srq.cloned(),
+                _owner: QpOwner::Pd {
+                    _pd: Arc::clone(&self.inner),
+                    _send_cq: init.send_cq.clone(),
+                    _recv_cq: init.recv_cq.clone(),
+                    _srq: init.srq.cloned(),
+                },
+            }),
+        })
+    }
+
+    /// `ibv_create_srq_ex` with `IBV_SRQT_XRC`: an SRQ of XRC domain `xrcd`, in this PD,
+    /// whose receives complete to `cq`. A peer's XRC INI QP sends to it through any XRC TGT
+    /// QP of the domain by naming its [`number`](Srq::number); its memory accesses are
+    /// checked in this PD.
+    pub fn create_xrc_srq(&self, xrcd: &Xrcd, cq: &Cq, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let ctx = &self.inner.ctx;
+        if !xrcd.inner.ctx.same(ctx) {
+            return Err(Error::WrongContext("the XRC domain"));
+        }
+        if !cq.inner.ctx.same(ctx) {
+            return Err(Error::WrongContext("the CQ"));
+        }
+        let id = ctx.drv.shared.lock().nic.engine_mut().create_xrc_srq(
+            self.inner.id,
+            xrcd.inner.id,
+            cq.inner.id,
+            max_wr,
+            max_sge,
+        )?;
+        Ok(Srq {
+            inner: Arc::new(SrqInner {
+                pd: Arc::clone(&self.inner),
+                id,
+                _xrc: Some((Arc::clone(&xrcd.inner), cq.clone())),
+            }),
+        })
+    }
+}
+
+/// An XRC domain (`ibv_xrcd`): XRC SRQs and the XRC TGT QPs that serve them. A peer's XRC
+/// INI QP connected to any TGT QP of the domain reaches every SRQ of it, each message to the
+/// SRQ it names, so that one connection per peer process serves all of a host's receivers.
+///
+/// ```
+/// # fn main() -> softrdma::Result<()> {
+/// use std::time::Duration;
+/// use softrdma::*;
+/// let (a, b) = (device("lo")?.open()?, device("lo")?.open()?);
+/// // The target: a domain, an XRC SRQ with a receive posted, a TGT QP.
+/// let pb = b.alloc_pd()?;
+/// let cqb = b.create_cq(16, None)?;
+/// let xrcd = b.open_xrcd()?;
+/// let srq = pb.create_xrc_srq(&xrcd, &cqb, 16, 1)?;
+/// let mb = pb.reg_mr(64, Access::LOCAL_WRITE)?;
+/// let rsge = [mb.sge(0..64)?];
+/// srq.post_recv(&[RecvWr { wr_id: 7, sg_list: &rsge }])?;
+/// let tgt = xrcd.create_tgt_qp()?;
+/// // The initiator: an XRC INI (XRC_SEND) QP connected to the TGT QP.
+/// let pa = a.alloc_pd()?;
+/// let cqa = a.create_cq(16, None)?;
+/// let mut init = QpInit::new(QpType::XrcIni, &cqa);
+/// init.cap.max_recv_wr = 0;
+/// init.cap.max_recv_sge = 0;
+/// let ini = pa.create_qp(&init)?;
+/// ini.connect(1, &tgt.endpoint(0, 2)?, &ConnectOptions::default())?;
+/// tgt.connect(2, &ini.endpoint(0, 1)?, &ConnectOptions::default())?;
+/// let ma = pa.reg_mr(64, Access::LOCAL_WRITE)?;
+/// ma.write(0, b"to the SRQ")?;
+/// let sge = [ma.sge(0..10)?];
+/// let wr = SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: Some(srq.number()) };
+/// ini.post_send(&[wr])?;
+/// let wc = cqb.wait(Duration::from_secs(5))?; // the SRQ's CQ
+/// assert_eq!((wc.wr_id, wc.byte_len, wc.qp_num.value()), (7, 10, tgt.qpn()));
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Xrcd {
+    inner: Arc<XrcdInner>,
+}
+
+#[derive(Debug)]
+struct XrcdInner {
+    ctx: Context,
+    id: XrcdId,
+}
+
+impl Drop for XrcdInner {
+    fn drop(&mut self) {
+        // Its SRQs and TGT QPs hold it alive, so none is left.
+        let _ = self.ctx.drv.shared.lock().nic.engine_mut().dealloc_xrcd(self.id);
+    }
+}
+
+impl Context {
+    /// `ibv_open_xrcd`: a new XRC domain.
+    pub fn open_xrcd(&self) -> Result<Xrcd> {
+        let id = self.drv.shared.lock().nic.engine_mut().alloc_xrcd()?;
+        Ok(Xrcd { inner: Arc::new(XrcdInner { ctx: self.clone(), id }) })
+    }
+}
+
+impl Xrcd {
+    /// The device's handle of the domain.
+    pub fn id(&self) -> XrcdId {
+        self.inner.id
+    }
+
+    /// `ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`: an XRC TGT QP of this domain, to connect
+    /// to a peer's XRC INI QP ([`Qp::connect`]). It has no queues: each message goes to the
+    /// XRC SRQ of the domain it names.
+    pub fn create_tgt_qp(&self) -> Result<Qp> {
+        let ctx = &self.inner.ctx;
+        let qpn = ctx.drv.shared.lock().nic.engine_mut().create_xrc_tgt_qp(self.inner.id)?;
+        Ok(Qp {
+            inner: Arc::new(QpInner {
+                ctx: ctx.clone(),
+                qpn,
+                qp_type: QpType::XrcTgt,
+                _owner: QpOwner::Xrcd { _xrcd: Arc::clone(&self.inner) },
             }),
         })
     }
@@ -528,7 +644,7 @@ pub const MAX_DM_SIZE: u64 = 256 * 1024;
 /// // Zero-based: the region's first byte is address 0 for the peer.
 /// let op = SendOp::RdmaWrite { remote_addr: 16, rkey: softrdma::RKey(region.rkey()) };
 /// let before = a.clock();
-/// qa.post_send(&[SendWr { wr_id: 1, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// qa.post_send(&[SendWr { wr_id: 1, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])?;
 /// let wc = cqa.wait(Duration::from_secs(5))?;
 /// assert_eq!(wc.status, WcStatus::Success);
 /// assert!(wc.completed_at.is_some_and(|t| t >= before && t <= a.clock()));
@@ -839,7 +955,7 @@ impl Drop for RawMr {
 /// ma.write(0, b"through a window")?;
 /// let sge = [ma.sge(0..16)?];
 /// let write = SendOp::RdmaWrite { remote_addr: target.addr, rkey };
-/// qa.post_send(&[SendWr { wr_id: 2, op: write, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// qa.post_send(&[SendWr { wr_id: 2, op: write, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])?;
 /// assert_eq!(cqa.wait(Duration::from_secs(5))?.status, WcStatus::Success);
 /// let mut got = [0u8; 16];
 /// region.read(64, &mut got)?;
@@ -848,7 +964,7 @@ impl Drop for RawMr {
 /// let rsge = [region.sge(0..64)?];
 /// qb.post_recv(&[RecvWr { wr_id: 3, sg_list: &rsge }])?;
 /// let inv = SendOp::SendWithInv { rkey };
-/// qa.post_send(&[SendWr { wr_id: 4, op: inv, sg_list: &[], flags: SendFlags::SIGNALED, ud: None }])?;
+/// qa.post_send(&[SendWr { wr_id: 4, op: inv, sg_list: &[], flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])?;
 /// let recv = cqb.wait(Duration::from_secs(5))?;
 /// assert_eq!(recv.invalidated_rkey, Some(rkey));
 /// assert!(window.remote().is_none(), "free again");
@@ -1183,6 +1299,8 @@ pub struct Srq {
 struct SrqInner {
     pd: Arc<PdInner>,
     id: SrqId,
+    /// An XRC SRQ's domain and CQ, held alive.
+    _xrc: Option<(Arc<XrcdInner>, Cq)>,
 }
 
 impl Drop for SrqInner {
@@ -1195,6 +1313,16 @@ impl Srq {
     /// The device's handle of this SRQ, which an [`AsyncEvent::SrqLimitReached`] names.
     pub fn id(&self) -> SrqId {
         self.inner.id
+    }
+
+    /// `ibv_get_srq_num`: the number a peer's XRC sends name this SRQ by (its XRCETH).
+    pub fn number(&self) -> u32 {
+        self.inner.id.0
+    }
+
+    /// Whether it is an XRC SRQ ([`Pd::create_xrc_srq`]).
+    pub fn is_xrc(&self) -> bool {
+        self.inner._xrc.is_some()
     }
 
     /// `ibv_post_srq_recv`: posts `wrs` in order, stopping at the first bad one.
@@ -1233,7 +1361,7 @@ impl Srq {
 /// ma.write(0, b"datagram")?;
 /// let sge = [ma.sge(0..8)?];
 /// let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(qb.qpn()), remote_qkey: QKey(0x11) };
-/// qa.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])?;
+/// qa.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest), xrc_srqn: None }])?;
 /// let wc = cqb.wait(Duration::from_secs(5))?;
 /// assert_eq!(wc.byte_len, 40 + 8); // the GRH first, then the payload
 /// # Ok(()) }
@@ -1316,12 +1444,12 @@ impl<'a> QpInit<'a> {
 /// qb.post_recv(&[RecvWr { wr_id: 7, sg_list: &rsge }])?;
 /// ma.write(0, b"a send")?;
 /// let sge = [ma.sge(0..6)?];
-/// qa.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// qa.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])?;
 /// assert_eq!(cqb.wait(Duration::from_secs(5))?.wr_id, 7);
 ///
 /// let target = mb.remote(32..64)?;
 /// let write = SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey };
-/// qa.post_send(&[SendWr { wr_id: 2, op: write, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }])?;
+/// qa.post_send(&[SendWr { wr_id: 2, op: write, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])?;
 /// let wcs = cqa.wait_n(2, Duration::from_secs(5))?;
 /// assert!(wcs.iter().all(|wc| wc.status == WcStatus::Success));
 /// let mut got = [0u8; 6];
@@ -1336,17 +1464,22 @@ pub struct Qp {
 
 #[derive(Debug)]
 struct QpInner {
-    pd: Arc<PdInner>,
+    ctx: Context,
     qpn: Qpn,
     qp_type: QpType,
-    _send_cq: Cq,
-    _recv_cq: Cq,
-    _srq: Option<Srq>,
+    /// What it holds alive: its PD, CQs and SRQ, or an XRC TGT QP's domain.
+    _owner: QpOwner,
+}
+
+#[derive(Debug)]
+enum QpOwner {
+    Pd { _pd: Arc<PdInner>, _send_cq: Cq, _recv_cq: Cq, _srq: Option<Srq> },
+    Xrcd { _xrcd: Arc<XrcdInner> },
 }
 
 impl Drop for QpInner {
     fn drop(&mut self) {
-        let sh = &self.pd.ctx.drv.shared;
+        let sh = &self.ctx.drv.shared;
         let mut st = sh.lock();
         sh.app_flush(&mut st);
         let _ = st.nic.engine_mut().destroy_qp(self.qpn);
@@ -1420,7 +1553,7 @@ impl Qp {
     }
 
     fn shared(&self) -> &driver::Shared {
-        &self.inner.pd.ctx.drv.shared
+        &self.inner.ctx.drv.shared
     }
 
     /// `ibv_modify_qp`.
@@ -1457,20 +1590,20 @@ impl Qp {
 
     /// This QP as a peer must see it, sending from GID `sgid_index` and starting at `psn`.
     pub fn endpoint(&self, sgid_index: u8, psn: u32) -> Result<Endpoint> {
-        let gid = self.inner.pd.ctx.gid(sgid_index).ok_or_else(|| {
+        let gid = self.inner.ctx.gid(sgid_index).ok_or_else(|| {
             Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
                 "GID index {sgid_index}: the device has {} GIDs",
-                self.inner.pd.ctx.device().addresses().len()
+                self.inner.ctx.device().addresses().len()
             )))
         })?;
         Ok(Endpoint { qpn: self.qpn(), gid, psn })
     }
 
-    /// Connects an RC or UC QP to `remote`: RESET → INIT → RTR → RTS with `options`, the
+    /// Connects an RC, UC or XRC QP to `remote`: RESET → INIT → RTR → RTS with `options`, the
     /// local side starting at `local_psn` (what [`endpoint`](Qp::endpoint) told the peer).
     /// A UD QP has no peer: use [`Qp::ready_ud`] for it.
     pub fn connect(&self, local_psn: u32, remote: &Endpoint, options: &ConnectOptions) -> Result<()> {
-        let mtu = options.mtu.unwrap_or_else(|| self.inner.pd.ctx.device().active_mtu());
+        let mtu = options.mtu.unwrap_or_else(|| self.inner.ctx.device().active_mtu());
         let init = QpAttr { qp_state: QpState::Init, qp_access_flags: options.access, ..QpAttr::default() };
         let mut mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
         self.modify(&init, mask)?;
@@ -1492,7 +1625,7 @@ impl Qp {
             ..QpAttr::default()
         };
         mask = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-        if self.inner.qp_type == QpType::Rc {
+        if matches!(self.inner.qp_type, QpType::Rc | QpType::XrcTgt) {
             mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
         }
         self.modify(&rtr, mask)?;
@@ -1506,8 +1639,10 @@ impl Qp {
             ..QpAttr::default()
         };
         mask = AttrMask::STATE | AttrMask::SQ_PSN;
-        if self.inner.qp_type == QpType::Rc {
+        if matches!(self.inner.qp_type, QpType::Rc | QpType::XrcIni) {
             mask = mask | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+        } else if self.inner.qp_type == QpType::XrcTgt {
+            mask |= AttrMask::TIMEOUT;
         }
         self.modify(&rts, mask)
     }
@@ -1559,7 +1694,7 @@ impl Qp {
     /// ma.write(0, b"to all")?;
     /// let sge = [ma.sge(0..6)?];
     /// let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::MULTICAST, remote_qkey: QKey(0x11) };
-    /// qa.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])?;
+    /// qa.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest), xrc_srqn: None }])?;
     /// let wc = cqb.wait(Duration::from_secs(5))?;
     /// assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 40 + 6));
     /// let mut got = [0u8; 6];
@@ -1577,10 +1712,7 @@ impl Qp {
                 // Not joined on the network: the table must not claim it is.
                 let _ = st.nic.engine_mut().detach_mcast(self.inner.qpn, gid);
                 let _ = st.sync_groups(sh);
-                Err(Error::io(
-                    format!("joining multicast group {gid} on {}", self.inner.pd.ctx.drv.device.interface()),
-                    e,
-                ))
+                Err(Error::io(format!("joining multicast group {gid} on {}", self.inner.ctx.drv.device.interface()), e))
             }
             _ => Ok(()),
         }
@@ -1636,7 +1768,7 @@ impl Qp {
         access: Access,
         flags: SendFlags,
     ) -> Result<RKey> {
-        let ctx = &self.inner.pd.ctx;
+        let ctx = &self.inner.ctx;
         for (same, what) in [(mw.pd.ctx.same(ctx), "the memory window"), (region.pd.ctx.same(ctx), "the region")] {
             if !same {
                 return Err(Error::WrongContext(what));
@@ -1654,7 +1786,14 @@ impl Qp {
         // Under the device lock: binds of one window from several threads chain their keys.
         let from = RKey(mw.posted_rkey.load(Ordering::Relaxed));
         let to = inc_rkey(from);
-        let wr = SendWr { wr_id, op: SendOp::BindMw { mw: mw.id, rkey: to, bind }, sg_list: &[], flags, ud: None };
+        let wr = SendWr {
+            wr_id,
+            op: SendOp::BindMw { mw: mw.id, rkey: to, bind },
+            sg_list: &[],
+            flags,
+            ud: None,
+            xrc_srqn: None,
+        };
         let posted = st.nic.engine_mut().post_send(self.inner.qpn, &[wr], &crate::memory::ProcessMemory);
         sh.after_verb(&mut st);
         posted?;
@@ -1665,7 +1804,14 @@ impl Qp {
     /// Posts a LOCAL_INV of `rkey`: the type 2 window it names is free again once every
     /// work request posted before it has completed.
     pub fn invalidate(&self, wr_id: u64, rkey: RKey, flags: SendFlags) -> Result<()> {
-        self.post_send(&[SendWr { wr_id, op: SendOp::LocalInv { rkey }, sg_list: &[], flags, ud: None }])
+        self.post_send(&[SendWr {
+            wr_id,
+            op: SendOp::LocalInv { rkey },
+            sg_list: &[],
+            flags,
+            ud: None,
+            xrc_srqn: None,
+        }])
     }
 
     /// `ibv_post_recv`: posts `wrs` in order, stopping at the first bad one.

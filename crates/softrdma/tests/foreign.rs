@@ -196,7 +196,8 @@ fn softrdma_side() {
     let sge = [mr.sge(READ_AT..READ_AT + READ_LEN).unwrap()];
     mr.write(READ_AT, &vec![0u8; READ_LEN]).unwrap();
     let op = SendOp::RdmaRead { remote_addr: peer_addr, rkey: RKey(peer_rkey) };
-    qp.post_send(&[SendWr { wr_id: 100, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+    qp.post_send(&[SendWr { wr_id: 100, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])
+        .unwrap();
     let wc = cq.wait(WAIT).unwrap();
     assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
     let mut got = vec![0u8; READ_LEN];
@@ -205,7 +206,8 @@ fn softrdma_side() {
     mr.write(WRITE_AT, &pattern(READ_LEN, 22)).unwrap();
     let sge = [mr.sge(WRITE_AT..WRITE_AT + READ_LEN).unwrap()];
     let op = SendOp::RdmaWrite { remote_addr: peer_addr + READ_LEN as u64, rkey: RKey(peer_rkey) };
-    qp.post_send(&[SendWr { wr_id: 101, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }]).unwrap();
+    qp.post_send(&[SendWr { wr_id: 101, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }])
+        .unwrap();
     assert_eq!(cq.wait(WAIT).unwrap().status, WcStatus::Success);
     let after = icrc_values(&ctx.counters());
     let delta = std::array::from_fn(|i| after[i] - before[i]);
@@ -575,7 +577,11 @@ fn rxe_like() {
         let op =
             SendOp::RdmaWrite { remote_addr: their_addr + WRITE_AT as u64 + i * (64 << 10), rkey: RKey(their_rkey) };
         peer.engine
-            .post_send(qpn, &[SendWr { wr_id: i, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }], &peer.mem)
+            .post_send(
+                qpn,
+                &[SendWr { wr_id: i, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }],
+                &peer.mem,
+            )
             .unwrap();
         wrs += 1;
     }
@@ -584,7 +590,14 @@ fn rxe_like() {
         peer.engine
             .post_send(
                 qpn,
-                &[SendWr { wr_id: 10 + i, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }],
+                &[SendWr {
+                    wr_id: 10 + i,
+                    op: SendOp::Send,
+                    sg_list: &sge,
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                    xrc_srqn: None,
+                }],
                 &peer.mem,
             )
             .unwrap();
@@ -594,12 +607,20 @@ fn rxe_like() {
     let sge = [Sge { addr: read_into, length: READ_LEN as u32, lkey }];
     let op = SendOp::RdmaRead { remote_addr: their_addr + READ_AT as u64, rkey: RKey(their_rkey) };
     peer.engine
-        .post_send(qpn, &[SendWr { wr_id: 20, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }], &peer.mem)
+        .post_send(
+            qpn,
+            &[SendWr { wr_id: 20, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }],
+            &peer.mem,
+        )
         .unwrap();
     let sge = [Sge { addr: read_into + READ_LEN as u64, length: 8, lkey }];
     let op = SendOp::FetchAdd { remote_addr: their_addr + ATOMIC_AT as u64, rkey: RKey(their_rkey), add: 42 };
     peer.engine
-        .post_send(qpn, &[SendWr { wr_id: 21, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None }], &peer.mem)
+        .post_send(
+            qpn,
+            &[SendWr { wr_id: 21, op, sg_list: &sge, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }],
+            &peer.mem,
+        )
         .unwrap();
     wrs += 2;
     let mut completed = 0;

@@ -216,7 +216,14 @@ fn ud_peer() {
     for i in 0..8u64 {
         mr.write(8192 + i as usize * 128, &pattern(100, i)).unwrap();
         let sge = [mr.sge(8192 + i as usize * 128..8192 + i as usize * 128 + 100).unwrap()];
-        let w = SendWr { wr_id: 100 + i, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) };
+        let w = SendWr {
+            wr_id: 100 + i,
+            op: SendOp::Send,
+            sg_list: &sge,
+            flags: SendFlags::SIGNALED,
+            ud: Some(dest),
+            xrc_srqn: None,
+        };
         qp.post_send(&[w]).unwrap();
     }
     let (mut sent, mut got) = (0, std::collections::BTreeSet::new());

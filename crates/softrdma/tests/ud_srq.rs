@@ -20,8 +20,15 @@ fn ud_receive_starts_with_the_grh_of_the_sender() {
     a.mr.write(0, b"a datagram").unwrap();
     let sge = [a.mr.sge(0..10).unwrap()];
     let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(b.qp.qpn()), remote_qkey: QKey(0x1111_2222) };
-    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])
-        .unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &sge,
+        flags: SendFlags::SIGNALED,
+        ud: Some(dest),
+        xrc_srqn: None,
+    }])
+    .unwrap();
     assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
     let wc = b.cq.wait(WAIT).unwrap();
     assert_eq!((wc.wr_id, wc.status, wc.byte_len, wc.grh), (4, WcStatus::Success, 40 + 10, Some(NetworkHdr::Ipv4)));
@@ -45,8 +52,15 @@ fn ud_receive_starts_with_the_grh_of_the_sender() {
     b.mr.write(100, b"the reply").unwrap();
     let dest = UdDest { ah: rah.id(), remote_qpn: wc.src_qp, remote_qkey: QKey(0x1111_2222) };
     let sge = [b.mr.sge(100..109).unwrap()];
-    b.qp.post_send(&[SendWr { wr_id: 2, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])
-        .unwrap();
+    b.qp.post_send(&[SendWr {
+        wr_id: 2,
+        op: SendOp::Send,
+        sg_list: &sge,
+        flags: SendFlags::SIGNALED,
+        ud: Some(dest),
+        xrc_srqn: None,
+    }])
+    .unwrap();
     assert_eq!(b.cq.wait(WAIT).unwrap().status, WcStatus::Success);
     assert_eq!(a.cq.wait(WAIT).unwrap().byte_len, 40 + 9);
     let mut got = [0u8; 9];
@@ -73,8 +87,15 @@ fn the_address_vectors_traffic_class_is_the_datagrams() {
     let ah = a.pd.create_ah(av).unwrap();
     let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(b.qp.qpn()), remote_qkey: QKey(0x1111_2222) };
     let sge = [a.mr.sge(0..8).unwrap()];
-    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])
-        .unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &sge,
+        flags: SendFlags::SIGNALED,
+        ud: Some(dest),
+        xrc_srqn: None,
+    }])
+    .unwrap();
     assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
     assert_eq!(b.cq.wait(WAIT).unwrap().status, WcStatus::Success);
     let tos = got_header(&b)[21];
@@ -101,8 +122,15 @@ fn wrong_qkey_is_dropped_and_counted() {
     let ah = a.pd.create_ah(av).unwrap();
     let sge = [a.mr.sge(0..10).unwrap()];
     let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(b.qp.qpn()), remote_qkey: QKey(0xdead) };
-    a.qp.post_send(&[SendWr { wr_id: 1, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ud: Some(dest) }])
-        .unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        op: SendOp::Send,
+        sg_list: &sge,
+        flags: SendFlags::SIGNALED,
+        ud: Some(dest),
+        xrc_srqn: None,
+    }])
+    .unwrap();
     assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success, "UD sends complete when sent");
     let deadline = std::time::Instant::now() + WAIT;
     while b.ctx.counters().engine.rcvd_dropped == 0 {

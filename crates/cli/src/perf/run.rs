@@ -339,7 +339,14 @@ impl Side {
             if signal(seq) {
                 flags = flags | SendFlags::SIGNALED;
             }
-            SendWr { wr_id: wr_id(qp, seq), op: self.op(peer, qp, seq, number(seq)), sg_list: &sges[i..=i], flags, ud }
+            SendWr {
+                wr_id: wr_id(qp, seq),
+                op: self.op(peer, qp, seq, number(seq)),
+                sg_list: &sges[i..=i],
+                flags,
+                ud,
+                xrc_srqn: None,
+            }
         });
         self.qps[qp].post_send(&wrs[..n]).map_err(rdma("ibv_post_send"))
     }

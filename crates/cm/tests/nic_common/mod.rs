@@ -208,7 +208,8 @@ impl NicNode {
     /// A signaled SEND of `len` bytes at `offset`.
     pub fn post_send(&mut self, qpn: Qpn, wr_id: u64, offset: u64, len: u32) {
         let sge = self.sge(offset, len);
-        let wr = SendWr { wr_id, op: SendOp::Send, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None };
+        let wr =
+            SendWr { wr_id, op: SendOp::Send, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None };
         self.nic.engine_mut().post_send(qpn, &[wr], &self.mem).unwrap();
     }
 
@@ -216,7 +217,7 @@ impl NicNode {
     pub fn post_write(&mut self, qpn: Qpn, wr_id: u64, offset: u64, len: u32, peer: &MrKeys, remote_offset: u64) {
         let sge = self.sge(offset, len);
         let op = SendOp::RdmaWrite { remote_addr: BASE + remote_offset, rkey: peer.rkey };
-        let wr = SendWr { wr_id, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None };
+        let wr = SendWr { wr_id, op, sg_list: &[sge], flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None };
         self.nic.engine_mut().post_send(qpn, &[wr], &self.mem).unwrap();
     }
 

@@ -266,7 +266,7 @@ impl Node {
 
 /// A signaled WR.
 pub fn wr(wr_id: u64, op: SendOp, sg_list: &[Sge]) -> SendWr<'_> {
-    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None }
+    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }
 }
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -371,12 +371,12 @@ impl Node {
 
 /// A WR with `flags` (no UD destination).
 pub fn wr_with(wr_id: u64, op: SendOp, sg_list: &[Sge], flags: SendFlags) -> SendWr<'_> {
-    SendWr { wr_id, op, sg_list, flags, ud: None }
+    SendWr { wr_id, op, sg_list, flags, ud: None, xrc_srqn: None }
 }
 
 /// A signaled UD SEND of `sg_list` to `dest`.
 pub fn ud_send(wr_id: u64, op: SendOp, sg_list: &[Sge], dest: UdDest) -> SendWr<'_> {
-    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: Some(dest) }
+    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: Some(dest), xrc_srqn: None }
 }
 
 /// The (wr_id, status) of each completion, for compact assertions.

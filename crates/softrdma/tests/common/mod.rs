@@ -83,7 +83,7 @@ pub fn ud_side(ip: [u8; 4], port: u16) -> Side {
 pub const WAIT: Duration = Duration::from_secs(10);
 
 pub fn wr<'a>(wr_id: u64, op: SendOp, sg_list: &'a [Sge]) -> SendWr<'a> {
-    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None }
+    SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }
 }
 
 /// Checks a capture: every frame is a RoCEv2 datagram whose ICRC verifies (softrdma's
