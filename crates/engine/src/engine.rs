@@ -1064,6 +1064,12 @@ impl Engine {
         Ok(XrcdId(self.shared.xrcds.insert(()) as u32))
     }
 
+    /// How many XRC SRQs and XRC TGT QPs belong to domain `xrcd`.
+    pub fn xrcd_users(&self, xrcd: XrcdId) -> usize {
+        let srqs = self.shared.srqs.iter().filter(|(_, s)| s.xrc.is_some_and(|(d, _)| d == xrcd)).count();
+        srqs + self.qps.values().filter(|q| q.xrcd == Some(xrcd)).count()
+    }
+
     /// `ibv_close_xrcd`. Fails (EBUSY) while an XRC SRQ or an XRC TGT QP belongs to it.
     pub fn dealloc_xrcd(&mut self, xrcd: XrcdId) -> Result<(), VerbsError> {
         if !self.shared.xrcds.contains(xrcd.0 as usize) {
@@ -1100,7 +1106,7 @@ impl Engine {
             recv_cq: CqId(u32::MAX),
             srq: None,
             qp_type: QpType::XrcTgt,
-            cap: QpCap { max_send_wr: 1, ..QpCap::default() },
+            cap: QpCap { max_send_wr: 0, max_recv_wr: 0, max_send_sge: 0, max_recv_sge: 0, max_inline_data: 0 },
             sq_sig_all: false,
         };
         let qpn = self.allocate_qpn();

@@ -54,6 +54,8 @@ pub type AdviseMrFn = unsafe extern "C" fn(*mut IbvPd, u32, u32, *mut IbvSge, u3
 /// `offsetof(struct ibv_device_attr_ex, odp_caps)`: `struct ibv_odp_caps` (`general_caps`,
 /// then the RC, UC and UD capabilities, u32 each).
 pub const ODP_CAPS_OFFSET: usize = 240;
+/// `offsetof(struct ibv_device_attr_ex, xrc_odp_caps)`.
+pub const XRC_ODP_CAPS_OFFSET: usize = 392;
 /// `verbs_context.query_rt_values`.
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut IbvContext, *mut IbvValuesEx) -> c_int;
 /// `offsetof(struct ibv_device_attr_ex, completion_timestamp_mask)`.
@@ -171,8 +173,17 @@ pub struct VerbsContext {
     pub _ops2: [usize; 5],
     /// `create_qp_ex` (264), which the `ibv_create_qp_ex` inline calls.
     pub create_qp_ex: Option<CreateQpExFn>,
-    /// `get_srq_num` .. `_ABI_placeholder3`.
-    pub _ops3: [usize; 5],
+    /// `get_srq_num` (272), which the `ibv_get_srq_num` inline calls.
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut IbvSrq, *mut u32) -> c_int>,
+    /// `create_srq_ex` (280), which the `ibv_create_srq_ex` inline calls for what
+    /// `ibv_create_srq` cannot make.
+    pub create_srq_ex: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvSrqInitAttrEx) -> *mut IbvSrq>,
+    /// `open_xrcd` (288), which the `ibv_open_xrcd` inline calls.
+    pub open_xrcd: Option<unsafe extern "C" fn(*mut IbvContext, *mut IbvXrcdInitAttr) -> *mut c_void>,
+    /// `close_xrcd` (296), which the `ibv_close_xrcd` inline calls.
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut c_void) -> c_int>,
+    /// `_ABI_placeholder3`.
+    pub _ops3: usize,
     /// `sz`: `sizeof(struct verbs_context)`, never more (see the crate docs).
     pub sz: usize,
     /// `context`.
@@ -779,3 +790,26 @@ const _: () = {
     assert!(size_of::<IbvMwBind>() == 48);
     assert!(size_of::<IbvQpAttr>() == 144);
 };
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct IbvXrcdInitAttr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `struct ibv_srq_init_attr_ex`.
+#[repr(C)]
+pub struct IbvSrqInitAttrEx {
+    pub srq_context: *mut c_void,
+    pub attr: IbvSrqAttr,
+    pub comp_mask: u32,
+    pub srq_type: u32,
+    pub pd: *mut IbvPd,
+    /// `xrcd`: a `struct ibv_xrcd *`.
+    pub xrcd: *mut c_void,
+    pub cq: *mut IbvCq,
+    /// `tm_cap`: `max_num_tags`, `max_ops` (tag matching, which softrdma refuses).
+    pub tm_cap: [u32; 2],
+}

@@ -35,6 +35,8 @@ pub(crate) struct Ctx {
     /// The same for CQs (`CqId` → `ibv_cq`) and SRQs (`SrqId` → `ibv_srq`).
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+    /// The XRC domains of files (`ibv_open_xrcd` with a descriptor).
+    pub(crate) xrcds: crate::xrc::FileDomains,
     /// What `ibv_context.cmd_fd` holds: programs dup it, poll it or hand it to a child
     /// (pyverbs, rdma-core's tests). There is no uverbs device behind softrdma, so it is an
     /// empty memfd of its own (an inode per context, which `ibv_import_device` can tell
@@ -230,7 +232,11 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         query_device_ex: Some(query_device_ex),
         _ops2: [0; 5],
         create_qp_ex: Some(crate::wr::create_qp_ex),
-        _ops3: [0; 5],
+        get_srq_num: Some(crate::xrc::get_srq_num),
+        create_srq_ex: Some(crate::xrc::create_srq_ex),
+        open_xrcd: Some(crate::xrc::open_xrcd),
+        close_xrcd: Some(crate::xrc::close_xrcd),
+        _ops3: 0,
         sz: size_of::<VerbsContext>(),
         context,
     };
@@ -240,6 +246,7 @@ pub(crate) fn new_context(dev: *mut IbvDevice, inner: softrdma::Context) -> *mut
         qps: Mutex::default(),
         cqs: Mutex::default(),
         srqs: Mutex::default(),
+        xrcds: Mutex::default(),
         cmd_fd,
     }));
     // SAFETY: ctx was just allocated; the pointer to its member lives as long as it.
@@ -310,8 +317,9 @@ unsafe extern "C" fn query_device(ctx: *mut IbvContext, out: *mut IbvDeviceAttr)
             hw_ver: a.hw_ver,
             max_qp: int(a.max_qp),
             max_qp_wr: int(a.max_qp_wr),
-            // IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B, as rxe reports them.
-            device_cap_flags: if a.max_mw > 0 { (1 << 17) | (1 << 24) } else { 0 },
+            // IBV_DEVICE_MEM_WINDOW, IBV_DEVICE_MEM_WINDOW_TYPE_2B, as rxe reports them, and
+            // IBV_DEVICE_XRC.
+            device_cap_flags: (1 << 20) | if a.max_mw > 0 { (1 << 17) | (1 << 24) } else { 0 },
             max_sge: int(a.max_sge),
             max_sge_rd: int(a.max_sge_rd),
             max_cq: limit(a.max_cq),
@@ -354,7 +362,7 @@ export!("ibv_query_device", "IBVERBS_1.1", query_device);
 /// physical port in `phys_port_cnt_ex`, completion timestamps (all 64 bits of a clock of
 /// 1 GHz: `hca_core_clock` 1,000,000 kHz, one tick a nanosecond), `device_cap_flags_ex` as
 /// `device_cap_flags`, on-demand paging (explicit and implicit regions, every operation of
-/// RC, UC and UD), device memory (`max_dm_size`) and no other extended capability (TSO,
+/// RC, UC, UD and XRC), device memory (`max_dm_size`) and no other extended capability (TSO,
 /// RSS, tag matching: 0), within the `attr_size` bytes the caller's
 /// `struct ibv_device_attr_ex` has (an older program's is shorter), as rdma-core's
 /// providers fill it. EINVAL for an input with a comp_mask, as the inline checks.
@@ -398,6 +406,8 @@ unsafe extern "C" fn query_device_ex(
     put(crate::abi::ODP_CAPS_OFFSET + 8, &rc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 12, &uc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 16, &ud.to_ne_bytes());
+    // xrc_odp_caps: XRC sends, receives into XRC SRQs, WRITE, READ and atomics, as RC.
+    put(crate::abi::XRC_ODP_CAPS_OFFSET, &rc.to_ne_bytes());
     // device_cap_flags_ex: the same capabilities (its low 32 bits are ibv_device_cap_flags).
     // SAFETY: orig_attr, which query_device just wrote, is attr's first field.
     let flags = unsafe { (*attr.cast::<IbvDeviceAttr>()).device_cap_flags };

@@ -40,6 +40,7 @@ mod rdmacm;
 mod rsocket;
 mod stubs;
 mod wr;
+mod xrc;
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 

@@ -120,7 +120,7 @@ pub(crate) unsafe fn obj<'a, C, W>(p: *mut C) -> Option<&'a W> {
 ///
 /// # Safety
 /// `p` must come from [`boxed`] for this `W` and be freed once.
-unsafe fn free<C, W>(p: *mut C) {
+pub(crate) unsafe fn free<C, W>(p: *mut C) {
     // SAFETY: per the contract.
     drop(unsafe { Box::from_raw(p as *mut W) });
 }
@@ -142,11 +142,11 @@ unsafe fn destroy<C, W>(p: *mut C) -> c_int {
 }
 
 /// Moves a wrapper to the heap and returns the pointer C gets: its first member.
-fn boxed<C, W>(w: W) -> *mut C {
+pub(crate) fn boxed<C, W>(w: W) -> *mut C {
     Box::into_raw(Box::new(w)) as *mut C
 }
 
-const NULL_MUTEX: Mutex_ = [0; 5];
+pub(crate) const NULL_MUTEX: Mutex_ = [0; 5];
 type Mutex_ = crate::abi::Mutex;
 
 /// `ibv_qp_state` values ↔ [`QpState`].
@@ -929,6 +929,9 @@ pub(crate) unsafe fn qp_init<'a>(init: &IbvQpInitAttr) -> Result<QpInit<'a>, c_i
     // SAFETY: per the contract.
     let (scq, rcq, srq) =
         unsafe { (obj::<IbvCq, CqC>(init.send_cq), obj::<IbvCq, CqC>(init.recv_cq), obj::<IbvSrq, SrqC>(init.srq)) };
+    // An XRC_SEND QP receives nothing and needs no receive CQ: its send CQ stands in, and
+    // its `ibv_qp.recv_cq` stays the NULL it was given.
+    let rcq = if t == QpType::XrcIni && init.recv_cq.is_null() { scq } else { rcq };
     let (Some(scq), Some(rcq)) = (scq, rcq) else { return Err(libc::EINVAL) };
     let c = init.cap;
     Ok(QpInit {
@@ -971,6 +974,16 @@ pub(crate) unsafe extern "C" fn create_qp(pd: *mut IbvPd, init: *mut IbvQpInitAt
 pub(crate) fn wrap_qp(pd: *mut IbvPd, init: &mut IbvQpInitAttr, inner: softrdma::Qp) -> *mut IbvQp {
     // SAFETY: pd is ours (the caller created inner in it).
     let context = unsafe { (*pd).context };
+    wrap_qp_of(context, pd, init, inner)
+}
+
+/// [`wrap_qp`] for a QP of `context` in `pd`, which may be NULL (an XRC_RECV QP's).
+pub(crate) fn wrap_qp_of(
+    context: *mut IbvContext,
+    pd: *mut IbvPd,
+    init: &mut IbvQpInitAttr,
+    inner: softrdma::Qp,
+) -> *mut IbvQp {
     if let Ok((_, cap)) = inner.query() {
         init.cap = cap_c(&cap); // what the QP got, as rdma-core reports it
     }
@@ -1011,7 +1024,7 @@ fn qps(c: &Ctx) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usiz
 }
 
 /// One of a context's maps from softrdma's handles to the C objects.
-fn elements(
+pub(crate) fn elements(
     m: &Mutex<std::collections::HashMap<u32, usize>>,
 ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

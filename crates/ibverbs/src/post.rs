@@ -134,6 +134,8 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
             return libc::EINVAL;
         };
         let ud = q.qpx.qp_base.qp_type == 4;
+        // IBV_QPT_XRC_SEND: each WR names the XRC SRQ at the target.
+        let xrc = q.qpx.qp_base.qp_type == 9;
         let mut sg = Sges::new();
         let mut ops = SmallVec::<[_; INLINE_WRS]>::new();
         let mut stop = None;
@@ -147,7 +149,8 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
                     if matches!(op, SendOp::AtomicWrite { .. }) {
                         sg.truncate(start); // its bytes are in the operation
                     }
-                    ops.push((c.wr_id, op, c.send_flags, dest, start..sg.len()))
+                    let srqn = xrc.then_some(c.remote_srqn);
+                    ops.push((c.wr_id, op, c.send_flags, dest, srqn, start..sg.len()))
                 }
                 _ => {
                     stop = Some(libc::EINVAL);
@@ -158,13 +161,13 @@ pub(crate) unsafe extern "C" fn post_send(qp: *mut IbvQp, wr: *mut IbvSendWr, ba
         }
         let wrs: SmallVec<[SendWr<'_>; INLINE_WRS]> = ops
             .iter()
-            .map(|(wr_id, op, flags, ud, r)| SendWr {
+            .map(|(wr_id, op, flags, ud, srqn, r)| SendWr {
                 wr_id: *wr_id,
                 op: *op,
                 sg_list: &sg[r.clone()],
                 flags: SendFlags(flags & 0xf),
                 ud: *ud,
-                xrc_srqn: None,
+                xrc_srqn: *srqn,
             })
             .collect();
         let posted = if wrs.is_empty() { Ok(()) } else { q.inner.post_send(&wrs) };

@@ -24,6 +24,11 @@ use crate::objects::{AhC, QpC, obj};
 /// `IBV_QP_INIT_ATTR_PD`, `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: the `comp_mask` bits
 /// `ibv_create_qp_ex` takes.
 const INIT_ATTR_PD: u32 = 1 << 0;
+/// `IBV_QP_INIT_ATTR_XRCD`: an XRC_RECV QP's domain.
+const INIT_ATTR_XRCD: u32 = 1 << 1;
+/// `IBV_QPT_XRC_SEND`, `IBV_QPT_XRC_RECV`.
+pub(crate) const QPT_XRC_SEND: u32 = 9;
+pub(crate) const QPT_XRC_RECV: u32 = 10;
 const INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
 /// `IBV_QP_INIT_ATTR_CREATE_FLAGS`: taken with no flag set (softrdma does none of them).
 const INIT_ATTR_CREATE_FLAGS: u32 = 1 << 2;
@@ -107,9 +112,11 @@ pub(crate) fn qp_ex(qp_base: IbvQp) -> IbvQpEx {
     }
 }
 
-/// `verbs_context.create_qp_ex`: a QP in `attr.pd`; with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`
-/// its `ibv_qp_ex` takes the `ibv_wr_*` operations named there; `IBV_QP_INIT_ATTR_CREATE_FLAGS`
-/// with no flag set is taken. Other `comp_mask` bits (XRC, TSO, RSS), any creation flag and
+/// `verbs_context.create_qp_ex`: a QP in `attr.pd`, or an XRC_RECV QP of `attr.xrcd`
+/// (`IBV_QP_INIT_ATTR_XRCD`; it has no PD, CQs or queues); with
+/// `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS` its `ibv_qp_ex` takes the `ibv_wr_*` operations named
+/// there; `IBV_QP_INIT_ATTR_CREATE_FLAGS` with no flag set is taken. Other `comp_mask` bits
+/// (TSO, RSS), any creation flag and
 /// operations softrdma does not do (TSO), or that the transport has not (UC: READ, atomics,
 /// ATOMIC_WRITE, SEND_WITH_INV, which no UC opcode carries; UD: all but SENDs), fail with
 /// `EOPNOTSUPP`, as ibv_create_qp_ex(3) says of a QP that cannot do what was asked.
@@ -120,13 +127,22 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        if a.comp_mask & INIT_ATTR_PD == 0 || a.pd.is_null() || ctx.is_null() {
-            errno::set(libc::EINVAL);
+        let flags = if a.comp_mask & INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
+        let known = INIT_ATTR_PD | INIT_ATTR_XRCD | INIT_ATTR_SEND_OPS_FLAGS | INIT_ATTR_CREATE_FLAGS;
+        if a.comp_mask & !known != 0 || flags != 0 {
+            errno::set(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }
-        let flags = if a.comp_mask & INIT_ATTR_CREATE_FLAGS != 0 { a.create_flags } else { 0 };
-        if a.comp_mask & !(INIT_ATTR_PD | INIT_ATTR_SEND_OPS_FLAGS | INIT_ATTR_CREATE_FLAGS) != 0 || flags != 0 {
-            errno::set(libc::EOPNOTSUPP);
+        if a.qp_type == QPT_XRC_RECV {
+            if a.comp_mask & INIT_ATTR_XRCD == 0 || a.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0 {
+                errno::set(libc::EINVAL); // its domain, and it sends nothing
+                return ptr::null_mut();
+            }
+            // SAFETY: the caller's XRC domain (ours) or NULL; ctx is ours.
+            return unsafe { crate::xrc::create_tgt_qp(ctx, a.xrcd.cast(), a.qp_context) };
+        }
+        if a.comp_mask & INIT_ATTR_PD == 0 || a.pd.is_null() || ctx.is_null() {
+            errno::set(libc::EINVAL);
             return ptr::null_mut();
         }
         let send_ops = if a.comp_mask & INIT_ATTR_SEND_OPS_FLAGS != 0 { a.send_ops_flags } else { 0 };
@@ -134,9 +150,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
         // only SENDs; BIND_MW and LOCAL_INV are local, as rxe has them on UC).
         let uc = WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM;
         let possible = match a.qp_type {
-            2 => SUPPORTED,                          // RC
-            3 => uc | WITH_BIND_MW | WITH_LOCAL_INV, // UC
-            4 => WITH_SEND | WITH_SEND_WITH_IMM,     // UD
+            2 => SUPPORTED,                                 // RC
+            3 => uc | WITH_BIND_MW | WITH_LOCAL_INV,        // UC
+            4 => WITH_SEND | WITH_SEND_WITH_IMM,            // UD
+            QPT_XRC_SEND => SUPPORTED & !WITH_ATOMIC_WRITE, // no XRC opcode for it
             _ => 0,
         };
         if send_ops & !possible != 0 {
@@ -359,8 +376,18 @@ unsafe extern "C" fn wr_send_tso(qpx: *mut IbvQpEx, _hdr: *mut c_void, _hdr_sz: 
     with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
 }
 
-unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut IbvQpEx, _srqn: u32) {
-    with_builder(qpx, |_, b| b.fail(libc::EOPNOTSUPP));
+/// `ibv_wr_set_xrc_srqn`: the XRC SRQ at the target that takes the work request built last
+/// (an XRC_SEND QP's; any other QP's batch fails).
+unsafe extern "C" fn wr_set_xrc_srqn(qpx: *mut IbvQpEx, srqn: u32) {
+    with_builder(qpx, |q, b| {
+        if q.qpx.qp_base.qp_type != QPT_XRC_SEND {
+            b.fail(libc::EINVAL);
+            return;
+        }
+        if let Some(p) = b.last() {
+            p.xrc_srqn = Some(srqn);
+        }
+    });
 }
 
 /// `ibv_wr_atomic_write`: the 8 bytes at `data`, taken now.

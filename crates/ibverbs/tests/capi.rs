@@ -78,6 +78,11 @@ fn memory_windows_of_both_types_bind_reach_and_invalidate() {
 }
 
 #[test]
+fn xrc_domains_srqs_and_qps_deliver_each_message_to_the_srq_it_names() {
+    passes("xrc");
+}
+
+#[test]
 fn async_events_name_their_cq_and_srq() {
     passes("async_events");
 }

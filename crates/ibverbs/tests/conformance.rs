@@ -37,6 +37,7 @@ fn debian_ibverbs_utils_run_over_softrdma() {
         "ibv_uc_pingpong",
         "ibv_ud_pingpong",
         "ibv_srq_pingpong",
+        "ibv_xsrq_pingpong",
     ] {
         assert!(
             // "pass", or "pass (attempt 2; ...)" for a UC/UD ping-pong the script retried.

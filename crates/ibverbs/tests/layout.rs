@@ -40,7 +40,9 @@ fn entries() -> Vec<Entry> {
     layout!(v, VerbsContext, "struct verbs_context", [query_port => "query_port", advise_mr => "advise_mr",
         reg_dm_mr => "reg_dm_mr", alloc_dm => "alloc_dm", free_dm => "free_dm",
         alloc_parent_domain => "alloc_parent_domain", dealloc_td => "dealloc_td", alloc_td => "alloc_td", query_device_ex => "query_device_ex",
-        query_rt_values => "query_rt_values", create_cq_ex => "create_cq_ex", create_qp_ex => "create_qp_ex", sz => "sz", context => "context"]);
+        query_rt_values => "query_rt_values", create_cq_ex => "create_cq_ex", create_qp_ex => "create_qp_ex",
+        get_srq_num => "get_srq_num", create_srq_ex => "create_srq_ex", open_xrcd => "open_xrcd",
+        close_xrcd => "close_xrcd", sz => "sz", context => "context"]);
     layout!(v, IbvCqEx, "struct ibv_cq_ex", [cq => "context", comp_mask => "comp_mask", status => "status",
         wr_id => "wr_id", start_poll => "start_poll", next_poll => "next_poll", end_poll => "end_poll",
         read_opcode => "read_opcode", read_vendor_err => "read_vendor_err", read_byte_len => "read_byte_len",
@@ -53,6 +55,10 @@ fn entries() -> Vec<Entry> {
     v.push(("struct ibv_device_attr_ex", "completion_timestamp_mask".to_owned(), COMPLETION_TIMESTAMP_MASK_OFFSET));
     v.push(("struct ibv_device_attr_ex", "hca_core_clock".to_owned(), HCA_CORE_CLOCK_OFFSET));
     v.push(("struct ibv_device_attr_ex", "odp_caps".to_owned(), ODP_CAPS_OFFSET));
+    v.push(("struct ibv_device_attr_ex", "xrc_odp_caps".to_owned(), XRC_ODP_CAPS_OFFSET));
+    layout!(v, IbvXrcdInitAttr, "struct ibv_xrcd_init_attr", [comp_mask => "comp_mask", fd => "fd", oflags => "oflags"]);
+    layout!(v, IbvSrqInitAttrEx, "struct ibv_srq_init_attr_ex", [srq_context => "srq_context", attr => "attr",
+        comp_mask => "comp_mask", srq_type => "srq_type", pd => "pd", xrcd => "xrcd", cq => "cq", tm_cap => "tm_cap"]);
     v.push(("struct ibv_device_attr_ex", "device_cap_flags_ex".to_owned(), DEVICE_CAP_FLAGS_EX_OFFSET));
     layout!(v, IbvPollCqAttr, "struct ibv_poll_cq_attr", [comp_mask => "comp_mask"]);
     layout!(v, IbvCqInitAttrEx, "struct ibv_cq_init_attr_ex", [cqe => "cqe", cq_context => "cq_context",

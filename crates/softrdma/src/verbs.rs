@@ -456,6 +456,11 @@ impl Xrcd {
         self.inner.id
     }
 
+    /// Whether XRC SRQs or XRC TGT QPs belong to the domain (`ibv_close_xrcd` is EBUSY then).
+    pub fn in_use(&self) -> bool {
+        self.inner.ctx.drv.shared.lock().nic.engine().xrcd_users(self.inner.id) > 0
+    }
+
     /// `ibv_create_qp_ex` with `IBV_QPT_XRC_RECV`: an XRC TGT QP of this domain, to connect
     /// to a peer's XRC INI QP ([`Qp::connect`]). It has no queues: each message goes to the
     /// XRC SRQ of the domain it names.

@@ -1,7 +1,7 @@
 /* ibv_query_device_ex reaches softrdma's query_device_ex (it fell back to
  * ibv_query_device, leaving phys_port_cnt_ex 0): orig_attr as ibv_query_device gives it,
  * one physical port, the extended capabilities softrdma has (completion timestamps, on-demand
- * paging, device memory) and zeros for the rest; an input with a comp_mask is EINVAL. And the
+ * paging, for XRC too, device memory) and zeros for the rest; an input with a comp_mask is EINVAL. And the
  * context's cmd_fd is an open file a program can dup (it was -1).
  * Prints "ok" and exits 0, or names the failed check and exits 1. */
 #include <stdlib.h>
@@ -26,8 +26,9 @@ int main(void) {
     CHECK(ex.completion_timestamp_mask == UINT64_MAX && ex.hca_core_clock == 1000000 &&
               ex.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT) && ex.max_dm_size == 256 * 1024,
           "timestamps, on-demand paging and device memory");
+    CHECK(ex.xrc_odp_caps == ex.odp_caps.per_transport_caps.rc_odp_caps, "XRC on demand as RC");
     CHECK(ex.comp_mask == 0 && ex.tm_caps.max_num_tags == 0 && ex.tso_caps.max_tso == 0 &&
-              ex.rss_caps.max_rwq_indirection_tables == 0 && ex.xrc_odp_caps == 0,
+              ex.rss_caps.max_rwq_indirection_tables == 0,
           "no other extended capability (and nothing left of the caller's bytes)");
     struct ibv_query_device_ex_input input = {.comp_mask = 1};
     CHECK(ibv_query_device_ex(ctx, &input, &ex) == EINVAL, "an input comp_mask is EINVAL");
