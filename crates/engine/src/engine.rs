@@ -1211,6 +1211,12 @@ impl Engine {
         }
         self.pd_use(init.pd, 1)?;
         let qpn = self.allocate_qpn();
+        // As rxe (rxe_qp_init_req): a send WQE holds max_send_sge SGEs or that many bytes
+        // inline, whichever is more, so a QP asked for no inline data still sends 16 bytes
+        // per SGE inline (rdma_xclient sends 16 inline bytes with max_inline_data 0).
+        let inline =
+            cap.max_inline_data.max(cap.max_send_sge.saturating_mul(16)).min(self.shared.config.max_inline_data);
+        let init = &QpInitAttr { cap: QpCap { max_inline_data: inline, ..cap }, ..*init };
         let mut qp = Qp::new(qpn, init.pd, init);
         if qp.qp_type == QpType::Ud {
             qp.attr.path_mtu = self.shared.config.port_mtu;

@@ -110,6 +110,32 @@ fn post_send_stops_at_the_bad_wr_and_keeps_the_ones_before_it() {
     }
 }
 
+/// As rxe (`rxe_qp_init_req`): a send WQE holds `max_send_sge` SGEs or as many bytes inline,
+/// whichever is more, so a QP asked for no inline data sends 16 bytes per SGE inline (and
+/// says so: `rdma_xclient` sends 16 inline bytes from a QP created with `max_inline_data` 0).
+#[test]
+fn inline_room_is_at_least_sixteen_bytes_per_send_sge() {
+    let no_inline = QpCap { max_inline_data: 0, max_send_sge: 1, ..QpCap::default() };
+    let mut pair = connected_after_setup(QpType::Rc, Mtu::Mtu1024, &|n| {
+        n.qp = n.engine.create_qp(&QpInitAttr { cap: no_inline, ..init_attr(n, QpType::Rc) }).unwrap();
+    });
+    assert_eq!(pair.a.engine.query_qp(pair.a.qp).unwrap().1.max_inline_data, 16);
+    let more = QpCap { max_inline_data: 100, max_send_sge: 2, ..QpCap::default() };
+    let q = pair.a.engine.create_qp(&QpInitAttr { cap: more, ..init_attr(&pair.a, QpType::Rc) }).unwrap();
+    assert_eq!(pair.a.engine.query_qp(q).unwrap().1.max_inline_data, 100, "what was asked, when more");
+    pair.b.post_recv(1, 0x1000, 64);
+    pair.a.fill(0, b"sixteen inline b");
+    let sixteen = [Sge { addr: BASE, length: 16, lkey: LKey(0) }];
+    let seventeen = [Sge { addr: BASE, length: 17, lkey: LKey(0) }];
+    let inline = SendFlags::SIGNALED | SendFlags::INLINE;
+    let err = pair.a.try_post_send(&[wr_with(2, SendOp::Send, &seventeen, inline)]).unwrap_err();
+    assert!(matches!(&err.kind, PostErrorKind::Invalid(m) if m.contains("max_inline_data = 16")), "{err}");
+    pair.a.post_send(wr_with(1, SendOp::Send, &sixteen, inline));
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+    assert_eq!(pair.b.read(0x1000, 16), b"sixteen inline b");
+}
+
 #[test]
 fn full_receive_queue_refuses_the_wr_that_does_not_fit() {
     let cap = QpCap { max_recv_wr: 2, ..QpCap::default() };
