@@ -364,6 +364,14 @@ pub struct SendWr<'a> {
     pub xrc_srqn: Option<u32>,
 }
 
+/// A SEND of nothing, unsignaled, to the connected peer: the base of a struct update
+/// (`SendWr { op, sg_list, ..SendWr::default() }`).
+impl Default for SendWr<'_> {
+    fn default() -> Self {
+        Self { wr_id: 0, op: SendOp::Send, sg_list: &[], flags: SendFlags::default(), ud: None, xrc_srqn: None }
+    }
+}
+
 /// A receive work request (`ibv_recv_wr`).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct RecvWr<'a> {

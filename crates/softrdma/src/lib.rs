@@ -25,7 +25,7 @@
 //!     op: SendOp::RdmaWrite { remote_addr: peer_buf.addr, rkey: peer_buf.rkey },
 //!     sg_list: &sge,
 //!     flags: SendFlags::SIGNALED,
-//!     ud: None,
+//!     ..SendWr::default() // no UD destination, no XRC SRQ
 //! }])?;
 //! assert_eq!(cq.wait(Duration::from_secs(5))?.status, WcStatus::Success);
 //! # Ok::<(), softrdma::Error>(())
