@@ -143,6 +143,13 @@ cm_run() {
 # print "<name>: end 0" on success.
 cm_run "rdma_server/rdma_client" "rdma_server -p PORT" "rdma_client -s 127.0.0.1 -p PORT" \
     "rdma_server: end 0" "rdma_client: end 0"
+# rdma_xserver/rdma_xclient: the same over RC, and over XRC (-c x: RDMA_PS_IB, an XRC_SEND
+# QP on the client, an XRC_RECV QP and rdma_create_srq's XRC SRQ on the server, whose number
+# goes back in the accept's private data; a 16-byte inline SEND into the SRQ).
+cm_run "rdma_xserver/rdma_xclient" "rdma_xserver -p PORT" "rdma_xclient -s 127.0.0.1 -p PORT" \
+    "rdma_xserver: end 0" "rdma_xclient: end 0"
+cm_run "rdma_xserver/rdma_xclient -c x" "rdma_xserver -c x -p PORT" "rdma_xclient -c x -s 127.0.0.1 -p PORT" \
+    "rdma_xserver: end 0" "rdma_xclient: end 0"
 
 # rping: rdma_cm with event channels and completion channels, the server RDMA READs the
 # client's buffer and WRITEs back, 10 times with -v (each side prints "ping data: ...").

@@ -759,21 +759,25 @@ impl Cm {
                 i.conn.initiator_depth = param.initiator_depth;
                 i.conn.srq = param.srq;
                 i.conn.flow_control = param.flow_control;
+                // cm.c: cm_format_rep: an XRC TGT QP's number goes in the local EE context
+                // number, which the XRC INI side reads it from; its SRQ bit is set.
+                let xrc = i.qp_type == QpType::XrcTgt;
+                let qpn = Qpn::from_u24_truncating(i.conn.local_qpn);
                 let rep = RepRepr {
                     local_comm_id: i.local_comm_id,
                     remote_comm_id: i.remote_comm_id,
                     local_qkey: QKey(0),
-                    local_qpn: Qpn::from_u24_truncating(i.conn.local_qpn),
+                    local_qpn: if xrc { Qpn::from_u24_truncating(0) } else { qpn },
                     vendor_id: 0,
-                    local_eecn: 0,
+                    local_eecn: if xrc { qpn.value() } else { 0 },
                     starting_psn: Psn::from_u24_truncating(i.seq_num),
                     responder_resources: param.responder_resources,
-                    initiator_depth: param.initiator_depth,
+                    initiator_depth: if xrc { 0 } else { param.initiator_depth },
                     target_ack_delay,
                     failover_accepted: 0,
-                    end_to_end_flow_control: param.flow_control,
+                    end_to_end_flow_control: !xrc && param.flow_control,
                     rnr_retry_count: param.rnr_retry_count & 7,
-                    srq: param.srq,
+                    srq: xrc || param.srq,
                     local_ca_guid: guid,
                     private_data: &param.private_data,
                 };
@@ -927,7 +931,10 @@ impl Cm {
         const OP: &str = "qp_attr";
         let i = self.get(OP, id)?;
         let mut a = QpAttr { qp_state: target, ..QpAttr::default() };
-        let rc = i.qp_type == QpType::Rc;
+        // The responder's attributes are RC's and XRC TGT's, the requester's RC's and XRC INI's
+        // (cm.c: cm_init_qp_rtr_attr, cm_init_qp_rts_attr).
+        let responder = matches!(i.qp_type, QpType::Rc | QpType::XrcTgt);
+        let requester = matches!(i.qp_type, QpType::Rc | QpType::XrcIni);
         let ud = matches!(i.qp_type, QpType::Ud);
         match target {
             QpState::Init => {
@@ -940,7 +947,7 @@ impl Cm {
                 } else {
                     a.qp_access_flags = if !i.conn.exchanged {
                         Access(0)
-                    } else if i.conn.responder_resources > 0 && rc {
+                    } else if i.conn.responder_resources > 0 && responder {
                         Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC
                     } else {
                         Access::REMOTE_WRITE
@@ -964,7 +971,7 @@ impl Cm {
                 a.rq_psn = i.seq_num;
                 let mut mask =
                     AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-                if rc {
+                if responder {
                     a.max_dest_rd_atomic = i.conn.responder_resources;
                     a.min_rnr_timer = 0;
                     mask |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
@@ -982,12 +989,16 @@ impl Cm {
                 }
                 a.sq_psn = i.conn.remote_psn;
                 let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
-                if rc {
+                if requester {
                     a.timeout = i.ack_timeout.unwrap_or(i.conn.ack_timeout);
                     a.retry_cnt = i.conn.retry_count;
                     a.rnr_retry = i.conn.rnr_retry;
                     a.max_rd_atomic = i.conn.initiator_depth;
                     mask |= AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+                } else if i.qp_type == QpType::XrcTgt {
+                    // It sends nothing but responses; its table row wants a timeout anyway.
+                    a.timeout = i.ack_timeout.unwrap_or(i.conn.ack_timeout);
+                    mask |= AttrMask::TIMEOUT;
                 }
                 Ok((a, mask))
             }
@@ -1305,16 +1316,19 @@ impl Cm {
         let Some(lid) = self.listener(ps, port, Some(hdst)) else {
             return reject(self, RejReason::CONSUMER_DEFINED, &[]);
         };
-        let qp_type = match req.transport_service_type {
-            TransportServiceType::RC => QpType::Rc,
-            TransportServiceType::UC => QpType::Uc,
+        let qp_type = match (req.transport_service_type, req.extended_transport_type) {
+            (TransportServiceType::RC, _) => QpType::Rc,
+            (TransportServiceType::UC, _) => QpType::Uc,
+            // cm_msgs.h: cm_req_get_qp_type: XRC INI at the sender, XRC TGT here.
+            (TransportServiceType::EXTENDED, 1) => QpType::XrcTgt,
             _ => return reject(self, RejReason::INVALID_TRANSPORT_TYPE, &[]),
         };
         let Some(l) = self.ids.get(&lid) else { return false };
         let lqp = l.qp_type;
         let backlog = l.backlog;
         let policy = l.policy;
-        if ps == PortSpace::TCP && lqp != qp_type || ps == PortSpace::UDP {
+        let xrc = qp_type == QpType::XrcTgt || lqp == QpType::XrcTgt;
+        if (ps == PortSpace::TCP || xrc) && lqp != qp_type || ps == PortSpace::UDP {
             return reject(self, RejReason::CONSUMER_DEFINED, &[]);
         }
         if l.untaken >= backlog {
@@ -1446,7 +1460,8 @@ impl Cm {
         i.state = State::RepRcvd;
         // cm.c: cm_rep_handler swaps the depths; the REP's RNR retry count is ours.
         i.conn.remote_known = true;
-        i.conn.remote_qpn = rep.local_qpn.value();
+        // cm.c: cm_rep_get_qpn: an XRC TGT QP's number is in the local EE context number.
+        i.conn.remote_qpn = if i.qp_type == QpType::XrcIni { rep.local_eecn } else { rep.local_qpn.value() };
         i.conn.remote_psn = rep.starting_psn.value();
         i.conn.responder_resources = rep.initiator_depth;
         i.conn.initiator_depth = rep.responder_resources;
@@ -1948,7 +1963,14 @@ impl Cm {
 
 /// The REQ rdma_cm sends for `i` on `route` (`cm.c: cm_format_req`, `cma.c: cma_connect_ib`).
 fn self_req<'a>(config: &CmConfig, i: &Id, route: &Route, private_data: &'a [u8], param: &ConnParam) -> ReqRepr<'a> {
-    let transport = if i.qp_type == QpType::Uc { TransportServiceType::UC } else { TransportServiceType::RC };
+    let transport = match i.qp_type {
+        QpType::Uc => TransportServiceType::UC,
+        QpType::XrcIni => TransportServiceType::EXTENDED,
+        _ => TransportServiceType::RC,
+    };
+    // cm.c: cm_format_req: an XRC INI QP's REQ carries no responder resources, retry counts
+    // or SRQ bit, and says XRC in the extended transport type.
+    let xrc = i.qp_type == QpType::XrcIni;
     ReqRepr {
         local_comm_id: i.local_comm_id,
         vendor_id: 0,
@@ -1956,7 +1978,7 @@ fn self_req<'a>(config: &CmConfig, i: &Id, route: &Route, private_data: &'a [u8]
         local_ca_guid: config.node_guid,
         local_qkey: QKey(0),
         local_qpn: Qpn::from_u24_truncating(param.qp_num),
-        responder_resources: param.responder_resources,
+        responder_resources: if xrc { 0 } else { param.responder_resources },
         local_eecn: 0,
         initiator_depth: param.initiator_depth,
         remote_eecn: 0,
@@ -1965,14 +1987,14 @@ fn self_req<'a>(config: &CmConfig, i: &Id, route: &Route, private_data: &'a [u8]
         end_to_end_flow_control: param.flow_control,
         starting_psn: Psn::from_u24_truncating(i.seq_num),
         local_cm_response_timeout: config.response_timeout,
-        retry_count: param.retry_count & 7,
+        retry_count: if xrc { 0 } else { param.retry_count & 7 },
         pkey: PKey::DEFAULT,
         path_mtu: config.port_mtu as u8,
         rdc_exists: false,
-        rnr_retry_count: param.rnr_retry_count & 7,
+        rnr_retry_count: if xrc { 0 } else { param.rnr_retry_count & 7 },
         max_cm_retries: config.max_retries.min(15),
-        srq: param.srq,
-        extended_transport_type: 0,
+        srq: !xrc && param.srq,
+        extended_transport_type: u8::from(xrc),
         primary_path: CmPath {
             // IBA: LIDs are 0xffff when the path leaves the subnet (hop limit > 1).
             local_lid: 0xffff,

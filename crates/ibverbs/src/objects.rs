@@ -870,7 +870,7 @@ unsafe extern "C" fn query_srq(_srq: *mut IbvSrq, _attr: *mut IbvSrqAttr) -> c_i
 }
 export!("ibv_query_srq", "IBVERBS_1.1", query_srq);
 
-unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
+pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
     guard(libc::EIO, || {
         // SAFETY: srq is ours or NULL.
         let Some(s) = (unsafe { obj::<IbvSrq, SrqC>(srq) }) else {

@@ -85,12 +85,35 @@ fn fail_with(n: c_int) -> c_int {
     -1
 }
 
-/// `ibv_qp_type` of the QPs a port space carries.
+/// `ibv_qp_type` of the QPs a port space carries (`rdma_create_id`'s choice).
 fn qp_type_of(ps: u32) -> (QpType, u32) {
     if ps == u32::from(PortSpace::UDP.0) || ps == u32::from(PortSpace::IPOIB.0) {
         (QpType::Ud, 4)
     } else {
         (QpType::Rc, 2)
+    }
+}
+
+/// An `ibv_qp_type` as softrdma's (`rdma_create_ep`'s `ai_qp_type`); `None` for one it lacks.
+fn qp_type_from(raw: u32) -> Option<QpType> {
+    match raw {
+        2 => Some(QpType::Rc),
+        3 => Some(QpType::Uc),
+        4 => Some(QpType::Ud),
+        9 => Some(QpType::XrcIni),
+        10 => Some(QpType::XrcTgt),
+        _ => None,
+    }
+}
+
+/// The `ibv_qp_type` of softrdma's `t`.
+fn qp_type_raw(t: QpType) -> u32 {
+    match t {
+        QpType::Rc => 2,
+        QpType::Uc => 3,
+        QpType::Ud | QpType::Gsi => 4,
+        QpType::XrcIni => 9,
+        QpType::XrcTgt => 10,
     }
 }
 
@@ -218,7 +241,7 @@ fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, 
         recv_cq: ptr::null_mut(),
         srq: ptr::null_mut(),
         pd: ptr::null_mut(),
-        qp_type: qp_type_of(ps).1,
+        qp_type: qp_type_raw(inner.qp_type()),
     };
     let key = inner.clone();
     let p = Box::into_raw(Box::new(IdC {
@@ -471,6 +494,23 @@ unsafe extern "C" fn create_id(
     context: *mut c_void,
     ps: u32,
 ) -> c_int {
+    // SAFETY: the caller's, passed on.
+    unsafe { create_id_of(channel, out, context, ps, qp_type_of(ps).0) }
+}
+export!("softrdma_rdmacm_rdma_create_id", "SOFTRDMA_PRIVATE_1", create_id);
+
+/// `rdma_create_id` for QPs of `qp_type` (librdmacm's `rdma_create_id2`, which
+/// `rdma_create_ep` calls with the addrinfo's QP type).
+///
+/// # Safety
+/// As `rdma_create_id`'s arguments.
+unsafe fn create_id_of(
+    channel: *mut RdmaEventChannel,
+    out: *mut *mut RdmaCmId,
+    context: *mut c_void,
+    ps: u32,
+    qp_type: QpType,
+) -> c_int {
     guard(-1, || {
         if out.is_null() {
             return fail_with(libc::EINVAL);
@@ -487,7 +527,7 @@ unsafe extern "C" fn create_id(
             (false, channel.cast::<ChannelC>())
         };
         // SAFETY: ch is one of ours.
-        let inner = match unsafe { &*ch }.inner.create_id(port_space, qp_type_of(ps).0) {
+        let inner = match unsafe { &*ch }.inner.create_id(port_space, qp_type) {
             Ok(i) => i,
             Err(e) => return fail(&e),
         };
@@ -497,7 +537,6 @@ unsafe extern "C" fn create_id(
         0
     })
 }
-export!("softrdma_rdmacm_rdma_create_id", "SOFTRDMA_PRIVATE_1", create_id);
 
 unsafe extern "C" fn destroy_id(id: *mut RdmaCmId) -> c_int {
     guard(-1, || {
@@ -710,17 +749,33 @@ fn create_qp_for(i: &mut IdC, pd: *mut IbvPd, attr: &mut IbvQpInitAttr) -> c_int
         i.id.pd
     };
     if attr.recv_cq.is_null() {
-        let Some((ch, cq)) = id_cq(i, attr.cap.max_recv_wr) else { return -1 };
-        (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
-        attr.recv_cq = cq;
+        if i.id.recv_cq.is_null() {
+            let Some((ch, cq)) = id_cq(i, attr.cap.max_recv_wr) else { return -1 };
+            (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
+        }
+        attr.recv_cq = i.id.recv_cq;
+    }
+    if attr.qp_type == 0 {
+        attr.qp_type = i.id.qp_type;
+    }
+    if attr.qp_type == XRC_RECV {
+        // An XRC TGT QP of the device's domain (librdmacm's ucma_get_xrcd); the receive CQ
+        // above is for the XRC SRQ rdma_create_srq makes next, as librdmacm's.
+        let Some(x) = cm_xrcd(i.id.verbs) else { return -1 };
+        return match i.inner.create_xrc_tgt_qp(&x.inner) {
+            Ok(qp) => {
+                attr.send_cq = ptr::null_mut();
+                attr.recv_cq = ptr::null_mut();
+                i.id.qp = objects::wrap_qp_of(i.id.verbs, pd, attr, qp);
+                0
+            }
+            Err(e) => fail(&e),
+        };
     }
     if attr.send_cq.is_null() {
         let Some((ch, cq)) = id_cq(i, attr.cap.max_send_wr) else { return -1 };
         (i.id.send_cq_channel, i.id.send_cq, i.owns_send_cq) = (ch, cq, true);
         attr.send_cq = cq;
-    }
-    if attr.qp_type == 0 {
-        attr.qp_type = i.id.qp_type;
     }
     // SAFETY: the CQs and SRQ are ours (or NULL).
     let init = match unsafe { objects::qp_init(attr) } {
@@ -756,6 +811,14 @@ fn destroy_qp_of(i: &mut IdC) {
         unsafe { objects::destroy_qp(i.id.qp) };
         i.id.qp = ptr::null_mut();
     }
+    if i.id.qp_type == XRC_RECV && !i.id.srq.is_null() {
+        return; // its CQ is its XRC SRQ's: rdma_destroy_srq destroys them (librdmacm's order)
+    }
+    destroy_cqs_of(i);
+}
+
+/// The CQs (and channels) the ID made itself.
+fn destroy_cqs_of(i: &mut IdC) {
     if std::mem::take(&mut i.owns_send_cq) {
         // SAFETY: the CQ and channel this ID made, destroyed once, the CQ first.
         unsafe { objects::destroy_cq(i.id.send_cq) };
@@ -771,6 +834,162 @@ fn destroy_qp_of(i: &mut IdC) {
         (i.id.recv_cq, i.id.recv_cq_channel) = (ptr::null_mut(), ptr::null_mut());
     }
 }
+
+/// `IBV_QPT_XRC_RECV`.
+const XRC_RECV: u32 = 10;
+
+/// The XRC domain rdma_cm's IDs of device context `verbs` use (librdmacm's
+/// `ucma_get_xrcd`: one per device, opened without a file on first use, kept while the
+/// process runs, as the rdma_cm contexts are).
+fn cm_xrcd<'a>(verbs: *mut IbvContext) -> Option<&'a crate::xrc::XrcdC> {
+    static DOMAINS: Mutex<Vec<(usize, usize)>> = Mutex::new(Vec::new());
+    let mut d = DOMAINS.lock().unwrap_or_else(PoisonError::into_inner);
+    let p = match d.iter().find(|(c, _)| *c == verbs as usize) {
+        Some(&(_, x)) => x as *mut c_void,
+        None => {
+            let mut attr = IbvXrcdInitAttr { comp_mask: 3, fd: -1, oflags: libc::O_CREAT };
+            // SAFETY: verbs is our context; attr a local.
+            let x = unsafe { crate::xrc::open_xrcd(verbs, &mut attr) };
+            if x.is_null() {
+                return None;
+            }
+            d.push((verbs as usize, x as usize));
+            x
+        }
+    };
+    // SAFETY: made by open_xrcd above (now or before), never closed.
+    unsafe { obj::<c_void, crate::xrc::XrcdC>(p) }
+}
+
+/// `rdma_create_srq_ex`: an SRQ for the ID (`id->srq`): in `attr.pd` or the ID's PD; an
+/// XRC SRQ (`IBV_SRQT_XRC`) in the device's rdma_cm domain unless `attr.xrcd` names one,
+/// completing to the ID's receive CQ unless `attr.cq` names one (made now if need be), as
+/// librdmacm's.
+unsafe extern "C" fn create_srq_ex(id: *mut RdmaCmId, attr: *mut IbvSrqInitAttrEx) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; attr is the caller's.
+        let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { attr.as_mut() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        const TYPE: u32 = 1;
+        const PD: u32 = 2;
+        const XRCD: u32 = 4;
+        const CQ: u32 = 8;
+        if a.comp_mask & TYPE == 0 || i.id.verbs.is_null() {
+            return fail_with(libc::EINVAL);
+        }
+        if a.comp_mask & PD == 0 || a.pd.is_null() {
+            if i.id.pd.is_null() {
+                // SAFETY: verbs is our context.
+                let p = unsafe { objects::alloc_pd(i.id.verbs) };
+                if p.is_null() {
+                    return -1;
+                }
+                (i.id.pd, i.owns_pd) = (p, true);
+            }
+            a.pd = i.id.pd;
+            a.comp_mask |= PD;
+        }
+        if a.srq_type == 1 {
+            if a.comp_mask & XRCD == 0 || a.xrcd.is_null() {
+                let Some(x) = cm_xrcd(i.id.verbs) else { return -1 };
+                a.xrcd = (x as *const crate::xrc::XrcdC).cast_mut().cast();
+            }
+            if a.comp_mask & CQ == 0 || a.cq.is_null() {
+                if i.id.recv_cq.is_null() {
+                    let Some((ch, cq)) = id_cq(i, a.attr.max_wr) else { return -1 };
+                    (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
+                }
+                a.cq = i.id.recv_cq;
+            }
+            a.comp_mask |= XRCD | CQ;
+        }
+        // SAFETY: verbs is our context; a the caller's attributes, completed above.
+        let srq = unsafe { crate::xrc::create_srq_ex(i.id.verbs, a) };
+        if srq.is_null() {
+            return -1;
+        }
+        i.id.srq = srq;
+        0
+    })
+}
+export!("softrdma_rdmacm_rdma_create_srq_ex", "SOFTRDMA_PRIVATE_1", create_srq_ex);
+
+/// `rdma_create_srq`: [`create_srq_ex`] of a basic SRQ, or an XRC one for an XRC_RECV ID.
+unsafe extern "C" fn create_srq(id: *mut RdmaCmId, pd: *mut IbvPd, attr: *mut IbvSrqInitAttr) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; attr is the caller's.
+        let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { attr.as_mut() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        let mut ex = IbvSrqInitAttrEx {
+            srq_context: a.srq_context,
+            attr: a.attr,
+            comp_mask: 1 | 2,
+            srq_type: u32::from(i.id.qp_type == XRC_RECV),
+            pd,
+            xrcd: ptr::null_mut(),
+            cq: ptr::null_mut(),
+            tm_cap: [0; 2],
+        };
+        // SAFETY: id is ours; ex a local.
+        let rc = unsafe { create_srq_ex(id, &mut ex) };
+        a.attr = ex.attr;
+        rc
+    })
+}
+export!("softrdma_rdmacm_rdma_create_srq", "SOFTRDMA_PRIVATE_1", create_srq);
+
+fn destroy_srq_of(i: &mut IdC) {
+    if !i.id.srq.is_null() {
+        // SAFETY: the ID's SRQ, ours, destroyed once.
+        unsafe { objects::destroy_srq(i.id.srq) };
+        i.id.srq = ptr::null_mut();
+    }
+    if i.id.qp.is_null() {
+        destroy_cqs_of(i);
+    }
+}
+
+/// `rdma_destroy_srq`.
+unsafe extern "C" fn destroy_srq(id: *mut RdmaCmId) {
+    guard((), || {
+        // SAFETY: id is ours or NULL.
+        if let Some(i) = unsafe { id_mut(id) } {
+            destroy_srq_of(i);
+        }
+    })
+}
+export!("softrdma_rdmacm_rdma_destroy_srq", "SOFTRDMA_PRIVATE_1", destroy_srq);
+
+/// `rdma_create_qp_ex`: [`create_qp`] from an `ibv_qp_init_attr_ex` with `IBV_QP_INIT_ATTR_PD`
+/// and `IBV_QP_INIT_ATTR_XRCD` (an XRC_RECV QP's domain is the device's rdma_cm one); other
+/// `comp_mask` bits are EOPNOTSUPP.
+unsafe extern "C" fn create_qp_ex(id: *mut RdmaCmId, attr: *mut IbvQpInitAttrEx) -> c_int {
+    guard(-1, || {
+        // SAFETY: id is ours or NULL; attr is the caller's.
+        let (Some(i), Some(a)) = (unsafe { id_mut(id) }, unsafe { attr.as_mut() }) else {
+            return fail_with(libc::EINVAL);
+        };
+        if a.comp_mask & !(1 | 2) != 0 {
+            return fail_with(libc::EOPNOTSUPP);
+        }
+        let mut init = IbvQpInitAttr {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+        };
+        let pd = if a.comp_mask & 1 != 0 { a.pd } else { ptr::null_mut() };
+        let rc = create_qp_for(i, pd, &mut init);
+        a.cap = init.cap;
+        rc
+    })
+}
+export!("softrdma_rdmacm_rdma_create_qp_ex", "SOFTRDMA_PRIVATE_1", create_qp_ex);
 
 unsafe extern "C" fn destroy_qp(id: *mut RdmaCmId) {
     guard((), || {
@@ -966,8 +1185,13 @@ unsafe extern "C" fn create_ep(
             return fail_with(libc::EINVAL);
         }
         let mut idp: *mut RdmaCmId = ptr::null_mut();
+        let ps = r.ai_port_space as u32;
+        let Some(qp_type) = qp_type_from(r.ai_qp_type as u32).or(Some(qp_type_of(ps).0).filter(|_| r.ai_qp_type == 0))
+        else {
+            return fail_with(libc::EINVAL);
+        };
         // SAFETY: a synchronous ID (no channel) into a local.
-        if unsafe { create_id(ptr::null_mut(), &mut idp, ptr::null_mut(), r.ai_port_space as u32) } != 0 {
+        if unsafe { create_id_of(ptr::null_mut(), &mut idp, ptr::null_mut(), ps, qp_type) } != 0 {
             return -1;
         }
         let done = |rc: c_int| {
@@ -979,7 +1203,6 @@ unsafe extern "C" fn create_ep(
         };
         // SAFETY: made above.
         let i = unsafe { &mut *idp.cast::<IdC>() };
-        i.id.qp_type = r.ai_qp_type as u32;
         if r.ai_flags & RAI_PASSIVE != 0 {
             // SAFETY: the addrinfo's source address.
             if unsafe { bind_addr(idp, r.ai_src_addr) } != 0 {
@@ -999,7 +1222,7 @@ unsafe extern "C" fn create_ep(
             }
             // SAFETY: the caller's attributes.
             if let Some(a) = unsafe { attr.as_mut() } {
-                a.qp_type = r.ai_qp_type as u32;
+                a.qp_type = i.id.qp_type;
                 if create_qp_for(i, pd, a) != 0 {
                     return done(-1);
                 }
@@ -1017,6 +1240,7 @@ unsafe extern "C" fn destroy_ep(id: *mut RdmaCmId) {
         // SAFETY: id is ours or NULL.
         let Some(i) = (unsafe { id_mut(id) }) else { return };
         destroy_qp_of(i);
+        destroy_srq_of(i);
         if std::mem::take(&mut i.owns_pd) {
             // SAFETY: the PD this ID made, destroyed once, after its QP.
             unsafe { objects::dealloc_pd(i.id.pd) };
@@ -1414,11 +1638,4 @@ macro_rules! enosys {
     ($($name:literal),* $(,)?) => { $( export!($name, "SOFTRDMA_PRIVATE_1", minus_one_enosys); )* };
 }
 
-enosys!(
-    "softrdma_rdmacm_rdma_create_qp_ex",
-    "softrdma_rdmacm_rdma_create_srq",
-    "softrdma_rdmacm_rdma_create_srq_ex",
-    "softrdma_rdmacm_rdma_destroy_srq",
-    "softrdma_rdmacm_rdma_notify",
-    "softrdma_rdmacm_rdma_reject_ece",
-);
+enosys!("softrdma_rdmacm_rdma_notify", "softrdma_rdmacm_rdma_reject_ece",);

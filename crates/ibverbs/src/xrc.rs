@@ -40,7 +40,7 @@ pub(crate) struct XrcdC {
     context: *mut IbvContext,
     comp_mask: u32,
     handle: u32,
-    inner: softrdma::Xrcd,
+    pub(crate) inner: softrdma::Xrcd,
     /// The file it belongs to, if opened with one: `(st_dev, st_ino)`.
     file: Option<(u64, u64)>,
 }

@@ -54,9 +54,15 @@ fn debian_ibverbs_utils_run_over_softrdma() {
         })
     };
     if lib.rdmacm && rdmacm_utils {
-        for program in
-            ["rdma_server/rdma_client", "rping -s/-c -v -C 10", "rping -v -C 10, SOFTRDMA_AUTH=1", "udaddy", "ucmatose"]
-        {
+        for program in [
+            "rdma_server/rdma_client",
+            "rdma_xserver/rdma_xclient",
+            "rdma_xserver/rdma_xclient -c x",
+            "rping -s/-c -v -C 10",
+            "rping -v -C 10, SOFTRDMA_AUTH=1",
+            "udaddy",
+            "ucmatose",
+        ] {
             assert!(passed(program), "{program} did not pass:\n{text}");
         }
     }

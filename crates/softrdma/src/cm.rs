@@ -308,9 +308,18 @@ struct Binding {
 #[derive(Debug, Clone)]
 struct IdQp {
     qp: Qp,
-    pd: Pd,
-    send_cq: Cq,
-    recv_cq: Cq,
+    /// Its PD and CQs; an XRC TGT QP has none (its XRC SRQs do).
+    parts: Option<(Pd, Cq, Cq)>,
+}
+
+impl IdQp {
+    fn parts(&self, what: &'static str) -> Result<&(Pd, Cq, Cq)> {
+        self.parts.as_ref().ok_or_else(|| {
+            Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "{what}: the ID's QP is an XRC TGT QP, which has no PD or CQ (its XRC SRQs have them)"
+            )))
+        })
+    }
 }
 
 impl CmIdInner {
@@ -662,8 +671,25 @@ impl CmId {
             // connection to wait for, and programs post to it as soon as they have an AH.
             st.nic.attach_qp(b.id, Qpn::from_u24_truncating(qp.qpn()))?;
         }
-        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) =
-            Some(IdQp { qp: qp.clone(), pd: pd.clone(), send_cq: init.send_cq.clone(), recv_cq: init.recv_cq.clone() });
+        let parts = Some((pd.clone(), init.send_cq.clone(), init.recv_cq.clone()));
+        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) = Some(IdQp { qp: qp.clone(), parts });
+        Ok(qp)
+    }
+
+    /// `rdma_create_qp` for an ID of an XRC TGT QP (`IBV_QPT_XRC_RECV`): a TGT QP of domain
+    /// `xrcd`, attached to the ID. Its messages go to the XRC SRQs of the domain the peer's
+    /// XRC INI QP names (told it in the accept's private data, as `rdma_xserver` does).
+    pub fn create_xrc_tgt_qp(&self, xrcd: &crate::Xrcd) -> Result<Qp> {
+        let b = self.binding("create_qp (accept first)")?;
+        if self.inner.qp_type != QpType::XrcTgt {
+            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
+                "an XRC TGT QP: this ID was created for {:?} QPs",
+                self.inner.qp_type
+            ))));
+        }
+        let qp = xrcd.create_tgt_qp()?;
+        b.ctx.drv.shared.lock().nic.attach_qp(b.id, Qpn::from_u24_truncating(qp.qpn()))?;
+        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) = Some(IdQp { qp: qp.clone(), parts: None });
         Ok(qp)
     }
 
@@ -858,6 +884,11 @@ impl CmId {
         *self.inner.channel.lock().unwrap_or_else(PoisonError::into_inner) = Arc::downgrade(&channel.inner);
     }
 
+    /// The type of QP the ID was created for.
+    pub fn qp_type(&self) -> QpType {
+        self.inner.qp_type
+    }
+
     /// Whether `self` and `other` are the same ID.
     pub fn same(&self, other: &CmId) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
@@ -867,17 +898,17 @@ impl CmId {
 
     /// `rdma_reg_msgs`: a region for SENDs and RECVs, in the attached QP's PD.
     pub fn reg_msgs(&self, len: usize) -> Result<Mr> {
-        self.id_qp("reg_msgs")?.pd.reg_mr(len, Access::LOCAL_WRITE)
+        self.id_qp("reg_msgs")?.parts("reg_msgs")?.0.reg_mr(len, Access::LOCAL_WRITE)
     }
 
     /// `rdma_reg_read`: a region peers may READ.
     pub fn reg_read(&self, len: usize) -> Result<Mr> {
-        self.id_qp("reg_read")?.pd.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
+        self.id_qp("reg_read")?.parts("reg_read")?.0.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
     }
 
     /// `rdma_reg_write`: a region peers may WRITE.
     pub fn reg_write(&self, len: usize) -> Result<Mr> {
-        self.id_qp("reg_write")?.pd.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+        self.id_qp("reg_write")?.parts("reg_write")?.0.reg_mr(len, Access::LOCAL_WRITE | Access::REMOTE_WRITE)
     }
 
     /// `rdma_post_recv`: one receive into bytes `range` of `mr`; `wr_id` is the context the
@@ -965,12 +996,12 @@ impl CmId {
 
     /// `rdma_get_send_comp`: waits up to `timeout` for a completion on the send CQ.
     pub fn get_send_comp(&self, timeout: Duration) -> Result<Wc> {
-        self.id_qp("get_send_comp")?.send_cq.wait(timeout)
+        self.id_qp("get_send_comp")?.parts("get_send_comp")?.1.wait(timeout)
     }
 
     /// `rdma_get_recv_comp`: waits up to `timeout` for a completion on the receive CQ.
     pub fn get_recv_comp(&self, timeout: Duration) -> Result<Wc> {
-        self.id_qp("get_recv_comp")?.recv_cq.wait(timeout)
+        self.id_qp("get_recv_comp")?.parts("get_recv_comp")?.2.wait(timeout)
     }
 }
 
