@@ -882,3 +882,54 @@ fn link_local_addresses_are_reported_in_each_devices_scope() {
     assert_eq!(p.b.local_addr(b), Some(at(ll_b, PORT, 7)), "B's address in B's scope");
     assert_eq!(p.b.peer_addr(b), Some(at(ll_a, local_a.port(), 7)), "A's address in B's scope");
 }
+
+/// The CM message of a logged MAD.
+fn message(mad: &[u8]) -> softrdma_wire::cm::CmMessage<'_> {
+    use softrdma_wire::mad::{MadPacket, MadRepr};
+    let repr = MadRepr::parse(&MadPacket::new_checked(mad).unwrap()).unwrap();
+    let data = &mad[mad.len() - repr.data.len()..];
+    softrdma_wire::cm::CmMessage::parse_data(repr.header.attribute_id, data).unwrap()
+}
+
+/// XRC as Linux's cm.c puts it on the wire: the XRC INI side's REQ says transport 3
+/// (extended) with extended type 1 (XRC) and carries no responder resources, retry counts or
+/// SRQ bit; the listener of XRC TGT QPs takes it (one of RC QPs refuses it); the REP carries
+/// the TGT QP's number in the local EE context number (its local QPN 0) with the SRQ bit,
+/// and the INI side's RTR points at that QP; each half's QP attributes are its row's.
+#[test]
+fn xrc_req_and_rep_carry_the_qps_as_linux_does() {
+    use softrdma_wire::cm::{CmMessage, TransportServiceType};
+    let mut p = Pair::new();
+    p.listen(PortSpace::IB, QpType::XrcTgt);
+    let a = p.resolve(PortSpace::IB, QpType::XrcIni);
+    p.a.connect(p.now, a, &active_param()).unwrap();
+    p.drive();
+    let CmMessage::Req(req) = message(&p.log[0].mad) else { panic!("{}", p.log[0].name) };
+    assert_eq!((req.transport_service_type, req.extended_transport_type), (TransportServiceType::EXTENDED, 1));
+    assert_eq!((req.responder_resources, req.retry_count, req.rnr_retry_count, req.srq), (0, 0, 0, false));
+    assert_eq!(req.local_qpn.value(), 0x11);
+    let r = p.take_request();
+    assert_eq!(p.b.qp_type(r.id), Some(QpType::XrcTgt));
+    p.b.accept(p.now, r.id, &passive_param()).unwrap();
+    p.drive();
+    let CmMessage::Rep(rep) = message(&p.log[1].mad) else { panic!("{}", p.log[1].name) };
+    assert_eq!((rep.local_qpn.value(), rep.local_eecn, rep.srq), (0, 0x22, true));
+    assert_eq!(p.kinds_a(), [ConnectResponse]);
+    let (rtr, _) = p.a.qp_attr(a, QpState::Rtr).unwrap();
+    assert_eq!(rtr.dest_qp_num, 0x22, "the INI QP sends to the TGT QP");
+    let (_, rts) = p.a.qp_attr(a, QpState::Rts).unwrap();
+    assert!(rts.contains(AttrMask::RETRY_CNT | AttrMask::MAX_QP_RD_ATOMIC), "the INI half is a requester");
+    let (tgt_rtr, rtr_mask) = p.b.qp_attr(r.id, QpState::Rtr).unwrap();
+    assert_eq!(tgt_rtr.dest_qp_num, 0x11);
+    assert!(rtr_mask.contains(AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER), "the TGT half responds");
+    let (_, tgt_rts) = p.b.qp_attr(r.id, QpState::Rts).unwrap();
+    assert_eq!(tgt_rts, AttrMask::STATE | AttrMask::SQ_PSN | AttrMask::TIMEOUT, "XRC_TGT's RTR→RTS row");
+
+    // A listener of RC QPs on the IB port space refuses an XRC REQ.
+    let mut q = Pair::new();
+    q.listen(PortSpace::IB, QpType::Rc);
+    let a = q.resolve(PortSpace::IB, QpType::XrcIni);
+    q.a.connect(q.now, a, &active_param()).unwrap();
+    q.drive();
+    assert_eq!(q.kinds_a(), [Rejected]);
+}
