@@ -258,7 +258,9 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
             let done_pkts = w.read_done / mtu;
             (w.read_done, w.first_psn.wrapping_add(done_pkts))
         }
-        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::AtomicWrite { .. } => (0, w.first_psn),
+        SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => {
+            (0, w.first_psn)
+        }
         _ => {
             let k = w.first_psn.distance_to(psn).max(0) as u32;
             (k * mtu, psn)
@@ -395,7 +397,7 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
     let mtu = qp.mtu();
     let w = qp.sq.get(pos);
     // An ATOMIC_WRITE is answered as a READ of nothing.
-    let (SendOp::RdmaRead { .. } | SendOp::AtomicWrite { .. }) = w.op() else { return };
+    let (SendOp::RdmaRead { .. } | SendOp::AtomicWrite { .. } | SendOp::Flush { .. }) = w.op() else { return };
     if !w.started || !window(qp, pos).contains(psn) {
         return;
     }

@@ -377,6 +377,19 @@ impl Shared {
         self.check_mr(b.mr, pd, local, len, Access(0))
     }
 
+    /// The range R_Key `rkey` names, by the addresses peers use: a region's whole range, or
+    /// a window's (a zero-based one's from 0). `None` for a key of no region or window of
+    /// `pd` reachable through QP `qpn`; what it allows is left to [`resolve_rkey`](Self::resolve_rkey).
+    pub(crate) fn rkey_extent(&self, pd: PdId, qpn: Qpn, rkey: u32) -> Option<(u64, u64)> {
+        if let Some(&index) = self.rkeys.get(&rkey) {
+            let mr = &self.mrs[index];
+            return (mr.pd == pd).then_some((mr.iova, mr.length));
+        }
+        let mw = self.mws.get(&(rkey >> 8)).filter(|m| m.rkey == rkey && m.pd == pd)?;
+        let b = mw.bound.as_ref().filter(|b| b.qp.is_none_or(|q| q == qpn))?;
+        Some((if b.access.contains(Access::ZERO_BASED) { 0 } else { b.addr }, b.length))
+    }
+
     /// Executes a BIND_MW work request of QP `qpn` (in `qp_pd`): binds window `id` as `bind`
     /// says, its new R_Key's low 8 bits from `new_rkey`. The checks are rxe's
     /// (`rxe_check_bind_mw`), plus the region's PD, which must be the window's (the
@@ -1775,6 +1788,17 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
     if wr.op.is_atomic() && length != 8 {
         return Err(format!("an atomic's local buffer must be 8 bytes, not {length}"));
     }
+    if let SendOp::Flush { placement, level, .. } = wr.op {
+        if !wr.sg_list.is_empty() {
+            return Err("FLUSH takes no SGEs (num_sge must be 0)".into());
+        }
+        if placement == 0 || placement & !(SendOp::FLUSH_GLOBAL | SendOp::FLUSH_PERSISTENT) != 0 {
+            return Err(format!("FLUSH type {placement:#x}: IBV_FLUSH_GLOBAL (1), IBV_FLUSH_PERSISTENT (2) or both"));
+        }
+        if level > SendOp::FLUSH_MR {
+            return Err(format!("FLUSH level {level}: IBV_FLUSH_RANGE (0) or IBV_FLUSH_MR (1)"));
+        }
+    }
     if matches!(wr.op, SendOp::AtomicWrite { .. }) && !wr.sg_list.is_empty() {
         return Err("ATOMIC_WRITE carries its 8 bytes in the work request and takes no SGEs".into());
     }
@@ -1808,8 +1832,8 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
             if srqn > 0xff_ffff {
                 return Err(format!("remote_srqn {srqn:#x} does not fit in 24 bits"));
             }
-            if matches!(wr.op, SendOp::AtomicWrite { .. }) {
-                return Err("ATOMIC_WRITE has no XRC opcode".into());
+            if matches!(wr.op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }) {
+                return Err("ATOMIC_WRITE and FLUSH have no XRC opcode".into());
             }
         }
         QpType::XrcTgt => return Err("an XRC TGT (XRC_RECV) QP has no send queue".into()),

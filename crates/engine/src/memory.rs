@@ -41,6 +41,15 @@ pub trait Memory {
     fn atomic_write(&mut self, addr: u64, value: [u8; 8]) -> Result<(), MemoryFault> {
         self.write(addr, &value)
     }
+    /// A FLUSH of `[addr, addr + len)`: what was written there before is visible to every
+    /// observer once this returns, and, with `persistent`, durable as far as the memory can
+    /// be made so. The default is a sequentially consistent fence (memory that lives only
+    /// in RAM is as persistent as it gets).
+    fn flush(&mut self, addr: u64, len: u64, persistent: bool) -> Result<(), MemoryFault> {
+        let _ = (addr, len, persistent);
+        core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
+        Ok(())
+    }
     /// Adds `add` (wrapping) to the 8 bytes at `addr`. Returns the value found.
     fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
         let mut b = [0u8; 8];

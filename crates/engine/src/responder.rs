@@ -616,6 +616,54 @@ fn execute<M: Memory + ?Sized>(
             qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey: reth.rkey.0, pd: qp.pd });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
+        Operation::Flush => {
+            // rxe's check_qp_attr_access, check_rkey and process_flush: the QP and the region
+            // must allow each placement asked for; a range is checked as any, a whole-region
+            // FLUSH covers the region (or window) the key names, whatever the RETH's address.
+            let (Some(reth), Some(feth)) = (repr.ext.reth, repr.ext.feth) else {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest));
+            };
+            let placement = feth.placement_type;
+            let level = feth.selectivity;
+            if qp.attr.max_dest_rd_atomic == 0
+                || placement == 0
+                || placement & !(SendOp::FLUSH_GLOBAL | SendOp::FLUSH_PERSISTENT) != 0
+                || level > SendOp::FLUSH_MR
+            {
+                return Err(Refusal::Fatal(NakCode::InvalidRequest));
+            }
+            let mut need = Access(0);
+            if placement & SendOp::FLUSH_GLOBAL != 0 {
+                need = need | Access::FLUSH_GLOBAL;
+            }
+            if placement & SendOp::FLUSH_PERSISTENT != 0 {
+                need = need | Access::FLUSH_PERSISTENT;
+            }
+            if !qp.attr.qp_access_flags.contains(need) {
+                return Err(Refusal::Fatal(NakCode::RemoteAccessError));
+            }
+            let rkey = reth.rkey.0;
+            let (va, len) = if level == SendOp::FLUSH_MR {
+                sh.rkey_extent(qp.pd, qp.qpn, rkey).ok_or(Refusal::Fatal(NakCode::RemoteAccessError))?
+            } else {
+                (reth.virtual_address, u64::from(reth.dma_length))
+            };
+            // The key is checked even for nothing to flush (rxe: a FETH needs a valid R_Key).
+            let local = sh
+                .resolve_rkey(qp.pd, qp.qpn, rkey, va, len, need)
+                .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
+            let persistent = placement & SendOp::FLUSH_PERSISTENT != 0;
+            mem.flush(local, len, persistent).map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
+            // Answered as a READ of nothing (rxe's send_read_response_ack), and remembered as
+            // one, so that a duplicate is answered again.
+            let va = reth.virtual_address;
+            remember(
+                qp,
+                RdAtomicResource { first_psn: psn, npkts: 1, va, rkey, pd: qp.pd, length: 0, atomic_original: None },
+            );
+            qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey, pd: qp.pd });
+            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+        }
         Operation::CompareSwap | Operation::FetchAdd => {
             let a = repr.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
             if qp.attr.max_dest_rd_atomic == 0 || a.virtual_address % 8 != 0 {
@@ -709,7 +757,11 @@ fn rc_request<M: Memory + ?Sized>(
             qp.resp.psn = psn.wrapping_add(npkts);
             let answered = matches!(
                 operation,
-                Operation::RdmaReadRequest | Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicWrite
+                Operation::RdmaReadRequest
+                    | Operation::CompareSwap
+                    | Operation::FetchAdd
+                    | Operation::AtomicWrite
+                    | Operation::Flush
             );
             if repr.bth.ack_req && !answered {
                 queue_ack(qp, psn, Syndrome::ACK_NO_CREDITS);
@@ -750,8 +802,9 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
     sh.counters.duplicate_requests += 1;
     let mtu = qp.mtu();
     match operation {
-        // An ATOMIC_WRITE is remembered as a READ of nothing: answered again, not executed.
-        Operation::RdmaReadRequest | Operation::AtomicWrite => {
+        // An ATOMIC_WRITE or FLUSH is remembered as a READ of nothing: answered again, not
+        // executed again.
+        Operation::RdmaReadRequest | Operation::AtomicWrite | Operation::Flush => {
             // Re-read from the remembered request, restarting mid-stream at this PSN.
             let found = qp.resp.resources.iter().rev().find(|r| {
                 r.atomic_original.is_none()

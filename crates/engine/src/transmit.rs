@@ -6,8 +6,8 @@
 
 use softrdma_wire::opcode::Position;
 use softrdma_wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, IethRepr, ImmDtRepr, Msn,
-    NakCode, Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome, XrcEthRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, IethRepr, ImmDtRepr,
+    Msn, NakCode, Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome, XrcEthRepr,
 };
 
 use crate::completer::{self, local_key_status};
@@ -205,7 +205,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             let at = header.header_len();
             let payload = buf.get_mut(at..at + chunk as usize)?;
-            if mem.read(local, payload).is_err() {
+            if chunk > 0 && mem.read(local, payload).is_err() {
                 // Pages of the region that cannot be read (a region on demand): an R_Key
                 // violation, as rxe's failed copy is.
                 qp.resp.out.clear();
@@ -264,6 +264,7 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
         (SendOp::CompareSwap { .. }, _) => 0x13,
         (SendOp::FetchAdd { .. }, _) => 0x14,
         (SendOp::AtomicWrite { .. }, _) => 0x1d,
+        (SendOp::Flush { .. }, _) => 0x1c,
         (SendOp::SendWithInv { .. }, Position::Last) => 0x16,
         (SendOp::SendWithInv { .. }, Position::Only) => 0x17,
         (SendOp::BindMw { .. } | SendOp::LocalInv { .. }, _) => unreachable!("local operations send nothing"),
@@ -273,7 +274,11 @@ fn request_opcode(qp_type: QpType, op: SendOp, position: Position) -> Opcode {
 
 /// PSNs a message occupies.
 pub(crate) fn packets(op: SendOp, length: u32, mtu: u32) -> u32 {
-    if op.is_atomic() || matches!(op, SendOp::AtomicWrite { .. }) { 1 } else { length.div_ceil(mtu).max(1) }
+    if op.is_atomic() || matches!(op, SendOp::AtomicWrite { .. } | SendOp::Flush { .. }) {
+        1
+    } else {
+        length.div_ceil(mtu).max(1)
+    }
 }
 
 /// The requester's next packet.
@@ -406,6 +411,14 @@ fn request<M: Memory + ?Sized>(
             let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
             buf.get_mut(at..at + 8)?.copy_from_slice(&value);
             payload_len = 8;
+            qp.req.psn = psn.next();
+            message_done = true;
+        }
+        SendOp::Flush { remote_addr, rkey, length, placement, level } => {
+            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            header.ack_req = true;
+            ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: length });
+            ext.feth = Some(FethRepr { selectivity: level, placement_type: placement });
             qp.req.psn = psn.next();
             message_done = true;
         }

@@ -88,6 +88,10 @@ impl Access {
     /// [`MemoryFault`]: crate::MemoryFault
     /// [`Memory`]: crate::Memory
     pub const ON_DEMAND: Self = Self(1 << 6);
+    /// `IBV_ACCESS_FLUSH_GLOBAL`: peers may FLUSH the region to global visibility.
+    pub const FLUSH_GLOBAL: Self = Self(1 << 8);
+    /// `IBV_ACCESS_FLUSH_PERSISTENT`: peers may FLUSH the region to persistence.
+    pub const FLUSH_PERSISTENT: Self = Self(1 << 9);
 
     /// Whether every flag of `other` is set.
     pub const fn contains(self, other: Access) -> bool {
@@ -285,6 +289,28 @@ pub enum SendOp {
         /// The bytes stored, as they are in the work request.
         value: [u8; 8],
     },
+    /// `IBV_WR_FLUSH` (RC, IBA 1.5; `ibv_wr_flush`): makes what earlier WRITEs placed at the
+    /// target visible to all (`placement` [`FLUSH_GLOBAL`](Self::FLUSH_GLOBAL)) or durable
+    /// ([`FLUSH_PERSISTENT`](Self::FLUSH_PERSISTENT)), for `length` bytes at `remote_addr`
+    /// (`level` [`FLUSH_RANGE`](Self::FLUSH_RANGE)) or the whole region `rkey` names
+    /// ([`FLUSH_MR`](Self::FLUSH_MR)). The region and the target QP must allow each
+    /// placement asked for (`IBV_ACCESS_FLUSH_GLOBAL`, `_PERSISTENT`); it takes a responder
+    /// resource and is answered by a zero-length RDMA READ response, as rxe's. It takes no
+    /// SGEs.
+    Flush {
+        /// Remote address (range level).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Bytes (range level).
+        length: u32,
+        /// [`FLUSH_GLOBAL`](Self::FLUSH_GLOBAL), [`FLUSH_PERSISTENT`](Self::FLUSH_PERSISTENT)
+        /// or both: the FETH's placement type.
+        placement: u8,
+        /// [`FLUSH_RANGE`](Self::FLUSH_RANGE) or [`FLUSH_MR`](Self::FLUSH_MR): the FETH's
+        /// selectivity level.
+        level: u8,
+    },
     /// `IBV_WR_SEND_WITH_INV` (RC): a SEND whose last packet carries an IETH; the
     /// responder invalidates the type 2 window `rkey` names once the message is placed.
     SendWithInv {
@@ -313,11 +339,24 @@ pub enum SendOp {
 }
 
 impl SendOp {
-    /// READ or atomic: needs responder resources and a response.
+    /// `IBV_FLUSH_GLOBAL`: a FLUSH to global visibility.
+    pub const FLUSH_GLOBAL: u8 = 1;
+    /// `IBV_FLUSH_PERSISTENT`: a FLUSH to persistence.
+    pub const FLUSH_PERSISTENT: u8 = 2;
+    /// `IBV_FLUSH_RANGE`: a FLUSH of a range of the region.
+    pub const FLUSH_RANGE: u8 = 0;
+    /// `IBV_FLUSH_MR`: a FLUSH of the whole region.
+    pub const FLUSH_MR: u8 = 1;
+
+    /// READ or atomic (ATOMIC_WRITE and FLUSH too): needs responder resources and a response.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(
             self,
-            SendOp::RdmaRead { .. } | SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::AtomicWrite { .. }
+            SendOp::RdmaRead { .. }
+                | SendOp::CompareSwap { .. }
+                | SendOp::FetchAdd { .. }
+                | SendOp::AtomicWrite { .. }
+                | SendOp::Flush { .. }
         )
     }
 
@@ -340,6 +379,7 @@ impl SendOp {
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
             SendOp::AtomicWrite { .. } => WcOpcode::AtomicWrite,
+            SendOp::Flush { .. } => WcOpcode::Flush,
             SendOp::BindMw { .. } => WcOpcode::BindMw,
             SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         }
@@ -436,6 +476,8 @@ pub enum WcOpcode {
     LocalInv,
     /// `IBV_WC_ATOMIC_WRITE`.
     AtomicWrite,
+    /// `IBV_WC_FLUSH`.
+    Flush,
     /// `IBV_WC_RECV`.
     Recv,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`.

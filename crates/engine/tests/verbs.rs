@@ -1365,3 +1365,76 @@ fn sqd_does_no_local_operation_and_rts_does_it() {
     assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
     assert!(pair.a.engine.query_mw(mw).unwrap().binding.is_some());
 }
+
+/// FLUSH (IBA 1.5, rxe's responder): a range or the whole region, to global visibility or
+/// persistence, needs the placement in the region's and in the target QP's access flags;
+/// it goes as `RC_FLUSH` with a RETH and a FETH and is answered by a zero-length READ
+/// response; what it may not do is a remote access error, and the QP fails.
+#[test]
+fn flush_needs_the_placement_in_the_region_and_the_qp_and_is_answered_as_a_read() {
+    let flush =
+        |remote_addr, rkey, length, placement, level| SendOp::Flush { remote_addr, rkey, length, placement, level };
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let both = Access::FLUSH_GLOBAL | Access::FLUSH_PERSISTENT;
+    let rts = QpAttr { qp_state: QpState::Rts, qp_access_flags: Access::ALL | both, ..QpAttr::default() };
+    pair.b.engine.modify_qp(pair.b.qp, &rts, AttrMask::ACCESS_FLAGS).unwrap();
+    let region = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::FLUSH_GLOBAL;
+    let keys = pair.b.engine.reg_mr(pair.b.pd, BASE + 0x8000, 0x1000, region).unwrap();
+    let at = BASE + 0x8100;
+    pair.a.post_send(wr(1, flush(at, keys.rkey, 64, SendOp::FLUSH_GLOBAL, SendOp::FLUSH_RANGE), &[]));
+    // The whole region: the RETH's address is not looked at.
+    pair.a.post_send(wr(2, flush(0, keys.rkey, 0, SendOp::FLUSH_GLOBAL, SendOp::FLUSH_MR), &[]));
+    pair.drive();
+    let wcs = pair.a.poll_all();
+    assert_eq!(
+        outcomes(&wcs),
+        [(1, WcStatus::Success), (2, WcStatus::Success)],
+        "{:?} {:?}",
+        pair.opcodes(false),
+        pair.b.engine.counters()
+    );
+    assert!(wcs.iter().all(|w| w.opcode == WcOpcode::Flush));
+    let from_a: Vec<_> = pair.log.iter().filter(|p| p.from_a).collect();
+    use softrdma_wire::{RocePacket, RoceRepr};
+    let req = RoceRepr::parse_ignoring_icrc(&RocePacket::new_checked(&from_a[0].bytes[..]).unwrap()).unwrap();
+    assert_eq!(req.bth.opcode, Opcode::RC_FLUSH);
+    assert_eq!(req.ext.feth.map(|f| (f.selectivity, f.placement_type)), Some((0, 1)));
+    assert_eq!(req.ext.reth.map(|r| (r.virtual_address, r.dma_length)), Some((at, 64)));
+    assert_eq!(pair.opcodes(false)[..2], [Opcode::RC_RDMA_READ_RESPONSE_ONLY; 2]);
+    let resp = pair.log.iter().find(|p| !p.from_a).unwrap();
+    assert!(
+        RoceRepr::parse_ignoring_icrc(&RocePacket::new_checked(&resp.bytes[..]).unwrap()).unwrap().payload.is_empty()
+    );
+
+    // Persistence the region does not allow; a range past its end; a region without FLUSH:
+    // remote access errors.
+    for case in ["persistence", "out of the region", "a region without FLUSH"] {
+        let mut p = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+        p.b.engine.modify_qp(p.b.qp, &rts, AttrMask::ACCESS_FLAGS).unwrap();
+        let k = p.b.engine.reg_mr(p.b.pd, BASE + 0x8000, 0x1000, region).unwrap();
+        let op = match case {
+            "persistence" => flush(at, k.rkey, 64, SendOp::FLUSH_PERSISTENT, SendOp::FLUSH_RANGE),
+            "out of the region" => flush(BASE + 0x8f00, k.rkey, 0x200, SendOp::FLUSH_GLOBAL, SendOp::FLUSH_RANGE),
+            _ => flush(BASE, p.b.mr.rkey, 8, SendOp::FLUSH_GLOBAL, SendOp::FLUSH_RANGE),
+        };
+        p.a.post_send(wr(1, op, &[]));
+        p.drive();
+        assert_eq!(outcomes(&p.a.poll_all()), [(1, WcStatus::RemAccessErr)], "{case}");
+    }
+    // A QP that does not allow FLUSH.
+    let mut p = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    let k = p.b.engine.reg_mr(p.b.pd, BASE + 0x8000, 0x1000, region).unwrap();
+    p.a.post_send(wr(1, flush(BASE + 0x8000, k.rkey, 8, SendOp::FLUSH_GLOBAL, SendOp::FLUSH_RANGE), &[]));
+    p.drive();
+    assert_eq!(outcomes(&p.a.poll_all()), [(1, WcStatus::RemAccessErr)], "the QP's access flags");
+    // Refused at post: SGEs, no placement, an unknown level.
+    let sge = [p.a.sge(0, 8)];
+    for (op, sg, why) in [
+        (flush(0, k.rkey, 8, SendOp::FLUSH_GLOBAL, 0), &sge[..], "no SGEs"),
+        (flush(0, k.rkey, 8, 0, 0), &[][..], "IBV_FLUSH_GLOBAL (1)"),
+        (flush(0, k.rkey, 8, SendOp::FLUSH_GLOBAL, 2), &[][..], "IBV_FLUSH_MR (1)"),
+    ] {
+        let err = p.a.try_post_send(&[wr(9, op, sg)]).unwrap_err();
+        assert!(matches!(&err.kind, PostErrorKind::Invalid(m) if m.contains(why)), "{err}");
+    }
+}

@@ -684,6 +684,9 @@ pub struct IbvQpEx {
     pub wr_complete: unsafe extern "C" fn(*mut IbvQpEx) -> c_int,
     pub wr_abort: unsafe extern "C" fn(*mut IbvQpEx),
     pub wr_atomic_write: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, *const c_void),
+    /// `wr_flush` (rdma-core 47 on; past the end of rdma-core 44's `struct ibv_qp_ex`, which
+    /// Debian's headers describe, so programs built against them never reach it).
+    pub wr_flush: unsafe extern "C" fn(*mut IbvQpEx, u32, u64, usize, u8, u8),
 }
 
 /// `struct ibv_global_route`.

@@ -399,15 +399,16 @@ unsafe extern "C" fn query_device_ex(
     put(crate::abi::HCA_CORE_CLOCK_OFFSET, &crate::cq_ex::HCA_CORE_CLOCK_KHZ.to_ne_bytes());
     put(crate::abi::PHYS_PORT_CNT_EX_OFFSET, &1u32.to_ne_bytes());
     // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT; per transport IBV_ODP_SUPPORT_SEND (1),
-    // _RECV (2), _WRITE (4), _READ (8), _ATOMIC (16), _SRQ_RECV (32), as each has them.
-    let (rc, uc, ud) = (0x3fu32, 0x27u32, 0x23u32);
+    // _RECV (2), _WRITE (4), _READ (8), _ATOMIC (16), _SRQ_RECV (32), _FLUSH (64, RC), as
+    // each has them.
+    let (rc, uc, ud) = (0x7fu32, 0x27u32, 0x23u32);
     put(crate::abi::MAX_DM_SIZE_OFFSET, &softrdma::MAX_DM_SIZE.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET, &3u64.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 8, &rc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 12, &uc.to_ne_bytes());
     put(crate::abi::ODP_CAPS_OFFSET + 16, &ud.to_ne_bytes());
     // xrc_odp_caps: XRC sends, receives into XRC SRQs, WRITE, READ and atomics, as RC.
-    put(crate::abi::XRC_ODP_CAPS_OFFSET, &rc.to_ne_bytes());
+    put(crate::abi::XRC_ODP_CAPS_OFFSET, &(rc & 0x3f).to_ne_bytes());
     // device_cap_flags_ex: the same capabilities (its low 32 bits are ibv_device_cap_flags).
     // SAFETY: orig_attr, which query_device just wrote, is attr's first field.
     let flags = unsafe { (*attr.cast::<IbvDeviceAttr>()).device_cap_flags };

@@ -250,11 +250,12 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
     })
 }
 
-/// The access flags softrdma enforces for a region (the four rights, MW_BIND and
-/// ON_DEMAND); the optional ones (relaxed ordering, huge pages, ...) are accepted and
-/// ignored.
+/// The access flags softrdma enforces for a region (the four rights, MW_BIND, ON_DEMAND and
+/// FLUSH's placements); the optional ones (relaxed ordering, huge pages, ...) are accepted
+/// and ignored.
 fn access(flags: c_int) -> Access {
-    Access(flags as u32 & (Access::ALL.0 | Access::MW_BIND.0 | Access::ON_DEMAND.0))
+    let enforced = Access::ALL | Access::MW_BIND | Access::ON_DEMAND | Access::FLUSH_GLOBAL | Access::FLUSH_PERSISTENT;
+    Access(flags as u32 & enforced.0)
 }
 
 unsafe fn reg_mr_common(pd: *mut IbvPd, addr: *mut c_void, len: usize, iova: u64, flags: c_int) -> *mut IbvMr {
@@ -1152,7 +1153,10 @@ unsafe extern "C" fn modify_qp(qp: *mut IbvQp, attr: *mut IbvQpAttr, mask: c_int
             qp_state,
             cur_qp_state,
             en_sqd_async_notify: a.en_sqd_async_notify != 0,
-            qp_access_flags: Access(a.qp_access_flags & Access::ALL.0),
+            // The remote rights and FLUSH's placements; the rest (MW_BIND, ...) are a region's.
+            qp_access_flags: Access(
+                a.qp_access_flags & (Access::ALL | Access::FLUSH_GLOBAL | Access::FLUSH_PERSISTENT).0,
+            ),
             pkey_index: a.pkey_index,
             port_num: a.port_num,
             qkey: QKey(a.qkey),

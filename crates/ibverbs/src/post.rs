@@ -264,6 +264,7 @@ pub(crate) fn wc_c(wc: &Wc) -> IbvWc {
         WcOpcode::FetchAdd => 4,
         WcOpcode::BindMw => 5,
         WcOpcode::LocalInv => 6,
+        WcOpcode::Flush => 8,
         WcOpcode::AtomicWrite => 9,
         WcOpcode::Recv => 128,
         WcOpcode::RecvRdmaWithImm => 129,

@@ -44,8 +44,10 @@ const WITH_ATOMIC_FETCH_AND_ADD: u64 = 1 << 6;
 const WITH_LOCAL_INV: u64 = 1 << 7;
 const WITH_BIND_MW: u64 = 1 << 8;
 const WITH_SEND_WITH_INV: u64 = 1 << 9;
+const WITH_FLUSH: u64 = 1 << 11;
 const WITH_ATOMIC_WRITE: u64 = 1 << 12;
 const SUPPORTED: u64 = WITH_ATOMIC_WRITE
+    | WITH_FLUSH
     | WITH_RDMA_WRITE
     | WITH_RDMA_WRITE_WITH_IMM
     | WITH_SEND
@@ -109,6 +111,7 @@ pub(crate) fn qp_ex(qp_base: IbvQp) -> IbvQpEx {
         wr_complete,
         wr_abort,
         wr_atomic_write,
+        wr_flush,
     }
 }
 
@@ -150,10 +153,10 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
         // only SENDs; BIND_MW and LOCAL_INV are local, as rxe has them on UC).
         let uc = WITH_RDMA_WRITE | WITH_RDMA_WRITE_WITH_IMM | WITH_SEND | WITH_SEND_WITH_IMM;
         let possible = match a.qp_type {
-            2 => SUPPORTED,                                 // RC
-            3 => uc | WITH_BIND_MW | WITH_LOCAL_INV,        // UC
-            4 => WITH_SEND | WITH_SEND_WITH_IMM,            // UD
-            QPT_XRC_SEND => SUPPORTED & !WITH_ATOMIC_WRITE, // no XRC opcode for it
+            2 => SUPPORTED,                                                // RC
+            3 => uc | WITH_BIND_MW | WITH_LOCAL_INV,                       // UC
+            4 => WITH_SEND | WITH_SEND_WITH_IMM,                           // UD
+            QPT_XRC_SEND => SUPPORTED & !(WITH_ATOMIC_WRITE | WITH_FLUSH), // no XRC opcodes for them
             _ => 0,
         };
         if send_ops & !possible != 0 {
@@ -400,6 +403,19 @@ unsafe extern "C" fn wr_atomic_write(qpx: *mut IbvQpEx, rkey: u32, remote_addr: 
         // SAFETY: data names the 8 bytes to write (the caller's contract).
         let value = unsafe { data.cast::<[u8; 8]>().read_unaligned() };
         b.push(q, WITH_ATOMIC_WRITE, SendOp::AtomicWrite { remote_addr, rkey: RKey(rkey), value });
+    });
+}
+
+/// `ibv_wr_flush` (rdma-core 47 on): `len` bytes at `remote_addr` (`IBV_FLUSH_RANGE`) or the
+/// whole region of `rkey` (`IBV_FLUSH_MR`), to global visibility and/or persistence
+/// (`type`: `IBV_FLUSH_GLOBAL`, `IBV_FLUSH_PERSISTENT`).
+unsafe extern "C" fn wr_flush(qpx: *mut IbvQpEx, rkey: u32, remote_addr: u64, len: usize, placement: u8, level: u8) {
+    with_builder(qpx, |q, b| {
+        let Ok(length) = u32::try_from(len) else {
+            b.fail(libc::EINVAL); // a RETH's length is 32 bits
+            return;
+        };
+        b.push(q, WITH_FLUSH, SendOp::Flush { remote_addr, rkey: RKey(rkey), length, placement, level });
     });
 }
 

@@ -78,6 +78,11 @@ fn memory_windows_of_both_types_bind_reach_and_invalidate() {
 }
 
 #[test]
+fn flush_through_rdma_core_47s_wr_flush_to_global_visibility_and_persistence() {
+    passes("flush");
+}
+
+#[test]
 fn xrc_domains_srqs_and_qps_deliver_each_message_to_the_srq_it_names() {
     passes("xrc");
 }

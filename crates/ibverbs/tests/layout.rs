@@ -77,6 +77,10 @@ fn entries() -> Vec<Entry> {
         wr_set_inline_data => "wr_set_inline_data", wr_set_inline_data_list => "wr_set_inline_data_list",
         wr_set_sge => "wr_set_sge", wr_set_sge_list => "wr_set_sge_list", wr_start => "wr_start",
         wr_complete => "wr_complete", wr_abort => "wr_abort", wr_atomic_write => "wr_atomic_write"]);
+    // rdma-core 47 appends `wr_flush`: Debian's (44) struct ends where it begins.
+    for e in v.iter_mut().filter(|e| e.0 == "struct ibv_qp_ex" && e.1 == "sizeof") {
+        e.2 = offset_of!(IbvQpEx, wr_flush);
+    }
     layout!(v, IbvQpInitAttrEx, "struct ibv_qp_init_attr_ex", [qp_context => "qp_context", send_cq => "send_cq",
         recv_cq => "recv_cq", srq => "srq", cap => "cap", qp_type => "qp_type", sq_sig_all => "sq_sig_all",
         comp_mask => "comp_mask", pd => "pd", xrcd => "xrcd", create_flags => "create_flags",

@@ -73,6 +73,26 @@ impl Memory for ProcessMemory {
         atomic_at(addr)?.store(u64::from_ne_bytes(value), Ordering::SeqCst);
         Ok(())
     }
+
+    /// A fence; to persistence also `msync(MS_SYNC)` of the range's pages, which writes a
+    /// file-backed mapping (a DAX or pmem file, or any file) back to its file before the
+    /// FLUSH is answered; anonymous memory has nowhere more durable to go.
+    fn flush(&mut self, addr: u64, len: u64, persistent: bool) -> Result<(), MemoryFault> {
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if !persistent || len == 0 {
+            return Ok(());
+        }
+        let start = addr & !(PAGE - 1);
+        let fault = MemoryFault { addr, len: usize::try_from(len).unwrap_or(usize::MAX) };
+        let end = addr.checked_add(len).ok_or(fault)?;
+        // SAFETY: msync reads no memory of ours; it fails (ENOMEM) for a range with an
+        // unmapped page, which is the region's fault, reported as one.
+        let rc = unsafe { libc::msync(start as usize as *mut libc::c_void, (end - start) as usize, libc::MS_SYNC) };
+        if rc != 0 {
+            return Err(fault);
+        }
+        Ok(())
+    }
 }
 
 /// The 8 bytes at `addr` as an atomic, if aligned (IBA 9.4.5: atomics need 8-byte alignment).
