@@ -1199,8 +1199,17 @@ impl Engine {
             }
         }
         if let Some(srq) = init.srq {
-            if !self.shared.srqs.contains(srq.0 as usize) {
-                return Err(VerbsError::NotFound { kind: "SRQ", id: srq.0 });
+            match self.shared.srqs.get(srq.0 as usize) {
+                None => return Err(VerbsError::NotFound { kind: "SRQ", id: srq.0 }),
+                // ib_uverbs_create_qp: EINVAL. Its receives are for the requests that name it.
+                Some(s) if s.xrc.is_some() => {
+                    return Err(invalid(format!(
+                        "SRQ {} is an XRC SRQ: only the XRC TGT QPs of its domain take its receives, for the \
+                         requests that name it",
+                        srq.0
+                    )));
+                }
+                Some(_) => {}
             }
         }
         self.pd_use(init.pd, 1)?;
