@@ -326,12 +326,16 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
                 return;
             }
             let lost_answer = retire_acked(qp, sh, psn, false).is_some();
-            if lost_answer && code != NakCode::PsnSequenceError {
+            if lost_answer {
                 // The request NAKed comes after a READ or atomic whose answer was lost:
                 // that one is asked again first, as rxe's completer does (its check_psn:
-                // a response past a READ's last PSN is a retry), and the error belongs to
-                // the request NAKed, not to it. The responder, now in error, will not
-                // answer: the READ ends in RETRY_EXC_ERR, the NAKed request flushed.
+                // a response past a READ's last PSN is a retry). After a fatal NAK the
+                // error belongs to the request NAKed, not to it; the responder, now in
+                // error, will not answer: the READ ends in RETRY_EXC_ERR, the NAKed
+                // request flushed. After a sequence error the go-back-N starts there, not
+                // at the NAKed PSN: moving `comp.psn` past the READ would make its
+                // answer, when it came, look stale, and the READ would be asked for until
+                // the retries ran out.
                 retry_lost_answer(qp, sh, now);
                 sh.update_timer(qp);
                 return;

@@ -1218,8 +1218,17 @@ impl Engine {
             }
         }
         if let Some(srq) = init.srq {
-            if !self.shared.srqs.contains(srq.0 as usize) {
-                return Err(VerbsError::NotFound { kind: "SRQ", id: srq.0 });
+            match self.shared.srqs.get(srq.0 as usize) {
+                None => return Err(VerbsError::NotFound { kind: "SRQ", id: srq.0 }),
+                // ib_uverbs_create_qp: EINVAL. Its receives are for the requests that name it.
+                Some(s) if s.xrc.is_some() => {
+                    return Err(invalid(format!(
+                        "SRQ {} is an XRC SRQ: only the XRC TGT QPs of its domain take its receives, for the \
+                         requests that name it",
+                        srq.0
+                    )));
+                }
+                Some(_) => {}
             }
         }
         self.pd_use(init.pd, 1)?;
@@ -1530,9 +1539,15 @@ impl Engine {
                 // the completions of the QP's still in its CQs (the flushes of an error)
                 // go too, as a ConnectX's driver cleans them (mlx5_ib_cq_clean): a QP
                 // brought back through RESET starts with none of its past in its CQs.
-                for cq in [qp.send_cq, qp.recv_cq] {
-                    if let Some(c) = self.shared.cqs.get_mut(cq.0 as usize) {
-                        c.entries.retain(|wc| wc.qp_num != qp.qpn);
+                // An XRC TGT QP has no CQ: its completions are its SRQs', for receives
+                // gone from queues other QPs share, and stay (the kernel's mlx5 skips
+                // IB_QPT_XRC_TGT; libmlx5 has no recv_cq to clean for it). Its `recv_cq`
+                // is only the CQ of the SRQ its latest request named.
+                if qp.qp_type != QpType::XrcTgt {
+                    for cq in [qp.send_cq, qp.recv_cq] {
+                        if let Some(c) = self.shared.cqs.get_mut(cq.0 as usize) {
+                            c.entries.retain(|wc| wc.qp_num != qp.qpn);
+                        }
                     }
                 }
                 qp.sq.clear();

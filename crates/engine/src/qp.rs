@@ -237,8 +237,9 @@ pub(crate) enum InMessage {
     None,
     /// A SEND into `wqe` (taken from the SRQ if `from_srq`), `offset` bytes placed so far.
     Send { wqe: RecvWqe, from_srq: bool, offset: u32 },
-    /// An RDMA WRITE to `va` through `rkey`, `remaining` bytes to come.
-    Write { va: u64, remaining: u32, rkey: u32 },
+    /// An RDMA WRITE to `va` through `rkey`, `remaining` bytes to come of the `length` its
+    /// RETH (in the FIRST or ONLY packet alone) announced.
+    Write { va: u64, remaining: u32, length: u32, rkey: u32 },
     /// UC: a packet was lost; drop until the next FIRST or ONLY.
     Dropping,
 }

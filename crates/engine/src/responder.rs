@@ -512,10 +512,16 @@ fn execute<M: Memory + ?Sized>(
                 let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
                 let length = u64::from(reth.dma_length);
                 remote_access(qp, sh, reth.rkey, reth.virtual_address, length, Access::REMOTE_WRITE)?;
-                qp.resp.current =
-                    InMessage::Write { va: reth.virtual_address, remaining: reth.dma_length, rkey: reth.rkey.0 };
+                qp.resp.current = InMessage::Write {
+                    va: reth.virtual_address,
+                    remaining: reth.dma_length,
+                    length: reth.dma_length,
+                    rkey: reth.rkey.0,
+                };
             }
-            let InMessage::Write { va, remaining, rkey } = qp.resp.current else { unreachable!("checked above") };
+            let InMessage::Write { va, remaining, length, rkey } = qp.resp.current else {
+                unreachable!("checked above")
+            };
             let total_ok = if position.ends_message() { len == remaining } else { len < remaining };
             if !total_ok {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // the RETH length is the message's
@@ -545,13 +551,13 @@ fn execute<M: Memory + ?Sized>(
                 // R_Key violation, as rxe's failed copy is (RESPST_ERR_RKEY_VIOLATION).
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
             }
-            qp.resp.current = InMessage::Write { va: va + u64::from(len), remaining: remaining - len, rkey };
+            qp.resp.current = InMessage::Write { va: va + u64::from(len), remaining: remaining - len, length, rkey };
             if position.ends_message() {
                 qp.resp.current = InMessage::None;
                 qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
                 if let Some((wqe, _)) = recv {
-                    let total = repr.ext.reth.map_or(0, |r| r.dma_length);
-                    let wc = recv_wc(qp, wqe.wr_id, WcOpcode::RecvRdmaWithImm, total, repr);
+                    // The message's length, which only its first packet's RETH carried.
+                    let wc = recv_wc(qp, wqe.wr_id, WcOpcode::RecvRdmaWithImm, length, repr);
                     sh.push_cqe(qp.recv_cq, wc);
                     sh.recycle(wqe);
                 }

@@ -180,6 +180,35 @@ fn read_response_lost_requester_retries_after_timeout_data_lands_once() {
 }
 
 #[test]
+fn a_sequence_nak_past_a_read_whose_answer_was_lost_retries_the_read() {
+    // The READ's response is lost and so is the middle of the SEND after it: the
+    // responder NAKs the gap, a PSN past the READ. The requester must go back to the READ
+    // (its answer never came), not to the NAKed PSN; had it moved its acknowledged PSN past
+    // the READ, the READ's answer would look stale when it came, and the READ would be
+    // asked for until the retries ran out (RETRY_EXC_ERR).
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let data = pattern(100, 5);
+    pair.b.fill(0x300, &data);
+    pair.b.post_recv(1, 0x1000, 1024);
+    let mut dropped = [false; 2];
+    pair.set_filter(move |p| match p.opcode() {
+        Opcode::RC_RDMA_READ_RESPONSE_ONLY => std::mem::replace(&mut dropped[0], true),
+        Opcode::RC_SEND_MIDDLE => std::mem::replace(&mut dropped[1], true),
+        _ => true,
+    });
+    let dst = pair.a.sge(0x40, 100);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: pair.b.addr_of(0x300), rkey: pair.b.mr.rkey }, &[dst]));
+    let sge = pair.a.sge(0x1000, 768);
+    pair.a.post_send(wr(2, SendOp::Send, &[sge]));
+    pair.drive();
+    assert!(pair.log.iter().any(|p| p.syndrome() == Some(Syndrome::Nak(NakCode::PsnSequenceError))));
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(pair.a.read(0x40, 100), &data[..]);
+    assert_eq!(pair.a.engine.counters().ack_timeouts, 0, "the NAK started the retry, no timer had to");
+    assert_eq!(outcomes(&pair.b.poll_all()), [(1, WcStatus::Success)]);
+}
+
+#[test]
 fn atomic_ack_lost_the_retry_is_answered_not_re_executed() {
     let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
     let mut dropped = false;

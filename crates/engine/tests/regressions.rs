@@ -1,8 +1,9 @@
 //! Regressions: each test pins a bug the scenario suite found in the engine (against IBTA,
 //! rxe, or the verbs man pages) and that is now fixed: UC receives reused after a dropped
 //! message, WRs before a bad WR left unsent, LAST_WQE_REACHED and SQ_DRAINED events,
-//! query_qp's AV, QP reuse after RESET, SQD retransmission, UD counters, and R_Keys checked
-//! on every packet so that nothing in flight reaches a region after dereg_mr.
+//! query_qp's AV, QP reuse after RESET, SQD retransmission, UD counters, R_Keys checked
+//! on every packet so that nothing in flight reaches a region after dereg_mr, and the
+//! byte_len of a WRITE_WITH_IMM of several packets.
 
 mod common;
 
@@ -354,4 +355,30 @@ fn duplicate_read_request_restarts_the_response_instead_of_queueing_another() {
     poll(b, &mut psns, 1000);
     let expect: Vec<u32> = (0..5).chain(2..n).map(|k| first.wrapping_add(k).value()).collect();
     assert_eq!(psns, expect, "the old stream stops where the replay starts");
+}
+
+// ---- WRITE_WITH_IMM: byte_len is the message's length, whatever its packets ------------------
+
+#[test]
+fn a_multi_packet_write_with_immediate_completes_with_the_messages_length() {
+    // Only the FIRST packet carries the RETH (and its DMA length); the receive completes at
+    // the LAST, which carries the immediate data, and must still say how much was written
+    // (rxe: qp->resp.length, from the RETH). It said 0.
+    for qp_type in [QpType::Rc, QpType::Uc] {
+        let mut pair = Pair::connected(qp_type, Mtu::Mtu256);
+        let data = pattern(600, 4); // FIRST, MIDDLE, LAST WITH IMMEDIATE
+        pair.a.fill(0, &data);
+        pair.b.post_recv(7, 0x9000, 64);
+        let op = SendOp::RdmaWriteWithImm { remote_addr: pair.b.addr_of(0x100), rkey: pair.b.mr.rkey, imm: [5; 4] };
+        let sge = pair.a.sge(0, 600);
+        pair.a.post_send(wr(1, op, &[sge]));
+        pair.drive();
+        assert_eq!(pair.b.read(0x100, 600), &data[..], "{qp_type}");
+        let wc = pair.b.poll().expect("the receive completes");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.opcode, wc.byte_len, wc.imm_data),
+            (7, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 600, Some([5; 4])),
+            "{qp_type}"
+        );
+    }
 }

@@ -1,5 +1,5 @@
 //! Swarm simulation: for each seed, a bad network drawn from the seed (loss, duplication,
-//! reordering, corruption), a random mix of every operation over RC, UC and UD (on devices
+//! reordering, corruption), a random mix of every operation over RC, UC, UD and XRC (on devices
 //! whose RC QPs share a small window per peer in a third of the seeds), then the
 //! network heals and the run must converge. The invariants are checked here, outside the
 //! code under test, against a reference model of what memory and completions must be:
@@ -9,13 +9,25 @@
 //! - target memory equals the model for every WR that succeeded; UC WRITEs land whole
 //!   packets or nothing; no byte outside the targets changes;
 //! - every receive completes at most once and carries exactly what was sent;
-//! - after the heal, every RC QP has completed everything posted;
+//! - after the heal, every RC and XRC INI QP has completed everything posted; retries run
+//!   out only while the network is bad (an error from them comes at the latest one ACK
+//!   timeout after the heal);
 //! - memory windows (a fourth connection, RC): B's windows, bound by B's QP, give A what
 //!   each was bound with and nothing more (bounds, rights, invalidation by A's fenced
 //!   SEND_WITH_INVs); A's binds and local invalidations of its own windows, interleaved with
 //!   the traffic and its retransmissions, are done once each and complete in order; at
 //!   most one operation breaks a rule on purpose and must fail with the status IBTA/rxe
-//!   give, the rest flushing; every window ends in the state the model says.
+//!   give, the rest flushing; every window ends in the state the model says;
+//! - XRC (a fifth connection): A's XRC INI QP sends to B's XRC TGT QP, whose domain has 2
+//!   or 3 XRC SRQs in two PDs, each with its own CQ and region. Every operation names a
+//!   random SRQ and reaches a region of that SRQ's PD: its WRs complete exactly once, in
+//!   order, as RC's do; each SEND or WRITE_WITH_IMM takes the next receive of the SRQ it
+//!   named, whose CQ (and no other) completes it once, in order, with the TGT QPN, its
+//!   length and its data or immediate; WRITEs, READs and atomics (exactly once each) act
+//!   on the region they named; in a quarter of the seeds one operation uses a key of
+//!   another PD than its SRQ's and must fail with REM_ACCESS_ERR (or the retries of a
+//!   READ or atomic before it, whose answer was lost, run out: the TGT QP, then in error,
+//!   answers nothing), changing nothing; nothing after it executes.
 //!
 //! `SOFTRDMA_SEEDS=10000 cargo test -p softrdma-engine --release --test swarm` runs more
 //! seeds; `SOFTRDMA_SEED=0x...` replays one.
@@ -53,6 +65,26 @@ struct Conn {
     b_qp: Qpn,
     mtu: u32,
     ops: Vec<Op>,
+}
+
+/// The local ACK timeout `connect` sets (timeout 8: 4.096 µs × 2^8).
+const ACK_TIMEOUT: Duration = Duration::from_nanos(4096 << 8);
+
+/// Retries run out only while the network is bad: once it has healed, the next retry of a
+/// QP that has one left is answered, so a QP fails at the latest when the ACK timer then
+/// running fires (with 200 µs of slack for packets delayed across the heal). A later
+/// failure is a requester that retries without learning from the answers.
+fn late_failure(w: &Wc, healed: Time) -> Result<(), String> {
+    let deadline = healed + ACK_TIMEOUT + Duration::from_micros(200);
+    match w.completed_at {
+        Some(at) if at > deadline => Err(format!(
+            "WR {} failed {:?} at {at:?}, {:?} after the network healed: retries that would have been answered",
+            w.wr_id,
+            w.status,
+            at.saturating_duration_since(healed)
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Bytes that identify message `i` of connection `c`: distinct everywhere.
@@ -119,7 +151,10 @@ fn connect(n: &mut EngineNode, qp: Qpn, qp_type: QpType, peer: (Qpn, IpAddr), mt
     e.modify_qp(qp, &init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
     let av =
         AddressVector { dgid: Gid::from_ip(peer.1), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
-    let rc = qp_type == QpType::Rc;
+    // The responders (RC, XRC TGT) take responder resources and an RNR timer on RTR; the
+    // requesters (RC, XRC INI) their retry parameters on RTS; an XRC TGT only a timeout.
+    let responder = matches!(qp_type, QpType::Rc | QpType::XrcTgt);
+    let requester = matches!(qp_type, QpType::Rc | QpType::XrcIni);
     let rtr = QpAttr {
         qp_state: QpState::Rtr,
         ah_attr: Some(av),
@@ -131,7 +166,7 @@ fn connect(n: &mut EngineNode, qp: Qpn, qp_type: QpType, peer: (Qpn, IpAddr), mt
         ..QpAttr::default()
     };
     let mut mask = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-    if rc {
+    if responder {
         mask = mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
     }
     e.modify_qp(qp, &rtr, mask).unwrap();
@@ -146,8 +181,10 @@ fn connect(n: &mut EngineNode, qp: Qpn, qp_type: QpType, peer: (Qpn, IpAddr), mt
         ..QpAttr::default()
     };
     let mut mask = AttrMask::STATE | AttrMask::SQ_PSN;
-    if rc {
+    if requester {
         mask = mask | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
+    } else if qp_type == QpType::XrcTgt {
+        mask |= AttrMask::TIMEOUT;
     }
     e.modify_qp(qp, &rts, mask).unwrap();
 }
@@ -280,6 +317,7 @@ fn run(seed: u64) -> Result<(), String> {
     }
 
     let mut mw = mw_setup(&mut rng, &mut a, &mut b, (a_pd, a_cq, a_keys.lkey), (b_pd, b_cq, b_keys.lkey), cap)?;
+    let xrc = xrc_setup(&mut rng, &mut a, &mut b, (a_pd, a_cq, a_keys.lkey), cap)?;
     let b_before = b.mem.clone();
     let na: NodeId = sim.add_node(a);
     let nb: NodeId = sim.add_node(b);
@@ -287,6 +325,7 @@ fn run(seed: u64) -> Result<(), String> {
     // The faulty phase, then heal and demand convergence: the fabric must go idle, with
     // nothing in flight and no timer armed, which a QP still retrying never is.
     sim.run_for(Duration::from_millis(20)).map_err(|e| e.to_string())?;
+    let healed = sim.now();
     for rule in fault_rules {
         sim.remove_rule(rule);
     }
@@ -301,20 +340,27 @@ fn run(seed: u64) -> Result<(), String> {
             a_wcs.push(wc);
         }
     }
+    let mut srq_wcs: Vec<Vec<Wc>> = Vec::new();
     {
         let b = sim.node_mut::<EngineNode>(nb);
         while let Some(wc) = b.engine.poll_cq(b_cq) {
             b_wcs.push(wc);
         }
+        for s in &xrc.srqs {
+            srq_wcs.push(std::iter::from_fn(|| b.engine.poll_cq(s.cq)).collect());
+        }
     }
-    let a_mem = sim.node::<EngineNode>(na).mem.clone();
-    let b_mem = sim.node::<EngineNode>(nb).mem.clone();
+    // Borrowed, not cloned: a fresh 4 MiB per seed is page faults the allocator may not
+    // spare (glibc maps blocks that large anew each time until a larger one was freed).
+    let a_mem = &sim.node::<EngineNode>(na).mem;
+    let b_mem = &sim.node::<EngineNode>(nb).mem;
     let state = {
         let (a, b) = (&sim.node::<EngineNode>(na).engine, &sim.node::<EngineNode>(nb).engine);
-        let qps: Vec<String> = conns
+        let mut qps: Vec<String> = conns
             .iter()
             .map(|c| format!("{:?} a={:?} b={:?}", c.qp_type, a.qp_state(c.a_qp), b.qp_state(c.b_qp)))
             .collect();
+        qps.push(format!("XRC a={:?} b={:?}", a.qp_state(xrc.ini), b.qp_state(xrc.tgt)));
         format!("{qps:?}\n  a: {:?}\n  b: {:?}\n  fabric: {:?}", a.counters(), b.counters(), sim.counters())
     };
     let ctx = |msg: String| format!("{msg}\n  faults: {faults:?}\n  {state}");
@@ -342,6 +388,7 @@ fn run(seed: u64) -> Result<(), String> {
             match (seen_error, w.status) {
                 (false, WcStatus::Success) => {}
                 (false, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr) if conn.qp_type == QpType::Rc => {
+                    late_failure(w, healed).map_err(&ctx)?;
                     seen_error = true
                 }
                 (true, WcStatus::WrFlushErr) => {}
@@ -494,13 +541,23 @@ fn run(seed: u64) -> Result<(), String> {
         mw.wins.iter().map(|w| w.as_ref().and_then(|w| sim.node::<EngineNode>(nb).engine.query_mw(w.id))).collect();
     mw.a_infos = a_mws;
     mw.b_infos = b_mws;
-    mw_check(&mw, &a_wcs, &b_wcs, &a_mem, &b_mem, &b_before, &mut mark).map_err(|e| {
+    mw_check(&mw, &a_wcs, &b_wcs, a_mem, b_mem, &b_before, &mut mark).map_err(|e| {
         let done: Vec<String> = a_wcs
             .iter()
             .filter(|w| w.qp_num == mw.a_qp)
             .map(|w| format!("{:?}: {:?}", mw.ops[w.wr_id as usize], w.status))
             .collect();
         ctx(format!("{e}\n  MW ops: {done:#?}\n  bad: {:?}", mw.bad))
+    })?;
+
+    // The XRC connection, against its model.
+    xrc_check(&xrc, &a_wcs, &b_wcs, &srq_wcs, a_mem, b_mem, &b_before, healed, &mut mark).map_err(|e| {
+        let done: Vec<String> = a_wcs
+            .iter()
+            .filter(|w| w.qp_num == xrc.ini)
+            .map(|w| format!("{:?}: {:?}", xrc.ops[w.wr_id as usize], w.status))
+            .collect();
+        ctx(format!("{e}\n  XRC ops: {done:#?}\n  bad: {:?}\n  SRQ completions: {srq_wcs:?}", xrc.bad))
     })?;
 
     // Nothing outside the targets changed.
@@ -995,6 +1052,347 @@ fn mw_check(
         let info = info.ok_or_else(|| format!("MW: A's window {k} is gone"))?;
         if !unsure && (info.rkey, info.binding.is_some()) != *want {
             return Err(format!("MW: A's window {k} ended {info:?}; the model says {want:?}"));
+        }
+    }
+    Ok(())
+}
+
+// ---- XRC -----------------------------------------------------------------------------------
+
+/// The XRC connection's index in [`Layout`] and [`payload`] (after the memory-window one).
+const XRC_CONN: usize = MW_CONN + 1;
+/// B's XRC SRQs' regions: SRQ `k`'s is `XRC_REGION_LEN` bytes from `XRC_REGIONS + k *
+/// XRC_REGION_LEN`, registered in the SRQ's PD: 8 KiB slot `i` for op `i` (the buffer of
+/// its SEND's receive, or its target), slot `16 + i` for the receive of its WRITE_WITH_IMM.
+const XRC_REGIONS: u64 = 0x32_0000;
+const XRC_REGION_LEN: u64 = 0x4_0000;
+
+fn xrc_slot(k: usize, i: usize) -> u64 {
+    XRC_REGIONS + k as u64 * XRC_REGION_LEN + ((i as u64) << 13)
+}
+
+/// The PD (of two) of SRQ `k`: SRQ 1 has its own, SRQs 0 and 2 share one.
+fn xrc_pd(k: usize) -> usize {
+    usize::from(k == 1)
+}
+
+/// One operation of the XRC connection. An atomic acts on the word at the op's slot, which
+/// holds `old` before the run.
+#[derive(Clone, Copy, Debug)]
+enum XrcKind {
+    Send { len: u32 },
+    Write { len: u32 },
+    WriteImm { len: u32 },
+    Read { len: u32 },
+    FetchAdd { old: u64, add: u64 },
+    CompareSwap { old: u64, compare: u64, swap: u64 },
+}
+
+/// An XRC operation: what, the SRQ it names, and the region (of the SRQ's PD, but for the
+/// bad op) whose key and memory it uses.
+#[derive(Clone, Copy, Debug)]
+struct XrcOp {
+    kind: XrcKind,
+    srq: usize,
+    region: usize,
+}
+
+struct XrcSrq {
+    cq: CqId,
+}
+
+struct XrcConn {
+    ini: Qpn,
+    tgt: Qpn,
+    srqs: Vec<XrcSrq>,
+    ops: Vec<XrcOp>,
+    /// The op that uses a key of another PD than its SRQ's: it must fail.
+    bad: Option<usize>,
+}
+
+/// The XRC connection: A's INI QP, B's TGT QP and XRC SRQs (with their PDs, CQs and
+/// regions), the workload and its model; receives posted on B's SRQs, WRs on A.
+fn xrc_setup(
+    rng: &mut SimRng,
+    a: &mut EngineNode,
+    b: &mut EngineNode,
+    (a_pd, a_cq, a_lkey): (PdId, CqId, LKey),
+    cap: QpCap,
+) -> Result<XrcConn, String> {
+    let c = XRC_CONN;
+    let cap = QpCap { max_recv_wr: 0, max_recv_sge: 0, ..cap };
+    let init = QpInitAttr {
+        pd: a_pd,
+        send_cq: a_cq,
+        recv_cq: a_cq,
+        srq: None,
+        qp_type: QpType::XrcIni,
+        cap,
+        sq_sig_all: false,
+    };
+    let ini = a.engine.create_qp(&init).unwrap();
+    let xrcd = b.engine.alloc_xrcd().unwrap();
+    let tgt = b.engine.create_xrc_tgt_qp(xrcd).unwrap();
+    let mtu = pick(rng, &[Mtu::Mtu256, Mtu::Mtu1024, Mtu::Mtu4096]);
+    connect(a, ini, QpType::XrcIni, (tgt, b.ip), mtu);
+    connect(b, tgt, QpType::XrcTgt, (ini, a.ip), mtu);
+    let pds = [b.engine.alloc_pd(), b.engine.alloc_pd()];
+    let n_srqs = 2 + rand(rng, 2) as usize;
+    let (mut srqs, mut ids, mut keys) = (Vec::new(), Vec::new(), Vec::new());
+    for k in 0..n_srqs {
+        let pd = pds[xrc_pd(k)];
+        let cq = b.engine.create_cq(64).unwrap();
+        ids.push(b.engine.create_xrc_srq(pd, xrcd, cq, 2 * OPS_PER_CONN as u32, 1).unwrap());
+        keys.push(b.engine.reg_mr(pd, BASE + xrc_slot(k, 0), XRC_REGION_LEN, Access::ALL).unwrap());
+        srqs.push(XrcSrq { cq });
+    }
+
+    // The workload. At most one op, in the second half, uses a region of the other PD.
+    let n = 4 + rand(rng, OPS_PER_CONN as u64 - 4) as usize;
+    let bad = (rand(rng, 4) == 0).then(|| n / 2 + rand(rng, (n - n / 2) as u64) as usize);
+    let mut ops = Vec::new();
+    for i in 0..n {
+        let srq = rand(rng, n_srqs as u64) as usize;
+        let len = match rand(rng, 4) {
+            0 => 0,
+            1 => 1 + rand(rng, 64) as u32,
+            2 => 1 + rand(rng, 3000) as u32,
+            _ => 1 + rand(rng, 8000) as u32,
+        };
+        let old = rng.next_u64();
+        let mut kind = match rand(rng, 6) {
+            0 => XrcKind::Send { len },
+            1 => XrcKind::Write { len },
+            2 => XrcKind::WriteImm { len },
+            3 => XrcKind::Read { len },
+            4 => XrcKind::FetchAdd { old, add: rng.next_u64() % 1000 },
+            _ => {
+                let compare = if rand(rng, 2) == 0 { old } else { old ^ 1 };
+                XrcKind::CompareSwap { old, compare, swap: rng.next_u64() }
+            }
+        };
+        let pd_wanted = if bad == Some(i) { 1 - xrc_pd(srq) } else { xrc_pd(srq) };
+        let regions: Vec<usize> = (0..n_srqs).filter(|&r| xrc_pd(r) == pd_wanted).collect();
+        let region = regions[rand(rng, regions.len() as u64) as usize];
+        if bad == Some(i) {
+            // A key matters: an operation on memory, of one byte at least (C9-88: a
+            // zero-length one needs no valid key).
+            kind = match kind {
+                XrcKind::Send { len } | XrcKind::Write { len } => XrcKind::Write { len: len.max(1) },
+                XrcKind::WriteImm { len } => XrcKind::WriteImm { len: len.max(1) },
+                XrcKind::Read { len } => XrcKind::Read { len: len.max(1) },
+                atomic => atomic,
+            };
+        }
+        ops.push(XrcOp { kind, srq, region });
+    }
+
+    // Sources, B's receives (each SRQ's in the order of the messages naming it), A's WRs.
+    for (i, op) in ops.iter().enumerate() {
+        let target = xrc_slot(op.region, i);
+        let src = Sge { addr: BASE + Layout::src(c, i), length: 0, lkey: a_lkey };
+        let recv = |slot: u64| Sge { addr: BASE + slot, length: 8192, lkey: keys[op.srq].lkey };
+        let (rkey, remote) = (keys[op.region].rkey, BASE + target);
+        let (wop, sge, recv) = match op.kind {
+            XrcKind::Send { len } => (SendOp::Send, Sge { length: len, ..src }, Some(recv(xrc_slot(op.srq, i)))),
+            XrcKind::Write { len } => {
+                (SendOp::RdmaWrite { remote_addr: remote, rkey }, Sge { length: len, ..src }, None)
+            }
+            XrcKind::WriteImm { len } => (
+                SendOp::RdmaWriteWithImm { remote_addr: remote, rkey, imm: (i as u32).to_be_bytes() },
+                Sge { length: len, ..src },
+                Some(recv(xrc_slot(op.srq, OPS_PER_CONN + i))),
+            ),
+            XrcKind::Read { len } => {
+                b.mem.slice_mut(remote, len as usize).copy_from_slice(&payload(c, i, len));
+                let dest = Sge { addr: BASE + Layout::read_dest(c, i), length: len, lkey: a_lkey };
+                (SendOp::RdmaRead { remote_addr: remote, rkey }, dest, None)
+            }
+            XrcKind::FetchAdd { old, add } => {
+                b.mem.slice_mut(remote, 8).copy_from_slice(&old.to_ne_bytes());
+                (SendOp::FetchAdd { remote_addr: remote, rkey, add }, Sge { length: 8, ..src }, None)
+            }
+            XrcKind::CompareSwap { old, compare, swap } => {
+                b.mem.slice_mut(remote, 8).copy_from_slice(&old.to_ne_bytes());
+                (SendOp::CompareSwap { remote_addr: remote, rkey, compare, swap }, Sge { length: 8, ..src }, None)
+            }
+        };
+        if let XrcKind::Send { len } | XrcKind::Write { len } | XrcKind::WriteImm { len } = op.kind {
+            a.mem.slice_mut(src.addr, len as usize).copy_from_slice(&payload(c, i, len));
+        }
+        if let Some(r) = recv {
+            let wr = RecvWr { wr_id: i as u64, sg_list: &[r] };
+            b.engine.post_srq_recv(ids[op.srq], &[wr]).map_err(|e| format!("post_srq_recv: {e}"))?;
+        }
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: wop,
+            sg_list: &[sge],
+            flags: SendFlags::SIGNALED,
+            ud: None,
+            xrc_srqn: Some(ids[op.srq].0),
+        };
+        a.engine.post_send(ini, &[wr], &a.mem).map_err(|e| format!("post_send: {e}"))?;
+    }
+    Ok(XrcConn { ini, tgt, srqs, ops, bad })
+}
+
+/// Whether op `i` executed at B, as far as A's completions tell.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Ran {
+    Yes,
+    Maybe,
+    No,
+}
+
+/// The XRC connection's invariants (see the module's documentation).
+#[allow(clippy::too_many_arguments)]
+fn xrc_check(
+    x: &XrcConn,
+    a_wcs: &[Wc],
+    b_wcs: &[Wc],
+    srq_wcs: &[Vec<Wc>],
+    a_mem: &VecMemory,
+    b_mem: &VecMemory,
+    b_before: &VecMemory,
+    healed: Time,
+    mark: &mut dyn FnMut(u64, usize),
+) -> Result<(), String> {
+    let c = XRC_CONN;
+    let n = x.ops.len();
+    // A's WRs: each completes once, in order; successes, then the planned error or retries
+    // running out at or before it, then flushes.
+    let sends: Vec<&Wc> = a_wcs.iter().filter(|w| w.qp_num == x.ini).collect();
+    let ids: Vec<u64> = sends.iter().map(|w| w.wr_id).collect();
+    if ids != (0..n as u64).collect::<Vec<_>>() {
+        return Err(format!("XRC: send completions {ids:?}, expected 0..{n} (exactly once, in order)"));
+    }
+    let first_error = sends.iter().position(|w| w.status != WcStatus::Success).unwrap_or(n);
+    if let Some(w) = sends.get(first_error) {
+        let planned = x.bad == Some(first_error) && w.status == WcStatus::RemAccessErr;
+        let retries = matches!(w.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr)
+            && x.bad.is_none_or(|b| first_error <= b);
+        if !planned && !retries {
+            return Err(format!("XRC: op {first_error} {:?} completed {:?}", x.ops[first_error], w.status));
+        }
+        if retries && x.bad.is_none() {
+            // (After a bad op the TGT QP may be in error, and nothing answers a retry.)
+            late_failure(w, healed).map_err(|e| format!("XRC: {e}"))?;
+        }
+    } else if let Some(b) = x.bad {
+        return Err(format!("XRC: op {b} {:?} succeeded with a key of another PD than its SRQ's", x.ops[b]));
+    }
+    if let Some(w) = sends.iter().skip(first_error + 1).find(|w| w.status != WcStatus::WrFlushErr) {
+        return Err(format!("XRC: op {} completed {:?} after the error", w.wr_id, w.status));
+    }
+    for (w, op) in sends.iter().zip(&x.ops) {
+        let want = match op.kind {
+            XrcKind::Send { .. } => WcOpcode::Send,
+            XrcKind::Write { .. } | XrcKind::WriteImm { .. } => WcOpcode::RdmaWrite,
+            XrcKind::Read { .. } => WcOpcode::RdmaRead,
+            XrcKind::FetchAdd { .. } => WcOpcode::FetchAdd,
+            XrcKind::CompareSwap { .. } => WcOpcode::CompSwap,
+        };
+        if w.opcode != want {
+            return Err(format!("XRC: op {} {op:?} completed as {:?}", w.wr_id, w.opcode));
+        }
+    }
+    // What ran at B: everything A saw succeed; nothing from the bad op on (refused, the
+    // TGT QP then in error); what lies between may have, its answer lost.
+    let ran = |i: usize| match i {
+        i if i < first_error => Ran::Yes,
+        i if x.bad.is_some_and(|b| i >= b) => Ran::No,
+        _ => Ran::Maybe,
+    };
+
+    // Receives: none on B's own CQ; on each SRQ's CQ, the messages that named it, a prefix
+    // of them in order, each once, with the TGT QPN, its length, its data or immediate.
+    if let Some(w) = b_wcs.iter().find(|w| w.qp_num == x.tgt) {
+        return Err(format!("XRC: a completion of the TGT QP on B's own CQ: {w:?}"));
+    }
+    for (k, got) in srq_wcs.iter().enumerate() {
+        let named: Vec<usize> = (0..n)
+            .filter(|&i| x.ops[i].srq == k && matches!(x.ops[i].kind, XrcKind::Send { .. } | XrcKind::WriteImm { .. }))
+            .collect();
+        let got_ids: Vec<usize> = got.iter().map(|w| w.wr_id as usize).collect();
+        if got_ids.len() > named.len() || got_ids != named[..got_ids.len()] {
+            return Err(format!("XRC: SRQ {k}'s CQ completed {got_ids:?}; the messages naming it are {named:?}"));
+        }
+        for w in got {
+            let i = w.wr_id as usize;
+            let (len, opcode, imm) = match x.ops[i].kind {
+                XrcKind::Send { len } => (len, WcOpcode::Recv, None),
+                XrcKind::WriteImm { len } => (len, WcOpcode::RecvRdmaWithImm, Some((i as u32).to_be_bytes())),
+                _ => unreachable!("only messages that take a receive are named"),
+            };
+            if (w.status, w.opcode, w.byte_len, w.imm_data, w.qp_num) != (WcStatus::Success, opcode, len, imm, x.tgt) {
+                return Err(format!("XRC: op {i} {:?}'s receive on SRQ {k}: {w:?}", x.ops[i]));
+            }
+        }
+        for &i in &named {
+            let done = got_ids.contains(&i);
+            if (ran(i) == Ran::Yes && !done) || (ran(i) == Ran::No && done) {
+                return Err(format!("XRC: op {i} {:?} ran: {:?}, its receive completed: {done}", x.ops[i], ran(i)));
+            }
+        }
+    }
+
+    // Memory: what ran landed exactly where it named; what may have, may have; the rest
+    // (the bad op included) is not marked, so the stray-write check holds it to nothing.
+    let word = |m: &VecMemory, at: u64| u64::from_ne_bytes(m.slice(BASE + at, 8).try_into().unwrap());
+    for (i, op) in x.ops.iter().enumerate() {
+        let at = xrc_slot(op.region, i);
+        let r = ran(i);
+        let received = srq_wcs[op.srq].iter().any(|w| w.wr_id == i as u64);
+        match op.kind {
+            XrcKind::Send { len } => {
+                let slot = xrc_slot(op.srq, i);
+                if received && b_mem.slice(BASE + slot, len as usize) != payload(c, i, len) {
+                    return Err(format!("XRC: SEND {i} to SRQ {}: its receive's data differs", op.srq));
+                }
+                if r != Ran::No {
+                    mark(slot, len as usize);
+                }
+            }
+            XrcKind::Write { len } | XrcKind::WriteImm { len } => {
+                if (r == Ran::Yes || received) && b_mem.slice(BASE + at, len as usize) != payload(c, i, len) {
+                    return Err(format!("XRC: WRITE {i} ({len} B, region {}) did not land whole", op.region));
+                }
+                if r != Ran::No {
+                    mark(at, len as usize);
+                }
+            }
+            XrcKind::Read { len } => {
+                let dest = a_mem.slice(BASE + Layout::read_dest(c, i), len as usize);
+                if r == Ran::Yes && dest != payload(c, i, len) {
+                    return Err(format!("XRC: READ {i} ({len} B, region {}) data differs", op.region));
+                }
+                if r == Ran::No && dest.iter().any(|&b| b != 0) {
+                    return Err(format!("XRC: READ {i} brought data back though it never ran"));
+                }
+            }
+            XrcKind::FetchAdd { old, .. } | XrcKind::CompareSwap { old, .. } => {
+                let new = match op.kind {
+                    XrcKind::FetchAdd { add, .. } => old.wrapping_add(add),
+                    XrcKind::CompareSwap { compare, swap, .. } if compare == old => swap,
+                    _ => old,
+                };
+                let (now, result) = (word(b_mem, at), a_mem.slice(BASE + Layout::src(c, i), 8));
+                let before = word(b_before, at);
+                let ok = match r {
+                    Ran::Yes => now == new && result == old.to_ne_bytes(),
+                    Ran::Maybe => now == new || now == old,
+                    Ran::No => now == old && result == [0; 8],
+                };
+                if before != old || !ok {
+                    return Err(format!(
+                        "XRC: atomic {i} {op:?}: {before:#x} -> {now:#x}, returned {result:?} (ran: {r:?})"
+                    ));
+                }
+                if r != Ran::No {
+                    mark(at, 8);
+                }
+            }
         }
     }
     Ok(())

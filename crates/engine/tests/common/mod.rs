@@ -131,14 +131,21 @@ pub fn connect_qp(
     let mut rtr_mask = AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
     let mut rts = QpAttr { qp_state: QpState::Rts, sq_psn: 0xfffffe, ..QpAttr::default() };
     let mut rts_mask = AttrMask::STATE | AttrMask::SQ_PSN;
-    if qp_type == QpType::Rc {
+    // The responders (RC, XRC TGT) take responder resources and an RNR timer on RTR; the
+    // requesters (RC, XRC INI) their retry parameters on RTS; an XRC TGT only a timeout.
+    if matches!(qp_type, QpType::Rc | QpType::XrcTgt) {
         rtr_mask = rtr_mask | AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+    } else {
+        rtr.max_dest_rd_atomic = 0;
+    }
+    if matches!(qp_type, QpType::Rc | QpType::XrcIni) {
         rts = QpAttr { timeout: 10, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 4, ..rts }; // ~4 ms ACK timeout
         rts_mask =
             rts_mask | AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC;
         tweak(&mut rts);
-    } else {
-        rtr.max_dest_rd_atomic = 0;
+    } else if qp_type == QpType::XrcTgt {
+        rts.timeout = 10;
+        rts_mask |= AttrMask::TIMEOUT;
     }
     engine.modify_qp(qp, &rtr, rtr_mask).unwrap();
     engine.modify_qp(qp, &rts, rts_mask).unwrap();
@@ -315,6 +322,11 @@ pub fn pair_of(mut a: Node, mut b: Node, qp_type: QpType, mtu: Mtu) -> Pair {
     let (aq, bq, aa, ba) = (a.qp, b.qp, a.addr, b.addr);
     connect(&mut a, bq, ba, qp_type, mtu, &|_| {});
     connect(&mut b, aq, aa, qp_type, mtu, &|_| {});
+    wire(a, b)
+}
+
+/// `a` and `b` wired back to back as they are: whatever connecting their QPs need is done.
+pub fn wire(a: Node, b: Node) -> Pair {
     Pair {
         a,
         b,
