@@ -1772,8 +1772,13 @@ fn fill_recv(slot: &mut RecvWqe, wr: &RecvWr<'_>) {
     slot.length = wr.sg_list.iter().map(|s| s.length).sum();
 }
 
+const XRC_TGT_SENDS_NOTHING: &str = "an XRC TGT (XRC_RECV) QP has no send queue";
+
 /// The checks `ibv_post_send` makes before queueing a WR (they fail with `EINVAL`).
 fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String> {
+    if qp.qp_type == QpType::XrcTgt {
+        return Err(XRC_TGT_SENDS_NOTHING.into());
+    }
     if wr.sg_list.len() > qp.cap.max_send_sge as usize {
         return Err(format!(
             "{} SGEs; the QP was created with max_send_sge = {}",
@@ -1851,7 +1856,7 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
                 return Err("ATOMIC_WRITE and FLUSH have no XRC opcode".into());
             }
         }
-        QpType::XrcTgt => return Err("an XRC TGT (XRC_RECV) QP has no send queue".into()),
+        QpType::XrcTgt => return Err(XRC_TGT_SENDS_NOTHING.into()),
         QpType::Rc => {}
     }
     Ok(())
