@@ -647,6 +647,21 @@ pub struct IbvQpInitAttrEx {
     pub send_ops_flags: u64,
 }
 
+impl IbvQpInitAttrEx {
+    /// Its `struct ibv_qp_init_attr` part (the fields the two structs share, in order).
+    pub fn plain(&self) -> IbvQpInitAttr {
+        IbvQpInitAttr {
+            qp_context: self.qp_context,
+            send_cq: self.send_cq,
+            recv_cq: self.recv_cq,
+            srq: self.srq,
+            cap: self.cap,
+            qp_type: self.qp_type,
+            sq_sig_all: self.sq_sig_all,
+        }
+    }
+}
+
 /// `struct ibv_data_buf` (`ibv_wr_set_inline_data_list`).
 #[repr(C)]
 #[derive(Clone, Copy)]

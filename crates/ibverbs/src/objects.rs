@@ -146,7 +146,7 @@ pub(crate) fn boxed<C, W>(w: W) -> *mut C {
     Box::into_raw(Box::new(w)) as *mut C
 }
 
-pub(crate) const NULL_MUTEX: Mutex_ = [0; 5];
+const NULL_MUTEX: Mutex_ = [0; 5];
 type Mutex_ = crate::abi::Mutex;
 
 /// `ibv_qp_state` values ↔ [`QpState`].
@@ -825,26 +825,32 @@ unsafe extern "C" fn create_srq(pd: *mut IbvPd, init: *mut IbvSrqInitAttr) -> *m
             return ptr::null_mut();
         };
         errno::or_null(p.inner.create_srq(init.attr.max_wr, init.attr.max_sge), |inner| {
-            let srq = IbvSrq {
-                context: p.pd.context,
-                srq_context: init.srq_context,
-                pd,
-                handle: 0,
-                mutex: NULL_MUTEX,
-                cond: [0; 6],
-                events_completed: 0,
-            };
-            let id = inner.id().0;
-            let out: *mut IbvSrq = boxed(SrqC { srq, inner });
-            // SAFETY: the PD's context is ours.
-            if let Some(c) = unsafe { ctx_of(p.pd.context) } {
-                elements(&c.srqs).insert(id, out as usize);
-            }
-            out
+            srq_c(p, pd, init.srq_context, inner)
         })
     })
 }
 export!("ibv_create_srq", "IBVERBS_1.1", create_srq);
+
+/// Hands out SRQ `inner`, made in PD `p` (whose C address is `pd`), as an `ibv_srq`, known
+/// to its context for the asynchronous events that name it.
+pub(crate) fn srq_c(p: &PdC, pd: *mut IbvPd, srq_context: *mut c_void, inner: softrdma::Srq) -> *mut IbvSrq {
+    let srq = IbvSrq {
+        context: p.pd.context,
+        srq_context,
+        pd,
+        handle: inner.number(),
+        mutex: NULL_MUTEX,
+        cond: [0; 6],
+        events_completed: 0,
+    };
+    let id = inner.id().0;
+    let out: *mut IbvSrq = boxed(SrqC { srq, inner });
+    // SAFETY: the PD's context is ours.
+    if let Some(c) = unsafe { ctx_of(p.pd.context) } {
+        elements(&c.srqs).insert(id, out as usize);
+    }
+    out
+}
 
 unsafe extern "C" fn modify_srq(srq: *mut IbvSrq, attr: *mut IbvSrqAttr, mask: c_int) -> c_int {
     guard(libc::EIO, || {
@@ -889,7 +895,8 @@ pub(crate) unsafe extern "C" fn destroy_srq(srq: *mut IbvSrq) -> c_int {
 }
 export!("ibv_destroy_srq", "IBVERBS_1.1", destroy_srq);
 
-fn qp_type(raw: u32) -> Option<QpType> {
+/// An `ibv_qp_type` as softrdma's; `None` for one it lacks.
+pub(crate) fn qp_type(raw: u32) -> Option<QpType> {
     match raw {
         2 => Some(QpType::Rc),
         3 => Some(QpType::Uc),
@@ -900,7 +907,8 @@ fn qp_type(raw: u32) -> Option<QpType> {
     }
 }
 
-fn qp_type_raw(t: QpType) -> u32 {
+/// The `ibv_qp_type` of softrdma's `t`.
+pub(crate) fn qp_type_raw(t: QpType) -> u32 {
     match t {
         QpType::Rc => 2,
         QpType::Uc => 3,
@@ -1025,7 +1033,7 @@ fn qps(c: &Ctx) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usiz
 }
 
 /// One of a context's maps from softrdma's handles to the C objects.
-pub(crate) fn elements(
+fn elements(
     m: &Mutex<std::collections::HashMap<u32, usize>>,
 ) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, usize>> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -94,29 +94,6 @@ fn qp_type_of(ps: u32) -> (QpType, u32) {
     }
 }
 
-/// An `ibv_qp_type` as softrdma's (`rdma_create_ep`'s `ai_qp_type`); `None` for one it lacks.
-fn qp_type_from(raw: u32) -> Option<QpType> {
-    match raw {
-        2 => Some(QpType::Rc),
-        3 => Some(QpType::Uc),
-        4 => Some(QpType::Ud),
-        9 => Some(QpType::XrcIni),
-        10 => Some(QpType::XrcTgt),
-        _ => None,
-    }
-}
-
-/// The `ibv_qp_type` of softrdma's `t`.
-fn qp_type_raw(t: QpType) -> u32 {
-    match t {
-        QpType::Rc => 2,
-        QpType::Uc => 3,
-        QpType::Ud | QpType::Gsi => 4,
-        QpType::XrcIni => 9,
-        QpType::XrcTgt => 10,
-    }
-}
-
 /// A C socket address as Rust's.
 ///
 /// # Safety
@@ -241,7 +218,7 @@ fn new_id(inner: CmId, channel: *mut ChannelC, own: bool, context: *mut c_void, 
         recv_cq: ptr::null_mut(),
         srq: ptr::null_mut(),
         pd: ptr::null_mut(),
-        qp_type: qp_type_raw(inner.qp_type()),
+        qp_type: objects::qp_type_raw(inner.qp_type()),
     };
     let key = inner.clone();
     let p = Box::into_raw(Box::new(IdC {
@@ -974,15 +951,7 @@ unsafe extern "C" fn create_qp_ex(id: *mut RdmaCmId, attr: *mut IbvQpInitAttrEx)
         if a.comp_mask & !(1 | 2) != 0 {
             return fail_with(libc::EOPNOTSUPP);
         }
-        let mut init = IbvQpInitAttr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-        };
+        let mut init = a.plain();
         let pd = if a.comp_mask & 1 != 0 { a.pd } else { ptr::null_mut() };
         let rc = create_qp_for(i, pd, &mut init);
         a.cap = init.cap;
@@ -1186,7 +1155,8 @@ unsafe extern "C" fn create_ep(
         }
         let mut idp: *mut RdmaCmId = ptr::null_mut();
         let ps = r.ai_port_space as u32;
-        let Some(qp_type) = qp_type_from(r.ai_qp_type as u32).or(Some(qp_type_of(ps).0).filter(|_| r.ai_qp_type == 0))
+        let Some(qp_type) =
+            objects::qp_type(r.ai_qp_type as u32).or(Some(qp_type_of(ps).0).filter(|_| r.ai_qp_type == 0))
         else {
             return fail_with(libc::EINVAL);
         };

@@ -163,15 +163,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(ctx: *mut IbvContext, attr: *mut Ib
             errno::set(libc::EOPNOTSUPP);
             return ptr::null_mut();
         }
-        let mut init = IbvQpInitAttr {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-        };
+        let mut init = a.plain();
         // SAFETY: pd is the caller's PD (ours); init is a local.
         let qp = unsafe { crate::objects::create_qp(a.pd, &mut init) };
         a.cap = init.cap;

@@ -16,7 +16,7 @@ use crate::abi::*;
 use crate::device::ctx_of;
 use crate::errno;
 use crate::guard;
-use crate::objects::{CqC, NULL_MUTEX, PdC, SrqC, boxed, elements, free, obj, wrap_qp_of};
+use crate::objects::{CqC, PdC, SrqC, boxed, free, obj, srq_c, wrap_qp_of};
 
 /// `IBV_XRCD_INIT_ATTR_FD`, `IBV_XRCD_INIT_ATTR_OFLAGS`.
 const XRCD_ATTR_FD: u32 = 1 << 0;
@@ -180,24 +180,7 @@ pub(crate) unsafe extern "C" fn create_srq_ex(ctx: *mut IbvContext, attr: *mut I
             }
             _ => p.inner.create_srq(a.attr.max_wr, a.attr.max_sge),
         };
-        errno::or_null(created, |inner| {
-            let srq = IbvSrq {
-                context: p.pd.context,
-                srq_context: a.srq_context,
-                pd: a.pd,
-                handle: inner.number(),
-                mutex: NULL_MUTEX,
-                cond: [0; 6],
-                events_completed: 0,
-            };
-            let id = inner.id().0;
-            let out: *mut IbvSrq = boxed(SrqC { srq, inner });
-            // SAFETY: the PD's context is ours.
-            if let Some(c) = unsafe { ctx_of(p.pd.context) } {
-                elements(&c.srqs).insert(id, out as usize);
-            }
-            out
-        })
+        errno::or_null(created, |inner| srq_c(p, a.pd, a.srq_context, inner))
     })
 }
 
