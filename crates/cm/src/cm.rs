@@ -117,20 +117,12 @@ impl Out {
     }
 
     fn event(&mut self, id: CmId, kind: CmEventKind, status: CmStatus) {
-        self.events.push_back(CmEvent {
-            id,
-            kind,
-            status,
-            private_data: Vec::new(),
-            param: None,
-            listen_id: None,
-            ud: None,
-        });
+        self.event_with(CmEvent { id, kind, status, private_data: Vec::new(), param: None, listen_id: None, ud: None });
     }
 
     /// `ESTABLISHED`, with the peer's parameters from its REQ or REP.
     fn established(&mut self, id: CmId, peer: Option<ConnParam>) {
-        self.events.push_back(CmEvent {
+        self.event_with(CmEvent {
             id,
             kind: CmEventKind::Established,
             status: CmStatus::Ok,
@@ -142,6 +134,11 @@ impl Out {
     }
 
     fn event_with(&mut self, event: CmEvent) {
+        if event.status == CmStatus::Ok {
+            tracing::debug!(target: "softrdma::cm", "{}: {:?}", event.id, event.kind);
+        } else {
+            tracing::info!(target: "softrdma::cm", "{}: {:?}, {:?}", event.id, event.kind, event.status);
+        }
         self.events.push_back(event);
     }
 }

@@ -137,6 +137,18 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
 /// the send queue flushes. An RC (or XRC) QP goes to ERR, receives flushed too; a UC or UD QP
 /// goes to SQE (IBA 10.3.1.5), where its receive side carries on and SQE→RTS resumes sending.
 pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
+    let wr_id = (!qp.sq.is_empty()).then(|| qp.sq.get(qp.sq.head()).wr_id);
+    tracing::warn!(
+        target: "softrdma::qp",
+        qpn = qp.qpn.value(),
+        wr_id,
+        peer = ?qp.peer_ip(),
+        dest_qpn = qp.attr.dest_qp_num,
+        "QP {} {} → {}: send work request failed with {status:?}",
+        qp.qpn,
+        qp.state,
+        if qp.qp_type.is_reliable() { "ERR" } else { "SQE" },
+    );
     if qp.qp_type.is_reliable() {
         enter_error(qp, sh, Some(status));
     } else {
@@ -315,6 +327,15 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
             if qp.comp.rnr_retry_left != 7 {
                 qp.comp.rnr_retry_left -= 1; // 7 means retry forever (IBA 9.7.5.2.8)
             }
+            tracing::debug!(
+                target: "softrdma::qp",
+                qpn = qp.qpn.value(),
+                psn = psn.value(),
+                wait_us = timer.delay_us(),
+                rnr_retries_left = qp.comp.rnr_retry_left,
+                "QP {}: RNR NAK (the peer had no receive posted): waiting",
+                qp.qpn,
+            );
             qp.comp.rnr_wait_until = Some(now + Duration::from_micros(u64::from(timer.delay_us())));
             qp.comp.retransmit_at = None;
             retry_from(qp, sh, psn);
@@ -492,6 +513,15 @@ pub(crate) fn handle_retransmit_timeout(qp: &mut Qp, sh: &mut Shared, now: Insta
         return;
     }
     sh.counters.ack_timeouts += 1;
+    tracing::debug!(
+        target: "softrdma::qp",
+        qpn = qp.qpn.value(),
+        psn = qp.comp.psn.value(),
+        retries_left = qp.comp.retry_left,
+        peer = ?qp.peer_ip(),
+        "QP {}: ACK timeout",
+        qp.qpn,
+    );
     if qp.comp.retry_left == 0 {
         fail(qp, sh, WcStatus::RetryExcErr);
         return;

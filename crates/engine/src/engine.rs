@@ -1525,6 +1525,9 @@ impl Engine {
         }
 
         let previous = qp.state;
+        if next != previous {
+            tracing::debug!(target: "softrdma::qp", qpn = qpn.value(), "QP {qpn} {previous} → {next} (modify_qp)");
+        }
         if next == QpState::Err && previous != QpState::Err {
             // Before the state changes, so that enter_error sees a QP newly failing.
             crate::completer::enter_error(qp, &mut self.shared, None);

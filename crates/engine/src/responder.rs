@@ -353,6 +353,16 @@ fn queue_ack(qp: &mut Qp, psn: Psn, syndrome: Syndrome) {
 
 /// A fatal responder error: NAK it, and the QP goes to the error state (IBA 9.9.2).
 fn nak_fatal(qp: &mut Qp, sh: &mut Shared, psn: Psn, code: NakCode) {
+    tracing::warn!(
+        target: "softrdma::qp",
+        qpn = qp.qpn.value(),
+        psn = psn.value(),
+        peer = ?qp.peer_ip(),
+        "QP {} {} → ERR: the peer's request at PSN {} refused, NAK {code:?}",
+        qp.qpn,
+        qp.state,
+        psn.value(),
+    );
     sh.counters.naks_sent += 1;
     count_refusal(sh, code);
     let event = match code {

@@ -53,6 +53,7 @@ mod cm;
 mod device;
 mod driver;
 mod error;
+pub mod log;
 #[allow(unsafe_code)]
 mod memory;
 pub mod rsocket;

@@ -60,6 +60,7 @@ impl Device {
 
     /// Opens the device with `options`.
     pub fn open_with(&self, options: &ContextOptions) -> Result<Context> {
+        crate::log::init();
         let drv = Arc::new(Driver::start(self.clone(), options)?);
         Ok(Context { drv })
     }
@@ -306,7 +307,12 @@ impl Pd {
 
     /// Registers the `len` bytes at `addr`, named from `iova`, in this PD.
     fn register(&self, addr: u64, len: u64, iova: u64, access: Access) -> Result<MrKeys> {
-        Ok(self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr_iova(self.inner.id, addr, len, iova, access)?)
+        let keys =
+            self.inner.ctx.drv.shared.lock().nic.engine_mut().reg_mr_iova(self.inner.id, addr, len, iova, access);
+        if let Err(e) = &keys {
+            tracing::info!(target: "softrdma::mr", "registration of {len} bytes at {addr:#x} ({access:?}) refused: {e}");
+        }
+        Ok(keys?)
     }
 
     /// `ibv_create_srq`.

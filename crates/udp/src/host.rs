@@ -238,6 +238,7 @@ impl Member {
         let mut state = member.shared.state();
         loop {
             if let Some((kind, msg)) = &state.error {
+                tracing::warn!(target: "softrdma::host", "joining {}: {msg}", member.shared.port_name());
                 return Err(io::Error::new(*kind, msg.clone()));
             }
             if state.steered {
@@ -262,6 +263,15 @@ impl Member {
             state = member.shared.cond.wait_timeout(state, left).unwrap_or_else(|e| e.into_inner()).0;
         }
         drop(state);
+        let coordinator = member.shared.coordinator_pid.load(Ordering::Relaxed);
+        tracing::info!(
+            target: "softrdma::host",
+            slot = member.slot(),
+            "joined {} as slot {}; coordinator {}",
+            member.shared.port_name(),
+            member.slot(),
+            process(coordinator),
+        );
         Ok(member)
     }
 
@@ -343,6 +353,7 @@ impl Member {
 
 impl Drop for Member {
     fn drop(&mut self) {
+        tracing::debug!(target: "softrdma::host", "slot {} leaves {}", self.slot(), self.shared.port_name());
         self.shared.state().stop = true;
         self.shared.wake();
         if let Some(t) = self.thread.take() {
