@@ -1196,7 +1196,7 @@ impl State {
     /// [`ingress`](Self::ingress) of the datagrams that came in by interface `interface`
     /// (`None`: all).
     fn ingress_from(&mut self, shared: &Shared, now: Instant, interface: Option<u32>) {
-        let State { nic, rx, capture, .. } = self;
+        let State { nic, rx, capture, same_host, .. } = self;
         for d in rx.iter() {
             if interface.is_some_and(|i| d.ifindex != 0 && d.ifindex != i) {
                 continue;
@@ -1204,6 +1204,12 @@ impl State {
             if Member::is_probe(d.payload) {
                 shared.port.member.answer_probe(d.payload);
                 continue;
+            }
+            // A CM MAD comes by the socket, the same peer's QP packets through the inbox: what
+            // it put in the inbox before it sent the MAD is there now, and goes first (an ACK
+            // before the DREQ that follows it, or the DREQ would flush the send it acknowledges).
+            if let Some(local) = same_host.as_mut().filter(|_| is_gsi(d.payload)) {
+                while local.receive(RX_BATCH, |e, ip, datagram| deliver(nic, capture, now, e, ip, datagram)) > 0 {}
             }
             // The IPv4 identification is not shown by the socket: the first guess is 0
             // (what softrdma sends), or for a GSO train from this host (a loopback
@@ -1401,6 +1407,11 @@ impl State {
         }
         let _ = self.nic.destroy_id(now, id);
     }
+}
+
+/// Whether `datagram` is for QP1, the CM's (its BTH's destination QP).
+fn is_gsi(datagram: &[u8]) -> bool {
+    softrdma_wire::BthPacket::new_checked(datagram).is_ok_and(|b| b.dest_qp().value() == 1)
 }
 
 /// The counters of a device: the NIC's and the sockets'.
