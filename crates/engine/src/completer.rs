@@ -137,11 +137,10 @@ pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>
 /// the send queue flushes. An RC (or XRC) QP goes to ERR, receives flushed too; a UC or UD QP
 /// goes to SQE (IBA 10.3.1.5), where its receive side carries on and SQE→RTS resumes sending.
 pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
-    let wr_id = (!qp.sq.is_empty()).then(|| qp.sq.get(qp.sq.head()).wr_id);
     tracing::warn!(
         target: "softrdma::qp",
         qpn = qp.qpn.value(),
-        wr_id,
+        wr_id = (!qp.sq.is_empty()).then(|| qp.sq.get(qp.sq.head()).wr_id),
         peer = ?qp.peer_ip(),
         dest_qpn = qp.attr.dest_qp_num,
         "QP {} {} → {}: send work request failed with {status:?}",

@@ -1105,12 +1105,7 @@ impl Engine {
         if !self.shared.xrcds.contains(xrcd.0 as usize) {
             return Err(VerbsError::NotFound { kind: "XRC domain", id: xrcd.0 });
         }
-        if self.qps.len() as u32 >= self.shared.config.max_qp {
-            return Err(VerbsError::NoResources(format!(
-                "the device's max_qp ({}) QPs exist",
-                self.shared.config.max_qp
-            )));
-        }
+        self.room_for_a_qp()?;
         // Until a request names an SRQ, its PD and CQs are none that exist: nothing can
         // reach memory or complete through it.
         let init = QpInitAttr {
@@ -1200,9 +1195,7 @@ impl Engine {
                 cap.max_inline_data, c.max_inline_data
             )));
         }
-        if self.qps.len() as u32 >= c.max_qp {
-            return Err(VerbsError::NoResources(format!("the device's max_qp ({}) QPs exist", c.max_qp)));
-        }
+        self.room_for_a_qp()?;
         if init.qp_type == QpType::Gsi {
             return Err(invalid("the GSI QP (QP1) belongs to the connection manager"));
         }
@@ -1245,6 +1238,15 @@ impl Engine {
         }
         self.qps.insert(qpn.value(), qp);
         Ok(qpn)
+    }
+
+    /// ENOMEM ([`VerbsError::NoResources`]) when the device's `max_qp` QPs exist.
+    fn room_for_a_qp(&self) -> Result<(), VerbsError> {
+        let max = self.shared.config.max_qp;
+        if self.qps.len() as u32 >= max {
+            return Err(VerbsError::NoResources(format!("the device's max_qp ({max}) QPs exist")));
+        }
+        Ok(())
     }
 
     fn allocate_qpn(&mut self) -> Qpn {
@@ -1815,7 +1817,7 @@ fn validate_send(qp: &Qp, wr: &SendWr<'_>, shared: &Shared) -> Result<(), String
         if !wr.sg_list.is_empty() {
             return Err("FLUSH takes no SGEs (num_sge must be 0)".into());
         }
-        if placement == 0 || placement & !(SendOp::FLUSH_GLOBAL | SendOp::FLUSH_PERSISTENT) != 0 {
+        if !SendOp::flush_placement_is_defined(placement) {
             return Err(format!("FLUSH type {placement:#x}: IBV_FLUSH_GLOBAL (1), IBV_FLUSH_PERSISTENT (2) or both"));
         }
         if level > SendOp::FLUSH_MR {

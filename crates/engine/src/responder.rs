@@ -642,8 +642,7 @@ fn execute<M: Memory + ?Sized>(
             let placement = feth.placement_type;
             let level = feth.selectivity;
             if qp.attr.max_dest_rd_atomic == 0
-                || placement == 0
-                || placement & !(SendOp::FLUSH_GLOBAL | SendOp::FLUSH_PERSISTENT) != 0
+                || !SendOp::flush_placement_is_defined(placement)
                 || level > SendOp::FLUSH_MR
             {
                 return Err(Refusal::Fatal(NakCode::InvalidRequest));

@@ -348,6 +348,12 @@ impl SendOp {
     /// `IBV_FLUSH_MR`: a FLUSH of the whole region.
     pub const FLUSH_MR: u8 = 1;
 
+    /// Whether a FLUSH's placement type is one IBA defines: global visibility, persistence
+    /// or both.
+    pub const fn flush_placement_is_defined(placement: u8) -> bool {
+        placement != 0 && placement & !(Self::FLUSH_GLOBAL | Self::FLUSH_PERSISTENT) == 0
+    }
+
     /// READ or atomic (ATOMIC_WRITE and FLUSH too): needs responder resources and a response.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(

@@ -12,36 +12,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "../tests/c/common.h"
+
 #define DEPTH 64
 #define LEN (1 << 20)
-
-static int to_rts(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-                            .qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_4096;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = *gid;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                                     IBV_QP_MAX_QP_RD_ATOMIC);
-}
 
 static double now_s(void) {
     struct timespec t;
@@ -90,7 +64,9 @@ int main(int argc, char **argv) {
     struct ibv_qp *qa = ibv_create_qp(pa, &init);
     init.send_cq = init.recv_cq = qb_cq;
     struct ibv_qp *qb = ibv_create_qp(pb, &init);
-    if (!qa || !qb || to_rts(qa, qb->qp_num, &gid) || to_rts(qb, qa->qp_num, &gid)) {
+    unsigned int access = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_LOCAL_WRITE;
+    if (!qa || !qb || connect_qp_as(qa, qb->qp_num, &gid, IBV_MTU_4096, access, IBV_QPT_RC) ||
+        connect_qp_as(qb, qa->qp_num, &gid, IBV_MTU_4096, access, IBV_QPT_RC)) {
         fprintf(stderr, "setup failed\n");
         return 1;
     }

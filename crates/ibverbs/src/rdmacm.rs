@@ -707,6 +707,30 @@ fn id_cq(i: &mut IdC, depth: u32) -> Option<(*mut IbvCompChannel, *mut IbvCq)> {
     Some((ch, cq))
 }
 
+/// The ID's PD (`id->pd`), allocated (and owned by the ID) if it has none yet.
+fn id_pd(i: &mut IdC) -> Option<*mut IbvPd> {
+    if i.id.pd.is_null() {
+        // SAFETY: verbs is our context.
+        let p = unsafe { objects::alloc_pd(i.id.verbs) };
+        if p.is_null() {
+            return None;
+        }
+        (i.id.pd, i.owns_pd) = (p, true);
+    }
+    Some(i.id.pd)
+}
+
+/// The ID's receive CQ (`id->recv_cq`), made (with its channel, owned by the ID) for
+/// `depth` completions if it has none yet: a QP's and an XRC SRQ's share it, as librdmacm's
+/// `ucma_create_cqs` has them.
+fn id_recv_cq(i: &mut IdC, depth: u32) -> Option<*mut IbvCq> {
+    if i.id.recv_cq.is_null() {
+        let (ch, cq) = id_cq(i, depth)?;
+        (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
+    }
+    Some(i.id.recv_cq)
+}
+
 fn create_qp_for(i: &mut IdC, pd: *mut IbvPd, attr: &mut IbvQpInitAttr) -> c_int {
     if i.id.verbs.is_null() {
         return fail_with(libc::EINVAL);
@@ -714,23 +738,12 @@ fn create_qp_for(i: &mut IdC, pd: *mut IbvPd, attr: &mut IbvQpInitAttr) -> c_int
     let pd = if !pd.is_null() {
         pd
     } else {
-        if i.id.pd.is_null() {
-            // SAFETY: verbs is our context.
-            let p = unsafe { objects::alloc_pd(i.id.verbs) };
-            if p.is_null() {
-                return -1;
-            }
-            i.id.pd = p;
-            i.owns_pd = true;
-        }
-        i.id.pd
+        let Some(p) = id_pd(i) else { return -1 };
+        p
     };
     if attr.recv_cq.is_null() {
-        if i.id.recv_cq.is_null() {
-            let Some((ch, cq)) = id_cq(i, attr.cap.max_recv_wr) else { return -1 };
-            (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
-        }
-        attr.recv_cq = i.id.recv_cq;
+        let Some(cq) = id_recv_cq(i, attr.cap.max_recv_wr) else { return -1 };
+        attr.recv_cq = cq;
     }
     if attr.qp_type == 0 {
         attr.qp_type = i.id.qp_type;
@@ -856,15 +869,8 @@ unsafe extern "C" fn create_srq_ex(id: *mut RdmaCmId, attr: *mut IbvSrqInitAttrE
             return fail_with(libc::EINVAL);
         }
         if a.comp_mask & PD == 0 || a.pd.is_null() {
-            if i.id.pd.is_null() {
-                // SAFETY: verbs is our context.
-                let p = unsafe { objects::alloc_pd(i.id.verbs) };
-                if p.is_null() {
-                    return -1;
-                }
-                (i.id.pd, i.owns_pd) = (p, true);
-            }
-            a.pd = i.id.pd;
+            let Some(p) = id_pd(i) else { return -1 };
+            a.pd = p;
             a.comp_mask |= PD;
         }
         if a.srq_type == 1 {
@@ -873,11 +879,8 @@ unsafe extern "C" fn create_srq_ex(id: *mut RdmaCmId, attr: *mut IbvSrqInitAttrE
                 a.xrcd = (x as *const crate::xrc::XrcdC).cast_mut().cast();
             }
             if a.comp_mask & CQ == 0 || a.cq.is_null() {
-                if i.id.recv_cq.is_null() {
-                    let Some((ch, cq)) = id_cq(i, a.attr.max_wr) else { return -1 };
-                    (i.id.recv_cq_channel, i.id.recv_cq, i.owns_recv_cq) = (ch, cq, true);
-                }
-                a.cq = i.id.recv_cq;
+                let Some(cq) = id_recv_cq(i, a.attr.max_wr) else { return -1 };
+                a.cq = cq;
             }
             a.comp_mask |= XRCD | CQ;
         }

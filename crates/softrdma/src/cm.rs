@@ -629,10 +629,7 @@ impl CmId {
     /// `rdma_create_qp` with new send and receive CQs of `cap`'s depths: the QP moves to
     /// INIT with the attributes the connection dictates.
     pub fn create_qp(&self, pd: &Pd, cap: softrdma_engine::QpCap) -> Result<Qp> {
-        let b = self.binding("create_qp (resolve or accept first)")?;
-        if !Arc::ptr_eq(&pd.context().drv, &b.ctx.drv) {
-            return Err(Error::WrongContext("the PD (use the ID's context())"));
-        }
+        let b = self.binding_for_qp(pd.context(), "the PD (use the ID's context())", self.inner.qp_type)?;
         let send_cq = b.ctx.create_cq(cap.max_send_wr.max(1), None)?;
         let recv_cq = b.ctx.create_cq(cap.max_recv_wr.max(1), None)?;
         self.create_qp_with(
@@ -653,43 +650,43 @@ impl CmId {
     /// be the ID's; the QP moves to INIT with the attributes the connection dictates (a UD
     /// QP on to RTS, as librdmacm's).
     pub fn create_qp_with(&self, pd: &Pd, init: &QpInit<'_>) -> Result<Qp> {
-        let b = self.binding("create_qp (resolve or accept first)")?;
-        if !Arc::ptr_eq(&pd.context().drv, &b.ctx.drv) {
-            return Err(Error::WrongContext("the PD (use the ID's context())"));
-        }
-        if init.qp_type != self.inner.qp_type {
-            return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
-                "qp_type {:?}: this ID was created for {:?} QPs",
-                init.qp_type, self.inner.qp_type
-            ))));
-        }
+        let b = self.binding_for_qp(pd.context(), "the PD (use the ID's context())", init.qp_type)?;
         let qp = pd.create_qp(init)?;
-        {
-            let sh = &b.ctx.drv.shared;
-            let mut st = sh.lock();
-            // INIT; a UD QP on to RTS at once, as librdmacm's (ucma_init_ud_qp): it has no
-            // connection to wait for, and programs post to it as soon as they have an AH.
-            st.nic.attach_qp(b.id, Qpn::from_u24_truncating(qp.qpn()))?;
-        }
         let parts = Some((pd.clone(), init.send_cq.clone(), init.recv_cq.clone()));
-        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) = Some(IdQp { qp: qp.clone(), parts });
-        Ok(qp)
+        self.attach_qp(&b, IdQp { qp, parts })
     }
 
     /// `rdma_create_qp` for an ID of an XRC TGT QP (`IBV_QPT_XRC_RECV`): a TGT QP of domain
     /// `xrcd`, attached to the ID. Its messages go to the XRC SRQs of the domain the peer's
     /// XRC INI QP names (told it in the accept's private data, as `rdma_xserver` does).
     pub fn create_xrc_tgt_qp(&self, xrcd: &crate::Xrcd) -> Result<Qp> {
-        let b = self.binding("create_qp (accept first)")?;
-        if self.inner.qp_type != QpType::XrcTgt {
+        let b = self.binding_for_qp(xrcd.context(), "the XRC domain (use the ID's context())", QpType::XrcTgt)?;
+        self.attach_qp(&b, IdQp { qp: xrcd.create_tgt_qp()?, parts: None })
+    }
+
+    /// The ID's binding, if a QP of `qp_type` made in `ctx` (where `made_in` is) may be
+    /// attached to it: the ID was created for that type, and `ctx` is the ID's context.
+    fn binding_for_qp(&self, ctx: &Context, made_in: &'static str, qp_type: QpType) -> Result<Binding> {
+        let b = self.binding("create_qp (resolve or accept first)")?;
+        if !Arc::ptr_eq(&ctx.drv, &b.ctx.drv) {
+            return Err(Error::WrongContext(made_in));
+        }
+        if qp_type != self.inner.qp_type {
             return Err(Error::Verbs(softrdma_engine::VerbsError::Invalid(format!(
-                "an XRC TGT QP: this ID was created for {:?} QPs",
+                "qp_type {qp_type:?}: this ID was created for {:?} QPs",
                 self.inner.qp_type
             ))));
         }
-        let qp = xrcd.create_tgt_qp()?;
-        b.ctx.drv.shared.lock().nic.attach_qp(b.id, Qpn::from_u24_truncating(qp.qpn()))?;
-        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) = Some(IdQp { qp: qp.clone(), parts: None });
+        Ok(b)
+    }
+
+    /// Attaches `q` to the ID: the NIC moves it to INIT (a UD QP on to RTS at once, as
+    /// librdmacm's `ucma_init_ud_qp`: it has no connection to wait for, and programs post to
+    /// it as soon as they have an AH) and through the connection's states after.
+    fn attach_qp(&self, b: &Binding, q: IdQp) -> Result<Qp> {
+        b.ctx.drv.shared.lock().nic.attach_qp(b.id, Qpn::from_u24_truncating(q.qp.qpn()))?;
+        let qp = q.qp.clone();
+        *self.inner.qp.lock().unwrap_or_else(PoisonError::into_inner) = Some(q);
         Ok(qp)
     }
 

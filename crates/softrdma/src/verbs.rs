@@ -457,6 +457,11 @@ impl Context {
 }
 
 impl Xrcd {
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.inner.ctx
+    }
+
     /// The device's handle of the domain.
     pub fn id(&self) -> XrcdId {
         self.inner.id

@@ -59,15 +59,20 @@ static inline int post_and_wait(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv
     }
 }
 
-static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
-                            .qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                               IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC};
+/* INIT → RTR → RTS of a QP of type `type` (RC, XRC_SEND or XRC_RECV) to QP `dest` at
+ * `gid`, with `access` and `mtu`, setting the bits the type's rows of the modify table
+ * require: the responder's (max_dest_rd_atomic, min_rnr_timer) at RTR for RC and XRC_RECV,
+ * the requester's (retries, max_rd_atomic) at RTS for RC and XRC_SEND, and XRC_RECV's
+ * timeout. Both sides start at PSN 0. */
+static inline int connect_qp_as(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, enum ibv_mtu mtu,
+                                unsigned int access, enum ibv_qp_type type) {
+    int responder = type != IBV_QPT_XRC_SEND, requester = type != IBV_QPT_XRC_RECV;
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qp_access_flags = access};
     if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
         return -1;
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
+    a.path_mtu = mtu;
     a.dest_qp_num = dest;
     a.rq_psn = 0;
     a.max_dest_rd_atomic = 4;
@@ -76,8 +81,10 @@ static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gi
     a.ah_attr.grh.dgid = *gid;
     a.ah_attr.grh.hop_limit = 64;
     a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                                  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+    if (responder)
+        rtr |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+    if (ibv_modify_qp(qp, &a, rtr))
         return -1;
     memset(&a, 0, sizeof a);
     a.qp_state = IBV_QPS_RTS;
@@ -86,8 +93,18 @@ static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gi
     a.rnr_retry = 7;
     a.sq_psn = 0;
     a.max_rd_atomic = 4;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-                                     IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+    int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
+    if (requester)
+        rts |= IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
+    return ibv_modify_qp(qp, &a, rts);
+}
+
+/* An RC QP to QP `dest` at `gid`: every remote right, MTU 1024. */
+static inline int connect_qp(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid) {
+    return connect_qp_as(qp, dest, gid, IBV_MTU_1024,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                             IBV_ACCESS_REMOTE_ATOMIC,
+                         IBV_QPT_RC);
 }
 
 /* The first device, opened, its GID 0 and a PD; 0, or nonzero having said what failed. */

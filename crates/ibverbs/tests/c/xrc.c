@@ -18,44 +18,6 @@
 static struct ibv_context *ctx;
 static union ibv_gid gid;
 
-static int modify(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask) {
-    return ibv_modify_qp(qp, a, mask);
-}
-
-/* INIT → RTR → RTS with the bits the XRC rows require: the TGT QP a responder (RC's RTR,
- * TIMEOUT and SQ_PSN for RTS), the INI QP a requester (UC's RTR, RC's RTS). */
-static int connect_xrc(struct ibv_qp *qp, uint32_t dest, int tgt) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
-                            .qp_access_flags = tgt ? IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ : 0};
-    if (modify(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_1024;
-    a.dest_qp_num = dest;
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 12;
-    a.ah_attr.is_global = 1;
-    a.ah_attr.grh.dgid = gid;
-    a.ah_attr.grh.hop_limit = 64;
-    a.ah_attr.port_num = 1;
-    int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-    if (tgt)
-        rtr |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-    if (modify(qp, &a, rtr))
-        return -1;
-    memset(&a, 0, sizeof a);
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 4;
-    int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
-    if (!tgt)
-        rts |= IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-    return modify(qp, &a, rts);
-}
-
 /* One completion of `cq` within 2 s into *wc: 1, or 0. */
 static int one(struct ibv_cq *cq, struct ibv_wc *wc) {
     for (int i = 0; i < 2000; i++) {
@@ -144,8 +106,12 @@ int main(void) {
                                      .send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE};
     struct ibv_qp *ini = ibv_create_qp_ex(ctx, &ia);
     CHECK(ini && !ini->recv_cq && ini->qp_type == IBV_QPT_XRC_SEND, "ibv_create_qp_ex (IBV_QPT_XRC_SEND)");
-    CHECK(connect_xrc(tgt, ini->qp_num, 1) == 0, "connecting the XRC_RECV QP");
-    CHECK(connect_xrc(ini, tgt->qp_num, 0) == 0, "connecting the XRC_SEND QP");
+    /* The XRC rows of the modify table: the TGT QP a responder, the INI QP a requester. */
+    CHECK(connect_qp_as(tgt, ini->qp_num, &gid, IBV_MTU_1024, IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
+                        IBV_QPT_XRC_RECV) == 0,
+          "connecting the XRC_RECV QP");
+    CHECK(connect_qp_as(ini, tgt->qp_num, &gid, IBV_MTU_1024, 0, IBV_QPT_XRC_SEND) == 0,
+          "connecting the XRC_SEND QP");
 
     char *mem = aligned_alloc(4096, 8192);
     memset(mem, 0, 8192);
