@@ -12,12 +12,12 @@ use std::time::Duration;
 use softrdma_pcap::{CaptureError, CaptureWriter};
 use softrdma_wire::Envelope;
 
-use crate::fault::{Datagram, FaultConfig, MAX_COPIES, Partition, Rule, Verdict};
+use crate::fault::{Chain, Datagram, FaultConfig, Partition, Plan, Rule};
 use crate::node::{MAX_UDP_PAYLOAD, Node};
 use crate::rng::SimRng;
 use crate::seed::{print_hint_if_panicking, reproduce_hint};
 use crate::time::Time;
-use crate::trace::{Corruption, Counters, DropReason, Fate, Tap, TraceEntry};
+use crate::trace::{Counters, DropReason, Fate, Tap, TraceEntry};
 
 /// A node's handle on the fabric: its index, in the order nodes were added.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
@@ -209,12 +209,6 @@ struct NodeSlot {
     backlogged: bool,
 }
 
-struct RuleSlot {
-    id: RuleId,
-    rule: Box<dyn Rule>,
-    rng: SimRng,
-}
-
 struct InFlight {
     to: NodeId,
     datagram: Datagram,
@@ -260,8 +254,7 @@ pub struct Fabric {
     next_seq: u64,
     next_datagram_id: u64,
     link_rng: SimRng,
-    rules: Vec<RuleSlot>,
-    next_rule_id: u64,
+    rules: Chain,
     counters: Counters,
     trace: VecDeque<TraceEntry>,
     captures: Vec<Capture>,
@@ -300,8 +293,7 @@ impl Fabric {
             next_seq: 0,
             next_datagram_id: 0,
             link_rng: SimRng::with_stream(seed, LINK_STREAM),
-            rules: Vec::new(),
-            next_rule_id: 0,
+            rules: Chain::new(seed, LINK_STREAM + 1),
             counters: Counters::default(),
             trace: VecDeque::new(),
             captures: Vec::new(),
@@ -433,11 +425,7 @@ impl Fabric {
 
     /// Appends a boxed fault rule to the chain.
     pub fn add_boxed_rule(&mut self, rule: Box<dyn Rule>) -> RuleId {
-        let n = self.next_rule_id;
-        self.next_rule_id += 1;
-        let id = RuleId(n);
-        self.rules.push(RuleSlot { id, rule, rng: SimRng::with_stream(self.seed, n + 1) });
-        id
+        RuleId(self.rules.push(rule))
     }
 
     /// Appends the rules of `faults` ([`FaultConfig::rules`]).
@@ -448,9 +436,7 @@ impl Fabric {
     /// Removes a rule; returns whether it was there. Datagrams already in flight are not
     /// affected.
     pub fn remove_rule(&mut self, id: RuleId) -> bool {
-        let before = self.rules.len();
-        self.rules.retain(|slot| slot.id != id);
-        self.rules.len() != before
+        self.rules.remove(id.0)
     }
 
     /// Removes every rule: from now on the network is perfect (what is in flight still
@@ -704,9 +690,7 @@ impl Fabric {
                     }
                     Ok((arrivals, ce)) => {
                         datagram.ce = ce;
-                        for c in &plan.corruptions {
-                            datagram.payload[c.index] ^= c.xor;
-                        }
+                        plan.corrupt(&mut datagram.payload);
                         self.counters.corrupted += u64::from(!plan.corruptions.is_empty());
                         self.counters.delayed += u64::from(plan.delay > Duration::ZERO);
                         self.counters.duplicated += plan.copies as u64 - 1;
@@ -740,7 +724,7 @@ impl Fabric {
         self.write_captures(Tap::Sent, datagram);
         let departed = self.serialize(datagram);
         let to = self.routes.get(&datagram.dst()).copied().ok_or(DropReason::NoRoute)?;
-        let plan = self.judge(datagram)?;
+        let plan = self.rules.judge(datagram).map_err(DropReason::Rule)?;
         if self.in_flight.len() + plan.copies > self.config.max_in_flight {
             return Err(DropReason::QueueFull);
         }
@@ -807,25 +791,6 @@ impl Fabric {
         slot.link_free_at
     }
 
-    /// Asks every rule, in order.
-    fn judge(&mut self, datagram: &Datagram) -> Result<Plan, DropReason> {
-        let mut plan = Plan { copies: 1, delay: Duration::ZERO, corruptions: Vec::new() };
-        for slot in &mut self.rules {
-            match slot.rule.verdict(datagram, &mut slot.rng) {
-                Verdict::Deliver => {}
-                Verdict::Drop => return Err(DropReason::Rule(slot.rule.name())),
-                Verdict::Duplicate => plan.copies = (plan.copies + 1).min(MAX_COPIES),
-                Verdict::Delay(d) => plan.delay = plan.delay.saturating_add(d),
-                Verdict::Corrupt { index, xor } => {
-                    if index < datagram.payload.len() && xor != 0 {
-                        plan.corruptions.push(Corruption { index, xor });
-                    }
-                }
-            }
-        }
-        Ok(plan)
-    }
-
     fn write_captures(&mut self, tap: Tap, datagram: &Datagram) {
         for capture in self.captures.iter_mut().filter(|c| c.tap == tap) {
             let Some(writer) = &mut capture.writer else { continue };
@@ -845,13 +810,6 @@ impl Fabric {
             "datagrams sent + extra copies = dropped + delivered + in flight"
         );
     }
-}
-
-/// What the rules decided for a datagram that is not dropped.
-struct Plan {
-    copies: usize,
-    delay: Duration,
-    corruptions: Vec<Corruption>,
 }
 
 impl Drop for Fabric {

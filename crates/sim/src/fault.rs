@@ -17,14 +17,16 @@
 //! fabric's seed ([`SimRng`]), so a run is a function of the seed and the rules alone.
 
 use std::collections::BTreeSet;
+use std::fmt;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use softrdma_wire::{BthPacket, Envelope, Opcode, Psn, Qpn, RocePacket};
+use softrdma_wire::{BthPacket, Envelope, Opcode, Operation, Psn, Qpn, RocePacket};
 
 use crate::fabric::NodeId;
 use crate::rng::SimRng;
 use crate::time::Time;
+use crate::trace::Corruption;
 
 /// Most copies of one datagram the fabric delivers, however many rules say
 /// [`Verdict::Duplicate`].
@@ -47,6 +49,16 @@ impl Datagram {
     /// a rule on its own.
     pub fn new(envelope: Envelope, payload: Vec<u8>) -> Self {
         Self { id: 0, sent_at: Time::ZERO, src_node: None, envelope, payload, ce: false }
+    }
+
+    /// Makes this datagram another one, sent at `sent_at`, reusing its buffer (a runtime
+    /// that judges every datagram it receives allocates nothing per datagram).
+    pub fn refill(&mut self, envelope: Envelope, payload: &[u8], sent_at: Time) {
+        self.envelope = envelope;
+        self.payload.clear();
+        self.payload.extend_from_slice(payload);
+        self.sent_at = sent_at;
+        self.ce = false;
     }
 
     /// Its number: datagrams are numbered from 0 in the order they entered the network.
@@ -168,21 +180,102 @@ pub trait RuleExt: Rule + Sized {
 
 impl<R: Rule> RuleExt for R {}
 
-/// Which datagrams a rule applies to, by source and destination address.
+/// The kind of operation a datagram belongs to, for rules that target one ("lose READ
+/// responses", "delay the ACKs").
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum OpClass {
+    /// SEND, with immediate or invalidate, on any transport.
+    Send,
+    /// RDMA WRITE, with or without immediate.
+    Write,
+    /// RDMA READ requests and their responses.
+    Read,
+    /// Atomics (compare-and-swap, fetch-and-add, ATOMIC_WRITE) and their acknowledgements.
+    Atomic,
+    /// ACKs and NAKs.
+    Ack,
+    /// FLUSH.
+    Flush,
+    /// Congestion notification packets.
+    Cnp,
+    /// Connection-manager MADs (destination QP 1).
+    Cm,
+}
+
+impl OpClass {
+    /// Every class, in the order of their names in [`OpClass::NAMES`].
+    pub const ALL: [OpClass; 8] = [
+        OpClass::Send,
+        OpClass::Write,
+        OpClass::Read,
+        OpClass::Atomic,
+        OpClass::Ack,
+        OpClass::Flush,
+        OpClass::Cnp,
+        OpClass::Cm,
+    ];
+    /// The name of each class of [`OpClass::ALL`], as fault specifications write it.
+    pub const NAMES: [&'static str; 8] = ["send", "write", "read", "atomic", "ack", "flush", "cnp", "cm"];
+
+    /// Its name (`"read"`).
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// The class of the packet a datagram carries: `None` for one too short for a BTH or of
+    /// an opcode softrdma does not know.
+    pub fn of(datagram: &Datagram) -> Option<OpClass> {
+        let bth = datagram.bth()?;
+        if bth.dest_qp() == Qpn::GSI {
+            return Some(OpClass::Cm);
+        }
+        Some(match bth.opcode().info()?.operation {
+            Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate => OpClass::Send,
+            Operation::RdmaWrite | Operation::RdmaWriteWithImm => OpClass::Write,
+            Operation::RdmaReadRequest | Operation::RdmaReadResponse => OpClass::Read,
+            Operation::CompareSwap | Operation::FetchAdd | Operation::AtomicAcknowledge | Operation::AtomicWrite => {
+                OpClass::Atomic
+            }
+            Operation::Acknowledge => OpClass::Ack,
+            Operation::Flush => OpClass::Flush,
+            Operation::Cnp => OpClass::Cnp,
+        })
+    }
+}
+
+impl std::str::FromStr for OpClass {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::NAMES
+            .iter()
+            .position(|n| n.eq_ignore_ascii_case(s))
+            .map(|i| Self::ALL[i])
+            .ok_or_else(|| format!("unknown operation class {s:?}: one of {}", Self::NAMES.join(", ")))
+    }
+}
+
+/// Which datagrams a rule applies to: by source and destination address, destination QP
+/// and [operation class](OpClass). Each part left unset admits everything.
 ///
 /// ```
-/// # use softrdma_sim::Scope;
+/// # use softrdma_sim::{OpClass, Scope};
+/// # use softrdma_wire::Qpn;
 /// let a = "10.0.0.1".parse().unwrap();
 /// let b = "10.0.0.2".parse().unwrap();
 /// let a_to_b = Scope::all().src([a]).dst([b]);
 /// assert!(a_to_b.matches(a, b) && !a_to_b.matches(b, a));
 /// assert!(a_to_b.both_ways().matches(b, a));
+/// // The READ responses and ACKs that QP 0x11 receives, from anyone.
+/// let _ = Scope::all().qp([Qpn::new(0x11).unwrap()]).class([OpClass::Read, OpClass::Ack]);
 /// ```
 #[derive(Clone, PartialEq, Eq, Debug, Default)]
 pub struct Scope {
     src: Option<BTreeSet<IpAddr>>,
     dst: Option<BTreeSet<IpAddr>>,
     both_ways: bool,
+    qps: Option<BTreeSet<Qpn>>,
+    classes: Option<BTreeSet<OpClass>>,
 }
 
 impl Scope {
@@ -212,11 +305,75 @@ impl Scope {
         self
     }
 
-    /// Whether a datagram from `src` to `dst` is in scope.
+    /// Only datagrams whose BTH names one of `qps` as destination QP.
+    #[must_use]
+    pub fn qp(mut self, qps: impl IntoIterator<Item = Qpn>) -> Self {
+        self.qps = Some(qps.into_iter().collect());
+        self
+    }
+
+    /// Only datagrams of one of `classes`.
+    #[must_use]
+    pub fn class(mut self, classes: impl IntoIterator<Item = OpClass>) -> Self {
+        self.classes = Some(classes.into_iter().collect());
+        self
+    }
+
+    /// Whether a datagram from `src` to `dst` is in scope as far as addresses go.
     pub fn matches(&self, src: IpAddr, dst: IpAddr) -> bool {
         let within = |set: &Option<BTreeSet<IpAddr>>, ip: IpAddr| set.as_ref().is_none_or(|s| s.contains(&ip));
         (within(&self.src, src) && within(&self.dst, dst))
             || (self.both_ways && within(&self.src, dst) && within(&self.dst, src))
+    }
+
+    /// Whether `datagram` is in scope: addresses, destination QP and class.
+    pub fn admits(&self, datagram: &Datagram) -> bool {
+        self.matches(datagram.src(), datagram.dst())
+            && self.qps.as_ref().is_none_or(|q| datagram.dest_qp().is_some_and(|n| q.contains(&n)))
+            && self.classes.as_ref().is_none_or(|c| OpClass::of(datagram).is_some_and(|k| c.contains(&k)))
+    }
+
+    /// Whether every datagram is in scope.
+    pub fn is_all(&self) -> bool {
+        self.src.is_none() && self.dst.is_none() && self.qps.is_none() && self.classes.is_none()
+    }
+}
+
+impl fmt::Display for Scope {
+    /// The scope in fault-specification words (`from 10.0.0.1 qp 0x11 op read,ack`); empty
+    /// for [`Scope::all`].
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn list<T>(
+            f: &mut fmt::Formatter<'_>,
+            sep: &str,
+            word: &str,
+            set: &BTreeSet<T>,
+            show: impl Fn(&T) -> String,
+        ) -> fmt::Result {
+            let items: Vec<String> = set.iter().map(show).collect();
+            write!(f, "{sep}{word} {}", items.join(","))
+        }
+        let mut sep = "";
+        if let Some(s) = &self.src {
+            list(f, sep, "from", s, ToString::to_string)?;
+            sep = " ";
+        }
+        if let Some(d) = &self.dst {
+            list(f, sep, "to", d, ToString::to_string)?;
+            sep = " ";
+        }
+        if self.both_ways && (self.src.is_some() || self.dst.is_some()) {
+            write!(f, "{sep}both-ways")?;
+            sep = " ";
+        }
+        if let Some(q) = &self.qps {
+            list(f, sep, "qp", q, |n| format!("{:#x}", n.value()))?;
+            sep = " ";
+        }
+        if let Some(c) = &self.classes {
+            list(f, sep, "op", c, |k| k.name().to_string())?;
+        }
+        Ok(())
     }
 }
 
@@ -229,11 +386,7 @@ pub struct Scoped<R> {
 
 impl<R: Rule> Rule for Scoped<R> {
     fn verdict(&mut self, datagram: &Datagram, rng: &mut SimRng) -> Verdict {
-        if self.scope.matches(datagram.src(), datagram.dst()) {
-            self.rule.verdict(datagram, rng)
-        } else {
-            Verdict::Deliver
-        }
+        if self.scope.admits(datagram) { self.rule.verdict(datagram, rng) } else { Verdict::Deliver }
     }
 
     fn name(&self) -> &'static str {
@@ -436,6 +589,208 @@ impl<P: FnMut(&Datagram) -> bool> Rule for Match<P> {
     }
 }
 
+/// Holds every datagram back by `delay`, plus a uniformly random `[0, jitter]` (named
+/// `"delay"`): a long link. With jitter, later datagrams overtake earlier ones, as netem's
+/// `delay 10ms 2ms` does.
+#[derive(Clone, Debug)]
+pub struct Delay {
+    delay: Duration,
+    jitter: Duration,
+}
+
+impl Delay {
+    /// `delay`, plus up to `jitter` more.
+    pub fn new(delay: Duration, jitter: Duration) -> Self {
+        Self { delay, jitter }
+    }
+}
+
+impl Rule for Delay {
+    fn verdict(&mut self, _: &Datagram, rng: &mut SimRng) -> Verdict {
+        let extra = if self.jitter.is_zero() { Duration::ZERO } else { rng.duration_up_to(self.jitter) };
+        Verdict::Delay(self.delay + extra)
+    }
+
+    fn name(&self) -> &'static str {
+        "delay"
+    }
+}
+
+/// A bottleneck of `bits_per_sec` with a drop-tail queue (named `"rate"`): each datagram
+/// waits until the ones before it have left at that rate (counting its Ethernet, IP and UDP
+/// headers); one that would wait longer than `queue` is dropped, as a router's full buffer
+/// drops it. The queue lives in the rule: the datagrams it sees are the ones that share the
+/// bottleneck.
+#[derive(Clone, Debug)]
+pub struct RateLimit {
+    bits_per_sec: u64,
+    queue: Duration,
+    free_at: Option<Time>,
+}
+
+impl RateLimit {
+    /// A `bits_per_sec` bottleneck whose queue holds `queue` worth of traffic; panics if
+    /// `bits_per_sec` is 0.
+    pub fn new(bits_per_sec: u64, queue: Duration) -> Self {
+        assert!(bits_per_sec > 0, "a rate limit of 0 bit/s would hold every datagram forever");
+        Self { bits_per_sec, queue, free_at: None }
+    }
+}
+
+impl Rule for RateLimit {
+    fn verdict(&mut self, datagram: &Datagram, _: &mut SimRng) -> Verdict {
+        let now = datagram.sent_at;
+        let start = self.free_at.map_or(now, |f| f.max(now));
+        let wait = start - now;
+        if wait > self.queue {
+            return Verdict::Drop;
+        }
+        let headers = match datagram.envelope {
+            Envelope::V4(_) => 18 + 20 + 8,
+            Envelope::V6(_) => 18 + 40 + 8,
+        };
+        let bits = (datagram.payload.len() as u128 + headers) * 8;
+        let nanos = (bits * 1_000_000_000).div_ceil(u128::from(self.bits_per_sec));
+        self.free_at = Some(start + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX)));
+        if wait.is_zero() { Verdict::Deliver } else { Verdict::Delay(wait) }
+    }
+
+    fn name(&self) -> &'static str {
+        "rate"
+    }
+}
+
+/// A link that goes down for `down` at the end of every `period` (named `"partition"`):
+/// everything in scope is lost from `period - down` to `period`, from `2 period - down` to
+/// `2 period`, and so on, counted from the first datagram the rule sees (so a connection
+/// has `period - down` to come up before the first cut). [`Partition`] is the one-off,
+/// under the test's control.
+#[derive(Clone, Debug)]
+pub struct Flap {
+    period: Duration,
+    down: Duration,
+    origin: Option<Time>,
+}
+
+impl Flap {
+    /// Down for `down` of every `period`; panics unless `0 < down <= period`.
+    pub fn new(period: Duration, down: Duration) -> Self {
+        assert!(!down.is_zero() && down <= period, "a link down {down:?} of every {period:?}: 0 < down <= period");
+        Self { period, down, origin: None }
+    }
+}
+
+impl Rule for Flap {
+    fn verdict(&mut self, datagram: &Datagram, _: &mut SimRng) -> Verdict {
+        let origin = *self.origin.get_or_insert(datagram.sent_at);
+        let into = (datagram.sent_at - origin).as_nanos() % self.period.as_nanos();
+        if into >= (self.period - self.down).as_nanos() { Verdict::Drop } else { Verdict::Deliver }
+    }
+
+    fn name(&self) -> &'static str {
+        "partition"
+    }
+}
+
+/// What a [`Chain`] decided for a datagram it did not drop.
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct Plan {
+    /// How many copies arrive (1 unless a rule said [`Verdict::Duplicate`]; at most
+    /// [`MAX_COPIES`]).
+    pub copies: usize,
+    /// How much later than the link would deliver them.
+    pub delay: Duration,
+    /// Bytes to flip in every copy, in the order the rules asked.
+    pub corruptions: Vec<Corruption>,
+}
+
+impl Plan {
+    /// Applies the corruptions to `payload`.
+    pub fn corrupt(&self, payload: &mut [u8]) {
+        for c in &self.corruptions {
+            payload[c.index] ^= c.xor;
+        }
+    }
+}
+
+/// A chain of rules, each with its own random stream of one seed, asked in order about
+/// every datagram (the [module](self) documentation says how their answers combine). The
+/// [`Fabric`](crate::Fabric) asks one about every datagram that enters it; softrdma's
+/// runtime asks one about every datagram a device receives (`SOFTRDMA_FAULTS`).
+///
+/// `R` is `dyn Rule` for the simulator's closures, `dyn Rule + Send` for a chain that moves
+/// between threads.
+pub struct Chain<R: ?Sized = dyn Rule> {
+    seed: u64,
+    next_stream: u64,
+    slots: Vec<(u64, Box<R>, SimRng)>,
+}
+
+impl<R: ?Sized + Rule> Chain<R> {
+    /// An empty chain whose rules draw from `seed`; rule `n` added gets stream `first_stream
+    /// + n`.
+    pub fn new(seed: u64, first_stream: u64) -> Self {
+        Self { seed, next_stream: first_stream, slots: Vec::new() }
+    }
+
+    /// Appends `rule`, asked after every rule already there. Returns its key for
+    /// [`remove`](Self::remove).
+    pub fn push(&mut self, rule: Box<R>) -> u64 {
+        let key = self.next_stream;
+        self.next_stream += 1;
+        self.slots.push((key, rule, SimRng::with_stream(self.seed, key)));
+        key
+    }
+
+    /// Removes the rule `key`; whether it was there.
+    pub fn remove(&mut self, key: u64) -> bool {
+        let before = self.slots.len();
+        self.slots.retain(|(k, _, _)| *k != key);
+        self.slots.len() != before
+    }
+
+    /// Removes every rule.
+    pub fn clear(&mut self) {
+        self.slots.clear();
+    }
+
+    /// How many rules it holds.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether it holds no rule.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Asks every rule about `datagram`, in order: `Err(name)` of the rule that dropped it,
+    /// or what happens to it.
+    pub fn judge(&mut self, datagram: &Datagram) -> Result<Plan, &'static str> {
+        let mut plan = Plan { copies: 1, delay: Duration::ZERO, corruptions: Vec::new() };
+        for (_, rule, rng) in &mut self.slots {
+            match rule.verdict(datagram, rng) {
+                Verdict::Deliver => {}
+                Verdict::Drop => return Err(rule.name()),
+                Verdict::Duplicate => plan.copies = (plan.copies + 1).min(MAX_COPIES),
+                Verdict::Delay(d) => plan.delay = plan.delay.saturating_add(d),
+                Verdict::Corrupt { index, xor } => {
+                    if index < datagram.payload.len() && xor != 0 {
+                        plan.corruptions.push(Corruption { index, xor });
+                    }
+                }
+            }
+        }
+        Ok(plan)
+    }
+}
+
+impl<R: ?Sized> fmt::Debug for Chain<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Chain").field("seed", &self.seed).field("rules", &self.slots.len()).finish()
+    }
+}
+
 /// The fault parameters of one run, for swarm testing: [`random`](Self::random) draws them
 /// from the seed, so that each seed explores a different kind of bad network.
 #[derive(Clone, Copy, PartialEq, Debug, Default)]
@@ -597,6 +952,93 @@ mod tests {
         assert!(configs.iter().any(FaultConfig::is_none), "all four kinds off: 1 in 16");
         assert!(configs.iter().any(|c| c.rules().len() == 4), "all four kinds on: 1 in 16");
         assert_eq!(FaultConfig::random(&mut SimRng::new(5)), FaultConfig::random(&mut SimRng::new(5)));
+    }
+
+    fn at(micros: u64, len: usize) -> Datagram {
+        let mut d = dgram([1, 1, 1, 1], [2, 2, 2, 2], &vec![0; len]);
+        d.sent_at = Time::from_micros(micros);
+        d
+    }
+
+    #[test]
+    fn a_rate_limit_queues_at_its_rate_and_drops_beyond_its_queue() {
+        // 8 Mbit/s: a 1000-byte payload plus 46 bytes of headers takes 1046 us.
+        let mut rule = RateLimit::new(8_000_000, Duration::from_micros(2000));
+        let mut rng = SimRng::new(0);
+        let mut v = |us| rule.verdict(&at(us, 1000), &mut rng);
+        assert_eq!(v(0), Verdict::Deliver);
+        assert_eq!(v(0), Verdict::Delay(Duration::from_micros(1046)));
+        assert_eq!(v(100), Verdict::Delay(Duration::from_micros(1992)));
+        assert_eq!(v(100), Verdict::Drop, "would wait 3038 us, the queue holds 2000");
+        assert_eq!(v(5000), Verdict::Deliver, "the queue drained");
+    }
+
+    #[test]
+    fn a_flapping_link_is_down_at_the_end_of_each_period_from_the_first_datagram() {
+        let mut rule = Flap::new(Duration::from_millis(10), Duration::from_millis(3));
+        let mut rng = SimRng::new(0);
+        let mut v = |us| rule.verdict(&at(us, 1), &mut rng);
+        let got: Vec<Verdict> = [1000, 7999, 8000, 10999, 11000, 18500, 21001].into_iter().map(&mut v).collect();
+        use Verdict::{Deliver as D, Drop as X};
+        assert_eq!(got, [D, D, X, X, D, X, D], "origin 1 ms: down 8-11 ms, 18-21 ms");
+    }
+
+    #[test]
+    fn delay_adds_jitter_within_bounds() {
+        let mut rule = Delay::new(Duration::from_millis(2), Duration::from_micros(500));
+        let mut rng = SimRng::new(3);
+        let delays: Vec<Duration> = (0..500)
+            .map(|_| match rule.verdict(&at(0, 1), &mut rng) {
+                Verdict::Delay(d) => d,
+                v => panic!("{v:?}"),
+            })
+            .collect();
+        assert!(delays.iter().all(|d| (Duration::from_millis(2)..=Duration::from_micros(2500)).contains(d)));
+        assert!(
+            delays.iter().any(|d| *d > Duration::from_micros(2400))
+                && delays.iter().any(|d| *d < Duration::from_micros(2100))
+        );
+    }
+
+    #[test]
+    fn a_scope_picks_by_destination_qp_and_operation_class() {
+        // RC RDMA READ request (0x0c) to QP 0x11, an ACK (0x11) to QP 0x11, a MAD to QP 1.
+        let packet = |opcode: u8, qpn: u32| {
+            let mut bth = [0u8; 12];
+            bth[0] = opcode;
+            bth[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+            dgram([1, 1, 1, 1], [2, 2, 2, 2], &bth)
+        };
+        let (read, ack, mad, other_qp) = (packet(0x0c, 0x11), packet(0x11, 0x11), packet(0x64, 1), packet(0x0c, 0x12));
+        assert_eq!(OpClass::of(&read), Some(OpClass::Read));
+        assert_eq!(OpClass::of(&ack), Some(OpClass::Ack));
+        assert_eq!(OpClass::of(&mad), Some(OpClass::Cm));
+        let scope = Scope::all().qp([Qpn::new(0x11).unwrap()]).class([OpClass::Read]);
+        assert!(scope.admits(&read));
+        assert!(!scope.admits(&ack) && !scope.admits(&mad) && !scope.admits(&other_qp));
+        assert!(Scope::all().admits(&mad) && Scope::all().is_all() && !scope.is_all());
+        let mut rule = Loss::new(1.0).scoped(Scope::all().class([OpClass::Cm]));
+        let mut rng = SimRng::new(0);
+        assert_eq!(rule.verdict(&mad, &mut rng), Verdict::Drop);
+        assert_eq!(rule.verdict(&read, &mut rng), Verdict::Deliver);
+    }
+
+    #[test]
+    fn a_chain_stops_at_a_drop_and_adds_up_the_rest() {
+        let mut chain: Chain = Chain::new(1, 1);
+        chain.push(Box::new(Delay::new(Duration::from_micros(5), Duration::ZERO)));
+        chain.push(Box::new(|_: &Datagram| Verdict::Duplicate));
+        chain.push(Box::new(|_: &Datagram| Verdict::Corrupt { index: 2, xor: 0x80 }));
+        chain.push(Box::new(Delay::new(Duration::from_micros(7), Duration::ZERO)));
+        let plan = chain.judge(&at(0, 4)).unwrap();
+        assert_eq!((plan.copies, plan.delay), (2, Duration::from_micros(12)));
+        let mut bytes = [0u8; 4];
+        plan.corrupt(&mut bytes);
+        assert_eq!(bytes, [0, 0, 0x80, 0]);
+        let drop = chain.push(Box::new(Loss::new(1.0)));
+        assert_eq!(chain.judge(&at(0, 4)), Err("loss"));
+        assert!(chain.remove(drop) && !chain.remove(drop));
+        assert_eq!(chain.len(), 4);
     }
 
     #[test]

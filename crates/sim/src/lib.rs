@@ -14,7 +14,9 @@
 //! - [`Rule`] and [`Verdict`]: the fault chain. Built in: [`Loss`], [`Duplicate`],
 //!   [`Reorder`], [`Corrupt`], [`Partition`], [`Match`] (target packets by opcode, PSN, ...);
 //!   any closure `FnMut(&Datagram) -> Verdict`; [`Scope`] restricts a rule to a direction;
-//!   [`FaultConfig::random`] draws a whole bad network from the seed.
+//!   [`FaultConfig::random`] draws a whole bad network from the seed; [`FaultSpec`] parses one
+//!   from words (`loss 5%; reorder 10% 200us`), as softrdma's `SOFTRDMA_FAULTS` does; [`Chain`]
+//!   asks the rules, in the fabric and in softrdma's runtime alike.
 //! - [`Counters`], [`TraceEntry`] and [`Fabric::capture`]: what happened.
 //! - [`seed_from_env_or`], [`swarm`], [`SeedGuard`]: `SOFTRDMA_SEED=0x...` replays a failure;
 //!   every failure prints that line.
@@ -58,13 +60,14 @@ mod fault;
 mod node;
 mod rng;
 mod seed;
+mod spec;
 mod time;
 mod trace;
 
 pub use fabric::{Config, Fabric, NodeId, Red, RuleId, SimError, SimErrorKind, SwitchPort};
 pub use fault::{
-    Corrupt, Datagram, Duplicate, FaultConfig, Loss, MAX_COPIES, Match, Named, Partition, Reorder, Rule, RuleExt,
-    Scope, Scoped, Verdict,
+    Chain, Corrupt, Datagram, Delay, Duplicate, FaultConfig, Flap, Loss, MAX_COPIES, Match, Named, OpClass, Partition,
+    Plan, RateLimit, Reorder, Rule, RuleExt, Scope, Scoped, Verdict,
 };
 pub use node::{MAX_UDP_PAYLOAD, Node};
 pub use rng::SimRng;
@@ -74,5 +77,6 @@ pub use seed::{
 };
 pub use softrdma_pcap::CaptureError;
 pub use softrdma_wire::Envelope;
+pub use spec::{DEFAULT_RATE_QUEUE, DEFAULT_REORDER_DELAY, FaultKind, FaultRule, FaultSpec};
 pub use time::Time;
 pub use trace::{Corruption, Counters, DropReason, Fate, Tap, TraceEntry};
