@@ -63,8 +63,13 @@ fn text(buf: &Arc<Mutex<Vec<u8>>>) -> String {
 
 impl Proc {
     fn spawn(args: &[&str]) -> Proc {
+        Self::spawn_with_env(args, &[])
+    }
+
+    fn spawn_with_env(args: &[&str], env: &[(&str, &str)]) -> Proc {
         let mut child = Command::new(env!("CARGO_BIN_EXE_softrdma"))
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -379,6 +384,31 @@ fn unreliable_pingpong_survives_a_lost_datagram() {
             }
         }
     });
+}
+
+/// `SOFTRDMA_FAULTS` reaches an unmodified run, both of its processes: under 5 % loss and
+/// reordering on everything each receives, WRITE, READ and SEND finish, with the
+/// retransmissions the losses cost in the report.
+#[test]
+fn perf_runs_finish_under_injected_loss_and_reordering() {
+    let _serial = serial();
+    let spec = "loss 5%; reorder 5% 500us";
+    for op in ["write", "read", "send"] {
+        let args = ["perf", op, "bw", "--loopback", "-n", "300", "-s", "16384", "--json"];
+        let done = Proc::spawn_with_env(&args, &[("SOFTRDMA_FAULTS", spec)]).finish(RUN_LIMIT);
+        let cmd = args.join(" ");
+        assert!(done.status.success(), "{cmd} under {spec:?}: {}\nstderr: {}", done.status, done.stderr);
+        let announced = done.stderr.lines().filter(|l| l.contains("injecting faults") && l.contains(spec)).count();
+        assert_eq!(announced, 2, "each process names its faults and seed: {}", done.stderr);
+        let r = check_report(serde_json::from_str(&done.stdout).expect("JSON"), &cmd);
+        let retransmitted: u64 = r["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|x| u(&x["client"], "retransmitted") + u(&x["server"], "retransmitted"))
+            .sum();
+        assert!(retransmitted > 0, "{cmd}: 5 % of ~1500 packets lost, none resent: {}", done.stdout);
+    }
 }
 
 /// Runs short `perf write bw --loopback` tests over and over in `threads` threads until

@@ -40,6 +40,7 @@ use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
 
 use crate::capture::Capture;
 use crate::device::Device;
+use crate::faults::Faults;
 use crate::memory::ProcessMemory;
 use crate::same_host::SameHost;
 use crate::stats::{Counters, Publisher};
@@ -343,6 +344,8 @@ pub(crate) struct State {
     pub(crate) cm_delivery: Option<Arc<dyn CmDelivery>>,
     /// The packet capture, if on.
     capture: Option<Capture>,
+    /// Injected faults on what the device receives (`SOFTRDMA_FAULTS`), if any.
+    faults: Option<Faults>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
     /// References to drop once the lock is released ([`Locked`]).
@@ -591,6 +594,11 @@ impl Driver {
             Some(path) => Some(Capture::create(path)?),
             None => Capture::from_env()?,
         };
+        let faults = crate::faults::spec(options.faults.as_ref())?.map(|spec| {
+            let faults = Faults::new(spec, crate::faults::next_device());
+            announce_faults(&device, faults.spec());
+            faults
+        });
         let mut cm_seed = [0u8; 8];
         getrandom::fill(&mut cm_seed).map_err(|e| Error::io("seeding the CM", io::Error::other(e)))?;
         let mut auth_seed = [0u8; 32];
@@ -630,6 +638,7 @@ impl Driver {
             cq_channels: BTreeMap::new(),
             cm_delivery: None,
             capture,
+            faults,
             send_errors: 0,
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
@@ -1107,13 +1116,18 @@ impl State {
         if !sockets.is_empty() {
             worked |= self.receive_groups(shared, now);
         }
+        if let State { faults: Some(f), nic, capture, .. } = self {
+            worked |= f.release(now, |e, ip, d| deliver_now(nic, capture, now, e, ip, d));
+        }
         if self.nic.poll_timeout().is_some_and(|t| t <= now) {
             self.nic.handle_timeout(now);
             worked = true;
         }
         let progress_thread = shared.thread_id.get().copied();
-        let State { stats, nic, send_errors, same_host, .. } = self;
-        stats.after_receive(now, worked, progress_thread, || counters(nic, *send_errors, same_host.as_ref()));
+        let State { stats, nic, send_errors, same_host, faults, .. } = self;
+        stats.after_receive(now, worked, progress_thread, || {
+            counters(nic, *send_errors, same_host.as_ref(), faults.as_ref())
+        });
         worked
     }
 
@@ -1180,12 +1194,16 @@ impl State {
 
     /// When the engine or the CM next wants to be called.
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        self.nic.poll_timeout()
+        let held = self.faults.as_ref().and_then(Faults::next_release);
+        match (self.nic.poll_timeout(), held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// The device's counters.
     pub(crate) fn counters(&self) -> Counters {
-        counters(&self.nic, self.send_errors, self.same_host.as_ref())
+        counters(&self.nic, self.send_errors, self.same_host.as_ref(), self.faults.as_ref())
     }
 
     /// Hands the received batch to the NIC.
@@ -1196,7 +1214,7 @@ impl State {
     /// [`ingress`](Self::ingress) of the datagrams that came in by interface `interface`
     /// (`None`: all).
     fn ingress_from(&mut self, shared: &Shared, now: Instant, interface: Option<u32>) {
-        let State { nic, rx, capture, same_host, .. } = self;
+        let State { nic, rx, capture, same_host, faults, .. } = self;
         for d in rx.iter() {
             if interface.is_some_and(|i| d.ifindex != 0 && d.ifindex != i) {
                 continue;
@@ -1209,7 +1227,9 @@ impl State {
             // it put in the inbox before it sent the MAD is there now, and goes first (an ACK
             // before the DREQ that follows it, or the DREQ would flush the send it acknowledges).
             if let Some(local) = same_host.as_mut().filter(|_| is_gsi(d.payload)) {
-                while local.receive(RX_BATCH, |e, ip, datagram| deliver(nic, capture, now, e, ip, datagram)) > 0 {}
+                while local.receive(RX_BATCH, |e, ip, datagram| deliver(nic, capture, faults, now, e, ip, datagram)) > 0
+                {
+                }
             }
             // The IPv4 identification is not shown by the socket: the first guess is 0
             // (what softrdma sends), or for a GSO train from this host (a loopback
@@ -1221,19 +1241,19 @@ impl State {
             };
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            deliver(nic, capture, now, &guess, info, d.payload);
+            deliver(nic, capture, faults, now, &guess, info, d.payload);
         }
     }
 
     /// Hands what other processes of the host put in this device's inbox to the NIC.
     fn inbox_ingress(&mut self, now: Instant) -> bool {
-        let State { nic, capture, same_host, .. } = self;
+        let State { nic, capture, same_host, faults, .. } = self;
         let Some(local) = same_host else { return false };
         // A pass takes one batch, and its ACKs leave before the next: taking a whole window
         // (4 batches) before answering made the two processes take turns, each idle while
         // the other worked (64 KiB WRITE: 1.1 GB/s, against 1.7-1.8 so).
         let max = RX_BATCH;
-        local.receive(max, |envelope, ip, datagram| deliver(nic, capture, now, envelope, ip, datagram)) > 0
+        local.receive(max, |envelope, ip, datagram| deliver(nic, capture, faults, now, envelope, ip, datagram)) > 0
     }
 
     /// Sends everything the NIC has to send (the CM's MADs first, then the engine's
@@ -1415,8 +1435,44 @@ fn is_gsi(datagram: &[u8]) -> bool {
 }
 
 /// The counters of a device: the NIC's and the sockets'.
+/// One received datagram to the NIC, through the injected faults if any
+/// ([`deliver_now`] when they let it through).
+fn deliver(
+    nic: &mut Nic,
+    capture: &mut Option<Capture>,
+    faults: &mut Option<Faults>,
+    now: Instant,
+    guess: &Envelope,
+    ip: IpInfo,
+    datagram: &[u8],
+) {
+    match faults {
+        None => deliver_now(nic, capture, now, guess, ip, datagram),
+        Some(f) => f.admit(now, guess, ip, datagram, |e, ip, d| deliver_now(nic, capture, now, e, ip, d)),
+    }
+}
+
+/// Says on stderr which faults a device runs, with the seed that repeats their decisions:
+/// a user who set them must see them, and a failing run must be repeatable.
+#[allow(clippy::print_stderr)]
+fn announce_faults(device: &Device, spec: &softrdma_sim::FaultSpec) {
+    eprintln!(
+        "softrdma: {}: injecting faults on what it receives: {spec} (to repeat: {}='{spec}')",
+        device.name(),
+        crate::faults::FAULTS_ENV
+    );
+    tracing::info!(device = device.name(), %spec, "injecting faults");
+}
+
 /// One received datagram to the NIC, after its ICRC check (and to the capture).
-fn deliver(nic: &mut Nic, capture: &mut Option<Capture>, now: Instant, guess: &Envelope, ip: IpInfo, datagram: &[u8]) {
+fn deliver_now(
+    nic: &mut Nic,
+    capture: &mut Option<Capture>,
+    now: Instant,
+    guess: &Envelope,
+    ip: IpInfo,
+    datagram: &[u8],
+) {
     let checked = nic.engine_mut().check_icrc(now, guess, datagram);
     if let Some(c) = capture {
         c.write(&checked.unwrap_or(*guess), datagram);
@@ -1426,7 +1482,7 @@ fn deliver(nic: &mut Nic, capture: &mut Option<Capture>, now: Instant, guess: &E
     }
 }
 
-fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>) -> Counters {
+fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>, faults: Option<&Faults>) -> Counters {
     let gsi = nic.counters();
     Counters {
         engine: nic.engine().counters(),
@@ -1434,6 +1490,7 @@ fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>) -> Counte
         gsi_dropped: gsi.gsi_dropped,
         same_host_sent: same_host.map_or(0, |l| l.sent),
         same_host_rcvd: same_host.map_or(0, |l| l.received),
+        faults: faults.map(Faults::counters).unwrap_or_default(),
         cm: nic.cm().counters(),
     }
 }

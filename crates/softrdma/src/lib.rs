@@ -53,6 +53,7 @@ mod cm;
 mod device;
 mod driver;
 mod error;
+mod faults;
 pub mod log;
 #[allow(unsafe_code)]
 mod memory;
@@ -70,6 +71,7 @@ pub use cm::{CmEndpoint, CmEvent, CmId, EventChannel};
 pub use device::{AtomicCap, Device, DeviceAttr, PhysState, PortAttr, PortState, device, devices};
 pub use driver::{APP_POLL_WINDOW, disconnect_all};
 pub use error::{Error, Result};
+pub use faults::{FAULTS_ENV, FaultCounters};
 pub use memory::MR_ALIGN;
 pub use same_host::SAME_HOST_ENV;
 pub use softrdma_cm::{CmError, CmEventKind, CmStatus, ConnParam, UdParam};
@@ -78,6 +80,7 @@ pub use softrdma_engine::{
     PostErrorKind, QpAttr, QpCap, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqId, UdDest, VerbsError,
     Wc, WcOpcode, WcStatus, XrcdId,
 };
+pub use softrdma_sim::FaultSpec;
 pub use softrdma_wire::cma::PortSpace;
 pub use softrdma_wire::time::Instant;
 pub use softrdma_wire::{Gid, QKey, Qpn, RKey};
@@ -88,7 +91,7 @@ pub use verbs::{
 };
 
 /// How to open a device ([`Device::open_with`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ContextOptions {
     /// The UDP port: 4791, RoCEv2's. Tests that must not meet other devices on the host
     /// pick another one for all their devices.
@@ -132,6 +135,12 @@ pub struct ContextOptions {
     /// ([`SAME_HOST_ENV`]) turns it off for any program. Processes of different users use
     /// the sockets.
     pub same_host: bool,
+    /// Faults injected into what the device receives: loss, duplication, reordering,
+    /// corruption, delay, a rate limit, partitions, each optionally for one peer, QP or
+    /// kind of operation (`"loss 5%; reorder 10% 200us".parse()`; the syntax is
+    /// [`FaultSpec`]'s). `SOFTRDMA_FAULTS` ([`FAULTS_ENV`]) replaces it for any program.
+    /// See the `faults` section of the README.
+    pub faults: Option<FaultSpec>,
 }
 
 /// Turns authenticated mode on (`1`) or off (`0`) for the contexts a process opens
@@ -156,6 +165,7 @@ impl Default for ContextOptions {
             auth_passphrase: None,
             congestion_control: true,
             same_host: true,
+            faults: None,
         }
     }
 }

@@ -340,15 +340,18 @@ pub struct Counters {
     pub same_host_sent: u64,
     /// Packets received through shared memory; they count in `rcvd_packets` too if accepted.
     pub same_host_rcvd: u64,
+    /// What injected faults (`SOFTRDMA_FAULTS`) did to the datagrams the device received.
+    pub faults: crate::faults::FaultCounters,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
     pub cm: softrdma_cm::CmCounters,
 }
 
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
-    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`, then the connection manager's with a `cm_` prefix.
+    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`, the injected faults'
+    /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 33] {
+    pub fn named(&self) -> [(&'static str, u64); 37] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -383,6 +386,7 @@ impl Counters {
             duplicates,
             transmit_queue_full,
         } = self.cm;
+        let crate::faults::FaultCounters { dropped, duplicated, delayed, corrupted } = self.faults;
         [
             ("sent_packets", sent_packets),
             ("rcvd_packets", rcvd_packets),
@@ -411,6 +415,10 @@ impl Counters {
             ("gsi_dropped", self.gsi_dropped),
             ("same_host_sent", self.same_host_sent),
             ("same_host_rcvd", self.same_host_rcvd),
+            ("faults_dropped", dropped),
+            ("faults_duplicated", duplicated),
+            ("faults_delayed", delayed),
+            ("faults_corrupted", corrupted),
             ("cm_mads_sent", mads_sent),
             ("cm_mads_received", mads_received),
             ("cm_mads_dropped", mads_dropped),
