@@ -153,8 +153,11 @@ cm_run "rdma_xserver/rdma_xclient -c x" "rdma_xserver -c x -p PORT" "rdma_xclien
 
 # rping: rdma_cm with event channels and completion channels, the server RDMA READs the
 # client's buffer and WRITEs back, 10 times with -v (each side prints "ping data: ...").
-name="rping -s/-c -v -C 10"
-if cm_pair "$name" "rping -s -a 127.0.0.1 -p PORT -v -C 10" "rping -c -a 127.0.0.1 -p PORT -v -C 10"; then
+# rping_line NAME ARGS: a server and a client with ARGS; both exit 0 and print 10 pings.
+rping_line() {
+    local name=$1 args=$2
+    cm_pair "$name" "rping -s -a 127.0.0.1 -p PORT $args" "rping -c -a 127.0.0.1 -p PORT $args" || return
+    local pings
     pings=$(grep -c "^ping data: rdma-ping-" "$out.client")
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
@@ -163,7 +166,8 @@ if cm_pair "$name" "rping -s -a 127.0.0.1 -p PORT -v -C 10" "rping -c -a 127.0.0
     else
         line "$name" pass
     fi
-fi
+}
+rping_line "rping -s/-c -v -C 10" "-v -C 10"
 
 # rping again in authenticated mode (SOFTRDMA_AUTH=1 on both sides, softrdma_cm::auth): the
 # keys agreed beside the REQ and REP, every packet carrying a GMAC; the client's capture
@@ -231,6 +235,19 @@ for p in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw ib_read_lat 
     perftest_pair "$p -R" "$p" "$row" -n "$PERFTEST_ITERS" -R
 done
 perftest_pair "ib_write_bw -a" ib_write_bw "^ *8388608 +100 " -a -n 100
+
+# --- under injected faults ---------------------------------------------------------------
+# SOFTRDMA_FAULTS on both sides (the runtime's fault injection, softrdma_sim's rules): each
+# datagram a process receives, CM MADs included, is lost with probability 5 % or held back
+# by up to 500 us with 5 %. RC recovers what is lost; a lost last packet costs the QP's ACK
+# timeout (67 ms with perftest's attributes, 2.1 s with rdma_cm's) and a lost CM MAD the
+# CM's (4.3 s), so these lines get 60 s. rping -V checks the data of every ping.
+faults="loss 5%; reorder 5% 500us"
+SOFTRDMA_FAULTS=$faults TIMEOUT=60 perftest_pair "ib_write_bw, 5% loss" ib_write_bw "$row" -n 200
+SOFTRDMA_FAULTS=$faults TIMEOUT=60 perftest_pair "ib_read_bw, 5% loss" ib_read_bw "$row" -n 200
+SOFTRDMA_FAULTS=$faults TIMEOUT=60 rping_line "rping -V -C 10, 5% loss" "-v -V -C 10"
+SOFTRDMA_FAULTS=$faults TIMEOUT=60 cm_run "ucmatose, 5% loss" "ucmatose -p PORT" "ucmatose -p PORT -s 127.0.0.1" \
+    "return status 0" "return status 0"
 
 # --- two hosts -------------------------------------------------------------------------
 # perftest -R between two network namespaces joined by veth (10.77.0.1, the client, and
