@@ -785,6 +785,16 @@ fn rc_request<M: Memory + ?Sized>(
         Err(Refusal::NotReady) => {
             sh.counters.rnr_naks_sent += 1;
             let timer = RnrTimer::new(qp.attr.min_rnr_timer).unwrap_or(RnrTimer::new(0).expect("0 is a code"));
+            tracing::debug!(
+                target: "softrdma::qp",
+                qpn = qp.qpn.value(),
+                psn = psn.value(),
+                peer = ?qp.peer_ip(),
+                "QP {}: no receive posted for the peer's message at PSN {}: RNR NAK (the peer waits {} us and resends)",
+                qp.qpn,
+                psn.value(),
+                timer.delay_us(),
+            );
             queue_ack(qp, psn, Syndrome::RnrNak(timer));
         }
         Err(Refusal::Fatal(code)) => nak_fatal(qp, sh, psn, code),
