@@ -13,6 +13,13 @@ fn example(name: &str) -> PathBuf {
 }
 
 fn run(name: &str, args: &[&str]) -> String {
+    let (status, text) = run_with(name, args, &[]);
+    assert!(status.success(), "{name} failed:\n{text}");
+    text
+}
+
+/// Runs example `name` with `args` and `env`; its exit status and its stdout then stderr.
+fn run_with(name: &str, args: &[&str], env: &[(&str, &str)]) -> (std::process::ExitStatus, String) {
     let path = example(name);
     if !path.exists() {
         // `cargo test --workspace` builds the examples; a run of this test alone may not.
@@ -24,6 +31,7 @@ fn run(name: &str, args: &[&str]) -> String {
     }
     let mut child = Command::new(&path)
         .args(args)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -41,8 +49,7 @@ fn run(name: &str, args: &[&str]) -> String {
     }
     let out = child.wait_with_output().expect("output");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{name} failed:\n{text}");
-    text
+    (out.status, text)
 }
 
 #[test]
@@ -58,4 +65,34 @@ fn examples_run_and_check_their_data() {
     assert!(!w.contains("FAIL"), "{w}");
     let u = run("ud", &[]);
     assert_eq!(u.matches("(40 of GRH) from 127.0.0.1").count(), 4, "{u}");
+}
+
+/// The program with a bug that the README's "Debugging your RDMA program" follows fails as
+/// the README shows, and the log names the cause on both sides: the receiver's RNR NAKs, the
+/// sender's waits, the failed work request. With enough receives it succeeds.
+#[test]
+fn the_debugging_walkthroughs_program_fails_as_the_readme_shows() {
+    let (status, text) = run_with("too_few_receives", &[], &[("SOFTRDMA_LOG", "softrdma::qp=debug")]);
+    assert_eq!(status.code(), Some(1), "{text}");
+    // "sender QP 0x002000, receiver QP 0x004000": the numbers depend on the process's slot
+    // in the host's group, which other tests running beside this one take too.
+    let qps = text.lines().find_map(|l| l.strip_prefix("sender QP ")).unwrap_or_else(|| panic!("{text}"));
+    let (sender, receiver) = qps.split_once(", receiver QP ").unwrap_or_else(|| panic!("{text}"));
+    let lines = [
+        "send 1 completed: Success".to_string(),
+        "send 2 completed: RnrRetryExcErr".to_string(),
+        "send 3 completed: WrFlushErr".to_string(),
+        "receive 1 completed: Success, 4096 bytes".to_string(),
+        format!(
+            "QP {receiver}: no receive posted for the peer's message at PSN 258: RNR NAK (the peer waits 640 us and resends)"
+        ),
+        format!("QP {sender}: RNR NAK (the peer had no receive posted): waiting"),
+        format!("QP {sender} RTS → ERR: send work request failed with RnrRetryExcErr"),
+    ];
+    for line in &lines {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    assert_eq!(text.matches("RNR NAK (the peer waits").count(), 3, "the first try and 2 retries: {text}");
+    let (status, text) = run_with("too_few_receives", &["--recvs", "5"], &[]);
+    assert!(status.success() && text.matches("completed: Success").count() == 10, "{text}");
 }
