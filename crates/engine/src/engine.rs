@@ -179,6 +179,9 @@ pub struct Transmit {
     /// ECN bits; 0 for the device's default). Not covered by the ICRC: the runtime sets it
     /// on the datagram.
     pub traffic_class: u8,
+    /// The local QP that sent it (QP1 for the CM's MADs): a capture filtered by QP keeps a
+    /// packet its QP sent, which the BTH (naming only the destination QP) does not show.
+    pub local_qp: Qpn,
 }
 
 #[derive(Debug)]

@@ -53,6 +53,9 @@ impl Engine {
             }
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
             self.shared.count_window(qp);
+            if let Some(t) = &mut sent {
+                t.local_qp = qp.qpn;
+            }
             if let (Some(t), Some(av)) = (&mut sent, qp.av) {
                 // A connected QP's packets, requests and responses, take its AV's traffic
                 // class (a UD request has its AH's already).
@@ -99,7 +102,7 @@ impl Engine {
         }
         self.shared.counters.sent_packets += 1;
         self.shared.counters.cnps_sent += 1;
-        Some(Transmit { envelope, len, traffic_class: 0 })
+        Some(Transmit { envelope, len, traffic_class: 0, local_qp: local })
     }
 }
 
@@ -135,7 +138,8 @@ fn bth(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
 /// Writes `repr` with a payload of `payload_len` bytes already placed after its headers.
 fn emit(repr: &RoceRepr<'_>, envelope: Envelope, payload_len: usize, buf: &mut [u8]) -> Option<Transmit> {
     match repr.emit_around_payload(&envelope, payload_len, buf) {
-        Ok(len) => Some(Transmit { envelope, len, traffic_class: 0 }),
+        // The caller (`poll_transmit`) names the QP.
+        Ok(len) => Some(Transmit { envelope, len, traffic_class: 0, local_qp: softrdma_wire::Qpn::default() }),
         Err(e) => {
             debug_assert!(false, "the engine built a packet the codec refuses: {e}");
             None

@@ -1569,7 +1569,7 @@ mod tests {
             p.fill(b'a' + i as u8);
             p[0] = opcode;
             p[5..8].copy_from_slice(&[0, qpn, 0]);
-            q.meta.push((at, Transmit { envelope, len, traffic_class: 0 }));
+            q.meta.push((at, Transmit { envelope, len, traffic_class: 0, local_qp: softrdma_wire::Qpn::default() }));
             at += len;
         }
         q
