@@ -218,19 +218,7 @@ impl<W: Write> CaptureWriter<W> {
         envelope: &Envelope,
         udp_payload: &[u8],
     ) -> Result<(), CaptureError> {
-        let (ip, udp) = ip_udp_headers(envelope, udp_payload.len())?;
-        let ether_type = match envelope {
-            Envelope::V4(_) => EtherType::IPV4,
-            Envelope::V6(_) => EtherType::IPV6,
-        };
-        let eth =
-            Ethernet2Header { source: mac_for(envelope.src_ip()), destination: mac_for(envelope.dst_ip()), ether_type };
-        self.frame.clear();
-        self.frame.extend_from_slice(&eth.to_bytes());
-        let at = self.frame.len();
-        self.frame.resize(at + ip.header_len() + 8, 0);
-        emit_ip_udp(&ip, &udp, &mut self.frame[at..])?;
-        self.frame.extend_from_slice(udp_payload);
+        frame_roce(envelope, udp_payload, &mut self.frame)?;
         let len = u32::try_from(self.frame.len()).unwrap_or(u32::MAX);
         self.writer.write_packet(&PcapPacket::new(timestamp, len, &self.frame))?;
         Ok(())
@@ -247,6 +235,27 @@ impl<W: Write> CaptureWriter<W> {
     pub fn into_inner(self) -> W {
         self.writer.into_writer()
     }
+}
+
+/// Frames one RoCE packet (a UDP payload: BTH through ICRC) that travelled inside
+/// `envelope` as RoCEv2 is on Ethernet, into `frame` (cleared first; it keeps its capacity, so
+/// a caller that reuses it allocates nothing per packet): what
+/// [`CaptureWriter::write_roce`] writes, for a caller that keeps frames before writing them.
+pub fn frame_roce(envelope: &Envelope, udp_payload: &[u8], frame: &mut Vec<u8>) -> Result<(), CaptureError> {
+    let (ip, udp) = ip_udp_headers(envelope, udp_payload.len())?;
+    let ether_type = match envelope {
+        Envelope::V4(_) => EtherType::IPV4,
+        Envelope::V6(_) => EtherType::IPV6,
+    };
+    let eth =
+        Ethernet2Header { source: mac_for(envelope.src_ip()), destination: mac_for(envelope.dst_ip()), ether_type };
+    frame.clear();
+    frame.extend_from_slice(&eth.to_bytes());
+    let at = frame.len();
+    frame.resize(at + ip.header_len() + 8, 0);
+    emit_ip_udp(&ip, &udp, &mut frame[at..])?;
+    frame.extend_from_slice(udp_payload);
+    Ok(())
 }
 
 /// A locally administered MAC address standing for an IP address in synthesised frames:
