@@ -591,7 +591,7 @@ impl Driver {
             ..DeviceConfig::default()
         };
         let capture = match &options.capture {
-            Some(path) => Some(Capture::create(path)?),
+            Some(c) => Some(Capture::create(c)?),
             None => Capture::from_env()?,
         };
         let faults = crate::faults::spec(options.faults.as_ref())?.map(|spec| {
@@ -1281,7 +1281,7 @@ impl State {
                         let datagram = &tx.arena[at..at + t.len];
                         if same_host.as_mut().is_some_and(|l| l.send(now, &t, ecn, datagram)) {
                             if let Some(c) = capture {
-                                c.write(&t.envelope, datagram);
+                                c.write_sent(t.local_qp, &t.envelope, datagram);
                             }
                             any = true;
                             continue;
@@ -1355,7 +1355,11 @@ impl State {
                 if let Some(c) = capture {
                     for s in 0..count {
                         let (so, st) = tx.meta[first + s];
-                        c.write(&with_identification(st.envelope, s as u16), &tx.arena[so..so + st.len]);
+                        c.write_sent(
+                            st.local_qp,
+                            &with_identification(st.envelope, s as u16),
+                            &tx.arena[so..so + st.len],
+                        );
                     }
                 }
                 out[m] = o;

@@ -76,6 +76,18 @@ pub enum Error {
         /// Its status.
         status: softrdma_cm::CmStatus,
     },
+    /// A setting (an environment variable) has a value softrdma cannot use.
+    #[error("{name}={value:?}: {problem}; for example {name}={example}")]
+    BadSetting {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is wrong with it.
+        problem: String,
+        /// A value that works.
+        example: &'static str,
+    },
     /// A wait ended without the event.
     #[error("timed out after {0:?} waiting for {1}")]
     Timeout(std::time::Duration, &'static str),

@@ -63,10 +63,9 @@ pub mod stats;
 pub mod sysfs;
 mod verbs;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-pub use capture::CAPTURE_ENV;
+pub use capture::{CAPTURE_ENV, CAPTURE_QP_ENV, CAPTURE_RING_ENV, CaptureOptions, RingSize};
 pub use cm::{CmEndpoint, CmEvent, CmId, EventChannel};
 pub use device::{AtomicCap, Device, DeviceAttr, PhysState, PortAttr, PortState, device, devices};
 pub use driver::{APP_POLL_WINDOW, disconnect_all};
@@ -99,9 +98,11 @@ pub struct ContextOptions {
     /// How long the progress thread keeps polling after work before it blocks: lower
     /// latency when traffic is steady, at the cost of that much CPU after each burst.
     pub spin: Duration,
-    /// Write every packet sent and received to this pcap file (see also
-    /// [`CAPTURE_ENV`]).
-    pub capture: Option<PathBuf>,
+    /// Write the packets sent and received to a pcap file: all of them, or those of some
+    /// QPs, as they go or the last ones from a ring at close ([`CaptureOptions`];
+    /// `Some(path.into())` captures everything). Without it, the environment decides
+    /// ([`CAPTURE_ENV`], [`CAPTURE_QP_ENV`], [`CAPTURE_RING_ENV`]).
+    pub capture: Option<CaptureOptions>,
     /// The CM's response timeout exponent: a REQ, REP or DREQ is resent after
     /// 4.096 µs × 2^this without an answer (the kernel's rdma_cm uses 20: 4.3 s).
     pub cm_response_timeout: u8,

@@ -17,7 +17,7 @@ fn channel(port: u16, authenticate: bool, capture: Option<std::path::PathBuf>) -
         cm_response_timeout: 12,
         cm_max_retries: 3,
         authenticate,
-        capture,
+        capture: capture.map(Into::into),
         ..ContextOptions::default()
     };
     EventChannel::with_options(options).unwrap()

@@ -19,7 +19,9 @@ fn traffic(net: u8, capture: Option<std::path::PathBuf>) {
     let port = 4791;
     let mk = |ip: [u8; 4], capture: Option<std::path::PathBuf>| {
         let device = Device::with_addresses("lo", vec![IpAddr::from(ip)]);
-        let ctx = device.open_with(&ContextOptions { port, capture, ..ContextOptions::default() }).unwrap();
+        let ctx = device
+            .open_with(&ContextOptions { port, capture: capture.map(Into::into), ..ContextOptions::default() })
+            .unwrap();
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(64, None).unwrap();
         let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
