@@ -11,6 +11,7 @@ use softrdma_pcap::{CaptureError, CaptureReader, Frame};
 use softrdma_wire::datagram::UdpDatagram;
 use softrdma_wire::{RocePacket, RoceRepr, Syndrome};
 
+pub(crate) mod follow;
 mod mad;
 
 /// Output format.
@@ -29,6 +30,8 @@ pub(crate) enum DecodeError {
     Capture(CaptureError),
     /// Standard output failed.
     Output(io::Error),
+    /// `--follow` found nothing to follow; the message says what the capture holds.
+    Follow(String),
 }
 
 impl fmt::Display for DecodeError {
@@ -36,6 +39,7 @@ impl fmt::Display for DecodeError {
         match self {
             DecodeError::Capture(e) => write!(f, "{e}"),
             DecodeError::Output(e) => write!(f, "cannot write output: {e}"),
+            DecodeError::Follow(e) => f.write_str(e),
         }
     }
 }

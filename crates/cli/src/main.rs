@@ -29,12 +29,23 @@ enum Command {
     /// and CM message, payload length and whether its ICRC verifies. Other frames are
     /// counted and skipped; malformed ones are reported with the reason. A summary goes to
     /// standard error.
+    ///
+    /// With --follow QPN, only the conversation of that QP and its peer (found from the CM's
+    /// REQ and REP, or by the PSNs that answer the QP's): a line per packet, A the followed
+    /// QP and B its peer, each packet tagged with its message (A1, A2, ... per requester,
+    /// with its operation and the packet's place in it), retransmissions marked, ACKs and
+    /// NAKs paired with the messages they answer, NAK reasons named; then a summary
+    /// (messages, retransmissions, NAKs by kind, duration).
     Decode {
         /// The capture file (pcap or pcapng; Ethernet, Linux cooked, raw IP links).
         file: PathBuf,
         /// One JSON object per line instead of text.
         #[arg(long)]
         json: bool,
+        /// Follow one QP's conversation: its QPN (0x11, or 17), or ADDR/QPN when QPs of that
+        /// number exist on several hosts (198.18.0.3/0x11).
+        #[arg(long, value_name = "[ADDR/]QPN")]
+        follow: Option<decode::follow::Target>,
     },
     /// perftest for softrdma: bandwidth and latency of SEND, WRITE, READ and atomics
     /// between a server and a client (or both here with --loopback), and this machine's
@@ -64,15 +75,19 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::devices(&args),
         Command::Devinfo(args) => devices::devinfo(&args),
         Command::Stats(args) => devices::stats(&args),
-        Command::Decode { file, json } => {
+        Command::Decode { file, json, follow } => {
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());
             let format = if json { decode::Format::Json } else { decode::Format::Text };
-            let result = decode::run(&file, format, &mut out).and_then(|s| out.flush().map(|()| s).map_err(Into::into));
+            let result = match follow {
+                Some(target) => decode::follow::run(&file, target, format, &mut out).map(|()| None),
+                None => decode::run(&file, format, &mut out).map(Some),
+            };
+            let result = result.and_then(|s| out.flush().map(|()| s).map_err(Into::into));
             match result {
                 Ok(summary) => {
                     #[allow(clippy::print_stderr)]
-                    {
+                    if let Some(summary) = summary {
                         eprintln!("softrdma decode: {summary}");
                     }
                     ExitCode::SUCCESS
