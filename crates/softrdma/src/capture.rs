@@ -362,6 +362,9 @@ struct Ring {
     /// Frames overwritten or too large to keep: the file says nothing of them.
     dropped: u64,
     path: PathBuf,
+    /// The process that made it: a child of `fork` that exits must not replace the file
+    /// with its copy of the parent's ring.
+    pid: u32,
 }
 
 impl Ring {
@@ -373,7 +376,8 @@ impl Ring {
         buf.try_reserve_exact(bytes)
             .map_err(|_| std::io::Error::other(format!("cannot allocate a {bytes}-byte capture ring")))?;
         buf.resize(bytes, 0);
-        Ok(Ring { buf: buf.into_boxed_slice(), tail: 0, used: 0, records: 0, records_max, dropped: 0, path })
+        let pid = std::process::id();
+        Ok(Ring { buf: buf.into_boxed_slice(), tail: 0, used: 0, records: 0, records_max, dropped: 0, path, pid })
     }
 
     /// Keeps `frame`, captured at `ts` (since the Unix epoch), overwriting the oldest
@@ -429,6 +433,9 @@ impl Ring {
 
     /// Writes the records, oldest first, to the ring's file (replacing what it held).
     fn write_out(&self) -> std::io::Result<()> {
+        if std::process::id() != self.pid {
+            return Ok(());
+        }
         let file = File::create(&self.path)?;
         let mut pcap = CaptureWriter::new(BufWriter::new(file)).map_err(std::io::Error::other)?;
         let mut frame = vec![0; FRAME_MAX];
