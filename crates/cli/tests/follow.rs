@@ -269,9 +269,9 @@ fn connect(n: &mut EngineNode, peer: Qpn, peer_ip: IpAddr) {
 /// A SEND that finds no receive (RNR NAK), a WRITE whose first MIDDLE packet is lost (PSN
 /// sequence error NAK, go back), a READ whose MIDDLE response is lost (the READ asked
 /// again from there), and a WRITE with a bad R_Key (remote access error), from A
-/// (10.0.0.1) to B (10.0.0.2), captured as they entered the fabric. Returns A's and B's
-/// QPNs.
-fn lossy_capture(path: &Path) -> (Qpn, Qpn) {
+/// (10.0.0.1) to B (10.0.0.2), captured as they entered the fabric (`path`) and as they
+/// arrived (`delivered`). Returns A's and B's QPNs.
+fn lossy_capture(path: &Path, delivered: &Path) -> (Qpn, Qpn) {
     let mut fabric = Fabric::new(0x19);
     let mut a = engine_node([10, 0, 0, 1], 1);
     let mut b = engine_node([10, 0, 0, 2], 2);
@@ -282,6 +282,7 @@ fn lossy_capture(path: &Path) -> (Qpn, Qpn) {
     let lkey = a.keys.lkey;
     let (a_id, b_id) = (fabric.add_node(a), fabric.add_node(b));
     fabric.capture(path, Tap::Sent).unwrap();
+    fabric.capture(delivered, Tap::Delivered).unwrap();
     let mut lost_write = false;
     let mut lost_response = false;
     fabric.add_rule(move |d: &Datagram| {
@@ -336,7 +337,7 @@ fn lossy_capture(path: &Path) -> (Qpn, Qpn) {
 fn retransmissions_are_marked_and_naks_named_in_a_lossy_capture() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("lossy.pcap");
-    let (aq, bq) = lossy_capture(&path);
+    let (aq, bq) = lossy_capture(&path, &dir.path().join("delivered.pcap"));
     // Both engines number their first QP 0x11: A is named with its address.
     let target = format!("10.0.0.1/{:#x}", aq.value());
     let (c, lines, s) = follow(&path, &target);
@@ -416,4 +417,50 @@ fn retransmissions_are_marked_and_naks_named_in_a_lossy_capture() {
     assert!(text.contains("PSN_SEQUENCE_ERROR") && text.contains("1 REMOTE_ACCESS_ERROR"), "{text}");
     assert!(text.contains("(QP 0x000011 also receives at 10.0.0.2: name one as --follow ADDR/QPN)"), "{text}");
     assert_eq!(text.lines().count(), 2 + lines.len() + 3, "two head lines, the packets, three summary lines");
+}
+
+/// The frames of a capture of what was sent (`a`) and of what was delivered (`b`), merged
+/// by time, the delivered first at equal times (a packet sent at the instant another
+/// arrived is the node's answer to it, as a capture at the node would show). Returns the
+/// number delivered.
+fn merge(a: &Path, b: &Path, out: &Path) -> usize {
+    let read = |p: &Path| softrdma_pcap::CaptureReader::open(p).unwrap().map(Result::unwrap).collect::<Vec<_>>();
+    let mut frames: Vec<(Duration, usize, Vec<u8>)> = Vec::new();
+    for (i, p) in [a, b].into_iter().enumerate() {
+        frames.extend(read(p).into_iter().map(|f| (f.timestamp, i, f.data)));
+    }
+    frames.sort_by_key(|f| (f.0, std::cmp::Reverse(f.1)));
+    let mut w = softrdma_pcap::CaptureWriter::create(out).unwrap();
+    for (ts, _, data) in &frames {
+        w.write_frame(*ts, data).unwrap();
+    }
+    std::io::Write::flush(&mut w.into_inner()).unwrap();
+    read(b).len()
+}
+
+#[test]
+fn a_capture_of_both_ends_shows_each_packet_twice_and_reads_the_same() {
+    // What SOFTRDMA_PCAP gives for a process with both ends, or two captures merged: every
+    // packet as sent and again as received. Retransmissions resent at once after a NAK,
+    // and an RNR NAK repeated for each resend, are not copies.
+    let dir = tempfile::tempdir().unwrap();
+    let (sent, delivered, both) = (dir.path().join("s.pcap"), dir.path().join("d.pcap"), dir.path().join("b.pcap"));
+    let (aq, _) = lossy_capture(&sent, &delivered);
+    let arrived = merge(&sent, &delivered, &both);
+    let _ = std::fs::copy(&both, "/tmp/both-debug.pcap");
+    let target = format!("10.0.0.1/{:#x}", aq.value());
+    let (_, one, s1) = follow(&sent, &target);
+    let (_, two, s2) = follow(&both, &target);
+    assert_eq!(s2["copies"], arrived as u64);
+    assert_eq!(two.len(), one.len() + arrived);
+    for key in ["messages_a", "messages_b", "unacked_a", "retransmissions_a", "retransmissions_b", "naks"] {
+        assert_eq!(s1[key], s2[key], "{key}");
+    }
+    // Every copy names a frame of the same PSN and opcode before it.
+    for l in two.iter().filter(|l| l.get("copy_of").is_some()) {
+        let original = frame(&two, l["copy_of"].as_u64().unwrap());
+        assert_eq!((&original["psn"], &original["opcode"]), (&l["psn"], &l["opcode"]), "{l}");
+        assert!(original.get("copy_of").is_none());
+    }
+    assert_eq!(s1["copies"], 0);
 }

@@ -21,7 +21,7 @@
 //!
 //! Three passes over the file, so that memory holds the conversation, not the capture.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt::{self, Write as _};
 use std::io::{self, Write};
 use std::net::IpAddr;
@@ -84,6 +84,9 @@ struct Pkt {
     src_qp: Option<u32>,
     original_data: Option<u64>,
     payload_len: usize,
+    /// A hash of the whole UDP payload (ICRC included): the same packet captured twice has
+    /// the same.
+    digest: u64,
     cm: Option<CmInfo>,
 }
 
@@ -150,6 +153,12 @@ fn packet(number: usize, frame: &Frame) -> Option<Pkt> {
         src_qp: repr.ext.deth.map(|d| d.src_qp.value()),
         original_data: repr.ext.atomic_ack_eth.map(|a| a.original_data),
         payload_len: repr.payload.len(),
+        digest: {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            dgram.payload.hash(&mut h);
+            h.finish()
+        },
         cm,
     })
 }
@@ -377,7 +386,7 @@ struct Space {
     /// The highest PSN acknowledged.
     acked: Option<i64>,
     /// Response packets seen, by (unwrapped PSN, opcode): one seen again is a retransmission.
-    responses: HashSet<(i64, u8)>,
+    responses: HashMap<(i64, u8), u32>,
 }
 
 impl Space {
@@ -440,6 +449,9 @@ pub(crate) struct FollowLine {
     /// An ACK that acknowledges nothing new.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     duplicate: bool,
+    /// The same packet captured a second time (a capture of both ends): not analysed again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    copy_of: Option<usize>,
     /// The messages this ACK, response or NAK completes.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     acks: Vec<String>,
@@ -512,9 +524,16 @@ pub(crate) struct FollowSummary {
     /// NAKs by kind (sent by either side).
     naks: BTreeMap<String, u32>,
     cm_messages: u32,
+    /// Packets captured a second time (a capture of both ends), shown but not analysed.
+    copies: u32,
     /// Seconds from the first packet of the conversation to its last.
     duration: f64,
 }
+
+/// How close a second capture of a packet follows the first.
+const COPY_WINDOW: Duration = Duration::from_millis(1);
+/// How many of a side's packets are kept to find copies among.
+const COPY_RECENT: usize = 256;
 
 /// The operation a request opcode starts, as `ibv_wr_opcode` names it (shorter).
 fn op_name(op: Operation) -> &'static str {
@@ -568,6 +587,11 @@ pub(crate) fn run(path: &Path, target: Target, format: Format, out: &mut impl Wr
 
 fn analyse(pkts: &[(Side, Pkt)], origin: Duration, pmtu: Option<usize>) -> (Vec<FollowLine>, FollowSummary) {
     let mut spaces = [Space::default(), Space::default()];
+    // Per side: its last packets (digest, time, frame), the frame of its last NAK and of
+    // its last retransmitted request.
+    let mut recent: [VecDeque<(u64, Duration, usize)>; 2] = Default::default();
+    let mut last_nak = [0usize; 2];
+    let mut last_retransmission = [0usize; 2];
     let mut lines: Vec<FollowLine> = Vec::with_capacity(pkts.len());
     let mut summary = FollowSummary::default();
     for (side, p) in pkts {
@@ -589,6 +613,7 @@ fn analyse(pkts: &[(Side, Pkt)], origin: Duration, pmtu: Option<usize>) -> (Vec<
             message: None,
             retransmission: false,
             duplicate: false,
+            copy_of: None,
             acks: Vec::new(),
             acked_by: None,
             naked_by: None,
@@ -597,6 +622,31 @@ fn analyse(pkts: &[(Side, Pkt)], origin: Duration, pmtu: Option<usize>) -> (Vec<
             cm: None,
             ends: None,
         };
+        // A capture of both ends (a process whose two devices share SOFTRDMA_PCAP, or two
+        // captures merged) holds each packet twice: as sent, then as received. The second
+        // is the same bytes from the same side within 1 ms; but so is a request resent at
+        // once after a NAK (a NAK from the other side came between), or an answer repeated
+        // for a request sent again (a retransmission from the other side came between).
+        let mine = &recent[side.index()];
+        let earlier =
+            mine.iter().rev().find(|(d, t, _)| *d == p.digest && p.timestamp.saturating_sub(*t) < COPY_WINDOW);
+        let other = side.other().index();
+        let copy = earlier.map(|e| e.2).filter(|&f| match p.opcode.info() {
+            Some(i) if i.is_request() => last_nak[other] < f,
+            Some(i) if i.is_response() => last_retransmission[other] < f,
+            _ => true,
+        });
+        let mine = &mut recent[side.index()];
+        if let Some(f) = copy {
+            summary.copies += 1;
+            line.copy_of = Some(f);
+            lines.push(line);
+            continue;
+        }
+        if mine.len() == COPY_RECENT {
+            mine.pop_front();
+        }
+        mine.push_back((p.digest, p.timestamp, p.frame));
         if let Some(cm) = &p.cm {
             summary.cm_messages += 1;
             line.cm = Some(CmLine { message: cm.message, qpn: cm.qpn, starting_psn: cm.starting_psn });
@@ -611,8 +661,14 @@ fn analyse(pkts: &[(Side, Pkt)], origin: Duration, pmtu: Option<usize>) -> (Vec<
             lines.push(line);
             continue;
         }
+        if matches!(p.syndrome, Some(Syndrome::Nak(_) | Syndrome::RnrNak(_))) && info.is_response() {
+            last_nak[side.index()] = p.frame;
+        }
         if info.is_request() {
             request(&mut spaces[side.index()], side, p, info, pmtu, &mut line, &mut summary);
+            if line.retransmission {
+                last_retransmission[side.index()] = p.frame;
+            }
         } else {
             // A response travels in the requester's space: the other side's.
             let requester = side.other();
@@ -733,12 +789,13 @@ fn response(
 ) {
     let u = sp.unwrap(p.psn);
     let at = sp.message_at(u);
+    let seen = sp.responses.entry((u, p.opcode.0)).or_default();
+    let seen_before = *seen > 0;
+    *seen += 1;
     let ids = |acked: Vec<u32>| acked.into_iter().map(|n| format!("{requester:?}{n}")).collect::<Vec<_>>();
     match info.operation {
         Operation::RdmaReadResponse => {
-            if !sp.responses.insert((u, p.opcode.0)) {
-                line.retransmission = true;
-            }
+            line.retransmission = seen_before;
             let part = match info.position {
                 Position::First => "response first",
                 Position::Middle => "response middle",
@@ -880,6 +937,9 @@ fn write_line(s: &mut String, l: &FollowLine) -> fmt::Result {
         }
         return writeln!(s);
     }
+    if let Some(f) = l.copy_of {
+        return writeln!(s, " (copy of {f})");
+    }
     if l.retransmission {
         write!(s, " RETRANSMISSION")?;
     }
@@ -893,6 +953,9 @@ fn write_line(s: &mut String, l: &FollowLine) -> fmt::Result {
         // An ACK that acknowledges messages says which; the message it names is the last.
         Some(m) if m.part == "ack" && !l.acks.is_empty() => {}
         Some(m) => write!(s, " {} {} {}", m.id, m.op, m.part)?,
+        None if l.acks.is_empty() && l.nak.is_none() && l.opcode.contains("ACK") => {
+            write!(s, " (answers what the capture began after)")?;
+        }
         None => {}
     }
     if l.duplicate {
@@ -945,11 +1008,12 @@ fn write_summary(s: &mut String, m: &FollowSummary) -> fmt::Result {
     };
     writeln!(
         s,
-        "{} packets ({} A>B, {} B>A{}) in {:.6} s",
+        "{} packets ({} A>B, {} B>A{}{}) in {:.6} s",
         m.packets,
         m.a_to_b,
         m.b_to_a,
         if m.cm_messages > 0 { format!(", {} CM", m.cm_messages) } else { String::new() },
+        if m.copies > 0 { format!(", {} captured twice", m.copies) } else { String::new() },
         m.duration
     )?;
     writeln!(
