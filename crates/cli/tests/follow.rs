@@ -447,7 +447,6 @@ fn a_capture_of_both_ends_shows_each_packet_twice_and_reads_the_same() {
     let (sent, delivered, both) = (dir.path().join("s.pcap"), dir.path().join("d.pcap"), dir.path().join("b.pcap"));
     let (aq, _) = lossy_capture(&sent, &delivered);
     let arrived = merge(&sent, &delivered, &both);
-    let _ = std::fs::copy(&both, "/tmp/both-debug.pcap");
     let target = format!("10.0.0.1/{:#x}", aq.value());
     let (_, one, s1) = follow(&sent, &target);
     let (_, two, s2) = follow(&both, &target);
@@ -463,4 +462,53 @@ fn a_capture_of_both_ends_shows_each_packet_twice_and_reads_the_same() {
         assert!(original.get("copy_of").is_none());
     }
     assert_eq!(s1["copies"], 0);
+}
+
+/// Both ends on one host (a process that holds both, as tests and examples do): every
+/// packet has the same addresses both ways, so only the QPNs tell the sides apart, and the
+/// followed QP must not be taken for its own peer.
+#[test]
+fn both_ends_on_one_host_are_told_apart_by_their_qps() {
+    use softrdma::{Access, ConnectOptions, ContextOptions, Device, QpInit, QpType, RecvWr, SendFlags, SendOp, SendWr};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("one-host.pcap");
+    // RoCEv2's port, shared with whatever else runs on the host: decoders know RoCE by it.
+    let open = |capture: Option<PathBuf>| {
+        let device = Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
+        device.open_with(&ContextOptions { capture: capture.map(Into::into), ..ContextOptions::default() }).unwrap()
+    };
+    let (ca, cb) = (open(Some(path.clone())), open(None));
+    let (pa, pb) = (ca.alloc_pd().unwrap(), cb.alloc_pd().unwrap());
+    let (qa_cq, qb_cq) = (ca.create_cq(16, None).unwrap(), cb.create_cq(16, None).unwrap());
+    let (qa, qb) = (
+        pa.create_qp(&QpInit::new(QpType::Rc, &qa_cq)).unwrap(),
+        pb.create_qp(&QpInit::new(QpType::Rc, &qb_cq)).unwrap(),
+    );
+    let (ma, mb) = (pa.reg_mr(4096, Access::LOCAL_WRITE).unwrap(), pb.reg_mr(3 * 4096, Access::LOCAL_WRITE).unwrap());
+    let (ea, eb) = (qa.endpoint(0, 10).unwrap(), qb.endpoint(0, 20).unwrap());
+    qa.connect(10, &eb, &ConnectOptions::default()).unwrap();
+    qb.connect(20, &ea, &ConnectOptions::default()).unwrap();
+    for i in 0..3 {
+        qb.post_recv(&[RecvWr { wr_id: i, sg_list: &[mb.sge(i as usize * 4096..(i as usize + 1) * 4096).unwrap()] }])
+            .unwrap();
+    }
+    let sge = [ma.sge(0..4096).unwrap()];
+    for i in 0..3 {
+        let wr = SendWr { wr_id: i, op: SendOp::Send, sg_list: &sge, flags: SendFlags::SIGNALED, ..SendWr::default() };
+        qa.post_send(&[wr]).unwrap();
+        assert_eq!(qa_cq.wait(Duration::from_secs(10)).unwrap().status, softrdma::WcStatus::Success);
+    }
+    assert_eq!(qb_cq.wait_n(3, Duration::from_secs(10)).unwrap().len(), 3);
+    drop((qa, qb, qa_cq, qb_cq, ma, mb, pa, pb));
+    drop((ca, cb)); // flushes the capture
+    let (conversation, lines, summary) = follow(&path, &format!("{:#x}", ea.qpn));
+    assert_eq!(conversation["b_qpn"], eb.qpn, "{conversation}");
+    assert_eq!(conversation["a_host"], conversation["b_host"]);
+    assert_eq!(summary["messages_a"]["SEND"], 3, "{summary}");
+    assert_eq!(
+        (&summary["a_to_b"], &summary["b_to_a"], &summary["unacked_a"]),
+        (&3.into(), &3.into(), &0.into()),
+        "{summary}"
+    );
+    assert_eq!(lines.len(), 6);
 }

@@ -326,7 +326,11 @@ fn find_conversation(path: &Path, target: Target) -> Result<Conversation, Decode
         if p.dest_qp == target.qpn && p.dst == a_host && Some(p.src) == b_host {
             deth_peer = deth_peer.or(p.src_qp.filter(|&q| q != 1));
         }
-        if p.cm.is_some() || p.dest_qp == 1 || p.src != a_host || Some(p.dst) != b_host {
+        // Both ends on one host (two processes, or one holding both): what goes to A goes
+        // from A's host to B's too, and B's QP has another number than A's (on different
+        // hosts it may have the same).
+        let to_a = p.dest_qp == target.qpn && b_host == Some(a_host);
+        if p.cm.is_some() || p.dest_qp == 1 || to_a || p.src != a_host || Some(p.dst) != b_host {
             return;
         }
         let s = score.entry(p.dest_qp).or_default();
