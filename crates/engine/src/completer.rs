@@ -315,6 +315,7 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
         }
         Syndrome::RnrNak(timer) => {
             sh.counters.rnr_naks_rcvd += 1;
+            qp.counters.rnr_naks_rcvd += 1;
             if !outstanding(qp, psn) {
                 return;
             }
@@ -342,6 +343,7 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
         }
         Syndrome::Nak(code) => {
             sh.counters.naks_rcvd += 1;
+            qp.counters.naks_rcvd += 1;
             if !outstanding(qp, psn) {
                 return;
             }
@@ -512,6 +514,7 @@ pub(crate) fn handle_retransmit_timeout(qp: &mut Qp, sh: &mut Shared, now: Insta
         return;
     }
     sh.counters.ack_timeouts += 1;
+    qp.counters.ack_timeouts += 1;
     tracing::debug!(
         target: "softrdma::qp",
         qpn = qp.qpn.value(),

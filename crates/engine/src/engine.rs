@@ -231,17 +231,17 @@ struct Bound {
 pub(crate) struct MwError(pub(crate) &'static str);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Notify {
+pub(crate) enum Notify {
     Next,
     Solicited,
 }
 
 #[derive(Debug)]
 pub(crate) struct Cq {
-    capacity: u32,
-    entries: VecDeque<Wc>,
-    notify: Option<Notify>,
-    overflowed: bool,
+    pub(crate) capacity: u32,
+    pub(crate) entries: VecDeque<Wc>,
+    pub(crate) notify: Option<Notify>,
+    pub(crate) overflowed: bool,
 }
 
 #[derive(Debug)]
@@ -265,14 +265,15 @@ pub(crate) struct Ah {
 pub(crate) struct Shared {
     pub(crate) config: DeviceConfig,
     rng: ChaCha12Rng,
-    pds: Slab<u32>,
+    /// Each PD's users (MRs, MWs, QPs, SRQs, AHs).
+    pub(crate) pds: Slab<u32>,
     pub(crate) mrs: Slab<Mr>,
     lkeys: BTreeMap<u32, usize>,
     rkeys: BTreeMap<u32, usize>,
     /// Memory windows by index (the upper 24 bits of their R_Keys). No MR's lkey or rkey
     /// has an index of a window in its upper 24 bits, so a key names one object at most.
     mws: BTreeMap<u32, Mw>,
-    cqs: Slab<Cq>,
+    pub(crate) cqs: Slab<Cq>,
     pub(crate) srqs: Slab<Srq>,
     xrcds: Slab<()>,
     pub(crate) ahs: Slab<Ah>,

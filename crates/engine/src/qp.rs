@@ -312,6 +312,8 @@ pub(crate) struct Qp {
     pub(crate) sq_drained_reported: bool,
     /// The deadline registered in the engine's timer set.
     pub(crate) timer: Option<Instant>,
+    /// Its share of the device's retry and NAK counters (`softrdma res`).
+    pub(crate) counters: crate::inspect::QpCounters,
 }
 
 impl Qp {
@@ -353,6 +355,7 @@ impl Qp {
             window: crate::window::Share::default(),
             sq_drained_reported: false,
             timer: None,
+            counters: crate::inspect::QpCounters::default(),
         }
     }
 

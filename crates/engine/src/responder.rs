@@ -364,6 +364,7 @@ fn nak_fatal(qp: &mut Qp, sh: &mut Shared, psn: Psn, code: NakCode) {
         psn.value(),
     );
     sh.counters.naks_sent += 1;
+    qp.counters.naks_sent += 1;
     count_refusal(sh, code);
     let event = match code {
         NakCode::RemoteAccessError => AsyncEvent::QpAccessError(qp.qpn),
@@ -755,6 +756,7 @@ fn rc_request<M: Memory + ?Sized>(
             if !qp.resp.nak_sent {
                 qp.resp.nak_sent = true;
                 sh.counters.naks_sent += 1;
+                qp.counters.naks_sent += 1;
                 queue_ack(qp, expected, Syndrome::Nak(NakCode::PsnSequenceError));
             }
         } else {
@@ -784,6 +786,7 @@ fn rc_request<M: Memory + ?Sized>(
         }
         Err(Refusal::NotReady) => {
             sh.counters.rnr_naks_sent += 1;
+            qp.counters.rnr_naks_sent += 1;
             let timer = RnrTimer::new(qp.attr.min_rnr_timer).unwrap_or(RnrTimer::new(0).expect("0 is a code"));
             tracing::debug!(
                 target: "softrdma::qp",

@@ -479,6 +479,7 @@ fn request<M: Memory + ?Sized>(
     crate::window::PeerWindows::sent(&mut qp.window, header.ack_req);
     if psn.distance_to(qp.req.sent_end) > 0 {
         sh.counters.retransmitted_packets += 1;
+        qp.counters.retransmitted_packets += 1;
     } else {
         qp.req.sent_end = qp.req.psn;
     }
