@@ -144,13 +144,18 @@ impl Out {
 }
 
 /// The states of one ID: rdma_cm's and ib_cm's merged (Linux `enum rdma_cm_state` and
-/// `enum ib_cm_state`).
+/// `enum ib_cm_state`). [`CmIdInfo::state`] shows it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum State {
+pub enum CmState {
+    /// Created; no address yet.
     Idle,
+    /// Bound to a local address (`rdma_bind_addr`).
     AddrBound,
+    /// Active: the peer's address resolved (`rdma_resolve_addr`).
     AddrResolved,
+    /// Active: the route resolved (`rdma_resolve_route`).
     RouteResolved,
+    /// Listening for connection requests.
     Listen,
     /// Active: REQ sent, no answer yet.
     ReqSent,
@@ -162,11 +167,17 @@ enum State {
     ReqRcvd,
     /// Passive: REP sent, waiting for the RTU.
     RepSent,
+    /// Connected.
     Established,
+    /// Disconnecting: DREQ sent, no DREP yet.
     DreqSent,
+    /// Disconnected by the peer: DREQ received.
     DreqRcvd,
+    /// Disconnected, waiting out timewait before the QP may be reused.
     Timewait,
+    /// UD: SIDR_REQ sent, no SIDR_REP yet.
     SidrReqSent,
+    /// UD: SIDR_REQ received, waiting for `accept` or `reject`.
     SidrReqRcvd,
     /// UD: the SIDR exchange is over (either side).
     SidrDone,
@@ -174,8 +185,11 @@ enum State {
     Closed,
 }
 
-impl State {
-    const fn name(self) -> &'static str {
+use CmState as State;
+
+impl CmState {
+    /// What the state means, in words (for errors and logs).
+    pub const fn name(self) -> &'static str {
         match self {
             State::Idle => "idle",
             State::AddrBound => "bound",
@@ -196,6 +210,77 @@ impl State {
             State::Closed => "closed",
         }
     }
+
+    /// The `enum rdma_cm_state` name the kernel's `rdma res show cm_id` prints for it
+    /// (`LISTEN`, `CONNECT`, ...): every state of the IB CM exchange and an established
+    /// connection are `CONNECT`, as in the kernel, which keeps the detail in ib_cm.
+    pub const fn rdma_cm_name(self) -> &'static str {
+        match self {
+            State::Idle => "IDLE",
+            State::AddrBound => "ADDR_BOUND",
+            State::AddrResolved => "ADDR_RESOLVED",
+            State::RouteResolved => "ROUTE_RESOLVED",
+            State::Listen => "LISTEN",
+            State::ReqSent
+            | State::RepRcvd
+            | State::ReqRcvd
+            | State::RepSent
+            | State::Established
+            | State::SidrReqSent
+            | State::SidrReqRcvd
+            | State::SidrDone => "CONNECT",
+            State::DreqSent | State::DreqRcvd | State::Timewait | State::Closed => "DISCONNECT",
+        }
+    }
+
+    /// The `enum ib_cm_state` name of the IB CM exchange's state (`IB_CM_` left out:
+    /// `REQ_SENT`, `ESTABLISHED`, `TIMEWAIT`), or `IDLE` where no exchange runs.
+    pub const fn ib_cm_name(self) -> &'static str {
+        match self {
+            State::Idle | State::AddrBound | State::AddrResolved | State::RouteResolved | State::Closed => "IDLE",
+            State::Listen => "LISTEN",
+            State::ReqSent => "REQ_SENT",
+            State::RepRcvd => "REP_RCVD",
+            State::ReqRcvd => "REQ_RCVD",
+            State::RepSent => "REP_SENT",
+            State::Established => "ESTABLISHED",
+            State::DreqSent => "DREQ_SENT",
+            State::DreqRcvd => "DREQ_RCVD",
+            State::Timewait => "TIMEWAIT",
+            State::SidrReqSent => "SIDR_REQ_SENT",
+            State::SidrReqRcvd => "SIDR_REQ_RCVD",
+            State::SidrDone => "IDLE",
+        }
+    }
+}
+
+/// One CM ID as [`Cm::id_info`] sees it (what `rdma res show cm_id` shows).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct CmIdInfo {
+    /// The ID.
+    pub id: CmId,
+    /// Its port space (TCP, UDP, IB, IPoIB).
+    pub ps: PortSpace,
+    /// The type of QP it was created for.
+    pub qp_type: QpType,
+    /// Its state.
+    pub state: CmState,
+    /// Its local address, once bound or resolved.
+    pub local: Option<SocketAddr>,
+    /// The peer's address, once resolved or taken from a request.
+    pub peer: Option<SocketAddr>,
+    /// Made for an incoming request (passive side).
+    pub passive: bool,
+    /// For a passive ID: the listener it came from.
+    pub listener: Option<CmId>,
+    /// The service ID it listens on or connects to (0 before it has one).
+    pub service_id: u64,
+    /// Its local and remote comm IDs (0 before the exchange gives them).
+    pub local_comm_id: u32,
+    /// See `local_comm_id`.
+    pub remote_comm_id: u32,
+    /// The peer's QPN, once the exchange gave it.
+    pub remote_qpn: Option<u32>,
 }
 
 /// What a pending retransmission resends.
@@ -1029,6 +1114,29 @@ impl Cm {
     /// The type of QP the ID was created for.
     pub fn qp_type(&self, id: CmId) -> Option<QpType> {
         self.ids.get(&id).map(|i| i.qp_type)
+    }
+
+    /// What `id` is: its state, addresses and the exchange's numbers.
+    pub fn id_info(&self, id: CmId) -> Option<CmIdInfo> {
+        let i = self.ids.get(&id)?;
+        Some(CmIdInfo {
+            id,
+            ps: i.ps,
+            qp_type: i.qp_type,
+            state: i.state,
+            local: i.local,
+            peer: i.peer,
+            passive: i.passive,
+            listener: i.listener,
+            // A listener's is its port's, computed when a REQ asks for it.
+            service_id: match (i.state, i.local) {
+                (State::Listen, Some(local)) => service_id(i.ps, local.port()),
+                _ => i.service_id,
+            },
+            local_comm_id: i.local_comm_id,
+            remote_comm_id: i.remote_comm_id,
+            remote_qpn: i.conn.remote_known.then_some(i.conn.remote_qpn),
+        })
     }
 
     /// How many IDs are alive.

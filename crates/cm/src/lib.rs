@@ -85,7 +85,7 @@ mod cm;
 mod nic;
 mod types;
 
-pub use cm::{Cm, cm_ack_timeout, ib_timeout, rdma_flow_label};
+pub use cm::{Cm, CmIdInfo, CmState, cm_ack_timeout, ib_timeout, rdma_flow_label};
 pub use nic::{Nic, NicCounters, NicError, NicEvent};
 pub use types::{
     CMA_CM_MRA_SERVICE_TIMEOUT, CMA_CM_RESPONSE_TIMEOUT, CMA_IBOE_PACKET_LIFETIME, CMA_MAX_CM_RETRIES, CmConfig,

@@ -372,3 +372,30 @@ fn a_repeated_req_after_a_lost_rej_and_an_mra_still_ends_rejected() {
     assert_eq!(net.a().kinds(a_id), [AddrResolved, RouteResolved, Rejected]);
     assert_eq!(net.b().requests().len(), 1);
 }
+
+#[test]
+fn id_info_follows_a_connection_from_request_to_timewait() {
+    use softrdma_cm::CmState;
+    let mut net = Net::new(seed_from_env_or(21));
+    let (a_id, a_qp, b_id) = net.request(b"hello");
+    let a = net.a().nic.cm().id_info(a_id).unwrap();
+    assert_eq!((a.state, a.state.rdma_cm_name(), a.state.ib_cm_name()), (CmState::ReqSent, "CONNECT", "REQ_SENT"));
+    assert!(!a.passive && a.remote_qpn.is_none() && a.local_comm_id != 0);
+    let b = net.b().nic.cm().id_info(b_id).unwrap();
+    assert_eq!((b.state.rdma_cm_name(), b.state.ib_cm_name()), ("CONNECT", "REQ_RCVD"));
+    assert!(b.passive, "made for the REQ");
+    let listener = net.b().nic.cm().id_info(b.listener.expect("a passive ID names its listener")).unwrap();
+    assert_eq!((listener.state.rdma_cm_name(), listener.service_id), ("LISTEN", b.service_id));
+    let now = net.now();
+    let b_qp = net.b().accept(now, b_id);
+    net.settle();
+    let (a, b) = (net.a().nic.cm().id_info(a_id).unwrap(), net.b().nic.cm().id_info(b_id).unwrap());
+    assert_eq!((a.state, b.state), (CmState::Established, CmState::Established));
+    assert_eq!((a.remote_qpn, b.remote_qpn), (Some(b_qp.value()), Some(a_qp.value())));
+    assert_eq!((a.local, a.peer), (b.peer, b.local), "each side's addresses are the other's");
+    assert_eq!((a.local_comm_id, a.remote_comm_id), (b.remote_comm_id, b.local_comm_id));
+    let now = net.now();
+    net.a().disconnect(now, a_id).unwrap();
+    let a = net.a().nic.cm().id_info(a_id).unwrap();
+    assert_eq!((a.state.rdma_cm_name(), a.state.ib_cm_name()), ("DISCONNECT", "DREQ_SENT"));
+}
