@@ -464,6 +464,8 @@ enum Bell {
 
 /// An open device: the engine, its sockets and its progress thread.
 pub(crate) struct Driver {
+    /// The `softrdma res` answer thread ([`crate::res`]), stopped first when the device closes.
+    res: Option<crate::res::Server>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) device: Device,
     thread: Option<JoinHandle<()>>,
@@ -630,6 +632,8 @@ impl Driver {
             }
         };
         let inbox_sleepers = same_host.as_ref().map(SameHost::sleepers);
+        let stats = Publisher::open(&device, options.port);
+        let res_socket = stats.path().map(crate::res::socket_path);
         let state = State {
             nic: Nic::new(Engine::new(config), cm),
             // With GRO a message holds up to 64 KiB of coalesced datagrams.
@@ -648,7 +652,7 @@ impl Driver {
             app_rx_last: None,
             app_empty_polls: 0,
             rx_batches: 0,
-            stats: Publisher::open(&device, options.port),
+            stats,
             same_host,
             same_host_backlog: false,
             groups: Vec::new(),
@@ -688,7 +692,10 @@ impl Driver {
             .spawn(move || for_thread.run())
             .map_err(|e| Error::io("starting the progress thread", e))?;
         let _ = shared.thread_id.set(thread.thread().id());
-        Ok(Driver { shared, device, thread: Some(thread) })
+        let res = res_socket.and_then(|path| {
+            crate::res::Server::start(path, Arc::downgrade(&shared), device.name().to_string(), options.port)
+        });
+        Ok(Driver { res, shared, device, thread: Some(thread) })
     }
 }
 
@@ -760,6 +767,7 @@ pub(crate) fn disconnect_at_exit() {
 
 impl Drop for Driver {
     fn drop(&mut self) {
+        drop(self.res.take());
         self.shared.stop.store(true, Ordering::Release);
         ring(&self.shared.doorbell);
         if let Some(t) = self.thread.take() {
@@ -783,7 +791,7 @@ impl Shared {
     }
 
     /// The device lock, if nobody holds it.
-    fn try_lock(&self) -> Option<Locked<'_>> {
+    pub(crate) fn try_lock(&self) -> Option<Locked<'_>> {
         match self.state.try_lock() {
             Ok(g) => Some(Locked { guard: Some(g) }),
             Err(std::sync::TryLockError::Poisoned(p)) => Some(Locked { guard: Some(p.into_inner()) }),

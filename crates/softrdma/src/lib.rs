@@ -57,6 +57,7 @@ mod faults;
 pub mod log;
 #[allow(unsafe_code)]
 mod memory;
+pub mod res;
 pub mod rsocket;
 mod same_host;
 pub mod stats;

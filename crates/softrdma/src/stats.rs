@@ -127,10 +127,16 @@ pub fn scan() -> io::Result<Scan> {
 
 /// [`scan`] of `dir`.
 pub fn scan_dir(dir: &Path) -> io::Result<Scan> {
+    scan_dir_with_paths(dir).map(|(scan, _)| scan)
+}
+
+/// [`scan_dir`], with the file of each live context (in the order of `Scan::live`).
+pub(crate) fn scan_dir_with_paths(dir: &Path) -> io::Result<(Scan, Vec<PathBuf>)> {
     let mut out = Scan::default();
+    let mut live_paths = Vec::new();
     let entries = match fs::read_dir(dir) {
         Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((out, live_paths)),
         Err(e) => return Err(e),
     };
     let mut paths: Vec<PathBuf> = Vec::new();
@@ -152,16 +158,21 @@ pub fn scan_dir(dir: &Path) -> io::Result<Scan> {
     paths.sort();
     for path in paths {
         match read_file(&path) {
-            Ok(Some(p)) => out.live.push(p),
+            Ok(Some(p)) => {
+                out.live.push(p);
+                live_paths.push(path);
+            }
             Ok(None) => {
                 out.stale += 1;
                 let _ = fs::remove_file(&path);
+                // Its `softrdma res` socket ([`crate::res`]), left as the file was.
+                let _ = fs::remove_file(crate::res::socket_path(&path));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {} // closed meanwhile
             Err(e) => out.skipped.push((path, e.to_string())),
         }
     }
-    Ok(out)
+    Ok((out, live_paths))
 }
 
 // ---- the layout --------------------------------------------------------------------------
@@ -452,6 +463,12 @@ impl Publisher {
 }
 
 impl Publisher {
+    /// The published file, if publishing is on (the `softrdma res` socket is named after
+    /// it).
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|f| f.path.as_path())
+    }
+
     /// The hook at the end of each receive step (`worked`: whether it received anything or
     /// fired a timer; `progress_thread`: the device's progress thread, if it started);
     /// see the module documentation for when it writes, and so when it calls `counters`.
