@@ -107,14 +107,14 @@ pub(crate) fn stats(args: &StatsArgs) -> ExitCode {
 
 /// A device to report on: one of this host's, or only a name found in published counters
 /// (a context opened on an interface that is gone, or on a device of its own making).
-struct Chosen {
-    name: String,
+pub(crate) struct Chosen {
+    pub(crate) name: String,
     device: Option<Device>,
 }
 
 /// Every device, or the one `wanted` names (as `softrdma_lo` or `lo`), with any device
 /// named only in `published` appended. A name that matches nothing is a usage error.
-fn choose(command: &str, wanted: Option<&str>, published: &[String]) -> Result<Vec<Chosen>, ExitCode> {
+pub(crate) fn choose(command: &str, wanted: Option<&str>, published: &[String]) -> Result<Vec<Chosen>, ExitCode> {
     let host = softrdma::devices().map_err(|e| failure(command, &e.to_string()))?;
     let mut all: Vec<Chosen> =
         host.into_iter().map(|d| Chosen { name: d.name().to_string(), device: Some(d) }).collect();
@@ -575,12 +575,12 @@ fn stats_text(r: &StatsReport, verbose: bool) -> String {
 
 // ---- output --------------------------------------------------------------------------------
 
-fn json<T: Serialize>(value: &T) -> String {
+pub(crate) fn json<T: Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default() + "\n"
 }
 
 /// Writes `out` to standard output; a closed pipe (`| head`) is not an error.
-fn emit(out: &str) -> ExitCode {
+pub(crate) fn emit(out: &str) -> ExitCode {
     let mut stdout = io::stdout().lock();
     match stdout.write_all(out.as_bytes()).and_then(|()| stdout.flush()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -589,14 +589,14 @@ fn emit(out: &str) -> ExitCode {
     }
 }
 
-fn warn(command: &str, message: &str) {
+pub(crate) fn warn(command: &str, message: &str) {
     #[allow(clippy::print_stderr)]
     {
         eprintln!("softrdma {command}: {message}");
     }
 }
 
-fn failure(command: &str, message: &str) -> ExitCode {
+pub(crate) fn failure(command: &str, message: &str) -> ExitCode {
     warn(command, message);
     ExitCode::FAILURE
 }

@@ -1,7 +1,8 @@
 //! `softrdma`: the command-line face of softrdma.
 //!
 //! `softrdma perf` measures the stack the way perftest does; `softrdma decode` reads RoCEv2
-//! captures; `softrdma devices`, `devinfo` and `stats` show the devices.
+//! captures; `softrdma devices`, `devinfo` and `stats` show the devices, `softrdma res` what
+//! every process holds on them.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -12,6 +13,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 mod decode;
 mod devices;
 mod perf;
+mod res;
 
 /// RDMA in software: RoCEv2 verbs and rdma_cm in user space.
 #[derive(Parser, Debug)]
@@ -63,6 +65,10 @@ enum Command {
     /// Packet, retry, NAK and drop counters per device (like rxe's hw_counters), summed over
     /// every live process on this host that has the device open; -v shows each process.
     Stats(devices::StatsArgs),
+    /// The QPs, CQs, MRs, PDs, SRQs and rdma_cm IDs of every live process on this host (what
+    /// `rdma res show` lists for a kernel device): states, PSNs, what is in flight, retries,
+    /// peers. MR keys are shown for your own processes (all of them as root).
+    Res(res::ResArgs),
 }
 
 fn main() -> ExitCode {
@@ -75,6 +81,7 @@ fn main() -> ExitCode {
         Command::Devices(args) => devices::devices(&args),
         Command::Devinfo(args) => devices::devinfo(&args),
         Command::Stats(args) => devices::stats(&args),
+        Command::Res(args) => res::res(&args),
         Command::Decode { file, json, follow } => {
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());

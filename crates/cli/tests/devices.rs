@@ -100,7 +100,7 @@ fn devinfo_verbose_shows_the_port_the_gids_and_the_engines_limits() {
 
 #[test]
 fn a_bad_device_name_is_a_one_line_error_with_status_2() {
-    for command in ["devinfo", "stats"] {
+    for command in ["devinfo", "stats", "res"] {
         let out = softrdma(&[command, "-d", "mlx5_0"]);
         assert_eq!(out.status.code(), Some(2), "{command}");
         let err = String::from_utf8_lossy(&out.stderr);
