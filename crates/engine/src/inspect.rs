@@ -7,6 +7,7 @@
 //! one borrow of the engine.
 
 use core::net::IpAddr;
+use std::collections::BTreeMap;
 
 use softrdma_wire::{Gid, Psn, Qpn, RKey};
 
@@ -228,17 +229,22 @@ impl Engine {
 
     /// Every CQ, by number.
     pub fn cqs(&self) -> impl Iterator<Item = CqInfo> + '_ {
-        self.shared.cqs.iter().map(|(i, c)| {
-            let cq = CqId(i as u32);
-            let users = self.qps.values().filter(|q| q.send_cq == cq || q.recv_cq == cq).count();
-            CqInfo {
-                cq,
-                depth: c.capacity,
-                queued: c.entries.len() as u32,
-                armed: c.notify.is_some(),
-                overflowed: c.overflowed,
-                users: users as u32,
+        // Users counted in one pass over the QPs, not one per CQ: a program with a CQ per
+        // QP has thousands of each.
+        let mut users: BTreeMap<u32, u32> = BTreeMap::new();
+        for q in self.qps.values() {
+            *users.entry(q.send_cq.0).or_default() += 1;
+            if q.recv_cq != q.send_cq {
+                *users.entry(q.recv_cq.0).or_default() += 1;
             }
+        }
+        self.shared.cqs.iter().map(move |(i, c)| CqInfo {
+            cq: CqId(i as u32),
+            depth: c.capacity,
+            queued: c.entries.len() as u32,
+            armed: c.notify.is_some(),
+            overflowed: c.overflowed,
+            users: users.get(&(i as u32)).copied().unwrap_or(0),
         })
     }
 
