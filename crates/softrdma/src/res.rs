@@ -320,101 +320,119 @@ pub fn may_see_keys(reader_uid: u32, owner_uid: u32) -> bool {
     reader_uid == 0 || reader_uid == owner_uid
 }
 
-/// The snapshot of `nic` (the device lock held), with keys if `keys`.
-pub(crate) fn snapshot(nic: &Nic, keys: bool, device: &str, port: u16) -> Snapshot {
-    let engine = nic.engine();
-    let mut truncated = false;
-    let mut take = |n: usize| {
-        truncated |= n > MAX_ROWS;
-        MAX_ROWS
-    };
-    let qps: Vec<QpRow> = engine.qps().take(take(engine.qp_count())).map(qp_row).collect();
-    let pds: Vec<PdRow> = engine.pds().map(|(pd, users)| PdRow { pdn: pd.0, users }).collect();
-    let pds = limit(pds, &mut take);
-    let cqs: Vec<CqRow> = engine
-        .cqs()
-        .map(|c| CqRow {
-            cqn: c.cq.0,
-            cqe: c.depth,
-            entries: c.queued,
-            users: c.users,
-            armed: c.armed,
-            overflowed: c.overflowed,
-        })
-        .collect();
-    let cqs = limit(cqs, &mut take);
-    let mrs: Vec<MrRow> = engine
-        .mrs()
-        .map(|m| MrRow {
-            mrn: m.index,
-            pdn: m.pd.0,
-            lkey: keys.then_some(m.lkey.0),
-            rkey: keys.then_some(m.rkey.0),
-            iova: keys.then_some(m.iova),
-            mrlen: m.length,
-            access: access_names(m.access),
-            windows: m.windows,
-        })
-        .collect();
-    let mrs = limit(mrs, &mut take);
-    let srqs: Vec<SrqRow> = engine
-        .srqs()
-        .map(|s| SrqRow {
-            srqn: s.srq.0,
-            srq_type: if s.xrc.is_some() { "XRC" } else { "BASIC" }.to_string(),
-            pdn: s.pd.0,
-            wqe: s.depth,
-            posted: s.queued,
-            max_sge: s.max_sge,
-            limit: s.limit,
-            xrcd: s.xrc.map(|(x, _)| x.0),
-            cqn: s.xrc.map(|(_, c)| c.0),
-            lqpns: qps.iter().filter(|q| q.srqn == Some(s.srq.0)).map(|q| q.lqpn).collect(),
-        })
-        .collect();
-    let srqs = limit(srqs, &mut take);
-    let cm = nic.cm();
-    let ids = cm.ids();
-    let cm_ids: Vec<CmIdRow> = ids
-        .iter()
-        .take(take(ids.len()))
-        .filter_map(|&id| cm.id_info(id))
-        .map(|i| CmIdRow {
-            cm_idn: i.id.0,
-            state: i.state.rdma_cm_name().to_string(),
-            cm_state: i.state.ib_cm_name().to_string(),
-            ps: i.ps.to_string(),
-            qp_type: i.qp_type.short_name().to_string(),
-            lqpn: nic.attached_qp(i.id).map(|q| q.value()),
-            rqpn: i.remote_qpn,
-            src_addr: i.local.map(|a| a.to_string()),
-            dst_addr: i.peer.map(|a| a.to_string()),
-            passive: i.passive,
-            service_id: format!("{:#018x}", i.service_id),
-        })
-        .collect();
-    Snapshot {
-        version: ANSWER_VERSION,
-        pid: std::process::id(),
-        uid: rustix::process::geteuid().as_raw(),
-        command: std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim_end().to_string(),
-        device: device.to_string(),
-        port,
-        keys_shown: keys,
-        truncated,
-        pds,
-        cqs,
-        qps,
-        mrs,
-        srqs,
-        cm_ids,
-    }
+/// What a snapshot is made of, copied out of the NIC under the device lock: plain values
+/// only, so that the lock is held for the copies alone, not for the formatting.
+pub(crate) struct Raw {
+    qps: Vec<softrdma_engine::QpInfo>,
+    pds: Vec<(softrdma_engine::PdId, u32)>,
+    cqs: Vec<softrdma_engine::CqInfo>,
+    mrs: Vec<softrdma_engine::MrInfo>,
+    srqs: Vec<softrdma_engine::SrqInfo>,
+    cm_ids: Vec<(softrdma_cm::CmIdInfo, Option<softrdma_wire::Qpn>)>,
+    truncated: bool,
 }
 
-fn limit<T>(mut rows: Vec<T>, take: &mut impl FnMut(usize) -> usize) -> Vec<T> {
-    let n = take(rows.len());
-    rows.truncate(n);
-    rows
+impl Raw {
+    /// Copies what `nic` holds, [`MAX_ROWS`] of each kind at most (the device lock held).
+    pub(crate) fn take(nic: &Nic) -> Raw {
+        let engine = nic.engine();
+        let cm = nic.cm();
+        let ids = cm.ids();
+        let truncated = [engine.qp_count(), engine.pds().count(), engine.cqs().count(), engine.mrs().count()]
+            .into_iter()
+            .chain([engine.srqs().count(), ids.len()])
+            .any(|n| n > MAX_ROWS);
+        Raw {
+            qps: engine.qps().take(MAX_ROWS).collect(),
+            pds: engine.pds().take(MAX_ROWS).collect(),
+            cqs: engine.cqs().take(MAX_ROWS).collect(),
+            mrs: engine.mrs().take(MAX_ROWS).collect(),
+            srqs: engine.srqs().take(MAX_ROWS).collect(),
+            cm_ids: ids.iter().take(MAX_ROWS).filter_map(|&id| Some((cm.id_info(id)?, nic.attached_qp(id)))).collect(),
+            truncated,
+        }
+    }
+
+    /// The snapshot, with MR keys and addresses if `keys`.
+    pub(crate) fn snapshot(self, keys: bool, device: &str, port: u16) -> Snapshot {
+        let qps: Vec<QpRow> = self.qps.into_iter().map(qp_row).collect();
+        let pds = self.pds.into_iter().map(|(pd, users)| PdRow { pdn: pd.0, users }).collect();
+        let cqs = self
+            .cqs
+            .into_iter()
+            .map(|c| CqRow {
+                cqn: c.cq.0,
+                cqe: c.depth,
+                entries: c.queued,
+                users: c.users,
+                armed: c.armed,
+                overflowed: c.overflowed,
+            })
+            .collect();
+        let mrs = self
+            .mrs
+            .into_iter()
+            .map(|m| MrRow {
+                mrn: m.index,
+                pdn: m.pd.0,
+                lkey: keys.then_some(m.lkey.0),
+                rkey: keys.then_some(m.rkey.0),
+                iova: keys.then_some(m.iova),
+                mrlen: m.length,
+                access: access_names(m.access),
+                windows: m.windows,
+            })
+            .collect();
+        let srqs = self
+            .srqs
+            .into_iter()
+            .map(|s| SrqRow {
+                srqn: s.srq.0,
+                srq_type: if s.xrc.is_some() { "XRC" } else { "BASIC" }.to_string(),
+                pdn: s.pd.0,
+                wqe: s.depth,
+                posted: s.queued,
+                max_sge: s.max_sge,
+                limit: s.limit,
+                xrcd: s.xrc.map(|(x, _)| x.0),
+                cqn: s.xrc.map(|(_, c)| c.0),
+                lqpns: qps.iter().filter(|q| q.srqn == Some(s.srq.0)).map(|q| q.lqpn).collect(),
+            })
+            .collect();
+        let cm_ids = self
+            .cm_ids
+            .into_iter()
+            .map(|(i, qp)| CmIdRow {
+                cm_idn: i.id.0,
+                state: i.state.rdma_cm_name().to_string(),
+                cm_state: i.state.ib_cm_name().to_string(),
+                ps: i.ps.to_string(),
+                qp_type: i.qp_type.short_name().to_string(),
+                lqpn: qp.map(|q| q.value()),
+                rqpn: i.remote_qpn,
+                src_addr: i.local.map(|a| a.to_string()),
+                dst_addr: i.peer.map(|a| a.to_string()),
+                passive: i.passive,
+                service_id: format!("{:#018x}", i.service_id),
+            })
+            .collect();
+        Snapshot {
+            version: ANSWER_VERSION,
+            pid: std::process::id(),
+            uid: rustix::process::geteuid().as_raw(),
+            command: std::fs::read_to_string("/proc/self/comm").unwrap_or_default().trim_end().to_string(),
+            device: device.to_string(),
+            port,
+            keys_shown: keys,
+            truncated: self.truncated,
+            pds,
+            cqs,
+            qps,
+            mrs,
+            srqs,
+            cm_ids,
+        }
+    }
 }
 
 fn qp_row(q: softrdma_engine::QpInfo) -> QpRow {
@@ -612,8 +630,10 @@ fn answer(stream: &UnixStream, shared: &Weak<Shared>, device: &str, port: u16) {
                     None => break None,
                 }
             };
-            match locked {
-                Some(st) => Answer::Snapshot(snapshot(&st.nic, keys, device, port)),
+            // Only the copies under the lock; the rows are formatted after it.
+            let raw = locked.map(|st| Raw::take(&st.nic));
+            match raw {
+                Some(raw) => Answer::Snapshot(raw.snapshot(keys, device, port)),
                 None => Answer::Error {
                     version: ANSWER_VERSION,
                     message: format!("its device lock stayed taken for {LOCK_WAIT:?} (a thread stuck in a verb?)"),
