@@ -1261,7 +1261,10 @@ impl State {
         // (4 batches) before answering made the two processes take turns, each idle while
         // the other worked (64 KiB WRITE: 1.1 GB/s, against 1.7-1.8 so).
         let max = RX_BATCH;
-        local.receive(max, |envelope, ip, datagram| deliver(nic, capture, faults, now, envelope, ip, datagram)) > 0
+        local.receive(max, |envelope, ip, datagram| match faults {
+            None => deliver_from_inbox(nic, capture, now, envelope, ip, datagram),
+            Some(_) => deliver(nic, capture, faults, now, envelope, ip, datagram),
+        }) > 0
     }
 
     /// Sends everything the NIC has to send (the CM's MADs first, then the engine's
@@ -1446,7 +1449,6 @@ fn is_gsi(datagram: &[u8]) -> bool {
     softrdma_wire::BthPacket::new_checked(datagram).is_ok_and(|b| b.dest_qp().value() == 1)
 }
 
-/// The counters of a device: the NIC's and the sockets'.
 /// One received datagram to the NIC, through the injected faults if any
 /// ([`deliver_now`] when they let it through).
 fn deliver(
@@ -1476,6 +1478,24 @@ fn announce_faults(device: &Device, spec: &softrdma_sim::FaultSpec) {
     tracing::info!(device = device.name(), %spec, "injecting faults");
 }
 
+/// A packet from another process's engine on this host, through the shared-memory inbox: in
+/// the envelope its ICRC was computed for, by an engine that computed it, through memory only
+/// this user's processes can write, so checking it proves nothing and costs a pass over the
+/// packet (about 10 % of a 4 KiB packet's receive).
+fn deliver_from_inbox(
+    nic: &mut Nic,
+    capture: &mut Option<Capture>,
+    now: Instant,
+    envelope: &Envelope,
+    ip: IpInfo,
+    datagram: &[u8],
+) {
+    if let Some(c) = capture {
+        c.write(envelope, datagram);
+    }
+    nic.handle_checked_datagram(now, envelope, ip, datagram, &mut ProcessMemory);
+}
+
 /// One received datagram to the NIC, after its ICRC check (and to the capture).
 fn deliver_now(
     nic: &mut Nic,
@@ -1494,6 +1514,7 @@ fn deliver_now(
     }
 }
 
+/// The counters of a device: the NIC's and the sockets'.
 fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>, faults: Option<&Faults>) -> Counters {
     let gsi = nic.counters();
     Counters {
