@@ -413,7 +413,7 @@ impl Nic {
             payload: &t.payload(),
         };
         let len = repr.emit(&envelope, buf).ok()?;
-        Some(Transmit { envelope, len, traffic_class: 0, local_qp: Qpn::GSI })
+        Some(Transmit { envelope, len, traffic_class: 0, local_qp: Qpn::GSI, icrc_pending: false })
     }
 
     /// The envelope of a MAD: from the device's UDP port to the RoCEv2 port.

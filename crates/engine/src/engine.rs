@@ -73,6 +73,10 @@ pub struct DeviceConfig {
     pub max_total_mcast_qp_attach: u32,
     /// Most XRC domains open at once (`max_xrcds`; ConnectX: 2^24, rxe: none).
     pub max_xrcds: u32,
+    /// Leave the ICRC of the QPs' packets to the runtime ([`Transmit::icrc_pending`]), as a
+    /// NIC computes it last, on the way out: a packet that crosses no wire (softrdma's
+    /// same-host path) needs none. `false` (the default): every packet leaves complete.
+    pub defer_icrc: bool,
 }
 
 impl Default for DeviceConfig {
@@ -99,6 +103,7 @@ impl Default for DeviceConfig {
             max_mcast_qp_attach: 56,
             max_total_mcast_qp_attach: 0x70000,
             max_xrcds: 1 << 16,
+            defer_icrc: false,
         }
     }
 }
@@ -182,6 +187,10 @@ pub struct Transmit {
     /// The local QP that sent it (QP1 for the CM's MADs): a capture filtered by QP keeps a
     /// packet its QP sent, which the BTH (naming only the destination QP) does not show.
     pub local_qp: Qpn,
+    /// Its last 4 bytes are not its ICRC yet ([`DeviceConfig::defer_icrc`]): before it goes
+    /// on a wire, or into a capture, the runtime computes it
+    /// ([`RocePacket::fill_icrc`](softrdma_wire::RocePacket::fill_icrc) in `envelope`).
+    pub icrc_pending: bool,
 }
 
 #[derive(Debug)]

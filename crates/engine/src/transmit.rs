@@ -7,7 +7,7 @@
 use softrdma_wire::opcode::Position;
 use softrdma_wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, IethRepr, ImmDtRepr,
-    Msn, NakCode, Opcode, PKey, Psn, RethRepr, RoceRepr, Syndrome, XrcEthRepr,
+    Msn, NakCode, Opcode, PKey, Psn, RethRepr, RocePacket, RoceRepr, Syndrome, XrcEthRepr,
 };
 
 use crate::completer::{self, local_key_status};
@@ -64,11 +64,18 @@ impl Engine {
             if let (Some(t), Some(cc)) = (&sent, qp.cc.as_deref_mut()) {
                 cc.rp.on_sent(now, t.len);
             }
-            if let (Some(t), Some(sealer)) = (&mut sent, &mut qp.keys) {
-                // The buffer holds 4096 + 80 bytes: room for the largest packet and its trailer.
-                t.len = sealer
-                    .seal(&t.envelope, buf, t.len)
-                    .expect("poll_transmit's buffer holds a packet and its trailer");
+            if let Some(t) = &mut sent {
+                if let Some(sealer) = &mut qp.keys {
+                    // The buffer holds 4096 + 80 bytes: room for the largest packet and its
+                    // trailer. Sealing computes the ICRC over the sealed packet.
+                    t.len = sealer
+                        .seal(&t.envelope, buf, t.len)
+                        .expect("poll_transmit's buffer holds a packet and its trailer");
+                    t.icrc_pending = false;
+                } else if !self.shared.config.defer_icrc {
+                    RocePacket::new_unchecked(&mut buf[..t.len]).fill_icrc(&t.envelope);
+                    t.icrc_pending = false;
+                }
             }
             if sent.is_some() {
                 self.shared.counters.sent_packets += 1;
@@ -102,7 +109,7 @@ impl Engine {
         }
         self.shared.counters.sent_packets += 1;
         self.shared.counters.cnps_sent += 1;
-        Some(Transmit { envelope, len, traffic_class: 0, local_qp: local })
+        Some(Transmit { envelope, len, traffic_class: 0, local_qp: local, icrc_pending: false })
     }
 }
 
@@ -135,11 +142,18 @@ fn bth(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
     }
 }
 
-/// Writes `repr` with a payload of `payload_len` bytes already placed after its headers.
+/// Writes `repr` with a payload of `payload_len` bytes already placed after its headers, but
+/// not its ICRC: `poll_transmit` seals the packet, computes it or leaves it to the runtime.
 fn emit(repr: &RoceRepr<'_>, envelope: Envelope, payload_len: usize, buf: &mut [u8]) -> Option<Transmit> {
-    match repr.emit_around_payload(&envelope, payload_len, buf) {
+    match repr.emit_around_payload_without_icrc(payload_len, buf) {
         // The caller (`poll_transmit`) names the QP.
-        Ok(len) => Some(Transmit { envelope, len, traffic_class: 0, local_qp: softrdma_wire::Qpn::default() }),
+        Ok(len) => Some(Transmit {
+            envelope,
+            len,
+            traffic_class: 0,
+            local_qp: softrdma_wire::Qpn::default(),
+            icrc_pending: true,
+        }),
         Err(e) => {
             debug_assert!(false, "the engine built a packet the codec refuses: {e}");
             None

@@ -35,6 +35,7 @@ use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, Ip
 use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
+use softrdma_wire::RocePacket;
 use softrdma_wire::icrc::Ipv4IdentificationCache;
 use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
 
@@ -590,6 +591,8 @@ impl Driver {
             udp_port: options.port,
             congestion: congestion_control(options).then(softrdma_engine::congestion::DcqcnConfig::default),
             peer_window: Some(PEER_WINDOW),
+            // flush_packets computes it for what goes by a socket or into a capture.
+            defer_icrc: true,
             ..DeviceConfig::default()
         };
         let capture = match &options.capture {
@@ -1125,7 +1128,7 @@ impl State {
             worked |= self.receive_groups(shared, now);
         }
         if let State { faults: Some(f), nic, capture, .. } = self {
-            worked |= f.release(now, |e, ip, d| deliver_now(nic, capture, now, e, ip, d));
+            worked |= f.release(now, |e, ip, d, checked| to_nic(nic, capture, now, e, ip, d, checked));
         }
         if self.nic.poll_timeout().is_some_and(|t| t <= now) {
             self.nic.handle_timeout(now);
@@ -1235,9 +1238,7 @@ impl State {
             // it put in the inbox before it sent the MAD is there now, and goes first (an ACK
             // before the DREQ that follows it, or the DREQ would flush the send it acknowledges).
             if let Some(local) = same_host.as_mut().filter(|_| is_gsi(d.payload)) {
-                while local.receive(RX_BATCH, |e, ip, datagram| deliver(nic, capture, faults, now, e, ip, datagram)) > 0
-                {
-                }
+                while local.receive(RX_BATCH, |e, ip, d| deliver(nic, capture, faults, now, e, ip, d, false)) > 0 {}
             }
             // The IPv4 identification is not shown by the socket: the first guess is 0
             // (what softrdma sends), or for a GSO train from this host (a loopback
@@ -1249,7 +1250,7 @@ impl State {
             };
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            deliver(nic, capture, faults, now, &guess, info, d.payload);
+            deliver(nic, capture, faults, now, &guess, info, d.payload, true);
         }
     }
 
@@ -1261,10 +1262,8 @@ impl State {
         // (4 batches) before answering made the two processes take turns, each idle while
         // the other worked (64 KiB WRITE: 1.1 GB/s, against 1.7-1.8 so).
         let max = RX_BATCH;
-        local.receive(max, |envelope, ip, datagram| match faults {
-            None => deliver_from_inbox(nic, capture, now, envelope, ip, datagram),
-            Some(_) => deliver(nic, capture, faults, now, envelope, ip, datagram),
-        }) > 0
+        local.receive(max, |envelope, ip, datagram| deliver(nic, capture, faults, now, envelope, ip, datagram, false))
+            > 0
     }
 
     /// Sends everything the NIC has to send (the CM's MADs first, then the engine's
@@ -1288,14 +1287,24 @@ impl State {
             while self.tx.meta.len() < TX_BATCH {
                 let State { nic, tx, same_host, capture, .. } = self;
                 match nic.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
-                    Some(t) => {
-                        let datagram = &tx.arena[at..at + t.len];
+                    Some(mut t) => {
+                        let datagram = &mut tx.arena[at..at + t.len];
+                        // The ICRC is computed last, as a NIC does, and only for what leaves
+                        // by a socket or is captured: the same-host path needs none.
+                        if t.icrc_pending && capture.is_some() {
+                            RocePacket::new_unchecked(&mut *datagram).fill_icrc(&t.envelope);
+                            t.icrc_pending = false;
+                        }
                         if same_host.as_mut().is_some_and(|l| l.send(now, &t, ecn, datagram)) {
                             if let Some(c) = capture {
                                 c.write_sent(t.local_qp, &t.envelope, datagram);
                             }
                             any = true;
                             continue;
+                        }
+                        if t.icrc_pending {
+                            RocePacket::new_unchecked(&mut *datagram).fill_icrc(&t.envelope);
+                            t.icrc_pending = false;
                         }
                         tx.meta.push((at, t));
                         at += t.len;
@@ -1449,8 +1458,10 @@ fn is_gsi(datagram: &[u8]) -> bool {
     softrdma_wire::BthPacket::new_checked(datagram).is_ok_and(|b| b.dest_qp().value() == 1)
 }
 
-/// One received datagram to the NIC, through the injected faults if any
-/// ([`deliver_now`] when they let it through).
+/// One received datagram to the NIC, through the injected faults if any. `from_socket`:
+/// it came by a socket, and its ICRC is checked ([`deliver_now`]); otherwise by the
+/// same-host inbox, and it is not ([`deliver_from_inbox`]).
+#[allow(clippy::too_many_arguments)]
 fn deliver(
     nic: &mut Nic,
     capture: &mut Option<Capture>,
@@ -1459,10 +1470,30 @@ fn deliver(
     guess: &Envelope,
     ip: IpInfo,
     datagram: &[u8],
+    from_socket: bool,
 ) {
     match faults {
-        None => deliver_now(nic, capture, now, guess, ip, datagram),
-        Some(f) => f.admit(now, guess, ip, datagram, |e, ip, d| deliver_now(nic, capture, now, e, ip, d)),
+        None => to_nic(nic, capture, now, guess, ip, datagram, from_socket),
+        Some(f) => f.admit(now, guess, ip, datagram, from_socket, |e, ip, d, checked| {
+            to_nic(nic, capture, now, e, ip, d, checked);
+        }),
+    }
+}
+
+/// [`deliver_now`] what came by a socket, [`deliver_from_inbox`] what did not.
+fn to_nic(
+    nic: &mut Nic,
+    capture: &mut Option<Capture>,
+    now: Instant,
+    guess: &Envelope,
+    ip: IpInfo,
+    datagram: &[u8],
+    from_socket: bool,
+) {
+    if from_socket {
+        deliver_now(nic, capture, now, guess, ip, datagram);
+    } else {
+        deliver_from_inbox(nic, capture, now, guess, ip, datagram);
     }
 }
 
@@ -1478,10 +1509,10 @@ fn announce_faults(device: &Device, spec: &softrdma_sim::FaultSpec) {
     tracing::info!(device = device.name(), %spec, "injecting faults");
 }
 
-/// A packet from another process's engine on this host, through the shared-memory inbox: in
-/// the envelope its ICRC was computed for, by an engine that computed it, through memory only
-/// this user's processes can write, so checking it proves nothing and costs a pass over the
-/// packet (about 10 % of a 4 KiB packet's receive).
+/// A packet from another process's engine on this host, through the shared-memory inbox:
+/// made by an engine, through memory only this user's processes can write, and sent without
+/// its ICRC (it crosses no wire: `Transmit::icrc_pending`), so there is nothing to check. A
+/// capture gets it with its ICRC.
 fn deliver_from_inbox(
     nic: &mut Nic,
     capture: &mut Option<Capture>,
@@ -1491,7 +1522,9 @@ fn deliver_from_inbox(
     datagram: &[u8],
 ) {
     if let Some(c) = capture {
-        c.write(envelope, datagram);
+        let mut complete = datagram.to_vec();
+        softrdma_wire::RocePacket::new_unchecked(&mut complete[..]).fill_icrc(envelope);
+        c.write(envelope, &complete);
     }
     nic.handle_checked_datagram(now, envelope, ip, datagram, &mut ProcessMemory);
 }
@@ -1602,7 +1635,8 @@ mod tests {
             p.fill(b'a' + i as u8);
             p[0] = opcode;
             p[5..8].copy_from_slice(&[0, qpn, 0]);
-            q.meta.push((at, Transmit { envelope, len, traffic_class: 0, local_qp: softrdma_wire::Qpn::default() }));
+            let local_qp = softrdma_wire::Qpn::default();
+            q.meta.push((at, Transmit { envelope, len, traffic_class: 0, local_qp, icrc_pending: false }));
             at += len;
         }
         q

@@ -12,7 +12,8 @@
 //!
 //! On **receive**: every datagram a device takes from its sockets, multicast groups or
 //! same-host inbox is judged before the NIC sees it. A dropped one never reaches the
-//! engine; a corrupted one fails its ICRC there, as a real NIC's would; a delayed one waits
+//! engine; a corrupted one fails its ICRC there, as a real NIC's would (one from the
+//! same-host inbox, which is taken without an ICRC check, is dropped here instead); a delayed one waits
 //! here and is handed over when due (the progress thread wakes for it). Judging the
 //! receive side makes every rule's scope mean what a user asks of it: `qp 0x2001` is every
 //! packet that QP gets (requests as a responder, ACKs and READ responses as a requester),
@@ -98,6 +99,7 @@ struct Held {
     seq: u64,
     envelope: Envelope,
     ip: IpInfo,
+    icrc_checked: bool,
     bytes: Vec<u8>,
 }
 
@@ -152,14 +154,18 @@ impl Faults {
     }
 
     /// Judges a received datagram: hands it to `deliver` now (once per copy, corrupted as
-    /// decided), later ([`release`](Self::release)), or never.
+    /// decided), later ([`release`](Self::release)), or never. `icrc_checked`: whether the
+    /// receiver checks its ICRC, as for what the sockets bring (same-host packets are taken
+    /// unchecked, and may carry none): a corrupted one that would not be checked is
+    /// dropped here, where the check would have dropped it.
     pub(crate) fn admit(
         &mut self,
         now: Instant,
         envelope: &Envelope,
         ip: IpInfo,
         datagram: &[u8],
-        mut deliver: impl FnMut(&Envelope, IpInfo, &[u8]),
+        icrc_checked: bool,
+        mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], bool),
     ) {
         self.judged.refill(*envelope, datagram, now);
         let plan = match self.chain.judge(&self.judged) {
@@ -171,18 +177,22 @@ impl Faults {
             }
         };
         if plan.copies == 1 && plan.delay.is_zero() && plan.corruptions.is_empty() {
-            deliver(envelope, ip, datagram);
+            deliver(envelope, ip, datagram, icrc_checked);
             return;
         }
         let mut bytes = datagram.to_vec();
         if !plan.corruptions.is_empty() {
             self.counters.corrupted += 1;
+            if !icrc_checked {
+                self.counters.dropped += 1;
+                return;
+            }
             plan.corrupt(&mut bytes);
         }
         self.counters.duplicated += plan.copies as u64 - 1;
         if plan.delay.is_zero() {
             for _ in 0..plan.copies {
-                deliver(envelope, ip, &bytes);
+                deliver(envelope, ip, &bytes, icrc_checked);
             }
             return;
         }
@@ -194,18 +204,18 @@ impl Faults {
                 continue;
             }
             self.seq += 1;
-            let held = Held { at, seq: self.seq, envelope: *envelope, ip, bytes: bytes.clone() };
+            let held = Held { at, seq: self.seq, envelope: *envelope, ip, icrc_checked, bytes: bytes.clone() };
             self.held.push(Reverse(held));
         }
     }
 
     /// Hands every held datagram that is due by `now` to `deliver`, in the order they are
     /// due; whether there was one.
-    pub(crate) fn release(&mut self, now: Instant, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8])) -> bool {
+    pub(crate) fn release(&mut self, now: Instant, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], bool)) -> bool {
         let mut any = false;
         while self.held.peek().is_some_and(|h| h.0.at <= now) {
             let Reverse(h) = self.held.pop().expect("peeked");
-            deliver(&h.envelope, h.ip, &h.bytes);
+            deliver(&h.envelope, h.ip, &h.bytes, h.icrc_checked);
             any = true;
         }
         any
@@ -239,9 +249,9 @@ mod tests {
             if i < n {
                 let mut p = packet(0x11);
                 p[39] = i as u8;
-                f.admit(now, &e, IpInfo::default(), &p, |_, _, d| got.push((now.as_nanos(), d.to_vec())));
+                f.admit(now, &e, IpInfo::default(), &p, true, |_, _, d, _| got.push((now.as_nanos(), d.to_vec())));
             }
-            f.release(now, |_, _, d| got.push((now.as_nanos(), d.to_vec())));
+            f.release(now, |_, _, d, _| got.push((now.as_nanos(), d.to_vec())));
         }
         (f, got)
     }
@@ -273,7 +283,7 @@ mod tests {
         let e = Envelope::rocev2([127, 0, 0, 1].into(), 0xc000, [127, 0, 0, 1].into()).unwrap();
         let mut n = 0;
         for qpn in [0x11, 0x12, 0x11] {
-            f.admit(Instant::from_nanos(0), &e, IpInfo::default(), &packet(qpn), |_, _, _| n += 1);
+            f.admit(Instant::from_nanos(0), &e, IpInfo::default(), &packet(qpn), true, |_, _, _, _| n += 1);
         }
         assert_eq!((n, f.counters().dropped), (2, 1));
     }

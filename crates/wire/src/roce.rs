@@ -372,9 +372,27 @@ impl<'a> RoceRepr<'a> {
         self.finish(envelope, payload_len, buf)
     }
 
+    /// [`emit_around_payload`](Self::emit_around_payload) without the ICRC: its four bytes
+    /// are left as they are, for a sender that computes it later or never (a packet that
+    /// crosses no wire; [`RocePacket::fill_icrc`] computes it).
+    pub fn emit_around_payload_without_icrc(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
+        self.validate_for(payload_len)?;
+        let buf = buf.get_mut(..self.packet_len(payload_len)).ok_or(Error::BufferTooSmall)?;
+        self.headers(payload_len, buf);
+        Ok(buf.len())
+    }
+
     /// Headers, pad and ICRC around a payload of `payload_len` bytes already in `buf`, which
     /// is exactly the packet's length.
     fn finish(&self, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
+        self.headers(payload_len, buf);
+        RocePacket::new_unchecked(&mut *buf).fill_icrc(envelope);
+        Ok(buf.len())
+    }
+
+    /// Headers and pad around a payload of `payload_len` bytes already in `buf`, which is
+    /// exactly the packet's length.
+    fn headers(&self, payload_len: usize, buf: &mut [u8]) {
         let header_len = self.header_len();
         let pad = payload_len.wrapping_neg() & 3;
 
@@ -414,8 +432,6 @@ impl<'a> RoceRepr<'a> {
         }
         let pad_at = header_len + payload_len;
         buf[pad_at..pad_at + pad].fill(0);
-        RocePacket::new_unchecked(&mut *buf).fill_icrc(envelope);
-        Ok(buf.len())
     }
 }
 
