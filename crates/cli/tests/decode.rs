@@ -2,21 +2,15 @@
 //! output checked against values read by hand from tshark (Wireshark 4.0) for the same
 //! frames.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+
+use std::path::Path;
 use std::time::Duration;
 
+use common::{data, softrdma};
 use serde_json::Value;
 use softrdma_pcap::CaptureWriter;
 use softrdma_wire::Envelope;
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
-}
-
-fn softrdma(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_softrdma")).args(args).output().expect("run softrdma")
-}
 
 fn decode_json(path: &Path) -> Vec<Value> {
     let out = softrdma(&["decode", "--json", path.to_str().unwrap()]);

@@ -3,6 +3,8 @@
 //! UD with DETH), the traffic is captured, and both `softrdma decode` and tshark read every
 //! frame with nothing malformed and every ICRC valid.
 
+mod common;
+
 use std::net::IpAddr;
 use std::process::Command;
 use std::time::Duration;
@@ -46,48 +48,6 @@ fn qp(s: &mut Side, qp_type: QpType) -> Qpn {
         sq_sig_all: true,
     };
     s.e.create_qp(&init).unwrap()
-}
-
-fn rc_up(s: &mut Side, q: Qpn, peer: Qpn, peer_ip: IpAddr) {
-    let e = &mut s.e;
-    let init = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, ..QpAttr::default() };
-    e.modify_qp(q, &init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
-    let av =
-        AddressVector { dgid: Gid::from_ip(peer_ip), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: Some(av),
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: peer.value(),
-        rq_psn: 7,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    let m = AttrMask::STATE
-        | AttrMask::AV
-        | AttrMask::PATH_MTU
-        | AttrMask::DEST_QPN
-        | AttrMask::RQ_PSN
-        | AttrMask::MAX_DEST_RD_ATOMIC
-        | AttrMask::MIN_RNR_TIMER;
-    e.modify_qp(q, &rtr, m).unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 7,
-        timeout: 10,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    let m = AttrMask::STATE
-        | AttrMask::SQ_PSN
-        | AttrMask::TIMEOUT
-        | AttrMask::RETRY_CNT
-        | AttrMask::RNR_RETRY
-        | AttrMask::MAX_QP_RD_ATOMIC;
-    e.modify_qp(q, &rts, m).unwrap();
 }
 
 fn ud_up(s: &mut Side, q: Qpn) {
@@ -157,8 +117,8 @@ fn run(
 fn engine_traffic_decodes_cleanly_with_softrdma_decode_and_tshark() {
     let (mut a, mut b) = (side([10, 0, 0, 1]), side([10, 0, 0, 2]));
     let (aq, bq) = (qp(&mut a, QpType::Rc), qp(&mut b, QpType::Rc));
-    rc_up(&mut a, aq, bq, b.ip);
-    rc_up(&mut b, bq, aq, a.ip);
+    common::rc_up(&mut a.e, aq, bq, b.ip, 7);
+    common::rc_up(&mut b.e, bq, aq, a.ip, 7);
     let (au, bu) = (qp(&mut a, QpType::Ud), qp(&mut b, QpType::Ud));
     ud_up(&mut a, au);
     ud_up(&mut b, bu);

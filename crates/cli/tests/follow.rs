@@ -4,23 +4,17 @@
 //! capture of two softrdma engines on the simulator's fabric with packets lost, the
 //! retransmissions are marked and the NAKs named.
 
+mod common;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::{data, softrdma};
 use serde_json::Value;
 use softrdma_engine::*;
 use softrdma_sim::{Datagram, Fabric, Tap, Verdict};
-use softrdma_wire::{Envelope, Gid, Opcode, Qpn};
-
-fn data(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
-}
-
-fn softrdma(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_softrdma")).args(args).output().expect("run softrdma")
-}
+use softrdma_wire::{Envelope, Opcode, Qpn};
 
 /// The JSON lines of `decode --follow`: the conversation, the packets, the summary.
 fn follow(path: &Path, target: &str) -> (Value, Vec<Value>, Value) {
@@ -223,49 +217,6 @@ fn engine_node(ip: [u8; 4], seed: u64) -> EngineNode {
     EngineNode { engine, mem: VecMemory::new(BASE, MEM), ip, cq, keys, qp }
 }
 
-/// RESET to RTS, path MTU 1024, connected to `peer` on `peer_ip`, PSNs from 1000.
-fn connect(n: &mut EngineNode, peer: Qpn, peer_ip: IpAddr) {
-    let e = &mut n.engine;
-    let init = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::ALL, ..QpAttr::default() };
-    e.modify_qp(n.qp, &init, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS).unwrap();
-    let av =
-        AddressVector { dgid: Gid::from_ip(peer_ip), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: Some(av),
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: peer.value(),
-        rq_psn: 1000,
-        max_dest_rd_atomic: 4,
-        min_rnr_timer: 1,
-        ..QpAttr::default()
-    };
-    let m = AttrMask::STATE
-        | AttrMask::AV
-        | AttrMask::PATH_MTU
-        | AttrMask::DEST_QPN
-        | AttrMask::RQ_PSN
-        | AttrMask::MAX_DEST_RD_ATOMIC
-        | AttrMask::MIN_RNR_TIMER;
-    e.modify_qp(n.qp, &rtr, m).unwrap();
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        sq_psn: 1000,
-        timeout: 10,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        max_rd_atomic: 4,
-        ..QpAttr::default()
-    };
-    let m = AttrMask::STATE
-        | AttrMask::SQ_PSN
-        | AttrMask::TIMEOUT
-        | AttrMask::RETRY_CNT
-        | AttrMask::RNR_RETRY
-        | AttrMask::MAX_QP_RD_ATOMIC;
-    e.modify_qp(n.qp, &rts, m).unwrap();
-}
-
 /// A SEND that finds no receive (RNR NAK), a WRITE whose first MIDDLE packet is lost (PSN
 /// sequence error NAK, go back), a READ whose MIDDLE response is lost (the READ asked
 /// again from there), and a WRITE with a bad R_Key (remote access error), from A
@@ -276,8 +227,8 @@ fn lossy_capture(path: &Path, delivered: &Path) -> (Qpn, Qpn) {
     let mut a = engine_node([10, 0, 0, 1], 1);
     let mut b = engine_node([10, 0, 0, 2], 2);
     let (aq, bq, a_ip, b_ip) = (a.qp, b.qp, a.ip, b.ip);
-    connect(&mut a, bq, b_ip);
-    connect(&mut b, aq, a_ip);
+    common::rc_up(&mut a.engine, a.qp, bq, b_ip, 1000);
+    common::rc_up(&mut b.engine, b.qp, aq, a_ip, 1000);
     let rkey = b.keys.rkey;
     let lkey = a.keys.lkey;
     let (a_id, b_id) = (fabric.add_node(a), fabric.add_node(b));

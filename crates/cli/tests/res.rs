@@ -3,31 +3,18 @@
 
 #![allow(clippy::print_stdout)]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
-use std::net::IpAddr;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use softrdma::{Access, ConnectOptions, Context, ContextOptions, Device, QpInit, QpType, SendFlags, SendOp, SendWr};
-
-fn softrdma(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_softrdma")).args(args).output().expect("run softrdma")
-}
-
-fn stdout(out: &Output) -> String {
-    assert!(out.status.success(), "exit {:?}: {}", out.status, String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout.clone()).unwrap()
-}
+use common::{open_lo, softrdma, stdout};
+use softrdma::{Access, ConnectOptions, QpInit, QpType, SendFlags, SendOp, SendWr};
 
 /// A UDP port for this test binary's contexts, away from 4791 and from other tests.
 fn test_port(offset: u16) -> u16 {
     45000 + (std::process::id() % 4000) as u16 * 4 + offset
-}
-
-/// A context on softrdma_lo (127.0.0.1 only) on `port`.
-fn open_lo(port: u16) -> Context {
-    let device = Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
-    device.open_with(&ContextOptions { port, ..ContextOptions::default() }).expect("open softrdma_lo")
 }
 
 #[test]
