@@ -15,6 +15,10 @@
 //!
 //! The peer is this program run again as a child (`SOFTRDMA_TEST_ROLE`); the two talk in
 //! lines over the child's stdin/stdout.
+//!
+//! For profiling: `--rdma-bw-only`, `--rdma-lat-only` and `--rdma-events-only` run one
+//! figure alone; `SOFTRDMA_BENCH_SPIN_US=N` sets both sides' progress-thread spin
+//! (`ContextOptions::spin`, 50 by default), and `SOFTRDMA_BENCH_NO_GSO=1` turns GSO off.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -52,6 +56,13 @@ fn main() {
         let n = if quick { 20_000 } else { 200_000 };
         let (polled, _) = rdma_latency_modes(n, &[false]);
         println!("RDMA WRITE 8 B polled one way: median {:.2} us, p99 {:.2} us", polled.median, polled.p99);
+        return;
+    }
+    // `--rdma-events-only`: just the RDMA latency with completion channels (for profiling).
+    if std::env::args().any(|a| a == "--rdma-events-only") {
+        let n = if quick { 2_000 } else { 20_000 };
+        let (events, _) = rdma_latency_modes(n, &[true]);
+        println!("RDMA WRITE 8 B with events one way: median {:.2} us, p99 {:.2} us", events.median, events.p99);
         return;
     }
     let n_lat = if quick { 2_000 } else { 20_000 };
@@ -200,6 +211,10 @@ fn open_device(ip: [u8; 4]) -> Context {
     let options = ContextOptions {
         port: PORT,
         gso: std::env::var_os("SOFTRDMA_BENCH_NO_GSO").is_none(),
+        spin: std::env::var("SOFTRDMA_BENCH_SPIN_US")
+            .ok()
+            .and_then(|us| us.parse().ok())
+            .map_or(ContextOptions::default().spin, std::time::Duration::from_micros),
         ..ContextOptions::default()
     };
     Device::with_addresses("lo", vec![IpAddr::from(ip)]).open_with(&options).unwrap()
