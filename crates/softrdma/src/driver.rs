@@ -981,6 +981,9 @@ impl Shared {
 
     fn run(self: Arc<Self>) {
         let mut last_work = self.now();
+        // This thread emptied the inbox's bell after a sender rang it: the packet is its to
+        // take, whoever else slept on the bell (their poll found it empty again).
+        let mut took_bell = false;
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
             let polled = self.app_polled.load(Ordering::Relaxed);
@@ -997,7 +1000,7 @@ impl Shared {
                 // channel (the waiting thread takes what rings its bell; this one what
                 // arrives while it is awake).
                 let received = st.rx_batches;
-                let worked = st.progress(&self, now, !app_polling, !app_polled);
+                let worked = st.progress(&self, now, !app_polling, !app_polled || std::mem::take(&mut took_bell));
                 self.thread_receives.fetch_add(st.rx_batches - received, Ordering::Relaxed);
                 if worked {
                     last_work = now;
@@ -1051,6 +1054,8 @@ impl Shared {
             if bell != Bell::Pending {
                 poll(&mut fds, timeout);
             }
+            // The bell is the last descriptor `watch_bell` added.
+            took_bell = bell == Bell::Watched && fds.last().is_some_and(|f| !f.revents().is_empty());
             drop(fds);
             self.unwatch_bell(bell);
             self.watching.store(false, Ordering::SeqCst);
