@@ -921,12 +921,7 @@ impl Shared {
             }
             drop(fds);
             drop(groups);
-            // Only the bell this thread slept on (see `run`: another may sleep on it too).
-            if bell == Bell::Watched
-                && let Some(fd) = &self.inbox_bell
-            {
-                drain_bell(fd.as_fd());
-            }
+            self.drain_watched_bell(bell);
             let now = self.now();
             self.lock().progress(self, now, true, true);
             // The channel fired if that delivered our completion; otherwise wait again.
@@ -948,6 +943,20 @@ impl Shared {
     }
 
     /// Awake again after [`watch_bell`](Self::watch_bell).
+    /// Empties the inbox's bell if this thread slept on it ([`Bell::Watched`]), and only
+    /// then: a bell that a thread waiting on a channel sleeps on is that thread's, and
+    /// emptying it under that thread's poll took its wake-up (the poll found the FIFO empty
+    /// again and slept on), so a packet that had rung it sat in the inbox until the progress
+    /// thread's next timer, up to APP_POLL_WINDOW (an event-driven ping-pong's p99 was
+    /// 600 us, and one run in three had a median of 550 us).
+    fn drain_watched_bell(&self, bell: Bell) {
+        if bell == Bell::Watched
+            && let Some(fd) = &self.inbox_bell
+        {
+            drain_bell(fd.as_fd());
+        }
+    }
+
     fn unwatch_bell(&self, bell: Bell) {
         if let (Bell::Watched, Some(sleepers)) = (bell, &self.inbox_sleepers) {
             sleepers.awake();
@@ -1061,16 +1070,7 @@ impl Shared {
             self.watching.store(false, Ordering::SeqCst);
             self.sleeping_until.store(0, Ordering::Release);
             drain(&self.doorbell);
-            // Only a bell this thread watched: one a thread waiting on a channel sleeps on is
-            // that thread's, and emptying it under its poll took its wake-up (the poll sees
-            // the FIFO empty again and sleeps on), so a packet that had rung it sat in the
-            // inbox until this thread's next timer, up to APP_POLL_WINDOW: an event-driven
-            // ping-pong's p99 was 600 us, and one run in three had a median of 550 us.
-            if bell == Bell::Watched
-                && let Some(fd) = &self.inbox_bell
-            {
-                drain_bell(fd.as_fd());
-            }
+            self.drain_watched_bell(bell);
         }
         // CM IDs dropped just before the device (a process returning from `main`, say) had
         // no pass left to send their DREQ or DREP: send them now, or the peer waits out its
@@ -1306,9 +1306,8 @@ impl State {
                         let datagram = &mut tx.arena[at..at + t.len];
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.
-                        if t.icrc_pending && capture.is_some() {
-                            RocePacket::new_unchecked(&mut *datagram).fill_icrc(&t.envelope);
-                            t.icrc_pending = false;
+                        if capture.is_some() {
+                            complete_icrc(&mut t, datagram);
                         }
                         if same_host.as_mut().is_some_and(|l| l.send(now, &t, ecn, datagram)) {
                             if let Some(c) = capture {
@@ -1317,10 +1316,7 @@ impl State {
                             any = true;
                             continue;
                         }
-                        if t.icrc_pending {
-                            RocePacket::new_unchecked(&mut *datagram).fill_icrc(&t.envelope);
-                            t.icrc_pending = false;
-                        }
+                        complete_icrc(&mut t, datagram);
                         tx.meta.push((at, t));
                         at += t.len;
                     }
@@ -1538,7 +1534,7 @@ fn deliver_from_inbox(
 ) {
     if let Some(c) = capture {
         let mut complete = datagram.to_vec();
-        softrdma_wire::RocePacket::new_unchecked(&mut complete[..]).fill_icrc(envelope);
+        RocePacket::new_unchecked(&mut complete[..]).fill_icrc(envelope);
         c.write(envelope, &complete);
     }
     nic.handle_checked_datagram(now, envelope, ip, datagram, &mut ProcessMemory);
@@ -1559,6 +1555,14 @@ fn deliver_now(
     }
     if let Some(envelope) = checked {
         nic.handle_checked_datagram(now, &envelope, ip, datagram, &mut ProcessMemory);
+    }
+}
+
+/// Computes `datagram`'s ICRC if the engine left it to the runtime
+/// ([`Transmit::icrc_pending`]).
+fn complete_icrc(t: &mut Transmit, datagram: &mut [u8]) {
+    if std::mem::take(&mut t.icrc_pending) {
+        RocePacket::new_unchecked(datagram).fill_icrc(&t.envelope);
     }
 }
 
