@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -176,17 +175,8 @@ fn child_holding_a_context() {
 
 #[test]
 fn the_file_of_a_killed_process_is_not_counted_and_is_removed() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_holding_a_context", "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_ENV, test_port(2).to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_ready_child("child_holding_a_context", CHILD_ENV, test_port(2));
     let pid = child.id();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    // The harness prints "test child_holding_a_context ... " first, on the same line.
-    let ready = lines.by_ref().take(20).any(|l| l.is_ok_and(|l| l.trim_end().ends_with("ready")));
-    assert!(ready, "the child opened its context");
     let dir = softrdma::stats::stats_dir();
     let files = || -> Vec<std::path::PathBuf> {
         std::fs::read_dir(&dir)

@@ -5,8 +5,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::{open_lo, softrdma, stdout};
@@ -127,16 +126,8 @@ fn child_holding_a_context() {
 /// A stopped process cannot answer: `softrdma res` says so within its time and goes on.
 #[test]
 fn a_stopped_process_is_reported_not_waited_for() {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["child_holding_a_context", "--exact", "--nocapture", "--test-threads", "1"])
-        .env(CHILD_ENV, test_port(2).to_string())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = common::spawn_ready_child("child_holding_a_context", CHILD_ENV, test_port(2));
     let pid = child.id().to_string();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let ready = lines.by_ref().take(20).any(|l| l.is_ok_and(|l| l.trim_end().ends_with("ready")));
-    assert!(ready, "the child opened its context");
     assert!(stdout(&softrdma(&["res", "pd", "--pid", &pid])).contains(&format!(" pid {pid} comm ")));
 
     assert!(Command::new("kill").args(["-STOP", &pid]).status().unwrap().success());

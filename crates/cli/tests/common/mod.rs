@@ -3,9 +3,10 @@
 
 #![allow(dead_code, unreachable_pub)]
 
+use std::io::{BufRead, BufReader};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 
 use softrdma::{Context, ContextOptions, Device};
 use softrdma_engine::*;
@@ -25,6 +26,22 @@ pub fn stdout(out: &Output) -> String {
 /// A capture in the repository's tests/data.
 pub fn data(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/data").join(name)
+}
+
+/// This test binary run again as test `entry` with `env=port` (a child that opens a context
+/// on `port` and prints `ready`), once it said so.
+pub fn spawn_ready_child(entry: &str, env: &str, port: u16) -> Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([entry, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(env, port.to_string())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    // The harness prints "test <entry> ... " first, on the same line.
+    let ready = lines.by_ref().take(20).any(|l| l.is_ok_and(|l| l.trim_end().ends_with("ready")));
+    assert!(ready, "the child opened its context");
+    child
 }
 
 /// A context on softrdma_lo (127.0.0.1 only) on `port`.
