@@ -130,6 +130,13 @@ struct Shared {
     coordinator_pid: AtomicU32,
     /// Datagrams the background thread read and dropped while joining.
     dropped: AtomicU64,
+    /// The user whose processes own the port's groups, when that is another user than this
+    /// process's: this member is their coordinator's *guest* (its sockets were made by
+    /// it), and never coordinates.
+    guest_of: Option<u32>,
+    /// A guest's first connection to the coordinator, on which it got its sockets: its
+    /// hello goes there (the coordinator holds the slot for that connection).
+    bootstrap: Mutex<Option<ParentOnly>>,
     /// Sockets the coordinator gave this member to hold ([`ToMember::Hold`]), so that
     /// the death of its process moves no socket in a group; handed to the next
     /// coordinator, and held until it sends the set to hold instead.
@@ -205,10 +212,24 @@ impl Member {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "port 0 makes no group"));
         }
         let socket_config = Config { port: config.port, reuse_port: true, ..config.socket.clone() };
-        let sockets =
-            addresses.iter().map(|&a| RoceSocket::bind_with(a, &socket_config)).collect::<io::Result<Vec<_>>>()?;
         let uid = rustix::process::getuid().as_raw();
-        let name = format!("softrdma.{uid}.{}.{}", config.device, config.port).into_bytes();
+        let port_name = format!("device {} port {}", config.device, config.port);
+        let (sockets, guest_of, bootstrap, slot) =
+            match addresses.iter().map(|&a| RoceSocket::bind_with(a, &socket_config)).collect::<io::Result<Vec<_>>>() {
+                Ok(sockets) => (sockets, None, None, 0),
+                Err(e) if e.kind() == io::ErrorKind::AddrInUse => match port_owner(addresses, config.port) {
+                    // Another user's processes hold the port: join their group as a guest.
+                    Some(owner) if owner != uid => {
+                        let name = format!("softrdma.{owner}.{}.{}", config.device, config.port).into_bytes();
+                        let (conn, slot, sockets) = guest_sockets(&name, owner, addresses, &socket_config, &port_name)?;
+                        (sockets, Some(owner), Some(conn), slot)
+                    }
+                    _ => return Err(e),
+                },
+                Err(e) => return Err(e),
+            };
+        let owner = guest_of.unwrap_or(uid);
+        let name = format!("softrdma.{owner}.{}.{}", config.device, config.port).into_bytes();
         let (wake_tx, wake_rx) = UnixDatagram::pair()?;
         wake_rx.set_nonblocking(true)?;
         wake_tx.set_nonblocking(true)?;
@@ -223,7 +244,9 @@ impl Member {
             cond: Condvar::new(),
             wake_tx,
             wake_rx,
-            slot: AtomicU32::new(0),
+            slot: AtomicU32::new(slot),
+            guest_of,
+            bootstrap: Mutex::new(bootstrap),
             coordinator: AtomicBool::new(false),
             coordinator_pid: AtomicU32::new(0),
             dropped: AtomicU64::new(0),
@@ -437,7 +460,9 @@ fn run(shared: &Shared) {
             break;
         }
         if conn.is_none() {
-            if server.is_none() {
+            // A guest never coordinates: the groups are another user's, whose sockets it
+            // cannot make (and must not hold).
+            if server.is_none() && shared.guest_of.is_none() {
                 match coord::Server::bind(&shared.name, shared.port, failover, shared.speaks) {
                     Ok(Some(s)) => {
                         server = Some(s);
@@ -447,7 +472,8 @@ fn run(shared: &Shared) {
                     Err(e) => return fail(shared, e.kind(), format!("coordinator socket: {e}")),
                 }
             }
-            let c = match connect(&shared.name) {
+            let bootstrap = shared.bootstrap.lock().unwrap_or_else(|e| e.into_inner()).take();
+            let c = match bootstrap.map_or_else(|| connect(&shared.name), Ok) {
                 Ok(c) => c,
                 Err(_) if server.is_none() => {
                     // The name's holder is not listening yet, or just died: try again.
@@ -456,7 +482,20 @@ fn run(shared: &Shared) {
                 }
                 Err(e) => return fail(shared, e.kind(), format!("connecting to our own coordinator: {e}")),
             };
-            let coordinator = crate::sys::peer_pid(c.as_fd()).unwrap_or(0);
+            let (coordinator, coordinator_uid) = crate::sys::peer_cred(c.as_fd()).unwrap_or((0, u32::MAX));
+            let owner = shared.guest_of.unwrap_or_else(|| rustix::process::getuid().as_raw());
+            if coordinator_uid != owner {
+                // Anyone can bind an abstract name: a process of another user holds the
+                // one of this user's coordinator. This member's sockets (and the ones it
+                // holds) must not go there.
+                let msg = impostor(shared, coordinator, coordinator_uid, owner);
+                if !shared.state().steered {
+                    return fail(shared, io::ErrorKind::PermissionDenied, msg);
+                }
+                tracing::warn!(target: "softrdma::host", "{msg}");
+                std::thread::sleep(Duration::from_millis(100 + random_u64() % 100));
+                continue;
+            }
             shared.coordinator_pid.store(coordinator, Ordering::Relaxed);
             // The same process hung up on the last hello, alive (it still holds the name):
             // it does not speak that layout.
@@ -741,6 +780,215 @@ fn unanswered(shared: &Shared, pid: u32, waited: Duration, stopped: bool) -> Str
     )
 }
 
+/// The error when a process of another user holds the coordinator's name.
+fn impostor(shared: &Shared, pid: u32, uid: u32, owner: u32) -> String {
+    format!(
+        "the coordinator's name of {} (user {owner}'s) is held by {} of user {uid}: this process gives its \
+         sockets only to a coordinator of user {owner}. That process must end before softrdma can use the port",
+        shared.port_name(),
+        process(pid),
+    )
+}
+
+/// The one user (other than nobody) whose unconnected UDP sockets hold `port` on every one of
+/// `addresses` (bound to it, or to the wildcard), from `/proc/net/udp` and `udp6`, which
+/// every user may read; `None` when they are several users, or none.
+fn port_owner(addresses: &[IpAddr], port: u16) -> Option<u32> {
+    let mut owners = BTreeSet::new();
+    let rows = ["/proc/net/udp", "/proc/net/udp6"]
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+        })
+        .filter_map(|line| proc_net_udp_row(&line))
+        .collect::<Vec<_>>();
+    for a in addresses {
+        let mut found = false;
+        for &(local, local_port, connected, uid) in &rows {
+            if local_port == port && !connected && (local == *a || local.is_unspecified()) {
+                owners.insert(uid);
+                found = true;
+            }
+        }
+        if !found {
+            return None;
+        }
+    }
+    let mut it = owners.into_iter();
+    match (it.next(), it.next()) {
+        (Some(uid), None) => Some(uid),
+        _ => None,
+    }
+}
+
+/// One row of `/proc/net/udp(6)`: local address, local port, whether it is connected, and
+/// its owner's uid. Addresses are the kernel's words in hex, each in this host's byte order.
+fn proc_net_udp_row(line: &str) -> Option<(IpAddr, u16, bool, u32)> {
+    let f: Vec<&str> = line.split_whitespace().collect();
+    let (local, remote, uid) = (f.get(1)?, f.get(2)?, f.get(7)?);
+    let (ip, port) = local.split_once(':')?;
+    let words: Option<Vec<[u8; 4]>> = ip
+        .as_bytes()
+        .chunks(8)
+        .map(|w| Some(u32::from_str_radix(std::str::from_utf8(w).ok()?, 16).ok()?.to_ne_bytes()))
+        .collect();
+    let bytes: Vec<u8> = words?.concat();
+    let ip = match bytes.len() {
+        4 => IpAddr::from(<[u8; 4]>::try_from(bytes.as_slice()).ok()?),
+        16 => IpAddr::from(<[u8; 16]>::try_from(bytes.as_slice()).ok()?),
+        _ => return None,
+    };
+    let connected = remote.split_once(':').is_some_and(|(a, p)| a.trim_matches('0') != "" || p.trim_matches('0') != "");
+    Some((ip, u16::from_str_radix(port, 16).ok()?, connected, uid.parse().ok()?))
+}
+
+/// A guest's start: asks the coordinator of `owner`'s groups (at `name`) for sockets on
+/// `addresses`, checks what it got (sockets of `owner`, bound there, with the locked
+/// filter of the slot given) and sets them up with `config`. Returns the connection (the
+/// hello goes there), the slot and the sockets.
+fn guest_sockets(
+    name: &[u8],
+    owner: u32,
+    addresses: &[IpAddr],
+    config: &Config,
+    port_name: &str,
+) -> io::Result<(ParentOnly, u32, Vec<RoceSocket>)> {
+    let deadline = Instant::now() + HELLO_TIMEOUT;
+    let conn = loop {
+        match connect(name) {
+            Ok(c) => break c,
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5 + random_u64() % 20)),
+            Err(e) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "{port_name}: user {owner}'s processes hold the port and none of them coordinates it ({e}): \
+                         it is a program other than softrdma, or a softrdma build without guests, or every \
+                         process of user {owner} that used softrdma here has ended while processes of other \
+                         users still hold sockets it made for them (the port frees when they end); `ss -uapn \
+                         'sport = :{}'` lists them",
+                        config.port,
+                    ),
+                ));
+            }
+        }
+    };
+    let (pid, uid) = crate::sys::peer_cred(conn.as_fd())?;
+    if uid != owner {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "{port_name}: the coordinator's name of user {owner}'s groups is held by {} of user {uid}; \
+                 this process asks only a coordinator of user {owner} for its sockets",
+                process(pid)
+            ),
+        ));
+    }
+    let asked: Vec<std::net::SocketAddr> = addresses
+        .iter()
+        .map(|&a| match a {
+            IpAddr::V6(v6) if v6.is_unicast_link_local() => {
+                std::net::SocketAddr::V6(std::net::SocketAddrV6::new(v6, config.port, 0, config.scope_id.unwrap_or(0)))
+            }
+            _ => std::net::SocketAddr::new(a, config.port),
+        })
+        .collect();
+    let envelope = Envelope::me(proto::VERSION);
+    proto::send(&conn, &ToCoord::Guest { envelope, addresses: asked.clone() }.encode(), &[])?;
+    let mut buf = vec![0u8; proto::MAX_RECORD];
+    // The coordinator answers at once, or after a failover's grace period.
+    let deadline = Instant::now() + HELLO_TIMEOUT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "{port_name}: {} (user {owner}'s coordinator) made no sockets for this process within {} ms",
+                    process(pid),
+                    HELLO_TIMEOUT.as_millis()
+                ),
+            ));
+        }
+        crate::sys::poll(conn.as_fd(), libc::POLLIN, Some(left))?;
+        let (len, fds) = match proto::recv(&conn, &mut buf) {
+            Ok(Some(r)) => r,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
+            Ok(None) | Err(_) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "{port_name}: {} (user {owner}'s coordinator) hung up on this process's request for sockets: a softrdma build without guests (processes of other users)",
+                        process(pid)
+                    ),
+                ));
+            }
+        };
+        match ToMember::decode(&buf[..len]) {
+            Some(ToMember::Sockets { slot, errno: 0 }) => {
+                let filter: Vec<(u16, u8, u8, u32)> =
+                    steer::guest_filter(slot).iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
+                if fds.len() != asked.len() {
+                    return Err(io::Error::other(format!(
+                        "{port_name}: the coordinator sent {} sockets for {} addresses",
+                        fds.len(),
+                        asked.len()
+                    )));
+                }
+                let mut sockets = Vec::with_capacity(fds.len());
+                for (fd, want) in fds.into_iter().zip(&asked) {
+                    use std::os::unix::fs::MetadataExt;
+                    let theirs = std::fs::File::from(fd.try_clone()?).metadata()?.uid() == owner;
+                    let bound = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket());
+                    let locked = crate::sys::filter_locked(fd.as_fd()).unwrap_or(false);
+                    let filtered = crate::sys::filter_of(fd.as_fd()).is_ok_and(|f| f == filter);
+                    if !(theirs
+                        && locked
+                        && filtered
+                        && bound.is_some_and(|b| b.ip() == want.ip() && b.port() == want.port()))
+                    {
+                        return Err(io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            format!(
+                                "{port_name}: {} sent a socket for {want} that is not one made for slot {slot} of user {owner}'s group",
+                                process(pid)
+                            ),
+                        ));
+                    }
+                    sockets.push(RoceSocket::adopt(fd, config)?);
+                }
+                return Ok((conn, slot, sockets));
+            }
+            Some(ToMember::Sockets { errno, .. }) => {
+                let e = io::Error::from_raw_os_error(errno);
+                return Err(io::Error::new(
+                    e.kind(),
+                    format!(
+                        "{port_name}: user {owner}'s coordinator ({}) could not make this process's sockets: {e}",
+                        process(pid)
+                    ),
+                ));
+            }
+            Some(ToMember::Refused { oldest, envelope }) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!(
+                        "{port_name} belongs to user {owner}'s processes, coordinated by process {} ({}, {}), which speaks {} \
+                         without guests: processes of other users can join only a group coordinated by a build that \
+                         takes them ({} or later)",
+                        envelope.pid,
+                        envelope.program,
+                        envelope.build,
+                        versions(oldest, envelope.version),
+                        proto::BUILD,
+                    ),
+                ));
+            }
+            _ => {}
+        }
+    }
+}
+
 fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String)> {
     match m {
         ToMember::Welcome { slot: 0, errno } => {
@@ -757,7 +1005,7 @@ fn on_message(shared: &Shared, m: ToMember) -> Result<(), (io::ErrorKind, String
             shared.state().steered = true;
             shared.cond.notify_all();
         }
-        ToMember::Hold { .. } | ToMember::Keep | ToMember::Refused { .. } => {}
+        ToMember::Hold { .. } | ToMember::Keep | ToMember::Refused { .. } | ToMember::Sockets { .. } => {}
         ToMember::Reply { id, errno } => {
             let mut state = shared.state();
             if let Some(ToCoord::Listen { service, .. }) = state.in_flight.remove(&id) {

@@ -346,18 +346,60 @@ impl RoceSocket {
 
     /// Creates, configures and binds the socket (`SO_REUSEADDR` with `reuse_address`).
     fn open(addr: SocketAddr, config: &Config, reuse_address: bool) -> io::Result<Self> {
-        let v4 = addr.is_ipv4();
+        let socket = Self::unbound(addr, config.reuse_port, reuse_address)?;
+        Self::configure(&socket, addr, config)?;
+        socket.bind(&addr.into())?;
+        Self::wrap(socket, config)
+    }
+
+    /// A socket of `addr`'s family, non-blocking, IPv6 only for IPv6, with the reuse
+    /// options, ready to bind `addr`.
+    fn unbound(addr: SocketAddr, reuse_port: bool, reuse_address: bool) -> io::Result<Socket> {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         socket.set_nonblocking(true)?;
-        if !v4 {
+        if !addr.is_ipv4() {
             socket.set_only_v6(true)?;
         }
-        if config.reuse_port {
+        if reuse_port {
             socket.set_reuse_port(true)?;
         }
         if reuse_address {
             socket.set_reuse_address(true)?;
         }
+        if let SocketAddr::V6(a) = addr {
+            if a.ip().is_unicast_link_local() {
+                // Every interface with IPv6 has a link-local address, and it is tentative
+                // (duplicate address detection) for a second or so after the link comes up,
+                // or for good where detection failed: binding it then would fail with
+                // EADDRNOTAVAIL, and the whole device would not open. It receives once the
+                // kernel has it.
+                socket.set_freebind_v6(true)?;
+            }
+        }
+        Ok(socket)
+    }
+
+    /// A bare socket bound to `addr` in its port's reuseport group, nothing else set: what
+    /// a coordinator makes for a process of another user, which [`adopt`](Self::adopt)s it.
+    pub(crate) fn bare(addr: SocketAddr) -> io::Result<OwnedFd> {
+        let socket = Self::unbound(addr, true, false)?;
+        socket.bind(&addr.into())?;
+        Ok(socket.into())
+    }
+
+    /// Takes a socket another process bound (a [`bare`](Self::bare) one: its options
+    /// other than the reuse ones are set here, as [`bind_with`](Self::bind_with) sets them).
+    pub(crate) fn adopt(fd: OwnedFd, config: &Config) -> io::Result<Self> {
+        let socket = Socket::from(fd);
+        let addr = socket.local_addr()?.as_socket().ok_or_else(|| invalid("bound to a non-IP address"))?;
+        socket.set_nonblocking(true)?;
+        Self::configure(&socket, addr, config)?;
+        Self::wrap(socket, config)
+    }
+
+    /// Every option of [`Config`] but the reuse ones, for a socket of `addr`.
+    fn configure(socket: &Socket, addr: SocketAddr, config: &Config) -> io::Result<()> {
+        let v4 = addr.is_ipv4();
         let fd = socket.as_fd();
         if let Some(bytes) = config.recv_buffer_size {
             set_buffer(fd, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, bytes)?;
@@ -413,17 +455,10 @@ impl RoceSocket {
         // The drop counter of a full receive buffer, with every datagram (RecvBatch::drops):
         // congestion control's signal that this receiver is overrun.
         sys::set_int(fd, libc::SOL_SOCKET, libc::SO_RXQ_OVFL, 1)?;
-        if let SocketAddr::V6(a) = addr {
-            if a.ip().is_unicast_link_local() {
-                // Every interface with IPv6 has a link-local address, and it is tentative
-                // (duplicate address detection) for a second or so after the link comes up,
-                // or for good where detection failed: binding it then would fail with
-                // EADDRNOTAVAIL, and the whole device would not open. It receives once the
-                // kernel has it.
-                socket.set_freebind_v6(true)?;
-            }
-        }
-        socket.bind(&addr.into())?;
+        Ok(())
+    }
+
+    fn wrap(socket: Socket, config: &Config) -> io::Result<Self> {
         let local = socket.local_addr()?.as_socket().ok_or_else(|| invalid("bound to a non-IP address"))?;
         Ok(Self {
             socket: fork::ParentOnly::new(OwnedFd::from(socket)),

@@ -5,6 +5,9 @@
 //!   `IP_PKTINFO`, `IP_RECVTTL`, `UDP_NO_CHECK6_RX`, `UDP_GRO`, ...);
 //! - `getsockopt(SO_PEERCRED)` (rustix's would hold a peer's pid 0, which another PID
 //!   namespace's process has, in a non-zero type);
+//! - classic-BPF programs: a reuseport group's (`SO_ATTACH_REUSEPORT_CBPF`) and a
+//!   socket's own filter (`SO_ATTACH_FILTER`, read back with `SO_GET_FILTER`, and whether
+//!   it is locked, `SO_LOCK_FILTER`);
 //! - `poll` on one descriptor;
 //! - `sendmmsg` with per-message control messages (source address, traffic class, GSO
 //!   segment size);
@@ -65,10 +68,10 @@ pub(crate) fn set_int(fd: BorrowedFd<'_>, level: c_int, name: c_int, value: c_in
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
-/// The process at the other end of a connected Unix socket (the one that created the
-/// listening socket, for a connecting side): 0 when it lives in a PID namespace this
-/// process cannot see.
-pub(crate) fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
+/// The process and user at the other end of a connected Unix socket (the ones that created
+/// the listening socket, for a connecting side): pid 0 when it lives in a PID namespace
+/// this process cannot see.
+pub(crate) fn peer_cred(fd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `fd` is open for the borrow; the kernel writes at most `len` bytes into the
@@ -82,7 +85,7 @@ pub(crate) fn peer_pid(fd: BorrowedFd<'_>) -> io::Result<u32> {
             &raw mut len,
         )
     };
-    if rc == 0 { Ok(u32::try_from(cred.pid).unwrap_or(0)) } else { Err(io::Error::last_os_error()) }
+    if rc == 0 { Ok((u32::try_from(cred.pid).unwrap_or(0), cred.uid)) } else { Err(io::Error::last_os_error()) }
 }
 
 /// Waits until `fd` has one of `events` (`POLLIN`, `POLLOUT`), or the timeout passes.
@@ -511,6 +514,16 @@ fn read_data<T: Pod>(data: *const u8, data_len: usize) -> Option<T> {
 /// (`SO_ATTACH_REUSEPORT_CBPF`), replacing the group's previous program. Needs no
 /// capability. `code` holds `(code, jt, jf, k)` instructions.
 pub(crate) fn attach_reuseport_cbpf(fd: BorrowedFd<'_>, code: &[(u16, u8, u8, u32)]) -> io::Result<()> {
+    attach_cbpf(fd, libc::SO_ATTACH_REUSEPORT_CBPF, code)
+}
+
+/// Attaches a classic-BPF socket filter (`SO_ATTACH_FILTER`): the socket receives only
+/// what it accepts, and it sees the UDP header at offset 0.
+pub(crate) fn attach_filter(fd: BorrowedFd<'_>, code: &[(u16, u8, u8, u32)]) -> io::Result<()> {
+    attach_cbpf(fd, libc::SO_ATTACH_FILTER, code)
+}
+
+fn attach_cbpf(fd: BorrowedFd<'_>, option: c_int, code: &[(u16, u8, u8, u32)]) -> io::Result<()> {
     let mut filters: Vec<libc::sock_filter> =
         code.iter().map(|&(code, jt, jf, k)| libc::sock_filter { code, jt, jf, k }).collect();
     let len = u16::try_from(filters.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
@@ -522,10 +535,65 @@ pub(crate) fn attach_reuseport_cbpf(fd: BorrowedFd<'_>, code: &[(u16, u8, u8, u3
         libc::setsockopt(
             fd.as_raw_fd(),
             libc::SOL_SOCKET,
-            libc::SO_ATTACH_REUSEPORT_CBPF,
+            option,
             (&raw const prog).cast::<c_void>(),
             mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
         )
     };
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// The socket filter attached to `fd` (`SO_GET_FILTER`): empty when there is none.
+pub(crate) fn filter_of(fd: BorrowedFd<'_>) -> io::Result<Vec<(u16, u8, u8, u32)>> {
+    // The option's length counts instructions, not bytes: asked with 0, the kernel says
+    // how many there are.
+    let mut count: libc::socklen_t = 0;
+    // SAFETY: `fd` is open for the borrow; with a length of 0 the kernel writes nothing
+    // through the (null) value pointer and only the length, a live local.
+    let rc = unsafe {
+        libc::getsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_GET_FILTER, ptr::null_mut(), &raw mut count)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    let mut code = vec![libc::sock_filter { code: 0, jt: 0, jf: 0, k: 0 }; count as usize];
+    let mut len = count;
+    // SAFETY: `code` holds `count` `sock_filter`s, as many as the length tells the kernel
+    // it may write; it outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_GET_FILTER,
+            code.as_mut_ptr().cast::<c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    code.truncate(len as usize);
+    Ok(code.iter().map(|f| (f.code, f.jt, f.jf, f.k)).collect())
+}
+
+/// Whether `fd`'s filters are locked (`SO_LOCK_FILTER`): nobody holding it can replace its
+/// socket filter or, through it, its group's steering program.
+pub(crate) fn filter_locked(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut value: c_int = 0;
+    let mut len = mem::size_of::<c_int>() as libc::socklen_t;
+    // SAFETY: `fd` is open for the borrow; the kernel writes at most `len` bytes into the
+    // `c_int` on our stack, whose exact size `len` holds.
+    let rc = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LOCK_FILTER,
+            ptr::from_mut(&mut value).cast::<c_void>(),
+            &raw mut len,
+        )
+    };
+    if rc == 0 { Ok(value != 0) } else { Err(io::Error::last_os_error()) }
 }

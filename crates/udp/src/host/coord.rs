@@ -72,14 +72,46 @@ struct Sock {
     addr: SocketAddr,
     fd: ParentOnly,
     ino: Ino,
+    /// A guest's: its filters are locked, so the group's program cannot be attached
+    /// through it.
+    locked: bool,
 }
 
 impl Sock {
     fn new(fd: OwnedFd, port: u16) -> Option<Sock> {
         let addr = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket())?;
         let ino = inode(&fd)?;
-        (addr.port() == port).then_some(Sock { addr, fd: ParentOnly::new(fd), ino })
+        let locked = crate::sys::filter_locked(fd.as_fd()).unwrap_or(true);
+        (addr.port() == port).then_some(Sock { addr, fd: ParentOnly::new(fd), ino, locked })
     }
+}
+
+/// The owner of a socket (its creator, whom the kernel's reuseport groups go by).
+fn owner(fd: &OwnedFd) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    Some(std::fs::File::from(fd.try_clone().ok()?).metadata().ok()?.uid())
+}
+
+/// The guest filter of `slot`, as the kernel hands it back.
+fn guest_filter(slot: u32) -> Vec<(u16, u8, u8, u32)> {
+    steer::guest_filter(slot).iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect()
+}
+
+/// Whether `fd` is a socket a coordinator of this user made for the guest of `slot`: ours
+/// (so in our groups), its filter that slot's guest filter, locked.
+fn is_guest_socket(fd: &OwnedFd, slot: u32, uid: u32) -> bool {
+    owner(fd) == Some(uid)
+        && crate::sys::filter_locked(fd.as_fd()).unwrap_or(false)
+        && crate::sys::filter_of(fd.as_fd()).is_ok_and(|f| f == guest_filter(slot))
+}
+
+/// A socket for a guest of `slot` on `addr`: bound into the group there, with the guest
+/// filter of `slot`, locked.
+fn make_guest_socket(addr: SocketAddr, slot: u32) -> io::Result<OwnedFd> {
+    let fd = crate::RoceSocket::bare(addr)?;
+    crate::sys::attach_filter(fd.as_fd(), &guest_filter(slot))?;
+    crate::sys::set_int(fd.as_fd(), libc::SOL_SOCKET, libc::SO_LOCK_FILTER, 1)?;
+    Ok(fd)
 }
 
 struct Conn {
@@ -87,6 +119,11 @@ struct Conn {
     fd: ParentOnly,
     /// The member's process (from its hello).
     pid: u32,
+    /// A process of another user (`SO_PEERCRED`): it gets sockets made here
+    /// ([`ToCoord::Guest`]), never holds any other's, and never coordinates.
+    guest: bool,
+    /// The slot made for a guest ([`ToCoord::Guest`]) that has not registered yet: taken.
+    issued: u32,
     /// Re-claimed its slot after a failover: it may be steered by the previous
     /// coordinator's program at an index this one has not learned yet.
     reclaimed: bool,
@@ -149,6 +186,8 @@ impl Round {
 pub(crate) struct Server {
     listener: ParentOnly,
     port: u16,
+    /// This process's user: the owner of every socket in the groups.
+    uid: u32,
     /// The versions it speaks, and what it tells a process it refuses.
     speaks: Speaks,
     me: Envelope,
@@ -200,6 +239,7 @@ impl Server {
         Ok(Some(Self {
             listener: ParentOnly::new(fd),
             port,
+            uid: rustix::process::getuid().as_raw(),
             speaks,
             me: Envelope::me(speaks.newest()),
             conns: Vec::new(),
@@ -309,12 +349,18 @@ impl Server {
         loop {
             match rustix::net::accept_with(&self.listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
                 Ok(fd) => {
+                    // Who connects: a process of this user, or a guest. Nothing else
+                    // tells (a name is anyone's to connect to).
+                    let Ok((_, uid)) = crate::sys::peer_cred(fd.as_fd()) else { continue };
+                    let guest = uid != self.uid;
                     let id = self.next_conn;
                     self.next_conn += 1;
                     self.conns.push(Conn {
                         id,
                         fd: ParentOnly::new(fd),
                         pid: 0,
+                        guest,
+                        issued: 0,
                         reclaimed: false,
                         slot: 0,
                         joined: 0,
@@ -377,7 +423,13 @@ impl Server {
             self.dirty = true;
             self.holders_dirty = true;
         }
-        if conn.slot != 0 {
+        if conn.slot == 0 && conn.issued != 0 {
+            // A guest gone between its sockets and its hello: they are in the groups.
+            self.free.push_back(conn.issued);
+            self.tombstones.extend(conn.sockets.into_iter().map(|s| (s, Tomb::Other)));
+            self.dirty = true;
+            self.holders_dirty = true;
+        } else if conn.slot != 0 {
             self.free.push_back(conn.slot);
             for map in self.index_of.values_mut() {
                 map.remove(&conn.slot);
@@ -434,7 +486,7 @@ impl Server {
     /// than this one, the `HOLDERS_OLDEST` oldest and the `HOLDERS_YOUNGEST` youngest.
     fn holders(&self) -> Vec<u64> {
         let me = std::process::id();
-        let mut by_age: Vec<&Conn> = self.conns.iter().filter(|c| c.slot != 0 && c.pid != me).collect();
+        let mut by_age: Vec<&Conn> = self.conns.iter().filter(|c| c.slot != 0 && c.pid != me && !c.guest).collect();
         by_age.sort_by_key(|c| (c.joined, c.id));
         let mut pids = BTreeSet::new();
         let one_each: Vec<u64> = by_age.into_iter().filter(|c| pids.insert(c.pid)).map(|c| c.id).collect();
@@ -467,7 +519,9 @@ impl Server {
             .collect();
         let mut sends = Vec::new();
         for c in self.conns.iter().filter(|c| c.slot != 0) {
-            let set: &[&Sock] = if c.pid == me {
+            // A guest holds nothing: a copy of another's socket would be a way to its
+            // datagrams.
+            let set: &[&Sock] = if c.pid == me || c.guest {
                 &[]
             } else if holders.contains(&c.id) {
                 &all
@@ -532,8 +586,64 @@ impl Server {
         }
     }
 
-    fn slot_taken(&self, slot: u32) -> bool {
-        self.conns.iter().any(|c| c.slot == slot)
+    /// Whether a member other than connection `by` has `slot` (or it was made for one).
+    fn slot_taken(&self, slot: u32, by: u64) -> bool {
+        self.conns.iter().any(|c| c.id != by && (c.slot == slot || c.issued == slot))
+    }
+
+    /// A free slot (never-used ones first, then the least recently freed), taken.
+    fn fresh_slot(&mut self) -> Option<u32> {
+        if self.next_fresh < MAX_SLOTS {
+            self.next_fresh += 1;
+            Some(self.next_fresh - 1)
+        } else {
+            self.free.pop_front()
+        }
+    }
+
+    /// A guest asks for its sockets: a slot, and one socket per address bound into the
+    /// group there with the slot's locked guest filter. This coordinator keeps its copies
+    /// (the guest's sockets are in the groups from now on, as a member's are once bound).
+    fn make_guest(&mut self, id: u64, addresses: Vec<SocketAddr>) {
+        let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
+        let c = &self.conns[pos];
+        if !c.guest || c.slot != 0 || c.issued != 0 {
+            // A process of this user binds its own; a guest asks once.
+            return self.send(id, &ToMember::Sockets { slot: 0, errno: libc::EINVAL });
+        }
+        if addresses.is_empty() || addresses.len() > proto::MAX_FDS {
+            return self.send(id, &ToMember::Sockets { slot: 0, errno: libc::EINVAL });
+        }
+        let Some(slot) = self.fresh_slot() else {
+            return self.send(id, &ToMember::Sockets { slot: 0, errno: libc::ENOSPC });
+        };
+        let mut fds = Vec::with_capacity(addresses.len());
+        for a in addresses {
+            let mut a = a;
+            a.set_port(self.port);
+            match make_guest_socket(a, slot) {
+                Ok(fd) => fds.push(fd),
+                Err(e) => {
+                    self.free.push_front(slot);
+                    let errno = e.raw_os_error().unwrap_or(libc::EIO);
+                    return self.send(id, &ToMember::Sockets { slot: 0, errno });
+                }
+            }
+        }
+        let sent = {
+            let borrowed: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
+            proto::send(&self.conns[pos].fd, &ToMember::Sockets { slot, errno: 0 }.encode(), &borrowed)
+        };
+        let socks: Vec<Sock> = fds.into_iter().filter_map(|fd| Sock::new(fd, self.port)).collect();
+        let c = &mut self.conns[pos];
+        c.issued = slot;
+        c.sockets = socks;
+        if sent.is_err() {
+            // Gone: its hang-up makes them tombstones.
+            tracing::debug!(target: "softrdma::host", "sockets for a guest not sent: {sent:?}");
+        }
+        self.dirty = true;
+        self.holders_dirty = true;
     }
 
     fn service_owner(&self, service: u64) -> Option<u64> {
@@ -592,6 +702,18 @@ impl Server {
                 }
             }
             ToCoord::HelloV1 { .. } => self.refuse(id, fds, false),
+            ToCoord::Guest { .. } if self.grace_until.is_some() => {
+                self.conns[pos].deferred = Some((m, fds));
+            }
+            ToCoord::Guest { addresses, .. } => self.make_guest(id, addresses),
+            // A guest holds nothing of others, so it has nothing to hand over; and what
+            // it would hand over is not to be trusted.
+            ToCoord::Adopt | ToCoord::Held { .. } if self.conns[pos].guest => {}
+            ToCoord::Hello { sockets: n, .. } if self.conns[pos].guest && fds.len() > n as usize => {
+                let mut fds = fds;
+                fds.truncate(n as usize);
+                self.message(id, m, fds);
+            }
             ToCoord::Hello { sockets: n, .. } if fds.len() > n as usize => {
                 let mut fds = fds;
                 let kept = fds.split_off(n as usize);
@@ -617,6 +739,32 @@ impl Server {
                 if self.conns[pos].slot != 0 {
                     return;
                 }
+                let guest = self.conns[pos].guest;
+                if guest {
+                    // A guest's sockets are ones a coordinator of this user made for its
+                    // slot: those made here, or (after a failover) any whose locked
+                    // filter keeps that slot's datagrams only. Nothing else: another
+                    // slot's, or a socket of the guest's own, is refused.
+                    let issued = self.conns[pos].issued;
+                    let made_here: BTreeSet<Ino> = self.conns[pos].sockets.iter().map(|s| s.ino).collect();
+                    let ok = want != 0
+                        && (issued == 0 || issued == want)
+                        && !fds.is_empty()
+                        && fds.iter().all(|fd| {
+                            if issued != 0 {
+                                inode(fd).is_some_and(|i| made_here.contains(&i))
+                            } else {
+                                is_guest_socket(fd, want, self.uid)
+                            }
+                        });
+                    if !ok {
+                        tracing::warn!(
+                            target: "softrdma::host",
+                            "refused process {pid} of another user: its hello claims slot {want} with sockets not made for it"
+                        );
+                        return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EPERM });
+                    }
+                }
                 let mut sockets = Vec::with_capacity(fds.len());
                 for fd in fds {
                     match Sock::new(fd, self.port) {
@@ -624,17 +772,18 @@ impl Server {
                         None => return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EINVAL }),
                     }
                 }
+                if guest && self.conns[pos].issued != 0 {
+                    // The copies made here stand (the same sockets).
+                    sockets = std::mem::take(&mut self.conns[pos].sockets);
+                }
                 let slot = if want != 0 {
-                    if want >= MAX_SLOTS || self.slot_taken(want) {
+                    if want >= MAX_SLOTS || self.slot_taken(want, id) {
                         return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EADDRINUSE });
                     }
                     self.free.retain(|&s| s != want);
                     self.next_fresh = self.next_fresh.max(want + 1);
                     want
-                } else if self.next_fresh < MAX_SLOTS {
-                    self.next_fresh += 1;
-                    self.next_fresh - 1
-                } else if let Some(s) = self.free.pop_front() {
+                } else if let Some(s) = self.fresh_slot() {
                     s
                 } else {
                     return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::ENOSPC });
@@ -646,6 +795,7 @@ impl Server {
                 self.tombstones.retain(|t| !sockets.iter().any(|s| s.ino == t.0.ino));
                 let c = &mut self.conns[pos];
                 c.slot = slot;
+                c.issued = 0;
                 c.pid = pid;
                 c.joined = started(pid);
                 c.reclaimed = want != 0;
@@ -890,9 +1040,11 @@ impl Server {
             // REQs nobody listens for go to this process's own socket (it answers REJ 8 for
             // as long as it coordinates), or to another live member's.
             let me = std::process::id();
-            let in_group =
-                self.conns.iter().filter_map(|c| Some((c.pid != me, *map.get(&c.slot).filter(|_| c.slot != 0)?)));
-            if let Some((_, i)) = in_group.min() {
+            let in_group = self
+                .conns
+                .iter()
+                .filter_map(|c| Some((c.guest, c.pid != me, *map.get(&c.slot).filter(|_| c.slot != 0)?)));
+            if let Some((.., i)) = in_group.min() {
                 t.unlistened = i;
             }
             tables.insert(addr, t);
@@ -912,7 +1064,9 @@ impl Server {
                 continue;
             }
             let Some(code) = steer::program(&table) else { continue };
-            let Some(fd) = self.conns.iter().flat_map(|c| &c.sockets).find(|s| s.addr == addr).map(|s| &s.fd) else {
+            // A guest's socket is locked: the program goes through one of this user's.
+            let ours = self.conns.iter().flat_map(|c| &c.sockets).chain(self.tombstones.iter().map(|t| &t.0));
+            let Some(fd) = ours.filter(|s| s.addr == addr && !s.locked).map(|s| &s.fd).next() else {
                 continue;
             };
             let code: Vec<(u16, u8, u8, u32)> = code.iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();

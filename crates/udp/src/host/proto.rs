@@ -20,6 +20,7 @@
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::mem::MaybeUninit;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsFd, OwnedFd};
 
 use rustix::net::{
@@ -111,6 +112,23 @@ fn put_str(b: &mut Vec<u8>, s: &str) {
     b.extend_from_slice(&s.as_bytes()[..end]);
 }
 
+/// An address: family (4 or 6), 16 bytes of address (an IPv4 one in the first 4), port,
+/// scope.
+fn put_addr(b: &mut Vec<u8>, a: &SocketAddr) {
+    let (family, ip, scope) = match a {
+        SocketAddr::V4(v4) => {
+            let mut ip = [0u8; 16];
+            ip[..4].copy_from_slice(&v4.ip().octets());
+            (4u8, ip, 0)
+        }
+        SocketAddr::V6(v6) => (6u8, v6.ip().octets(), v6.scope_id()),
+    };
+    b.push(family);
+    b.extend_from_slice(&ip);
+    b.extend_from_slice(&a.port().to_le_bytes());
+    b.extend_from_slice(&scope.to_le_bytes());
+}
+
 /// Longest string in an [`Envelope`].
 const MAX_STR: usize = 1024;
 
@@ -144,6 +162,13 @@ pub(crate) enum ToCoord {
     Unlisten { id: u64, service: u64 },
     /// I received the probe for `index` with `nonce`.
     ProbeAnswer { index: u32, nonce: u64 },
+    /// The first record of a process of another user than the coordinator's (a *guest*,
+    /// which cannot bind sockets into the group: the kernel groups one user's sockets):
+    /// make me sockets on these addresses (the port is the group's). Answered by
+    /// [`ToMember::Sockets`]; the guest then registers with a `Join` carrying them.
+    /// (Added to protocol 3: a coordinator of a build without guests refuses it as a
+    /// record of another version.)
+    Guest { envelope: Envelope, addresses: Vec<SocketAddr> },
 }
 
 /// Coordinator → member.
@@ -168,6 +193,10 @@ pub(crate) enum ToMember {
     /// oldest and newest versions it speaks, and who it is (`envelope.version` is the newest).
     /// The same layout in every version.
     Refused { oldest: u32, envelope: Envelope },
+    /// The answer to a [`ToCoord::Guest`]: its slot and, as `SCM_RIGHTS`, one socket per
+    /// address asked, bound into the group, whose locked filter keeps only that slot's
+    /// datagrams; or `errno` (slot 0, no sockets).
+    Sockets { slot: u32, errno: i32 },
 }
 
 struct Reader<'a>(&'a [u8]);
@@ -185,6 +214,17 @@ impl Reader<'_> {
     }
     fn u64(&mut self) -> Option<u64> {
         self.take().map(u64::from_le_bytes)
+    }
+    fn addr(&mut self) -> Option<SocketAddr> {
+        let [family] = self.take::<1>()?;
+        let ip: [u8; 16] = self.take()?;
+        let port = u16::from_le_bytes(self.take()?);
+        let scope = self.u32()?;
+        match family {
+            4 => Some(SocketAddr::new(IpAddr::from(<[u8; 4]>::try_from(&ip[..4]).ok()?), port)),
+            6 => Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(ip), port, 0, scope))),
+            _ => None,
+        }
     }
     fn str(&mut self) -> Option<String> {
         let len = usize::from(u16::from_le_bytes(self.take()?));
@@ -254,6 +294,13 @@ impl ToCoord {
                 envelope.encode(&mut b);
                 b.extend_from_slice(body);
             }
+            Self::Guest { envelope, addresses } => {
+                b.push(8);
+                envelope.encode(&mut b);
+                for a in addresses {
+                    put_addr(&mut b, a);
+                }
+            }
         }
         b
     }
@@ -280,6 +327,14 @@ impl ToCoord {
             7 => {
                 let envelope = Envelope::decode(&mut r)?;
                 Self::Join { envelope, body: std::mem::take(&mut r.0).to_vec() }
+            }
+            8 => {
+                let envelope = Envelope::decode(&mut r)?;
+                let mut addresses = Vec::new();
+                while !r.0.is_empty() && addresses.len() < MAX_FDS {
+                    addresses.push(r.addr()?);
+                }
+                Self::Guest { envelope, addresses }
             }
             _ => return None,
         };
@@ -317,6 +372,11 @@ impl ToMember {
                 b.extend_from_slice(&oldest.to_le_bytes());
                 envelope.encode(&mut b);
             }
+            Self::Sockets { slot, errno } => {
+                b.push(7);
+                b.extend_from_slice(&slot.to_le_bytes());
+                b.extend_from_slice(&errno.to_le_bytes());
+            }
         }
         b
     }
@@ -335,6 +395,7 @@ impl ToMember {
             }
             3 => Self::Reply { id: r.u64()?, errno: r.i32()? },
             6 => Self::Refused { oldest: r.u32()?, envelope: Envelope::decode(&mut r)? },
+            7 => Self::Sockets { slot: r.u32()?, errno: r.i32()? },
             _ => return None,
         };
         r.0.is_empty().then_some(m)
@@ -393,6 +454,15 @@ mod tests {
             ToCoord::HelloV1 { pid: 7 },
             ToCoord::join(Envelope::me(VERSION), 3, 2, &[1, u64::MAX]),
             ToCoord::Join { envelope: Envelope::me(99), body: vec![] },
+            ToCoord::Guest { envelope: Envelope::me(VERSION), addresses: vec![] },
+            ToCoord::Guest {
+                envelope: Envelope::me(VERSION),
+                addresses: vec![
+                    "127.0.0.1:4791".parse().unwrap(),
+                    "[::1]:4791".parse().unwrap(),
+                    SocketAddr::V6(SocketAddrV6::new("fe80::1".parse().unwrap(), 4791, 0, 7)),
+                ],
+            },
         ] {
             assert_eq!(ToCoord::decode(&m.encode()), Some(m));
         }
@@ -404,6 +474,8 @@ mod tests {
             ToMember::Keep,
             ToMember::Reply { id: 3, errno: libc::EADDRINUSE },
             ToMember::Refused { oldest: 2, envelope: Envelope::me(3) },
+            ToMember::Sockets { slot: 12, errno: 0 },
+            ToMember::Sockets { slot: 0, errno: libc::EADDRINUSE },
         ] {
             assert_eq!(ToMember::decode(&m.encode()), Some(m));
         }

@@ -116,6 +116,7 @@ enum Label {
     Service,
     Lookup,
     Services,
+    Accept,
 }
 
 /// A tiny assembler: conditional jumps to labels (resolved when placed, at most 255
@@ -123,7 +124,7 @@ enum Label {
 struct Asm {
     code: Vec<Insn>,
     fixups: Vec<(usize, Option<Label>, Option<Label>, bool)>,
-    labels: [Option<usize>; 7],
+    labels: [Option<usize>; 8],
 }
 
 impl Asm {
@@ -171,7 +172,7 @@ pub(crate) fn program(table: &Table) -> Option<Vec<Insn>> {
     if table.program_len() > MAX_INSNS {
         return None;
     }
-    let mut a = Asm { code: Vec::with_capacity(table.program_len()), fixups: Vec::new(), labels: [None; 7] };
+    let mut a = Asm { code: Vec::with_capacity(table.program_len()), fixups: Vec::new(), labels: [None; 8] };
     use Label::*;
     a.op(LD | W | LEN, 0);
     a.jump(JGE, BTH_LEN as u32, None, Some(Fail));
@@ -241,6 +242,72 @@ pub(crate) fn program(table: &Table) -> Option<Vec<Insn>> {
     let code = a.finish();
     debug_assert_eq!(code.len(), table.program_len());
     Some(code)
+}
+
+/// A socket filter sees the UDP header before the payload (a steering program does not).
+const UDP_HEADER: u32 = 8;
+/// What a socket filter returns to keep a whole datagram (0 drops it).
+pub(crate) const ACCEPT: u32 = u32::MAX;
+
+/// The socket filter of a socket the coordinator makes for another user's process (a
+/// *guest*, slot `slot`), locked before it is handed over: whatever the group's program
+/// (or a program some member put in its place, or a member's `connect`) sends that
+/// socket, it keeps only what is the guest's own:
+/// 1. probes (they carry an index and a nonce, nobody's data);
+/// 2. destination QPN other than 1 in the slot's range;
+/// 3. to QP1, a UD SEND carrying a CM MAD: SIDR_REP by request ID, MRA..DREP, LAP, APR by
+///    remote comm ID, in the slot's range; and REQ and SIDR_REQ, which name a service
+///    (a listener's), not a slot;
+/// 4. nothing else.
+///
+/// The same offsets as [`program`], past the UDP header.
+pub(crate) fn guest_filter(slot: u32) -> Vec<Insn> {
+    let mut a = Asm { code: Vec::with_capacity(40), fixups: Vec::new(), labels: [None; 8] };
+    use Label::*;
+    let at = |offset: usize| UDP_HEADER + offset as u32;
+    a.op(LD | W | LEN, 0);
+    a.jump(JGE, at(BTH_LEN), None, Some(Fail));
+    a.op(LD | W | ABS, at(0));
+    a.jump(JEQ, PROBE_MAGIC, Some(Probe), None);
+    a.op(LD | W | ABS, at(4));
+    a.op(ALU | AND | K, 0x00ff_ffff);
+    a.jump(JEQ, 1, Some(Cm), None);
+    a.op(ALU | RSH | K, QPN_SLOT_BITS);
+    a.ja(Lookup);
+
+    a.place(Probe);
+    a.op(LD | W | LEN, 0);
+    a.jump(JGE, at(PROBE_LEN), Some(Accept), Some(Fail));
+
+    a.place(Cm);
+    a.op(LD | W | LEN, 0);
+    a.jump(JGE, at(CM_MIN_LEN), None, Some(Fail));
+    a.op(LD | B | ABS, at(0));
+    a.jump(JEQ, OPCODE_UD_SEND_ONLY, None, Some(Fail));
+    a.op(LD | B | ABS, at(MAD_CLASS));
+    a.jump(JEQ, MGMT_CLASS_CM, None, Some(Fail));
+    a.op(LD | H | ABS, at(MAD_ATTRIBUTE_ID));
+    a.jump(JEQ, ATTR_REQ, Some(Accept), None);
+    a.jump(JEQ, ATTR_SIDR_REQ, Some(Accept), None);
+    a.jump(JEQ, ATTR_SIDR_REP, Some(SidrRep), None);
+    a.jump(JGE, ATTR_MRA, None, Some(Fail));
+    a.jump(JGT, ATTR_APR, Some(Fail), None);
+    a.op(LD | W | ABS, at(REMOTE_COMM_ID));
+    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
+    a.ja(Lookup);
+
+    a.place(SidrRep);
+    a.op(LD | W | ABS, at(SIDR_REP_REQUEST_ID));
+    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
+
+    // A = slot.
+    a.place(Lookup);
+    a.jump(JEQ, slot, Some(Accept), Some(Fail));
+    a.place(Fail);
+    a.op(RET | K, 0);
+    a.place(Accept);
+    a.op(RET | K, ACCEPT);
+    a.finish()
 }
 
 /// A probe datagram for `index`.
@@ -466,6 +533,82 @@ pub(crate) mod tests {
             t.services.insert(s << 40 | s, s as u32);
         }
         assert!(program(&t).is_none());
+    }
+
+    /// What a guest's socket filter keeps of a datagram (its payload; the filter sees a UDP
+    /// header before it).
+    fn kept(slot: u32, payload: &[u8]) -> bool {
+        let mut d = vec![0u8; UDP_HEADER as usize];
+        d.extend_from_slice(payload);
+        match run(&guest_filter(slot), &d) {
+            0 => false,
+            ACCEPT => true,
+            other => panic!("returns {other}"),
+        }
+    }
+
+    #[test]
+    fn a_guest_keeps_its_own_only() {
+        for (qpn, want) in [(5 << 13, true), (5 << 13 | 0x1fff, true), (6 << 13, false), (4 << 13 | 0x1fff, false)] {
+            assert_eq!(kept(5, &data_packet(qpn)), want, "qpn {qpn:#x}");
+        }
+        assert!(!kept(5, &data_packet(0)), "QPN 0");
+        for attr in [0x11u16, 0x12, 0x13, 0x14, 0x15, 0x16, 0x19, 0x1a] {
+            assert!(kept(5, &cm_packet(attr, REMOTE_COMM_ID, &(5u32 << 21 | 9).to_be_bytes())), "{attr:#x}");
+            assert!(!kept(5, &cm_packet(attr, REMOTE_COMM_ID, &(6u32 << 21).to_be_bytes())), "{attr:#x}");
+        }
+        assert!(kept(5, &cm_packet(0x18, SIDR_REP_REQUEST_ID, &(5u32 << 21).to_be_bytes())));
+        assert!(!kept(5, &cm_packet(0x18, SIDR_REP_REQUEST_ID, &(4u32 << 21).to_be_bytes())));
+        // REQs name a service, which a guest may listen to.
+        assert!(kept(5, &cm_packet(0x10, SERVICE_ID, &7u64.to_be_bytes())));
+        assert!(kept(5, &cm_packet(0x17, SERVICE_ID, &7u64.to_be_bytes())));
+        // Other classes and attributes, other opcodes to QP1, anything short: dropped.
+        assert!(!kept(5, &cm_packet(0x01, REMOTE_COMM_ID, &(5u32 << 21).to_be_bytes())));
+        let mut p = cm_packet(0x13, REMOTE_COMM_ID, &(5u32 << 21).to_be_bytes());
+        p[MAD_CLASS] = 0x04;
+        assert!(!kept(5, &p));
+        p[MAD_CLASS] = 0x07;
+        p[0] = 0x04;
+        assert!(!kept(5, &p));
+        for len in 0..CM_MIN_LEN {
+            assert!(!kept(5, &cm_packet(0x13, REMOTE_COMM_ID, &(5u32 << 21).to_be_bytes())[..len]), "len {len}");
+        }
+        for len in 0..12 {
+            assert!(!kept(5, &data_packet(5 << 13)[..len]), "len {len}");
+        }
+        assert!(kept(5, &probe(3, 1)));
+        assert!(!kept(5, &probe(3, 1)[..PROBE_LEN - 1]));
+    }
+
+    /// The kernel runs the guest filter on a real socket as [`run`] does.
+    #[test]
+    fn the_kernel_runs_the_guest_filter() {
+        use std::os::fd::AsFd;
+        let config = crate::Config { port: 0, ..crate::Config::default() };
+        let socket = crate::RoceSocket::bind_with([127, 0, 0, 1].into(), &config).unwrap();
+        let code: Vec<_> = guest_filter(5).iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
+        crate::sys::attach_filter(socket.as_fd(), &code).unwrap();
+        assert_eq!(crate::sys::filter_of(socket.as_fd()).unwrap(), code);
+        let to = socket.local_addr();
+        let tx = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for qpn in [6 << 13, 5 << 13 | 1, 1 << 13, 5 << 13 | 2] {
+            tx.send_to(&data_packet(qpn), to).unwrap();
+        }
+        let mut batch = crate::RecvBatch::new(8, 2048);
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while got.len() < 2 && std::time::Instant::now() < deadline {
+            if socket.recv_timeout(&mut batch, std::time::Duration::from_millis(50)).unwrap_or(0) > 0 {
+                got.extend(batch.iter().map(|d| u32::from_be_bytes(d.payload[4..8].try_into().unwrap()) & 0xff_ffff));
+            }
+        }
+        assert_eq!(got, [5 << 13 | 1, 5 << 13 | 2]);
+        // Locked, nobody can take it off or put another in its place.
+        crate::sys::set_int(socket.as_fd(), libc::SOL_SOCKET, libc::SO_LOCK_FILTER, 1).unwrap();
+        assert!(crate::sys::filter_locked(socket.as_fd()).unwrap());
+        assert!(crate::sys::attach_filter(socket.as_fd(), &[(RET | K, 0, 0, ACCEPT)]).is_err());
+        assert!(crate::sys::set_int(socket.as_fd(), libc::SOL_SOCKET, libc::SO_DETACH_FILTER, 0).is_err());
+        assert!(crate::sys::set_int(socket.as_fd(), libc::SOL_SOCKET, libc::SO_LOCK_FILTER, 0).is_err());
     }
 
     /// The kernel's classic-BPF checker accepts every shape of program, up to the limit.
