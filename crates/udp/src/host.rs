@@ -838,7 +838,8 @@ fn proc_net_udp_row(line: &str) -> Option<(IpAddr, u16, bool, u32)> {
         16 => IpAddr::from(<[u8; 16]>::try_from(bytes.as_slice()).ok()?),
         _ => return None,
     };
-    let connected = remote.split_once(':').is_some_and(|(a, p)| a.trim_matches('0') != "" || p.trim_matches('0') != "");
+    let connected =
+        remote.split_once(':').is_some_and(|(a, p)| !a.trim_matches('0').is_empty() || !p.trim_matches('0').is_empty());
     Some((ip, u16::from_str_radix(port, 16).ok()?, connected, uid.parse().ok()?))
 }
 

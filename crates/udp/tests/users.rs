@@ -58,7 +58,8 @@ fn users_child() {
         std::process::exit(0);
     });
     if parts[0] == "squat" {
-        let fd = rustix::net::socket(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::SEQPACKET, None).unwrap();
+        let fd =
+            rustix::net::socket(rustix::net::AddressFamily::UNIX, rustix::net::SocketType::SEQPACKET, None).unwrap();
         rustix::net::bind(&fd, &rustix::net::SocketAddrUnix::new_abstract_name(parts[1].as_bytes()).unwrap()).unwrap();
         rustix::net::listen(&fd, 16).unwrap();
         out("ready 0 0".into());
@@ -276,7 +277,10 @@ fn three_users_share_a_port_and_stay_apart() {
     for _ in 0..3 {
         let got = round(&sender, port, &everyone, r, 50);
         let theirs = &got[4];
-        assert!(theirs.iter().all(|t| (t >> 8) & 0xff_ffff == u64::from(hostile.slot)), "the hostile guest read others' datagrams");
+        assert!(
+            theirs.iter().all(|t| (t >> 8) & 0xff_ffff == u64::from(hostile.slot)),
+            "the hostile guest read others' datagrams"
+        );
         r += 1;
     }
     // Once it ends, the coordinator's next program steers everyone again.
