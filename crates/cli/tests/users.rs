@@ -1,0 +1,150 @@
+//! Many users, one host: `softrdma perf` pairs of root and of two other users (the built
+//! binary, copied where they can run it) at once on port 4791, RC and UD, while processes of
+//! each user that hold the device come and go (killed at random), for 3 s. Every pair
+//! finishes with its figures. Needs root (to start processes of other users); says SKIP otherwise.
+#![allow(clippy::print_stdout)]
+
+use std::io::Read;
+use std::net::{Ipv4Addr, TcpListener};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// Two users with no account: the kernel needs none.
+const USER_A: u32 = 41_011;
+const USER_B: u32 = 41_012;
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// The built binary, copied into a directory every user can read.
+struct Exe(PathBuf);
+
+impl Exe {
+    fn new() -> Exe {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("softrdma-cli-users-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = dir.join("softrdma");
+        std::fs::copy(env!("CARGO_BIN_EXE_softrdma"), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        Exe(exe)
+    }
+
+    /// `softrdma ARGS` as `uid` (root for `None`), output piped.
+    fn spawn(&self, uid: Option<u32>, args: &[&str]) -> Child {
+        let mut cmd = Command::new(&self.0);
+        cmd.args(args)
+            .current_dir("/")
+            .env("HOME", "/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(uid) = uid {
+            // As root, std drops the supplementary groups too.
+            cmd.uid(uid).gid(uid);
+        }
+        cmd.spawn().unwrap()
+    }
+}
+
+impl Drop for Exe {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.0.parent().unwrap());
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
+}
+
+/// Waits for `child` (killing it past `LIMIT`), then returns its exit success and output.
+fn finish(mut child: Child, what: &str) -> (bool, String) {
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if start.elapsed() > LIMIT {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut out = String::new();
+    let _ = child.stdout.take().unwrap().read_to_string(&mut out);
+    let _ = child.stderr.take().unwrap().read_to_string(&mut out);
+    println!("{what}: {status}");
+    (status.success(), out)
+}
+
+/// The row of a perf client's table for `size`: its iterations and average bandwidth.
+fn row(out: &str, size: &str) -> Option<(u64, f64)> {
+    let line = out.lines().find(|l| l.split_whitespace().next() == Some(size))?;
+    let f: Vec<&str> = line.split_whitespace().collect();
+    Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
+}
+
+#[test]
+fn three_users_run_perf_pairs_at_once_while_others_come_and_go() {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective user.
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
+        println!("SKIP: starting processes of other users needs root");
+        return;
+    }
+    let exe = Exe::new();
+    // Processes of each user that open the device and are killed at random.
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn: Vec<_> = [None, Some(USER_A), Some(USER_B)]
+        .into_iter()
+        .map(|uid| {
+            let (exe, stop) = (Exe(exe.0.clone()), stop.clone());
+            std::thread::spawn(move || {
+                let mut runs = 0;
+                let mut seed = u64::from(uid.unwrap_or(7)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                let deadline = Instant::now() + LIMIT;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+                    let mut c = exe.spawn(uid, &["perf", "write", "lat", "--loopback", "-n", "100000000"]);
+                    seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                    std::thread::sleep(Duration::from_millis(100 + (seed >> 33) % 400));
+                    let _ = c.kill();
+                    let _ = c.wait();
+                    runs += 1;
+                }
+                std::mem::forget(exe); // the directory is the test's to remove
+                runs
+            })
+        })
+        .collect();
+    let (p1, p2, p3) = (free_port().to_string(), free_port().to_string(), free_port().to_string());
+    // RC WRITE root → A, RC READ A → B, UD SEND B → root.
+    let s1 = exe.spawn(None, &["perf", "write", "bw", "-p", &p1]);
+    let s2 = exe.spawn(Some(USER_A), &["perf", "read", "bw", "-p", &p2]);
+    let s3 = exe.spawn(Some(USER_B), &["perf", "send", "bw", "-c", "UD", "-p", &p3]);
+    std::thread::sleep(Duration::from_millis(500));
+    let c1 = exe.spawn(Some(USER_A), &["perf", "write", "bw", "127.0.0.1", "-p", &p1, "-D", "3", "-s", "16384"]);
+    let c2 = exe.spawn(Some(USER_B), &["perf", "read", "bw", "127.0.0.1", "-p", &p2, "-D", "3", "-s", "16384"]);
+    let c3 = exe.spawn(None, &["perf", "send", "bw", "-c", "UD", "127.0.0.1", "-p", &p3, "-D", "3", "-s", "1024"]);
+    let results = [
+        (finish(c1, "RC WRITE, client uid A to server root"), "16384"),
+        (finish(c2, "RC READ, client uid B to server uid A"), "16384"),
+        (finish(c3, "UD SEND, client root to server uid B"), "1024"),
+    ];
+    let servers = [finish(s1, "server root"), finish(s2, "server uid A"), finish(s3, "server uid B")];
+    stop.store(true, Ordering::Relaxed);
+    let runs: Vec<u32> = churn.into_iter().map(|h| h.join().unwrap()).collect();
+    for ((ok, out), size) in &results {
+        assert!(ok, "a client failed:\n{out}");
+        let (n, bw) = row(out, size).unwrap_or_else(|| panic!("no row for {size} B:\n{out}"));
+        assert!(n > 100, "{out}");
+        assert!(bw > 0.0, "{out}");
+        assert!(out.contains("Path: wire"), "processes of two users meet through the sockets:\n{out}");
+    }
+    for (ok, out) in &servers {
+        assert!(ok, "a server failed:\n{out}");
+    }
+    assert!(runs.iter().all(|&r| r >= 1), "every user's processes came and went: {runs:?}");
+}
