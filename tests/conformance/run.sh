@@ -252,6 +252,58 @@ SOFTRDMA_FAULTS=$faults TIMEOUT=60 rping_line "rping -V -C 10, 5% loss" "-v -V -
 SOFTRDMA_FAULTS=$faults TIMEOUT=60 cm_run "ucmatose, 5% loss" "ucmatose -p PORT" "ucmatose -p PORT -s 127.0.0.1" \
     "return status 0" "return status 0"
 
+# --- processes of other users -------------------------------------------------------------
+# Root only: the two sides of each pair are processes of different users on port 4791 of
+# one host (root and users 41021 and 41022, which need no account, through setpriv): the
+# port's group is its first user's, whose coordinator makes the others' sockets
+# (docs/architecture.md, "Many users, one host"). The libraries are copied where every
+# user can read them.
+# users_pair NAME RETRY EXPECT SERVER CLIENT: through serve (the client again while RETRY
+# says the server was not listening yet), both command lines (PORT replaced) exit 0 and the
+# client's output matches EXPECT.
+users_pair() {
+    local name=$1 retry=$2 expect=$3 tag
+    tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
+    out="$work/$tag"
+    port=$((port + 1))
+    serve "$out" "$retry" "${4//PORT/$port}" "${5//PORT/$port}"
+    if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
+        fail "$name" "server exit $src, client exit $crc: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+    elif ! grep -Eq "$expect" "$out.client"; then
+        fail "$name" "the client's output lacks /$expect/"
+    else
+        line "$name" pass
+    fi
+}
+if [ "$(id -u)" -ne 0 ] || ! command -v setpriv >/dev/null 2>&1; then
+    line "users: C programs" "SKIP starting processes of other users needs root and setpriv (util-linux)"
+elif [ ! -e "$lib/librdmacm.so.1" ] || [ ! -e "$lib/libmlx5.so.1" ]; then
+    line "users: C programs" "SKIP librdmacm.so.1 or libmlx5.so.1 not built (scripts/build-libs)"
+else
+    ulib=$(mktemp -d)
+    cp -a "$lib"/. "$ulib"/ && chmod -R a+rX "$ulib"
+    as_a="setpriv --reuid=41021 --regid=41021 --clear-groups"
+    as_b="setpriv --reuid=41022 --regid=41022 --clear-groups"
+    saved_path=$LD_LIBRARY_PATH
+    export LD_LIBRARY_PATH=$ulib
+    if installed "users: ibv_rc_pingpong" ibv_rc_pingpong ibverbs-utils; then
+        users_pair "users: ibv_rc_pingpong, server 41021, client root" not_listening 'iters in [0-9.]+ seconds' \
+            "$as_a ibv_rc_pingpong -g 0 -p PORT" "ibv_rc_pingpong -g 0 -p PORT 127.0.0.1"
+    fi
+    if installed "users: rping" rping rdmacm-utils; then
+        TIMEOUT=30 users_pair "users: rping -V, server 41021, client 41022" failed 'ping data' \
+            "$as_a rping -s -a 127.0.0.1 -p PORT -v -V -C 10" "$as_b rping -c -a 127.0.0.1 -p PORT -v -V -C 10"
+    fi
+    if installed "users: ib_send_bw" ib_send_bw perftest; then
+        users_pair "users: ib_send_bw -c UD, server root, client 41022" not_listening "$row" \
+            "ib_send_bw -c UD -n $PERFTEST_ITERS -p PORT" "$as_b ib_send_bw -c UD -n $PERFTEST_ITERS -p PORT 127.0.0.1"
+        users_pair "users: ib_write_bw -R, server 41022, client 41021" not_listening "$row" \
+            "$as_b ib_write_bw -R -n $PERFTEST_ITERS -p PORT" "$as_a ib_write_bw -R -n $PERFTEST_ITERS -p PORT 127.0.0.1"
+    fi
+    export LD_LIBRARY_PATH=$saved_path
+    rm -rf "$ulib"
+fi
+
 # --- two hosts -------------------------------------------------------------------------
 # perftest -R between two network namespaces joined by veth (10.77.0.1, the client, and
 # 10.77.0.2, the server; root only). Across hosts a REQ that meets no listener gets REJ 8 at
