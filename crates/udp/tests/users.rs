@@ -69,11 +69,13 @@ fn users_child() {
         }
     }
     let config = HostConfig { device: parts[1].into(), port: parts[2].parse().unwrap(), socket: Config::default() };
+    let start = Instant::now();
     let member = match Member::join(&[LOCALHOST], &config) {
         Ok(m) => m,
         Err(e) => return out(format!("join_err {e}")),
     };
-    out(format!("ready {} {}", member.slot(), u8::from(member.is_coordinator())));
+    let took = start.elapsed().as_micros();
+    out(format!("ready {} {} {took}", member.slot(), u8::from(member.is_coordinator())));
     let socket = &member.sockets()[0];
     if let Some(sender) = parts.get(3).and_then(|p| p.strip_prefix("hostile=")) {
         let fd = socket.as_fd().as_raw_fd();
@@ -112,6 +114,8 @@ struct Proc {
     lines: Receiver<String>,
     slot: u32,
     coordinator: bool,
+    /// How long its join took.
+    joined_in: Duration,
 }
 
 impl Drop for Proc {
@@ -161,7 +165,7 @@ impl Exe {
                 }
             }
         });
-        Proc { child, lines: rx, slot: 0, coordinator: false }
+        Proc { child, lines: rx, slot: 0, coordinator: false, joined_in: Duration::ZERO }
     }
 
     /// Starts a member and waits for it to join.
@@ -172,6 +176,7 @@ impl Exe {
         assert_eq!(f[0], "ready", "a member of uid {uid:?}: {line}");
         p.slot = f[1].parse().unwrap();
         p.coordinator = f[2] == "1";
+        p.joined_in = Duration::from_micros(f[3].parse().unwrap());
         p
     }
 }
@@ -310,4 +315,35 @@ fn a_coordinator_name_held_by_another_user_gets_no_sockets() {
     let victim = exe.start(None, &format!("member,{device},{port}"));
     let line = victim.line();
     assert!(line.starts_with("join_err") && line.contains(&format!("user {USER_A}")), "{line}");
+}
+
+/// What a join costs a process of the port's user and a guest, one after another beside
+/// one coordinator: `cargo test --release -p softrdma-udp --test users -- --ignored --nocapture`.
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture (as root)"]
+fn join_cost() {
+    if !is_root() {
+        println!("SKIP: starting processes of other users needs root");
+        return;
+    }
+    let exe = Exe::new();
+    let (device, port) = group();
+    let _owner = exe.member(None, &device, port, "");
+    let mut kept = Vec::new();
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..20 {
+        let (uid, k) = if i % 2 == 0 { (None, 0) } else { (Some(USER_A), 1) };
+        let p = exe.member(uid, &device, port, "");
+        times[k].push(p.joined_in);
+        kept.push(p);
+    }
+    for (name, mut t) in ["the port's user", "a guest (another user)"].into_iter().zip(times) {
+        t.sort();
+        println!(
+            "join of {name:<24} median {:>6} us  min {:>6} us  max {:>6} us",
+            t[t.len() / 2].as_micros(),
+            t[0].as_micros(),
+            t[t.len() - 1].as_micros()
+        );
+    }
 }

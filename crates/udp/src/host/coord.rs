@@ -642,7 +642,8 @@ impl Server {
             // Gone: its hang-up makes them tombstones.
             tracing::debug!(target: "softrdma::host", "sockets for a guest not sent: {sent:?}");
         }
-        self.dirty = true;
+        // New sockets join the end of their groups, moving no other: no round until its
+        // hello. The holders hold them at once, in case this process dies before.
         self.holders_dirty = true;
     }
 
