@@ -1054,3 +1054,64 @@ fn the_schema_rejects_broken_reports() {
         "no path",
     );
 }
+
+/// The children of process `pid` (`/proc/PID/task/*/children`).
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Vec::new() };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("children")).ok())
+        .flat_map(|c| c.split_whitespace().filter_map(|p| p.parse().ok()).collect::<Vec<u32>>())
+        .collect()
+}
+
+/// Whether process `pid` is gone (or a zombie that no longer runs).
+fn gone(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map_or(true, |s| s.rsplit_once(')').is_some_and(|(_, r)| r.trim_start().starts_with(['Z', 'X'])))
+}
+
+/// Waits up to 5 s for process `pid` to be gone.
+fn wait_gone(pid: u32, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gone(pid) {
+        assert!(Instant::now() < deadline, "{what} (PID {pid}) runs on");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_killed_client_leaves_no_server_running() {
+    let _serial = serial();
+    for delay in [150u64, 300, 500, 800] {
+        // --loopback: its server is a child, which must end with it.
+        let mut run = Proc::spawn(&["perf", "write", "lat", "--loopback", "-n", "100000000"]);
+        let pid = run.child.id();
+        let deadline = Instant::now() + QUICK;
+        let server = loop {
+            if let Some(&c) = children_of(pid).first() {
+                break c;
+            }
+            if Instant::now() >= deadline {
+                run.kill_and_fail("started no loopback server");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = run.child.kill();
+        let _ = run.child.wait();
+        wait_gone(server, &format!("the loopback server of a run killed after {delay} ms"));
+
+        // A server of its own: its client's end closes the control connection mid-run.
+        let port = free_port().to_string();
+        let mut server = Proc::spawn(&["perf", "write", "lat", "-p", &port]);
+        server.wait_for_stdout("waiting for a client", QUICK);
+        let mut client = Proc::spawn(&["perf", "write", "lat", "127.0.0.1", "-p", &port, "-n", "100000000"]);
+        std::thread::sleep(Duration::from_millis(delay));
+        let _ = client.child.kill();
+        let _ = client.child.wait();
+        // It says why it stopped, within seconds of the client's end, not at its run's
+        // deadline (hours for this many iterations).
+        let done = server.finish(Duration::from_millis(delay + 500) + QUICK);
+        assert!(!done.status.success() && done.stderr.contains("closed the control connection"), "{}", done.stderr);
+    }
+}

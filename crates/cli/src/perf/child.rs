@@ -1,7 +1,7 @@
 //! A copy of this program run as the other side of a measurement (`--loopback`'s server,
 //! the baseline's echo and sink), talking in lines over its standard input and output.
 //! Every read has a deadline; a child still running when its handle drops is killed by its
-//! PID and reaped.
+//! PID and reaped, and one whose parent is killed ends with it (`PR_SET_PDEATHSIG`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -23,13 +23,28 @@ impl Peer {
     pub(crate) fn spawn(args: &[String], name: &str) -> Result<Peer, PerfError> {
         let exe = std::env::current_exe()
             .map_err(|e| PerfError::Io(format!("finding this program to run the {name}: {e}")))?;
-        let mut child = Command::new(exe)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .map_err(|e| PerfError::Io(format!("starting the {name}: {e}")))?;
+        let mut cmd = Command::new(exe);
+        cmd.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+        // A child ends with this process, killed or not (a loopback server spinning on for
+        // a client that is gone, for ever). Peers are spawned from the main thread, whose
+        // end the kernel's signal follows; a parent gone before the hook ran is caught by
+        // the parent pid.
+        let parent = std::process::id();
+        #[allow(unsafe_code)] // a hook between fork and exec
+        // SAFETY: the closure runs in the child between fork and exec and calls only
+        // prctl(2) and getppid(2), both async-signal-safe, and allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                    return Err(std::io::Error::from(std::io::ErrorKind::NotConnected));
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().map_err(|e| PerfError::Io(format!("starting the {name}: {e}")))?;
         let stdout = child.stdout.take().ok_or_else(|| PerfError::Io("no pipe from the child".into()))?;
         let (tx, lines) = channel();
         std::thread::spawn(move || {

@@ -95,6 +95,8 @@ pub(crate) struct Control {
     writer: Mutex<BufWriter<TcpStream>>,
     messages: Receiver<Result<Msg, String>>,
     finished: Arc<AtomicBool>,
+    /// The control connection ended (the peer closed it, or it broke).
+    gone: Arc<AtomicBool>,
     peer: SocketAddr,
     local: SocketAddr,
 }
@@ -109,7 +111,8 @@ impl Control {
         let reader = stream.try_clone().map_err(io)?;
         let (tx, messages) = channel();
         let finished = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&finished);
+        let gone = Arc::new(AtomicBool::new(false));
+        let (flag, gone_flag) = (Arc::clone(&finished), Arc::clone(&gone));
         std::thread::Builder::new()
             .name("perf-control".into())
             .spawn(move || {
@@ -125,13 +128,15 @@ impl Control {
                     }
                     let stop = item.is_err();
                     if tx.send(item).is_err() || stop {
+                        gone_flag.store(true, Ordering::Release);
                         return;
                     }
                 }
+                gone_flag.store(true, Ordering::Release);
                 let _ = tx.send(Err("the peer closed the control connection".into()));
             })
             .map_err(io)?;
-        Ok(Control { writer: Mutex::new(BufWriter::new(stream)), messages, finished, peer, local })
+        Ok(Control { writer: Mutex::new(BufWriter::new(stream)), messages, finished, gone, peer, local })
     }
 
     /// The peer's address.
@@ -181,9 +186,19 @@ impl Control {
         want(msg).ok_or_else(|| PerfError::Peer(format!("expected {what} from the peer, got {shown}")))
     }
 
-    /// Whether the peer said `Finished` in this run.
-    pub(crate) fn peer_finished(&self) -> bool {
-        self.finished.load(Ordering::Acquire)
+    /// Whether the peer said `Finished` in this run; an error once the control connection
+    /// ended without it (the peer is gone: a run waiting for it would wait for ever).
+    pub(crate) fn peer_finished(&self) -> Result<bool, PerfError> {
+        if self.finished.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        if self.gone.load(Ordering::Acquire) && !self.finished.load(Ordering::Acquire) {
+            return Err(PerfError::Peer(format!(
+                "the peer {} closed the control connection in the middle of the run (it ended, or was killed)",
+                self.peer
+            )));
+        }
+        Ok(false)
     }
 
     /// Forgets the last run's `Finished` (before `Ready` of the next).

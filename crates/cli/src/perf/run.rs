@@ -412,7 +412,7 @@ impl Side {
         if passive {
             ctl.send(&super::control::Msg::Finished)?;
             sent_finished = true;
-            while !ctl.peer_finished() {
+            while !ctl.peer_finished()? {
                 if Instant::now() > deadline {
                     return Err(PerfError::Peer("the peer did not finish its run in time".into()));
                 }
@@ -483,7 +483,7 @@ impl Side {
                     sent_finished = true;
                 }
             }
-            if sent_finished && ctl.peer_finished() {
+            if sent_finished && ctl.peer_finished()? {
                 // Whatever the peer sent has landed (RC) or is lost (UC, UD): take what is
                 // queued, then stop.
                 let quiet = Instant::now();
@@ -600,7 +600,7 @@ impl Side {
         }
         let seconds = timed_start.map_or(0.0, |t| t.elapsed().as_secs_f64());
         ctl.send(&super::control::Msg::Finished)?;
-        while !ctl.peer_finished() {
+        while !ctl.peer_finished()? {
             if Instant::now() > deadline {
                 return Err(PerfError::Peer("the peer did not finish its run in time".into()));
             }
@@ -622,7 +622,7 @@ impl Side {
         let mut seq = 0u64;
         let mut received = 0u64;
         let mut idle_polls = 0u32;
-        while !ctl.peer_finished() {
+        while !ctl.peer_finished()? {
             if !pingpong {
                 std::thread::sleep(Duration::from_millis(1));
             } else {
