@@ -33,8 +33,9 @@ impl Exe {
         Exe(exe)
     }
 
-    /// `softrdma ARGS` as `uid` (root for `None`), output piped.
-    fn spawn(&self, uid: Option<u32>, args: &[&str]) -> Child {
+    /// `softrdma ARGS` as `uid` (root for `None`), output piped; killed if the test ends
+    /// first.
+    fn spawn(&self, uid: Option<u32>, args: &[&str]) -> Running {
         let mut cmd = Command::new(&self.0);
         cmd.args(args)
             .current_dir("/")
@@ -46,7 +47,19 @@ impl Exe {
             // As root, std drops the supplementary groups too.
             cmd.uid(uid).gid(uid);
         }
-        cmd.spawn().unwrap()
+        Running(cmd.spawn().unwrap())
+    }
+}
+
+/// A child killed by its PID and reaped if still running when dropped.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -61,7 +74,8 @@ fn free_port() -> u16 {
 }
 
 /// Waits for `child` (killing it past `LIMIT`), then returns its exit success and output.
-fn finish(mut child: Child, what: &str) -> (bool, String) {
+fn finish(mut running: Running, what: &str) -> (bool, String) {
+    let child = &mut running.0;
     let start = Instant::now();
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -107,11 +121,10 @@ fn three_users_run_perf_pairs_at_once_while_others_come_and_go() {
                 let mut seed = u64::from(uid.unwrap_or(7)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                 let deadline = Instant::now() + LIMIT;
                 while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-                    let mut c = exe.spawn(uid, &["perf", "write", "lat", "--loopback", "-n", "100000000"]);
+                    let c = exe.spawn(uid, &["perf", "write", "lat", "--loopback", "-n", "100000000"]);
                     seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
                     std::thread::sleep(Duration::from_millis(100 + (seed >> 33) % 400));
-                    let _ = c.kill();
-                    let _ = c.wait();
+                    drop(c); // killed (its loopback server ends with it)
                     runs += 1;
                 }
                 std::mem::forget(exe); // the directory is the test's to remove
@@ -147,4 +160,22 @@ fn three_users_run_perf_pairs_at_once_while_others_come_and_go() {
         assert!(ok, "a server failed:\n{out}");
     }
     assert!(runs.iter().all(|&r| r >= 1), "every user's processes came and went: {runs:?}");
+    // Nothing of this test runs on (a killed run's loopback server, for one).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = running_from(&exe.0);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "processes of the test's binary run on: {left:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Processes (not zombies) running the program at `exe`.
+fn running_from(exe: &std::path::Path) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe))
+        .collect()
 }
