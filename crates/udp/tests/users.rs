@@ -77,6 +77,10 @@ fn users_child() {
     let took = start.elapsed().as_micros();
     out(format!("ready {} {} {took}", member.slot(), u8::from(member.is_coordinator())));
     let socket = &member.sockets()[0];
+    if parts.get(3) == Some(&"detach") {
+        let fd = socket.as_fd().as_raw_fd();
+        out(format!("detach_program {}", sockopt(fd, libc::SO_DETACH_REUSEPORT_BPF, &0i32.to_ne_bytes())));
+    }
     if let Some(sender) = parts.get(3).and_then(|p| p.strip_prefix("hostile=")) {
         let fd = socket.as_fd().as_raw_fd();
         // A program that steers everything to index 0, in place of the group's.
@@ -291,6 +295,15 @@ fn three_users_share_a_port_and_stay_apart() {
     // Once it ends, the coordinator's next program steers everyone again.
     drop(hostile);
     r = until_steered(&sender, port, &all, r, Duration::from_secs(3));
+
+    // One that only takes the program off: the coordinator attaches it again within a
+    // second or so, while that guest lives on.
+    let detacher = exe.member(Some(USER_B), &device, port, ",detach");
+    assert_eq!(detacher.line(), "detach_program 0");
+    let taken_off = Instant::now();
+    r = until_steered(&sender, port, &[&owner, &a, &b, &owner2, &detacher], r, Duration::from_secs(3));
+    println!("steered again {:?} after the program was taken off", taken_off.elapsed());
+    drop(detacher);
 
     // The owner's coordinator ends: the other process of its user takes over, and the guests
     // register with it (their sockets pass its check) and stay steered; a new guest joins.

@@ -64,6 +64,12 @@ enum Tomb {
     Adopted,
 }
 
+/// How often the programs are attached again while guests are members: the kernel lets any
+/// member take its group's program off (`SO_DETACH_REUSEPORT_BPF` does not heed a locked
+/// socket), and the group then hashes datagrams among its sockets, where the guests'
+/// filters drop what is not theirs. This bounds what one such call costs the others.
+const REINSTALL_EVERY: Duration = Duration::from_secs(1);
+
 /// How soon a set of sockets to hold that could not be sent is sent again.
 const HOLD_RETRY: Duration = Duration::from_millis(10);
 
@@ -218,6 +224,9 @@ pub(crate) struct Server {
     probe_v6: Option<UdpSocket>,
     /// Programs the kernel refused (a test asserts none).
     pub(crate) attach_errors: u64,
+    /// When the programs were last attached: with guests, they are attached again every
+    /// [`REINSTALL_EVERY`], since any member may take a group's program off.
+    installed_at: Instant,
     buf: Vec<u8>,
 }
 
@@ -259,6 +268,7 @@ impl Server {
             probe_v4: None,
             probe_v6: None,
             attach_errors: 0,
+            installed_at: Instant::now(),
             buf: vec![0; MAX_RECORD],
         }))
     }
@@ -285,7 +295,8 @@ impl Server {
             .filter(|_| self.dirty || self.holders_dirty || self.conns.iter().any(|c| c.deferred.is_some()));
         // A set that did not go (a member's queue was full) is sent again soon.
         let retry = (self.holders_dirty && self.grace_until.is_none()).then(|| Instant::now() + HOLD_RETRY);
-        [self.round.as_ref().map(|r| r.deadline), grace, self.settling, retry].into_iter().flatten().min()
+        let reinstall = self.guests().then(|| self.installed_at + REINSTALL_EVERY);
+        [self.round.as_ref().map(|r| r.deadline), grace, self.settling, retry, reinstall].into_iter().flatten().min()
     }
 
     /// Handles poll results for [`fds`](Self::fds), then timers.
@@ -343,6 +354,18 @@ impl Server {
         if self.holders_dirty && self.grace_until.is_none() {
             self.sync_holders();
         }
+        if self.guests()
+            && self.round.is_none()
+            && self.grace_until.is_none()
+            && now >= self.installed_at + REINSTALL_EVERY
+        {
+            self.install();
+        }
+    }
+
+    /// Whether a process of another user is a member.
+    fn guests(&self) -> bool {
+        self.conns.iter().any(|c| c.guest && c.slot != 0)
     }
 
     fn accept(&mut self) {
@@ -1055,6 +1078,7 @@ impl Server {
 
     /// Generates and attaches the program of every group.
     fn install(&mut self) {
+        self.installed_at = Instant::now();
         self.install_groups(None);
     }
 
