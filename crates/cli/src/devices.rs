@@ -98,6 +98,15 @@ pub(crate) fn stats(args: &StatsArgs) -> ExitCode {
     for (path, why) in &scan.skipped {
         warn("stats", &format!("skipped {}: {why}", path.display()));
     }
+    if scan.other_users > 0 {
+        warn(
+            "stats",
+            &format!(
+                "{} contexts of other users not shown (their counters are theirs; root sees all)",
+                scan.other_users
+            ),
+        );
+    }
     let report = StatsReport::new(&chosen, &scan.live, scan.stale);
     let out = if args.json { json(&report) } else { stats_text(&report, args.verbose) };
     emit(&out)

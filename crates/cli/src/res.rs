@@ -119,6 +119,15 @@ fn once(args: &ResArgs) -> ExitCode {
     for (path, why) in &scan.skipped {
         warn("res", &format!("skipped {}: {why}", path.display()));
     }
+    if scan.other_users > 0 {
+        warn(
+            "res",
+            &format!(
+                "{} contexts of other users not shown (they answer their own user and root only)",
+                scan.other_users
+            ),
+        );
+    }
     let (answered, unanswered): (Vec<&Reply>, Vec<&Reply>) = scan.contexts.iter().partition(|r| r.result.is_ok());
     let snaps: Vec<&Snapshot> = answered.iter().filter_map(|r| r.result.as_ref().ok()).collect();
     let out = if args.json {

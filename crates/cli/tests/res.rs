@@ -87,7 +87,7 @@ fn res_lists_the_qps_cqs_and_mrs_of_a_live_process_in_text_and_json() {
 }
 
 #[test]
-fn another_user_sees_no_keys() {
+fn another_user_sees_nothing_of_this_users_contexts() {
     use std::os::unix::process::CommandExt as _;
     if !Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n")) {
         println!("skipped: only root can run softrdma as another user");
@@ -104,9 +104,13 @@ fn another_user_sees_no_keys() {
         .output()
         .unwrap();
     let text = stdout(&out);
-    let line = text.lines().find(|l| l.contains(" mrlen 8192 ")).unwrap_or_else(|| panic!("no MR row:\n{text}"));
-    assert!(!line.contains("rkey") && !line.contains("lkey") && !line.contains("iova"), "{line}");
+    assert!(!text.contains(&format!(" pid {me} ")) && !text.contains(" mrlen 8192 "), "{text}");
     assert!(!text.contains(&format!("{:#x}", mr.rkey())), "{text}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("contexts of other users not shown"), "{err}");
+    // Its own user sees the row, keys and all.
+    let mine = stdout(&softrdma(&["res", "mr", "--pid", &me]));
+    assert!(mine.contains(&format!("{:#x}", mr.rkey())), "{mine}");
 }
 
 const CHILD_ENV: &str = "SOFTRDMA_RES_TEST_CHILD";

@@ -31,13 +31,13 @@
 //!
 //! # Keys
 //!
-//! The kernel shows MR keys and addresses (`rkey`, `lkey`, `iova`) only to a reader with
-//! `CAP_NET_ADMIN`. Here the answering context reads its reader's credentials
-//! (`SO_PEERCRED`, given by the kernel, not by the reader) and includes keys and addresses
-//! only for its own user or root ([`may_see_keys`]); anybody else gets the MR rows with
-//! their length, access and PD, and `null` where the keys would be. Everything else (QPs,
-//! PSNs, peers, CM IDs) is shown to every user, as the kernel shows it. The socket is
-//! mode 0666 for that reason: who may see what is decided per reader.
+//! A context answers its own user and root only ([`may_see_keys`]): users of one host stay
+//! apart (docs/architecture.md, "Many users, one host"), so another user learns nothing of
+//! its registrations, queues or peers (the kernel shows other users' rows without their
+//! keys; softrdma shows none). The answering context reads its reader's credentials
+//! (`SO_PEERCRED`, given by the kernel, not by the reader); another user gets an error.
+//! Its counters file, by which readers find the socket, is its user's alone (mode 0600).
+//! The socket is mode 0666: who may look is decided per reader.
 //!
 //! A reader checks in turn that the answer came from the process that published the
 //! counters file (`SO_PEERCRED` of the socket's listener): a socket that another process
@@ -617,9 +617,12 @@ fn serve(listener: &UnixListener, stop: &AtomicBool, wake: &OwnedFd, shared: &We
 /// device lock ([`LOCK_WAIT`] at most), then written ([`ANSWER_WRITE`] at most).
 fn answer(stream: &UnixStream, shared: &Weak<Shared>, device: &str, port: u16) {
     let owner = rustix::process::geteuid().as_raw();
-    // No credentials: a reader of unknown user sees no keys.
+    // No credentials: a reader of unknown user sees nothing.
     let keys = rustix::net::sockopt::socket_peercred(stream).is_ok_and(|c| may_see_keys(c.uid.as_raw(), owner));
     let answer = match shared.upgrade() {
+        _ if !keys => {
+            Answer::Error { version: ANSWER_VERSION, message: "a context answers its own user and root only".into() }
+        }
         None => Answer::Error { version: ANSWER_VERSION, message: "the context is closing".into() },
         Some(shared) => {
             let deadline = Instant::now() + LOCK_WAIT;
@@ -693,6 +696,8 @@ pub struct ResScan {
     pub stale: usize,
     /// Counters files that could not be read, and why.
     pub skipped: Vec<(PathBuf, String)>,
+    /// Contexts of other users, which this reader may not look at.
+    pub other_users: usize,
 }
 
 /// Asks every live context in [`stats_dir()`](crate::stats::stats_dir) that `want` chooses
@@ -714,7 +719,7 @@ pub fn scan_dir(dir: &Path, want: impl Fn(&Published) -> bool, timeout: Duration
         });
         contexts.extend(batch.iter().zip(results).map(|((p, _), result)| Reply { published: p.clone(), result }));
     }
-    Ok(ResScan { contexts, stale: found.stale, skipped: found.skipped })
+    Ok(ResScan { contexts, stale: found.stale, skipped: found.skipped, other_users: found.other_users })
 }
 
 /// The answer socket of the context whose counters file is `stats_file`.

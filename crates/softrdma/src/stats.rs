@@ -55,7 +55,10 @@
 //! shares the lock with its child until the child exits or execs.
 //!
 //! The directory is created mode 1777 (like `/tmp`: anyone may publish, nobody may remove
-//! another user's file) and files are mode 0644, world-readable like rxe's `hw_counters`.
+//! another user's file) and files are mode 0600: a user's counters are its own (users of
+//! one host stay apart, docs/architecture.md "Many users, one host"; rxe's `hw_counters`
+//! are the whole device's, readable by all), and root reads every one. A reader counts the
+//! files it may not read ([`Scan::other_users`]).
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -117,6 +120,8 @@ pub struct Scan {
     pub stale: usize,
     /// Files that could not be read, and why (another layout version, unreadable).
     pub skipped: Vec<(PathBuf, String)>,
+    /// Contexts of other users: their counters are theirs (mode 0600), read by root only.
+    pub other_users: usize,
 }
 
 /// Reads every live context's counters from [`stats_dir()`], and removes the files of
@@ -169,6 +174,7 @@ pub(crate) fn scan_dir_with_paths(dir: &Path) -> io::Result<(Scan, Vec<PathBuf>)
                 let _ = fs::remove_file(crate::res::socket_path(&path));
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {} // closed meanwhile
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => out.other_users += 1,
             Err(e) => out.skipped.push((path, e.to_string())),
         }
     }
@@ -536,7 +542,7 @@ impl StatsFile {
         let path = dir.join(format!("{pid}-{n}.stats"));
         let open = || {
             let nofollow = rustix::fs::OFlags::NOFOLLOW.bits() as i32;
-            OpenOptions::new().read(true).write(true).create_new(true).mode(0o644).custom_flags(nofollow).open(&tmp)
+            OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).custom_flags(nofollow).open(&tmp)
         };
         let file = match open() {
             // Left by an earlier process with this pid that died while creating it.
@@ -547,7 +553,8 @@ impl StatsFile {
             r => r?,
         };
         let published = (|| {
-            rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(0o644))?; // whatever the umask
+            // Its user's alone, whatever the umask: users of one host stay apart.
+            rustix::fs::fchmod(&file, rustix::fs::Mode::from_raw_mode(0o600))?;
             file.set_len(FILE_LEN as u64)?;
             rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive)?;
             let map = Mapping::new(file, FILE_LEN, true)?;
