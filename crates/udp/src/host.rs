@@ -29,6 +29,7 @@
 
 mod coord;
 mod proto;
+mod refound;
 mod steer;
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
@@ -36,7 +37,7 @@ use std::hash::BuildHasher;
 use std::io;
 use std::net::IpAddr;
 use std::ops::Range;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixDatagram;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -65,6 +66,9 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long it waits before it looks whether an unanswering coordinator is stopped.
 const STOPPED_AFTER: Duration = Duration::from_millis(100);
+/// How long a guest finds no coordinator of the group's user before it takes their
+/// processes for gone and founds the group again with the other guests ([`refound`]).
+const ORPHANED_AFTER: Duration = Duration::from_secs(1);
 /// How long one coordinator must keep hanging up on every hello this member can say before
 /// the member takes it for a build of an older host protocol: a coordinator of this one
 /// hangs up unanswered only while its process ends: the kernel closes an ending process's
@@ -112,7 +116,13 @@ struct Shared {
     /// while the coordinator still counts them as its own (it keeps them in place as
     /// tombstones when the connection hangs up).
     sockets: Vec<RoceSocket>,
-    name: Vec<u8>,
+    /// The addresses of `sockets`, and how they are set up: a group founded again binds
+    /// them anew ([`refound`]).
+    addresses: Vec<IpAddr>,
+    socket_config: Config,
+    /// The coordinator's name (its user's): this process's own user's, or the group's
+    /// user's for a guest.
+    name: Mutex<Vec<u8>>,
     device: String,
     port: u16,
     /// The versions this member speaks.
@@ -133,7 +143,7 @@ struct Shared {
     /// The user whose processes own the port's groups, when that is another user than this
     /// process's: this member is their coordinator's *guest* (its sockets were made by
     /// it), and never coordinates.
-    guest_of: Option<u32>,
+    guest_of: Mutex<Option<u32>>,
     /// A guest's first connection to the coordinator, on which it got its sockets: its
     /// hello goes there (the coordinator holds the slot for that connection).
     bootstrap: Mutex<Option<ParentOnly>>,
@@ -159,6 +169,18 @@ impl Shared {
     }
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn name(&self) -> Vec<u8> {
+        self.name.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+    fn guest_of(&self) -> Option<u32> {
+        *self.guest_of.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    /// This member is now `owner`'s guest (`None`: a member of its own user's group).
+    fn set_owner(&self, owner: Option<u32>) {
+        let uid = owner.unwrap_or_else(|| rustix::process::getuid().as_raw());
+        *self.name.lock().unwrap_or_else(|e| e.into_inner()) = coordinator_name(uid, &self.device, self.port);
+        *self.guest_of.lock().unwrap_or_else(|e| e.into_inner()) = owner;
     }
     fn wake(&self) {
         let _ = self.wake_tx.send(&[0]);
@@ -220,22 +242,27 @@ impl Member {
                 Err(e) if e.kind() == io::ErrorKind::AddrInUse => match port_owner(addresses, config.port) {
                     // Another user's processes hold the port: join their group as a guest.
                     Some(owner) if owner != uid => {
-                        let name = format!("softrdma.{owner}.{}.{}", config.device, config.port).into_bytes();
-                        let (conn, slot, sockets) = guest_sockets(&name, owner, addresses, &socket_config, &port_name)?;
+                        let name = coordinator_name(owner, &config.device, config.port);
+                        let (conn, slot, fds) = guest_fds(&name, owner, addresses, 0, &socket_config, &port_name)?;
+                        let sockets = fds
+                            .into_iter()
+                            .map(|fd| RoceSocket::adopt(fd, &socket_config))
+                            .collect::<io::Result<_>>()?;
                         (sockets, Some(owner), Some(conn), slot)
                     }
                     _ => return Err(e),
                 },
                 Err(e) => return Err(e),
             };
-        let owner = guest_of.unwrap_or(uid);
-        let name = format!("softrdma.{owner}.{}.{}", config.device, config.port).into_bytes();
+        let name = coordinator_name(guest_of.unwrap_or(uid), &config.device, config.port);
         let (wake_tx, wake_rx) = UnixDatagram::pair()?;
         wake_rx.set_nonblocking(true)?;
         wake_tx.set_nonblocking(true)?;
         let shared = Arc::new(Shared {
             sockets,
-            name,
+            addresses: addresses.to_vec(),
+            socket_config,
+            name: Mutex::new(name),
             device: config.device.clone(),
             port: config.port,
             speaks: Speaks(version),
@@ -245,7 +272,7 @@ impl Member {
             wake_tx,
             wake_rx,
             slot: AtomicU32::new(slot),
-            guest_of,
+            guest_of: Mutex::new(guest_of),
             bootstrap: Mutex::new(bootstrap),
             coordinator: AtomicBool::new(false),
             coordinator_pid: AtomicU32::new(0),
@@ -453,6 +480,8 @@ fn run(shared: &Shared) {
     // cannot decode a `Join`), or one whose process is ending.
     let mut hung_up: Option<(u32, Layout, Instant)> = None;
     let mut failover = false;
+    // Since when a guest has found no coordinator of the group's user.
+    let mut orphaned: Option<Instant> = None;
     let mut buf = vec![0u8; 4096];
     let mut batch = RecvBatch::new(8, 2048);
     loop {
@@ -462,8 +491,8 @@ fn run(shared: &Shared) {
         if conn.is_none() {
             // A guest never coordinates: the groups are another user's, whose sockets it
             // cannot make (and must not hold).
-            if server.is_none() && shared.guest_of.is_none() {
-                match coord::Server::bind(&shared.name, shared.port, failover, shared.speaks) {
+            if server.is_none() && shared.guest_of().is_none() {
+                match coord::Server::bind(&shared.name(), shared.port, failover, shared.speaks) {
                     Ok(Some(s)) => {
                         server = Some(s);
                         shared.coordinator.store(true, Ordering::Relaxed);
@@ -473,17 +502,40 @@ fn run(shared: &Shared) {
                 }
             }
             let bootstrap = shared.bootstrap.lock().unwrap_or_else(|e| e.into_inner()).take();
-            let c = match bootstrap.map_or_else(|| connect(&shared.name), Ok) {
-                Ok(c) => c,
+            let c = match bootstrap.map_or_else(|| connect(&shared.name()), Ok) {
+                Ok(c) => {
+                    orphaned = None;
+                    c
+                }
+                Err(_) if shared.guest_of().is_some() && orphaned.is_some_and(|t| t.elapsed() >= ORPHANED_AFTER) => {
+                    // Nobody of the group's user coordinates it (a failover among them
+                    // takes milliseconds): its processes are gone, and no other user's can
+                    // join it. The guests found it again, among themselves.
+                    match refound::refound(shared) {
+                        Ok(()) => {
+                            orphaned = None;
+                            failover = true;
+                        }
+                        Err(e) => {
+                            tracing::debug!(target: "softrdma::host", "founding {} again: {e}", shared.port_name());
+                            // Again soon, at a random moment: guests whose tries alternate
+                            // (each leading alone) drift into one another's window.
+                            let retry = Duration::from_millis(50 + random_u64() % 450);
+                            orphaned = Instant::now().checked_sub(ORPHANED_AFTER).map(|t| t + retry);
+                        }
+                    }
+                    continue;
+                }
                 Err(_) if server.is_none() => {
                     // The name's holder is not listening yet, or just died: try again.
+                    orphaned.get_or_insert_with(Instant::now);
                     std::thread::sleep(Duration::from_millis(5 + random_u64() % 20));
                     continue;
                 }
                 Err(e) => return fail(shared, e.kind(), format!("connecting to our own coordinator: {e}")),
             };
             let (coordinator, coordinator_uid) = crate::sys::peer_cred(c.as_fd()).unwrap_or((0, u32::MAX));
-            let owner = shared.guest_of.unwrap_or_else(|| rustix::process::getuid().as_raw());
+            let owner = shared.guest_of().unwrap_or_else(|| rustix::process::getuid().as_raw());
             if coordinator_uid != owner {
                 // Anyone can bind an abstract name: a process of another user holds the
                 // one of this user's coordinator. This member's sockets (and the ones it
@@ -843,17 +895,23 @@ fn proc_net_udp_row(line: &str) -> Option<(IpAddr, u16, bool, u32)> {
     Some((ip, u16::from_str_radix(port, 16).ok()?, connected, uid.parse().ok()?))
 }
 
+/// The abstract name of `uid`'s coordinator of `device` and `port`.
+fn coordinator_name(uid: u32, device: &str, port: u16) -> Vec<u8> {
+    format!("softrdma.{uid}.{device}.{port}").into_bytes()
+}
+
 /// A guest's start: asks the coordinator of `owner`'s groups (at `name`) for sockets on
-/// `addresses`, checks what it got (sockets of `owner`, bound there, with the locked
-/// filter of the slot given) and sets them up with `config`. Returns the connection (the
-/// hello goes there), the slot and the sockets.
-fn guest_sockets(
+/// `addresses` (for slot `want`, or any for 0) and checks what it got: sockets of
+/// `owner`, bound there, with the locked filter of the slot given. Returns the connection
+/// (the hello goes there), the slot and the sockets, to set up with `config`.
+fn guest_fds(
     name: &[u8],
     owner: u32,
     addresses: &[IpAddr],
+    want: u32,
     config: &Config,
     port_name: &str,
-) -> io::Result<(ParentOnly, u32, Vec<RoceSocket>)> {
+) -> io::Result<(ParentOnly, u32, Vec<OwnedFd>)> {
     let deadline = Instant::now() + HELLO_TIMEOUT;
     let conn = loop {
         match connect(name) {
@@ -895,7 +953,7 @@ fn guest_sockets(
         })
         .collect();
     let envelope = Envelope::me(proto::VERSION);
-    proto::send(&conn, &ToCoord::Guest { envelope, addresses: asked.clone() }.encode(), &[])?;
+    proto::send(&conn, &ToCoord::Guest { envelope, slot: want, addresses: asked.clone() }.encode(), &[])?;
     let mut buf = vec![0u8; proto::MAX_RECORD];
     // The coordinator answers at once, or after a failover's grace period.
     let deadline = Instant::now() + HELLO_TIMEOUT;
@@ -937,7 +995,7 @@ fn guest_sockets(
                     )));
                 }
                 let mut sockets = Vec::with_capacity(fds.len());
-                for (fd, want) in fds.into_iter().zip(&asked) {
+                for (fd, asked) in fds.into_iter().zip(&asked) {
                     use std::os::unix::fs::MetadataExt;
                     let theirs = std::fs::File::from(fd.try_clone()?).metadata()?.uid() == owner;
                     let bound = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket());
@@ -946,17 +1004,17 @@ fn guest_sockets(
                     if !(theirs
                         && locked
                         && filtered
-                        && bound.is_some_and(|b| b.ip() == want.ip() && b.port() == want.port()))
+                        && bound.is_some_and(|b| b.ip() == asked.ip() && b.port() == asked.port()))
                     {
                         return Err(io::Error::new(
                             io::ErrorKind::PermissionDenied,
                             format!(
-                                "{port_name}: {} sent a socket for {want} that is not one made for slot {slot} of user {owner}'s group",
+                                "{port_name}: {} sent a socket for {asked} that is not one made for slot {slot} of user {owner}'s group",
                                 process(pid)
                             ),
                         ));
                     }
-                    sockets.push(RoceSocket::adopt(fd, config)?);
+                    sockets.push(fd);
                 }
                 return Ok((conn, slot, sockets));
             }

@@ -397,6 +397,21 @@ impl RoceSocket {
         Self::wrap(socket, config)
     }
 
+    /// Puts the socket `with` in this one's place (the same descriptor number, which the
+    /// caller's poll sets and threads keep using): what this socket was leaves, closed.
+    /// For a member whose group is founded again; `with` must be bound to the same address.
+    pub(crate) fn replace_with(&self, with: &RoceSocket) -> io::Result<()> {
+        sys::replace_fd(self.socket.as_fd(), with.socket.as_fd())
+    }
+
+    /// [`replace_with`](Self::replace_with) an unbound socket of the same family, which
+    /// receives nothing: this one leaves its group.
+    pub(crate) fn vacate(&self) -> io::Result<()> {
+        let placeholder = Socket::new(Domain::for_address(self.local), Type::DGRAM, Some(Protocol::UDP))?;
+        placeholder.set_nonblocking(true)?;
+        sys::replace_fd(self.socket.as_fd(), placeholder.as_fd())
+    }
+
     /// Every option of [`Config`] but the reuse ones, for a socket of `addr`.
     fn configure(socket: &Socket, addr: SocketAddr, config: &Config) -> io::Result<()> {
         let v4 = addr.is_ipv4();

@@ -543,6 +543,16 @@ fn attach_cbpf(fd: BorrowedFd<'_>, option: c_int, code: &[(u16, u8, u8, u32)]) -
     if rc == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
+/// Puts the file `with` refers to in place of `target`'s (`dup3`, close-on-exec): the
+/// descriptor number stays, what it names changes at once for every thread.
+pub(crate) fn replace_fd(target: BorrowedFd<'_>, with: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: both descriptors are open for their borrows; `dup3` closes the file `target`
+    // named and makes its number name `with`'s file, which the caller's owner of `target`
+    // (a `RoceSocket`) then owns; no memory is touched.
+    let rc = unsafe { libc::dup3(with.as_raw_fd(), target.as_raw_fd(), libc::O_CLOEXEC) };
+    if rc >= 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 /// The socket filter attached to `fd` (`SO_GET_FILTER`): empty when there is none.
 pub(crate) fn filter_of(fd: BorrowedFd<'_>) -> io::Result<Vec<(u16, u8, u8, u32)>> {
     // The option's length counts instructions, not bytes: asked with 0, the kernel says

@@ -156,7 +156,18 @@ impl Exe {
             // As root, std drops the supplementary groups too.
             cmd.uid(uid).gid(uid);
         }
-        let mut child = cmd.spawn().unwrap();
+        // Another test's thread copying its binary while this one forks can hold the copy
+        // open for writing in its child until that child execs: ETXTBSY for a moment.
+        let mut tries = 0;
+        let mut child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                r => break r.unwrap(),
+            }
+        };
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = channel();
         std::thread::spawn(move || {
@@ -312,6 +323,84 @@ fn three_users_share_a_port_and_stay_apart() {
     assert!(!c.coordinator);
     let rest = [&a, &b, &owner2, &c];
     until_steered(&sender, port, &rest, r, Duration::from_secs(3));
+}
+
+/// A third user with no account.
+const USER_C: u32 = 41_003;
+
+#[test]
+fn guests_found_the_group_again_when_its_user_is_gone() {
+    if !is_root() {
+        println!("SKIP: starting processes of other users needs root");
+        return;
+    }
+    let exe = Exe::new();
+    let (device, port) = group();
+    let sender = UdpSocket::bind((LOCALHOST, 0)).unwrap();
+    let owner = exe.member(None, &device, port, "");
+    let a = exe.member(Some(USER_A), &device, port, "");
+    let a2 = exe.member(Some(USER_A), &device, port, "");
+    let b = exe.member(Some(USER_B), &device, port, "");
+    let mut r = until_steered(&sender, port, &[&owner, &a, &a2, &b], 1, Duration::from_secs(3));
+    // Root's only process ends: the group lives on in the guests' sockets, with nobody who
+    // can coordinate it. The guests found it again, keeping their slots (the datagrams to
+    // their QPNs reach them), and a process of a third user joins.
+    drop(owner);
+    let start = Instant::now();
+    let c = joins_within(&exe, USER_C, &device, port, Duration::from_secs(15)).expect("a third user's process joins");
+    println!("a third user's process joined {:?} after the group's user's last one ended", start.elapsed());
+    r = until_steered(&sender, port, &[&a, &a2, &b, &c], r, Duration::from_secs(5));
+    let got = round(&sender, port, &[&a, &a2, &b, &c], r, 50);
+    for (p, g) in [&a, &a2, &b, &c].iter().zip(&got) {
+        assert_eq!(*g, own(p, r, 50), "slot {}", p.slot);
+    }
+}
+
+/// Whether a process of `uid` joins within `within`, trying again every 200 ms.
+fn joins_within(exe: &Exe, uid: u32, device: &str, port: u16, within: Duration) -> Option<Proc> {
+    let start = Instant::now();
+    loop {
+        let mut p = exe.start(Some(uid), &format!("member,{device},{port}"));
+        let line = p.line();
+        let f: Vec<&str> = line.split(' ').collect();
+        if f[0] == "ready" {
+            p.slot = f[1].parse().unwrap();
+            return Some(p);
+        }
+        if start.elapsed() >= within {
+            return None;
+        }
+        drop(p);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_stopped_guest_keeps_the_group_until_it_runs_again() {
+    if !is_root() {
+        println!("SKIP: starting processes of other users needs root");
+        return;
+    }
+    let exe = Exe::new();
+    let (device, port) = group();
+    let sender = UdpSocket::bind((LOCALHOST, 0)).unwrap();
+    let owner = exe.member(None, &device, port, "");
+    let a = exe.member(Some(USER_A), &device, port, "");
+    let b = exe.member(Some(USER_B), &device, port, "");
+    let r = until_steered(&sender, port, &[&owner, &a, &b], 1, Duration::from_secs(3));
+    // B cannot answer: founding the group again without it would leave its socket on the
+    // port and the others with none, so the others leave the group as it is.
+    let pid = rustix::process::Pid::from_raw(b.child.id() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    drop(owner);
+    assert!(
+        joins_within(&exe, USER_C, &device, port, Duration::from_secs(3)).is_none(),
+        "joined beside a stopped guest"
+    );
+    let r = until_steered(&sender, port, &[&a], r, Duration::from_secs(1));
+    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    let c = joins_within(&exe, USER_C, &device, port, Duration::from_secs(10)).expect("joins once every guest runs");
+    until_steered(&sender, port, &[&a, &b, &c], r, Duration::from_secs(5));
 }
 
 #[test]

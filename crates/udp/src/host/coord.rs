@@ -627,7 +627,7 @@ impl Server {
     /// A guest asks for its sockets: a slot, and one socket per address bound into the
     /// group there with the slot's locked guest filter. This coordinator keeps its copies
     /// (the guest's sockets are in the groups from now on, as a member's are once bound).
-    fn make_guest(&mut self, id: u64, addresses: Vec<SocketAddr>) {
+    fn make_guest(&mut self, id: u64, want: u32, addresses: Vec<SocketAddr>) {
         let Some(pos) = self.conns.iter().position(|c| c.id == id) else { return };
         let c = &self.conns[pos];
         if !c.guest || c.slot != 0 || c.issued != 0 {
@@ -637,7 +637,14 @@ impl Server {
         if addresses.is_empty() || addresses.len() > proto::MAX_FDS {
             return self.send(id, &ToMember::Sockets { slot: 0, errno: libc::EINVAL });
         }
-        let Some(slot) = self.fresh_slot() else {
+        let slot = if want != 0 && want < MAX_SLOTS && !self.slot_taken(want, id) {
+            // Its slot in the group before this one (its QPs live on): the same QPNs.
+            self.free.retain(|&s| s != want);
+            self.next_fresh = self.next_fresh.max(want + 1);
+            want
+        } else if let Some(s) = self.fresh_slot() {
+            s
+        } else {
             return self.send(id, &ToMember::Sockets { slot: 0, errno: libc::ENOSPC });
         };
         let mut fds = Vec::with_capacity(addresses.len());
@@ -729,7 +736,7 @@ impl Server {
             ToCoord::Guest { .. } if self.grace_until.is_some() => {
                 self.conns[pos].deferred = Some((m, fds));
             }
-            ToCoord::Guest { addresses, .. } => self.make_guest(id, addresses),
+            ToCoord::Guest { slot, addresses, .. } => self.make_guest(id, slot, addresses),
             // A guest holds nothing of others, so it has nothing to hand over; and what
             // it would hand over is not to be trusted.
             ToCoord::Adopt | ToCoord::Held { .. } if self.conns[pos].guest => {}

@@ -164,11 +164,12 @@ pub(crate) enum ToCoord {
     ProbeAnswer { index: u32, nonce: u64 },
     /// The first record of a process of another user than the coordinator's (a *guest*,
     /// which cannot bind sockets into the group: the kernel groups one user's sockets):
-    /// make me sockets on these addresses (the port is the group's). Answered by
+    /// make me sockets on these addresses (the port is the group's), for `slot` if it is
+    /// free (a guest that had it in a group that was founded again), any slot for 0. Answered by
     /// [`ToMember::Sockets`]; the guest then registers with a `Join` carrying them.
     /// (Added to protocol 3: a coordinator of a build without guests refuses it as a
     /// record of another version.)
-    Guest { envelope: Envelope, addresses: Vec<SocketAddr> },
+    Guest { envelope: Envelope, slot: u32, addresses: Vec<SocketAddr> },
 }
 
 /// Coordinator → member.
@@ -294,9 +295,10 @@ impl ToCoord {
                 envelope.encode(&mut b);
                 b.extend_from_slice(body);
             }
-            Self::Guest { envelope, addresses } => {
+            Self::Guest { envelope, slot, addresses } => {
                 b.push(8);
                 envelope.encode(&mut b);
+                b.extend_from_slice(&slot.to_le_bytes());
                 for a in addresses {
                     put_addr(&mut b, a);
                 }
@@ -330,11 +332,12 @@ impl ToCoord {
             }
             8 => {
                 let envelope = Envelope::decode(&mut r)?;
+                let slot = r.u32()?;
                 let mut addresses = Vec::new();
                 while !r.0.is_empty() && addresses.len() < MAX_FDS {
                     addresses.push(r.addr()?);
                 }
-                Self::Guest { envelope, addresses }
+                Self::Guest { envelope, slot, addresses }
             }
             _ => return None,
         };
@@ -454,9 +457,10 @@ mod tests {
             ToCoord::HelloV1 { pid: 7 },
             ToCoord::join(Envelope::me(VERSION), 3, 2, &[1, u64::MAX]),
             ToCoord::Join { envelope: Envelope::me(99), body: vec![] },
-            ToCoord::Guest { envelope: Envelope::me(VERSION), addresses: vec![] },
+            ToCoord::Guest { envelope: Envelope::me(VERSION), slot: 0, addresses: vec![] },
             ToCoord::Guest {
                 envelope: Envelope::me(VERSION),
+                slot: 2047,
                 addresses: vec![
                     "127.0.0.1:4791".parse().unwrap(),
                     "[::1]:4791".parse().unwrap(),
