@@ -68,7 +68,11 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(1);
 const STOPPED_AFTER: Duration = Duration::from_millis(100);
 /// How long a guest finds no coordinator of the group's user before it takes their
 /// processes for gone and founds the group again with the other guests ([`refound`]).
-const ORPHANED_AFTER: Duration = Duration::from_secs(1);
+/// Short: from the death of the last process of the group's user, the kernel has moved
+/// sockets into the closed ones' places (no holder of theirs is left), so the guests are
+/// misrouted until the new group is steered; a guess too early costs nothing (the other
+/// processes of that user hold sockets on the port, and the leader calls it off).
+const ORPHANED_AFTER: Duration = Duration::from_millis(50);
 /// How long one coordinator must keep hanging up on every hello this member can say before
 /// the member takes it for a build of an older host protocol: a coordinator of this one
 /// hangs up unanswered only while its process ends: the kernel closes an ending process's
@@ -482,6 +486,8 @@ fn run(shared: &Shared) {
     let mut failover = false;
     // Since when a guest has found no coordinator of the group's user.
     let mut orphaned: Option<Instant> = None;
+    // The slots of the guests that founded the group again with this member as leader.
+    let mut reserved: Vec<u32> = Vec::new();
     let mut buf = vec![0u8; 4096];
     let mut batch = RecvBatch::new(8, 2048);
     loop {
@@ -493,7 +499,8 @@ fn run(shared: &Shared) {
             // cannot make (and must not hold).
             if server.is_none() && shared.guest_of().is_none() {
                 match coord::Server::bind(&shared.name(), shared.port, failover, shared.speaks) {
-                    Ok(Some(s)) => {
+                    Ok(Some(mut s)) => {
+                        s.reserve(std::mem::take(&mut reserved));
                         server = Some(s);
                         shared.coordinator.store(true, Ordering::Relaxed);
                     }
@@ -512,9 +519,13 @@ fn run(shared: &Shared) {
                     // takes milliseconds): its processes are gone, and no other user's can
                     // join it. The guests found it again, among themselves.
                     match refound::refound(shared) {
-                        Ok(()) => {
+                        Ok(slots) => {
+                            // Not a failover: the members of the new group re-claim their
+                            // slots at once, and fresh ones cannot take them (reserved),
+                            // so its first round need not wait for a grace period, while
+                            // everybody's datagrams are steered nowhere.
                             orphaned = None;
-                            failover = true;
+                            reserved = slots;
                         }
                         Err(e) => {
                             tracing::debug!(target: "softrdma::host", "founding {} again: {e}", shared.port_name());

@@ -401,7 +401,19 @@ impl RoceSocket {
     /// caller's poll sets and threads keep using): what this socket was leaves, closed.
     /// For a member whose group is founded again; `with` must be bound to the same address.
     pub(crate) fn replace_with(&self, with: &RoceSocket) -> io::Result<()> {
-        sys::replace_fd(self.socket.as_fd(), with.socket.as_fd())
+        self.swap_in(with.socket.as_fd())
+    }
+
+    /// Puts `with` behind this socket's descriptor and shuts what was there down: a thread
+    /// asleep in `poll` or `recvmmsg` on it (a progress loop, a thread waiting on a
+    /// completion channel) holds the old socket until it returns, so the old one would stay
+    /// bound, and the new one unwatched, until its timeout. The shutdown wakes it.
+    fn swap_in(&self, with: BorrowedFd<'_>) -> io::Result<()> {
+        let old = self.socket.try_clone()?;
+        sys::replace_fd(self.socket.as_fd(), with)?;
+        // An unconnected UDP socket says ENOTCONN, and is woken all the same.
+        let _ = rustix::net::shutdown(&old, rustix::net::Shutdown::Both);
+        Ok(())
     }
 
     /// [`replace_with`](Self::replace_with) an unbound socket of the same family, which
@@ -409,7 +421,7 @@ impl RoceSocket {
     pub(crate) fn vacate(&self) -> io::Result<()> {
         let placeholder = Socket::new(Domain::for_address(self.local), Type::DGRAM, Some(Protocol::UDP))?;
         placeholder.set_nonblocking(true)?;
-        sys::replace_fd(self.socket.as_fd(), placeholder.as_fd())
+        self.swap_in(placeholder.as_fd())
     }
 
     /// Every option of [`Config`] but the reuse ones, for a socket of `addr`.

@@ -341,11 +341,14 @@ fn guests_found_the_group_again_when_its_user_is_gone() {
     let a = exe.member(Some(USER_A), &device, port, "");
     let a2 = exe.member(Some(USER_A), &device, port, "");
     let b = exe.member(Some(USER_B), &device, port, "");
-    let mut r = until_steered(&sender, port, &[&owner, &a, &a2, &b], 1, Duration::from_secs(3));
+    // A second process of root's: it holds copies of every socket for the coordinator.
+    let holder = exe.member(None, &device, port, "");
+    let mut r = until_steered(&sender, port, &[&owner, &a, &a2, &b, &holder], 1, Duration::from_secs(3));
     // Root's only process ends: the group lives on in the guests' sockets, with nobody who
     // can coordinate it. The guests found it again, keeping their slots (the datagrams to
     // their QPNs reach them), and a process of a third user joins.
     drop(owner);
+    drop(holder);
     let start = Instant::now();
     let c = joins_within(&exe, USER_C, &device, port, Duration::from_secs(15)).expect("a third user's process joins");
     println!("a third user's process joined {:?} after the group's user's last one ended", start.elapsed());

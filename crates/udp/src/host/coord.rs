@@ -231,6 +231,14 @@ pub(crate) struct Server {
 }
 
 impl Server {
+    /// Keeps `slots` from members asking for a fresh one: the slots of guests that found
+    /// the group again with this coordinator's member, which they re-claim.
+    pub(crate) fn reserve(&mut self, slots: Vec<u32>) {
+        for s in slots.into_iter().filter(|&s| s < MAX_SLOTS) {
+            self.next_fresh = self.next_fresh.max(s + 1);
+        }
+    }
+
     /// Binds the coordinator's name; `Ok(None)` when another process holds it.
     pub(crate) fn bind(name: &[u8], port: u16, failover: bool, speaks: Speaks) -> io::Result<Option<Self>> {
         let fd = rustix::net::socket_with(

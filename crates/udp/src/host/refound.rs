@@ -25,8 +25,9 @@ use super::{Shared, coordinator_name, guest_fds, port_owner, random_u64};
 use crate::RoceSocket;
 use crate::fork::ParentOnly;
 
-/// How long the leader waits for the other guests' reports.
-const REPORT_WINDOW: Duration = Duration::from_millis(300);
+/// How long the leader waits for the other guests' reports: they all saw the coordinator
+/// go at the same moment, and each tries within milliseconds of the others.
+const REPORT_WINDOW: Duration = Duration::from_millis(60);
 /// How long each later step waits (a follower's close, the port to free, a new group).
 const STEP: Duration = Duration::from_secs(2);
 
@@ -156,9 +157,11 @@ fn port_inodes(addresses: &[IpAddr], port: u16) -> BTreeSet<u64> {
 /// Founds the group again with the other guests (module documentation). On success this
 /// member's sockets are in the new group, in their old places (descriptor numbers), and
 /// it is a member of its own user's group or a guest of the new one's user, with its slot;
-/// it registers as after a failover. On failure nothing changed, or (a step failing after
-/// the sockets closed) it keeps trying to bind them anew for a while.
-pub(super) fn refound(shared: &Shared) -> io::Result<()> {
+/// it registers as after a failover. Returns the slots of the guests that took part when
+/// this member led (its new group's coordinator keeps them for them), none otherwise. On
+/// failure nothing changed, or (a step failing after the sockets closed) it keeps trying
+/// to bind them anew for a while.
+pub(super) fn refound(shared: &Shared) -> io::Result<Vec<u32>> {
     let owner = shared.guest_of().ok_or_else(|| io::Error::other("not a guest"))?;
     let name = format!("softrdma.refound.{owner}.{}.{}", shared.device, shared.port).into_bytes();
     let listener = socket()?;
@@ -167,27 +170,30 @@ pub(super) fn refound(shared: &Shared) -> io::Result<()> {
             rustix::net::listen(&listener, 1024)?;
             lead(shared, &ParentOnly::new(listener))
         }
-        Err(rustix::io::Errno::ADDRINUSE) => follow(shared, &name),
+        Err(rustix::io::Errno::ADDRINUSE) => follow(shared, &name).map(|()| Vec::new()),
         Err(e) => Err(e.into()),
     }
 }
 
-fn lead(shared: &Shared, listener: &ParentOnly) -> io::Result<()> {
+fn lead(shared: &Shared, listener: &ParentOnly) -> io::Result<Vec<u32>> {
     let deadline = Instant::now() + REPORT_WINDOW;
     let mut followers: Vec<ParentOnly> = Vec::new();
+    let mut slots = vec![shared.slot.load(std::sync::atomic::Ordering::Relaxed)];
     let mut known: BTreeSet<u64> = inodes(shared).into_iter().map(|(_, i)| i).collect();
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         if crate::sys::poll(listener.as_fd(), libc::POLLIN, Some(left)).unwrap_or(false) {
             while let Ok(c) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
                 let c = ParentOnly::new(c);
-                if let Some(Msg::Report { inos, .. }) = recv(&c, REPORT_WINDOW) {
+                if let Some(Msg::Report { slot, inos }) = recv(&c, REPORT_WINDOW) {
                     known.extend(inos.into_iter().map(|(_, i)| i));
+                    slots.push(slot);
                     followers.push(c);
                 }
             }
         }
     }
     let on_port = port_inodes(&shared.addresses, shared.port);
+    tracing::debug!(target: "softrdma::host", "founding again: on the port {on_port:?}, reported {known:?}");
     let unknown: Vec<&u64> = on_port.difference(&known).collect();
     if !unknown.is_empty() {
         for f in &followers {
@@ -217,11 +223,15 @@ fn lead(shared: &Shared, listener: &ParentOnly) -> io::Result<()> {
     while !port_inodes(&shared.addresses, shared.port).is_empty() && Instant::now() < free_by {
         std::thread::sleep(Duration::from_millis(2));
     }
+    let left = port_inodes(&shared.addresses, shared.port);
+    if !left.is_empty() {
+        tracing::debug!(target: "softrdma::host", "founding again: sockets still on the port after every guest closed its own: {left:?}");
+    }
     let result = rejoin(shared);
     for f in &followers {
         let _ = send(f, &Msg::Rejoin);
     }
-    result
+    result.map(|()| slots)
 }
 
 fn follow(shared: &Shared, name: &[u8]) -> io::Result<()> {
