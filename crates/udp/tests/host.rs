@@ -5,13 +5,15 @@
 #![allow(unsafe_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, UdpSocket};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{data_packet, group, random};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Config, RecvBatch};
 
@@ -22,10 +24,6 @@ const BARRIER_ENV: &str = "SOFTRDMA_HOST_BARRIER";
 /// Set: the child joins as a process of that host protocol version (`Member::join_as`).
 const VERSION_ENV: &str = "SOFTRDMA_HOST_VERSION";
 const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
-
-fn random() -> u64 {
-    std::collections::hash_map::RandomState::new().hash_one(Instant::now())
-}
 
 /// The member process: joins, listens as told, and reports every datagram it gets.
 #[test]
@@ -228,22 +226,6 @@ impl Proc {
     }
 }
 
-/// A device name and port of the test's own. The port is below the kernel's ephemeral
-/// range (32768 up), where the tests' senders and coordinators' probe sockets bind: one of
-/// those on the port made a member's bind fail (`EADDRINUSE`).
-fn group() -> (String, u16) {
-    let r = random();
-    (format!("test{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 12_000)
-}
-
-fn data_packet(qpn: u32, tag: u64) -> Vec<u8> {
-    let mut p = vec![0u8; 12];
-    p[0] = 0x04;
-    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    p.extend_from_slice(&tag.to_be_bytes());
-    p
-}
-
 /// A CM MAD to QP1: `field` at `offset` of the datagram, the tag after the ICRC.
 fn cm_packet(attr: u16, offset: usize, field: &[u8], tag: u64) -> Vec<u8> {
     let mut p = vec![0u8; 12 + 8 + 256 + 4];
@@ -328,7 +310,7 @@ fn sender() -> UdpSocket {
 
 #[test]
 fn members_receive_their_own_qpns() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let mut procs: Vec<Proc> = (0..5).map(|_| Proc::spawn(&device, port, &[])).collect();
     let slots: BTreeSet<u32> = procs.iter().map(|p| p.slot).collect();
     assert_eq!(slots.len(), 5, "distinct slots");
@@ -356,7 +338,7 @@ fn members_receive_their_own_qpns() {
 
 #[test]
 fn cm_messages_are_steered() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     const SVC_A: u64 = 0x0106_0000_0000_1c06;
     const SVC_B: u64 = 0x0002_0000_0000_4791;
     let a = Proc::spawn(&device, port, &[SVC_A]);
@@ -428,7 +410,7 @@ fn libc_eaddrinuse() -> i32 {
 
 #[test]
 fn killed_member_frees_its_slot() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let mut procs: Vec<Proc> = (0..4).map(|_| Proc::spawn(&device, port, &[])).collect();
     let s = sender();
     wait_steered(&s, port, &procs.iter().collect::<Vec<_>>(), Duration::from_secs(2), 1);
@@ -461,7 +443,7 @@ fn killed_member_frees_its_slot() {
 #[test]
 fn killed_coordinator_is_replaced() {
     const SVC: u64 = 0x0106_0000_0000_2000;
-    let (device, port) = group();
+    let (device, port) = group("test");
     let mut procs = vec![Proc::spawn(&device, port, &[])];
     assert!(procs[0].coordinator);
     procs.push(Proc::spawn(&device, port, &[SVC]));
@@ -504,7 +486,7 @@ fn killed_coordinator_is_replaced() {
 /// barrier), `rounds` times on the same port; every one must be steered, with one
 /// coordinator and distinct slots. Stops early after `budget`.
 fn simultaneous_joins(n: usize, rounds: usize, budget: Duration) {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let s = sender();
     let start = Instant::now();
     let mut done = 0;
@@ -584,7 +566,7 @@ fn a_member_keeps_its_stream_while_others_come_and_go() {
     use std::sync::atomic::{AtomicBool, Ordering};
     let mut coordinator_deaths = 0;
     for episode in 0..4u64 {
-        let (device, port) = group();
+        let (device, port) = group("test");
         // The stream's member joins last: when a socket before it closes, the kernel
         // moves the member's socket into that place.
         let mut c0 = Proc::spawn(&device, port, &[]);
@@ -728,7 +710,7 @@ fn signal(p: &Proc, signal: rustix::process::Signal) {
 /// newcomers.
 #[test]
 fn a_member_of_another_version_is_refused_at_once() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let a = Proc::spawn(&device, port, &[]);
     assert!(a.coordinator);
     let b = Proc::spawn(&device, port, &[]);
@@ -749,7 +731,7 @@ fn a_member_of_another_version_is_refused_at_once() {
 /// builds report). Its own group keeps working and takes newcomers of its version.
 #[test]
 fn a_coordinator_of_another_version_refuses_at_once() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let x = Proc::spawn_as(&device, port, 99);
     assert!(x.coordinator);
     let y = Proc::spawn_as(&device, port, 99);
@@ -776,7 +758,7 @@ fn a_coordinator_of_another_version_refuses_at_once() {
 /// share a port both ways, across failovers from one to the other.
 #[test]
 fn builds_of_protocol_2_work_beside_this_one() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let s = sender();
     let mut old = Proc::spawn_as(&device, port, 2);
     assert!(old.coordinator);
@@ -818,7 +800,7 @@ fn builds_of_protocol_2_work_beside_this_one() {
 /// refusing them; before, the coordinator hung up and it said hello again for 5 s.
 #[test]
 fn a_member_of_protocol_1_is_refused_at_once() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let a = Proc::spawn(&device, port, &[]);
     let old = RawMember::new(&device, port, Some(&hello_of_protocol_1()));
     let mut welcome = vec![1u8, 0, 0, 0, 0];
@@ -842,7 +824,7 @@ fn libc_eprotonosupport() -> i32 {
 /// 1.5 s each, and every member gets exactly its own datagrams.
 #[test]
 fn stuck_processes_do_not_block_joins() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let a = Proc::spawn(&device, port, &[]);
     assert!(a.coordinator);
     let b = Proc::spawn(&device, port, &[]);
@@ -876,7 +858,7 @@ fn stuck_processes_do_not_block_joins() {
 #[test]
 fn a_coordinator_hanging_up_as_its_process_ends_is_waited_out() {
     use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
-    let (device, port) = group();
+    let (device, port) = group("test");
     let listener = rustix::net::socket_with(
         AddressFamily::UNIX,
         SocketType::SEQPACKET,
@@ -916,7 +898,7 @@ fn a_coordinator_hanging_up_as_its_process_ends_is_waited_out() {
 /// state, instead of waiting 5 s; once it runs again, newcomers join.
 #[test]
 fn a_stopped_coordinator_fails_joins_fast_and_names_itself() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let c = Proc::spawn(&device, port, &[]);
     assert!(c.coordinator);
     let m = Proc::spawn(&device, port, &[]);
@@ -958,7 +940,7 @@ fn end_child(child: libc::pid_t) {
 
 #[test]
 fn a_child_of_fork_keeps_no_socket_or_coordination_of_its_parent() {
-    let (device, port) = group();
+    let (device, port) = group("test");
     let config = HostConfig { device, port, socket: Config::default() };
     let first = Member::join(&[LOCALHOST], &config).unwrap();
     assert!(first.is_coordinator());

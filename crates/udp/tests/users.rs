@@ -9,7 +9,6 @@
 #![allow(unsafe_code)]
 
 use std::collections::BTreeSet;
-use std::hash::BuildHasher;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
@@ -19,6 +18,9 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
+mod common;
+
+use common::{data_packet, group, random};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Config, RecvBatch};
 
@@ -27,10 +29,6 @@ const LOCALHOST: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
 /// Two users with no account: the kernel needs none.
 const USER_A: u32 = 41_001;
 const USER_B: u32 = 41_002;
-
-fn random() -> u64 {
-    std::collections::hash_map::RandomState::new().hash_one(Instant::now())
-}
 
 fn out(s: String) {
     let mut o = std::io::stdout().lock();
@@ -216,17 +214,14 @@ fn is_root() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-fn group() -> (String, u16) {
-    let r = random();
-    (format!("users{}-{}", std::process::id(), r % 1_000_000), 20_000 + (r >> 20) as u16 % 12_000)
-}
-
-fn data_packet(qpn: u32, tag: u64) -> Vec<u8> {
-    let mut p = vec![0u8; 12];
-    p[0] = 0x04;
-    p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-    p.extend_from_slice(&tag.to_be_bytes());
-    p
+/// A test's binary copy, device, port and sender; `None`, having said SKIP, unless root.
+fn setup() -> Option<(Exe, String, u16, UdpSocket)> {
+    if !is_root() {
+        println!("SKIP: starting processes of other users needs root");
+        return None;
+    }
+    let (device, port) = group("users");
+    Some((Exe::new(), device, port, UdpSocket::bind((LOCALHOST, 0)).unwrap()))
 }
 
 /// Sends `n` datagrams to each member's slot (tags `round << 32 | slot << 8 | i`); returns
@@ -262,13 +257,7 @@ fn until_steered(sender: &UdpSocket, port: u16, procs: &[&Proc], first: u64, wit
 
 #[test]
 fn three_users_share_a_port_and_stay_apart() {
-    if !is_root() {
-        println!("SKIP: starting processes of other users needs root");
-        return;
-    }
-    let exe = Exe::new();
-    let (device, port) = group();
-    let sender = UdpSocket::bind((LOCALHOST, 0)).unwrap();
+    let Some((exe, device, port, sender)) = setup() else { return };
     let owner = exe.member(None, &device, port, "");
     let a = exe.member(Some(USER_A), &device, port, "");
     let b = exe.member(Some(USER_B), &device, port, "");
@@ -330,13 +319,7 @@ const USER_C: u32 = 41_003;
 
 #[test]
 fn guests_found_the_group_again_when_its_user_is_gone() {
-    if !is_root() {
-        println!("SKIP: starting processes of other users needs root");
-        return;
-    }
-    let exe = Exe::new();
-    let (device, port) = group();
-    let sender = UdpSocket::bind((LOCALHOST, 0)).unwrap();
+    let Some((exe, device, port, sender)) = setup() else { return };
     let owner = exe.member(None, &device, port, "");
     let a = exe.member(Some(USER_A), &device, port, "");
     let a2 = exe.member(Some(USER_A), &device, port, "");
@@ -380,13 +363,7 @@ fn joins_within(exe: &Exe, uid: u32, device: &str, port: u16, within: Duration) 
 
 #[test]
 fn a_stopped_guest_keeps_the_group_until_it_runs_again() {
-    if !is_root() {
-        println!("SKIP: starting processes of other users needs root");
-        return;
-    }
-    let exe = Exe::new();
-    let (device, port) = group();
-    let sender = UdpSocket::bind((LOCALHOST, 0)).unwrap();
+    let Some((exe, device, port, sender)) = setup() else { return };
     let owner = exe.member(None, &device, port, "");
     let a = exe.member(Some(USER_A), &device, port, "");
     let b = exe.member(Some(USER_B), &device, port, "");
@@ -408,12 +385,7 @@ fn a_stopped_guest_keeps_the_group_until_it_runs_again() {
 
 #[test]
 fn a_coordinator_name_held_by_another_user_gets_no_sockets() {
-    if !is_root() {
-        println!("SKIP: starting processes of other users needs root");
-        return;
-    }
-    let exe = Exe::new();
-    let (device, port) = group();
+    let Some((exe, device, port, _)) = setup() else { return };
     // User A takes root's coordinator name before root's first process comes.
     let squatter = exe.start(Some(USER_A), &format!("squat,softrdma.0.{device}.{port}"));
     assert_eq!(squatter.line(), "ready 0 0");
@@ -427,12 +399,7 @@ fn a_coordinator_name_held_by_another_user_gets_no_sockets() {
 #[test]
 #[ignore = "benchmark: run with --ignored --nocapture (as root)"]
 fn join_cost() {
-    if !is_root() {
-        println!("SKIP: starting processes of other users needs root");
-        return;
-    }
-    let exe = Exe::new();
-    let (device, port) = group();
+    let Some((exe, device, port, _)) = setup() else { return };
     let _owner = exe.member(None, &device, port, "");
     let mut kept = Vec::new();
     let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];

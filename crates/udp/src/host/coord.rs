@@ -622,6 +622,14 @@ impl Server {
         self.conns.iter().any(|c| c.id != by && (c.slot == slot || c.issued == slot))
     }
 
+    /// Takes `slot`, which a member re-claims: out of the free ones, and no fresh slot is
+    /// handed out below it.
+    fn claim(&mut self, slot: u32) -> u32 {
+        self.free.retain(|&s| s != slot);
+        self.next_fresh = self.next_fresh.max(slot + 1);
+        slot
+    }
+
     /// A free slot (never-used ones first, then the least recently freed), taken.
     fn fresh_slot(&mut self) -> Option<u32> {
         if self.next_fresh < MAX_SLOTS {
@@ -647,9 +655,7 @@ impl Server {
         }
         let slot = if want != 0 && want < MAX_SLOTS && !self.slot_taken(want, id) {
             // Its slot in the group before this one (its QPs live on): the same QPNs.
-            self.free.retain(|&s| s != want);
-            self.next_fresh = self.next_fresh.max(want + 1);
-            want
+            self.claim(want)
         } else if let Some(s) = self.fresh_slot() {
             s
         } else {
@@ -819,9 +825,7 @@ impl Server {
                     if want >= MAX_SLOTS || self.slot_taken(want, id) {
                         return self.send(id, &ToMember::Welcome { slot: 0, errno: libc::EADDRINUSE });
                     }
-                    self.free.retain(|&s| s != want);
-                    self.next_fresh = self.next_fresh.max(want + 1);
-                    want
+                    self.claim(want)
                 } else if let Some(s) = self.fresh_slot() {
                     s
                 } else {

@@ -159,6 +159,36 @@ impl Asm {
     }
 }
 
+/// The CM part of a program or filter, at label `Cm` (a datagram to QP1 with the payload
+/// at `base`): a UD SEND carrying a CM MAD; REQ and SIDR_REQ go to `req`, SIDR_REP to
+/// `Lookup` with its request ID's slot in A, MRA..DREP, LAP and APR with their remote comm
+/// ID's; anything else to `Fail`.
+fn cm(a: &mut Asm, base: u32, req: Label) {
+    use Label::*;
+    let at = |offset: usize| base + offset as u32;
+    a.place(Cm);
+    a.op(LD | W | LEN, 0);
+    a.jump(JGE, at(CM_MIN_LEN), None, Some(Fail));
+    a.op(LD | B | ABS, at(0));
+    a.jump(JEQ, OPCODE_UD_SEND_ONLY, None, Some(Fail));
+    a.op(LD | B | ABS, at(MAD_CLASS));
+    a.jump(JEQ, MGMT_CLASS_CM, None, Some(Fail));
+    a.op(LD | H | ABS, at(MAD_ATTRIBUTE_ID));
+    a.jump(JEQ, ATTR_REQ, Some(req), None);
+    a.jump(JEQ, ATTR_SIDR_REQ, Some(req), None);
+    a.jump(JEQ, ATTR_SIDR_REP, Some(SidrRep), None);
+    a.jump(JGE, ATTR_MRA, None, Some(Fail));
+    a.jump(JGT, ATTR_APR, Some(Fail), None);
+    a.op(LD | W | ABS, at(REMOTE_COMM_ID));
+    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
+    a.ja(Lookup);
+
+    a.place(SidrRep);
+    a.op(LD | W | ABS, at(SIDR_REP_REQUEST_ID));
+    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
+    a.ja(Lookup);
+}
+
 /// The steering program for one group, or `None` if it would exceed [`MAX_INSNS`].
 ///
 /// 1. A probe (magic, then index) goes to the index it carries.
@@ -191,27 +221,7 @@ pub(crate) fn program(table: &Table) -> Option<Vec<Insn>> {
     a.op(LD | W | ABS, 4);
     a.op(RET | RET_A, 0);
 
-    a.place(Cm);
-    a.op(LD | W | LEN, 0);
-    a.jump(JGE, CM_MIN_LEN as u32, None, Some(Fail));
-    a.op(LD | B | ABS, 0);
-    a.jump(JEQ, OPCODE_UD_SEND_ONLY, None, Some(Fail));
-    a.op(LD | B | ABS, MAD_CLASS as u32);
-    a.jump(JEQ, MGMT_CLASS_CM, None, Some(Fail));
-    a.op(LD | H | ABS, MAD_ATTRIBUTE_ID as u32);
-    a.jump(JEQ, ATTR_REQ, Some(Service), None);
-    a.jump(JEQ, ATTR_SIDR_REQ, Some(Service), None);
-    a.jump(JEQ, ATTR_SIDR_REP, Some(SidrRep), None);
-    a.jump(JGE, ATTR_MRA, None, Some(Fail));
-    a.jump(JGT, ATTR_APR, Some(Fail), None);
-    a.op(LD | W | ABS, REMOTE_COMM_ID as u32);
-    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
-    a.ja(Lookup);
-
-    a.place(SidrRep);
-    a.op(LD | W | ABS, SIDR_REP_REQUEST_ID as u32);
-    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
-    a.ja(Lookup);
+    cm(&mut a, 0, Service);
 
     a.place(Service);
     a.ja(Services);
@@ -279,26 +289,7 @@ pub(crate) fn guest_filter(slot: u32) -> Vec<Insn> {
     a.op(LD | W | LEN, 0);
     a.jump(JGE, at(PROBE_LEN), Some(Accept), Some(Fail));
 
-    a.place(Cm);
-    a.op(LD | W | LEN, 0);
-    a.jump(JGE, at(CM_MIN_LEN), None, Some(Fail));
-    a.op(LD | B | ABS, at(0));
-    a.jump(JEQ, OPCODE_UD_SEND_ONLY, None, Some(Fail));
-    a.op(LD | B | ABS, at(MAD_CLASS));
-    a.jump(JEQ, MGMT_CLASS_CM, None, Some(Fail));
-    a.op(LD | H | ABS, at(MAD_ATTRIBUTE_ID));
-    a.jump(JEQ, ATTR_REQ, Some(Accept), None);
-    a.jump(JEQ, ATTR_SIDR_REQ, Some(Accept), None);
-    a.jump(JEQ, ATTR_SIDR_REP, Some(SidrRep), None);
-    a.jump(JGE, ATTR_MRA, None, Some(Fail));
-    a.jump(JGT, ATTR_APR, Some(Fail), None);
-    a.op(LD | W | ABS, at(REMOTE_COMM_ID));
-    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
-    a.ja(Lookup);
-
-    a.place(SidrRep);
-    a.op(LD | W | ABS, at(SIDR_REP_REQUEST_ID));
-    a.op(ALU | RSH | K, COMM_ID_COUNTER_BITS);
+    cm(&mut a, UDP_HEADER, Accept);
 
     // A = slot.
     a.place(Lookup);
