@@ -240,24 +240,7 @@ impl Member {
         let socket_config = Config { port: config.port, reuse_port: true, ..config.socket.clone() };
         let uid = rustix::process::getuid().as_raw();
         let port_name = format!("device {} port {}", config.device, config.port);
-        let (sockets, guest_of, bootstrap, slot) =
-            match addresses.iter().map(|&a| RoceSocket::bind_with(a, &socket_config)).collect::<io::Result<Vec<_>>>() {
-                Ok(sockets) => (sockets, None, None, 0),
-                Err(e) if e.kind() == io::ErrorKind::AddrInUse => match port_owner(addresses, config.port) {
-                    // Another user's processes hold the port: join their group as a guest.
-                    Some(owner) if owner != uid => {
-                        let name = coordinator_name(owner, &config.device, config.port);
-                        let (conn, slot, fds) = guest_fds(&name, owner, addresses, 0, &socket_config, &port_name)?;
-                        let sockets = fds
-                            .into_iter()
-                            .map(|fd| RoceSocket::adopt(fd, &socket_config))
-                            .collect::<io::Result<_>>()?;
-                        (sockets, Some(owner), Some(conn), slot)
-                    }
-                    _ => return Err(e),
-                },
-                Err(e) => return Err(e),
-            };
+        let (sockets, guest_of, bootstrap, slot) = take_port(addresses, &config.device, &socket_config, &port_name)?;
         let name = coordinator_name(guest_of.unwrap_or(uid), &config.device, config.port);
         let (wake_tx, wake_rx) = UnixDatagram::pair()?;
         wake_rx.set_nonblocking(true)?;
@@ -906,6 +889,60 @@ fn proc_net_udp_row(line: &str) -> Option<(IpAddr, u16, bool, u32)> {
     Some((ip, u16::from_str_radix(port, 16).ok()?, connected, uid.parse().ok()?))
 }
 
+/// How long a join tries to take the port while it changes hands: the processes of its
+/// user ending (their sockets close one by one), a group being founded again.
+const TAKE_PORT_FOR: Duration = Duration::from_secs(3);
+
+/// This process's sockets on `addresses`: bound by itself (its user's group, new or
+/// joined), or, when another user's processes hold the port, made by their coordinator
+/// (this process their guest). Returns the sockets, the group's user if another, the
+/// connection to its coordinator and the slot it gave. While the port changes hands (no
+/// one user holds it, or its user's coordinator is not there) it tries again, for
+/// [`TAKE_PORT_FOR`] at most.
+#[allow(clippy::type_complexity)]
+fn take_port(
+    addresses: &[IpAddr],
+    device: &str,
+    config: &Config,
+    port_name: &str,
+) -> io::Result<(Vec<RoceSocket>, Option<u32>, Option<ParentOnly>, u32)> {
+    let uid = rustix::process::getuid().as_raw();
+    let deadline = Instant::now() + TAKE_PORT_FOR;
+    loop {
+        let err = match addresses.iter().map(|&a| RoceSocket::bind_with(a, config)).collect::<io::Result<Vec<_>>>() {
+            Ok(sockets) => return Ok((sockets, None, None, 0)),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse => match port_owner(addresses, config.port) {
+                // A socket of this user that is in no group: another program's.
+                Some(owner) if owner == uid => return Err(e),
+                // Another user's processes hold the port: join their group as a guest.
+                Some(owner) => {
+                    let name = coordinator_name(owner, device, config.port);
+                    match guest_fds(&name, owner, addresses, 0, config, port_name) {
+                        Ok((conn, slot, fds)) => {
+                            let sockets =
+                                fds.into_iter().map(|fd| RoceSocket::adopt(fd, config)).collect::<io::Result<_>>()?;
+                            return Ok((sockets, Some(owner), Some(conn), slot));
+                        }
+                        // Nobody of that user coordinates, or its coordinator hung up:
+                        // their processes may be ending, or the guests founding the group
+                        // again (a build of protocol 1 or 2 hangs up too, for good: the
+                        // error says so at the end).
+                        Err(e) if matches!(e.kind(), io::ErrorKind::AddrInUse | io::ErrorKind::ConnectionAborted) => e,
+                        Err(e) => return Err(e),
+                    }
+                }
+                // Several users' sockets, or none left: the port changes hands.
+                None => e,
+            },
+            Err(e) => return Err(e),
+        };
+        if Instant::now() >= deadline {
+            return Err(err);
+        }
+        std::thread::sleep(Duration::from_millis(10 + random_u64() % 20));
+    }
+}
+
 /// The abstract name of `uid`'s coordinator of `device` and `port`.
 fn coordinator_name(uid: u32, device: &str, port: u16) -> Vec<u8> {
     format!("softrdma.{uid}.{device}.{port}").into_bytes()
@@ -986,7 +1023,7 @@ fn guest_fds(
             Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => continue,
             Ok(None) | Err(_) => {
                 return Err(io::Error::new(
-                    io::ErrorKind::ConnectionRefused,
+                    io::ErrorKind::ConnectionAborted,
                     format!(
                         "{port_name}: {} (user {owner}'s coordinator) hung up on this process's request for sockets: a softrdma build without guests (processes of other users)",
                         process(pid)
