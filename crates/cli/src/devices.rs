@@ -118,7 +118,7 @@ pub(crate) fn stats(args: &StatsArgs) -> ExitCode {
 /// (a context opened on an interface that is gone, or on a device of its own making).
 pub(crate) struct Chosen {
     pub(crate) name: String,
-    device: Option<Device>,
+    pub(crate) device: Option<Device>,
 }
 
 /// Every device, or the one `wanted` names (as `softrdma_lo` or `lo`), with any device

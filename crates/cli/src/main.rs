@@ -12,6 +12,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 mod decode;
 mod devices;
+mod host;
 mod perf;
 mod res;
 
@@ -67,8 +68,13 @@ enum Command {
     Stats(devices::StatsArgs),
     /// The QPs, CQs, MRs, PDs, SRQs and rdma_cm IDs of every live process on this host (what
     /// `rdma res show` lists for a kernel device): states, PSNs, what is in flight, retries,
-    /// peers. MR keys are shown for your own processes (all of them as root).
+    /// peers. Only your own processes (every one as root).
     Res(res::ResArgs),
+    /// Hold UDP port 4791 of the devices for every user of this host, until stopped. The
+    /// port belongs to the user whose process takes it first, and that user's processes
+    /// could read the other users' datagrams; started first by root (at boot, say), this
+    /// process owns it, and no user's process can read another's.
+    Host(host::HostArgs),
 }
 
 fn main() -> ExitCode {
@@ -82,6 +88,7 @@ fn main() -> ExitCode {
         Command::Devinfo(args) => devices::devinfo(&args),
         Command::Stats(args) => devices::stats(&args),
         Command::Res(args) => res::res(&args),
+        Command::Host(args) => host::host(&args),
         Command::Decode { file, json, follow } => {
             let stdout = io::stdout();
             let mut out = io::BufWriter::new(stdout.lock());

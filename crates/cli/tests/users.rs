@@ -179,3 +179,58 @@ fn running_from(exe: &std::path::Path) -> Vec<u32> {
         .filter(|pid| std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|p| p == exe))
         .collect()
 }
+
+/// The users of the unconnected UDP sockets on port 4791 (`/proc/net/udp` and `udp6`).
+fn port_users() -> Vec<u32> {
+    ["/proc/net/udp", "/proc/net/udp6"]
+        .iter()
+        .flat_map(|f| {
+            std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
+        })
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let connected = f.get(2)?.trim_start_matches('0') != ":0000";
+            (f.get(1)?.ends_with(":12B7") && !connected).then(|| f.get(7)?.parse().ok())?
+        })
+        .collect()
+}
+
+#[test]
+fn softrdma_host_holds_the_port_for_every_user() {
+    use std::io::{BufRead, BufReader};
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
+        println!("SKIP: starting processes of other users needs root");
+        return;
+    }
+    let exe = Exe::new();
+    let mut host = exe.spawn(None, &["host", "-d", "lo", "--for", "60"]);
+    let mut lines = BufReader::new(host.0.stdout.take().unwrap()).lines();
+    let line = lines.next().expect("a line").unwrap();
+    assert!(line.contains("softrdma_lo") && line.contains("held for every user as user 0"), "{line}");
+    // Two other users' processes run a pair: both are root's guests, so the port's sockets
+    // are all root's (the group is root's, and neither user holds the other's).
+    let port = free_port().to_string();
+    let server = exe.spawn(Some(USER_A), &["perf", "write", "bw", "-p", &port]);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut client =
+        exe.spawn(Some(USER_B), &["perf", "write", "bw", "127.0.0.1", "-p", &port, "-n", "20000", "-s", "4096"]);
+    // The port's sockets while all three run: the most seen.
+    let mut users = Vec::new();
+    while client.0.try_wait().unwrap().is_none() {
+        let now = port_users();
+        if now.len() > users.len() {
+            users = now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, out) = finish(client, "RC WRITE, client uid B to server uid A, beside softrdma host");
+    let (served, _) = finish(server, "server uid A");
+    assert!(ok && served, "{out}");
+    assert!(row(&out, "4096").is_some_and(|(n, _)| n == 20000), "{out}");
+    assert!(
+        users.len() >= 6 && users.iter().all(|&u| u == 0),
+        "root's host process owns every socket on the port: {users:?}"
+    );
+    drop(host);
+}

@@ -836,10 +836,10 @@ fn impostor(shared: &Shared, pid: u32, uid: u32, owner: u32) -> String {
     )
 }
 
-/// The one user (other than nobody) whose unconnected UDP sockets hold `port` on every one of
+/// The one user whose unconnected UDP sockets hold `port` on every one of
 /// `addresses` (bound to it, or to the wildcard), from `/proc/net/udp` and `udp6`, which
 /// every user may read; `None` when they are several users, or none.
-fn port_owner(addresses: &[IpAddr], port: u16) -> Option<u32> {
+pub fn port_owner(addresses: &[IpAddr], port: u16) -> Option<u32> {
     let mut owners = BTreeSet::new();
     let rows = ["/proc/net/udp", "/proc/net/udp6"]
         .iter()
