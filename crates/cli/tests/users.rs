@@ -24,7 +24,10 @@ struct Exe(PathBuf);
 impl Exe {
     fn new() -> Exe {
         use std::os::unix::fs::PermissionsExt;
-        let dir = std::env::temp_dir().join(format!("softrdma-cli-users-{}", std::process::id()));
+        // One directory per test: tests run at once, and each removes its own.
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("softrdma-cli-users-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
         let exe = dir.join("softrdma");
