@@ -271,6 +271,37 @@ fn invalid(msg: &'static str) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, msg)
 }
 
+/// Wakes a thread asleep in `poll` on `old`: a datagram to it. Shutting an unconnected UDP
+/// socket down wakes nobody (measured on 6.18), and a datagram to a group's address is
+/// steered by its program; so `old` is connected to a fresh socket of its address, which
+/// makes the kernel deliver that socket's datagram to `old` whatever the program says (and
+/// nothing else changes: no other datagram comes from there). Best effort: on a failure
+/// the poller wakes at its own timeout.
+fn wake_pollers(old: &OwnedFd) {
+    let old = socket2::SockRef::from(old);
+    let bound = old.local_addr().ok().and_then(|a| a.as_socket()).filter(|a| a.port() != 0);
+    let at = match bound {
+        Some(at) => at,
+        None => {
+            // Unbound (a placeholder, which receives nothing): bound on loopback for the wake.
+            let any: SocketAddr = match old.domain() {
+                Ok(socket2::Domain::IPV6) => (Ipv6Addr::LOCALHOST, 0).into(),
+                _ => (Ipv4Addr::LOCALHOST, 0).into(),
+            };
+            let bound = old.bind(&any.into()).ok().and_then(|()| old.local_addr().ok()).and_then(|a| a.as_socket());
+            let Some(at) = bound else { return };
+            at
+        }
+    };
+    let mut from = at;
+    from.set_port(0);
+    let Ok(waker) = std::net::UdpSocket::bind(from) else { return };
+    let Ok(waker_addr) = waker.local_addr() else { return };
+    if old.connect(&waker_addr.into()).is_ok() {
+        let _ = waker.send_to(&[0], at);
+    }
+}
+
 /// Sets a buffer size, with the `FORCE` variant first (root passes the sysctl cap).
 fn set_buffer(fd: BorrowedFd<'_>, force: libc::c_int, plain: libc::c_int, bytes: usize) -> io::Result<()> {
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
@@ -404,15 +435,14 @@ impl RoceSocket {
         self.swap_in(with.socket.as_fd())
     }
 
-    /// Puts `with` behind this socket's descriptor and shuts what was there down: a thread
-    /// asleep in `poll` or `recvmmsg` on it (a progress loop, a thread waiting on a
-    /// completion channel) holds the old socket until it returns, so the old one would stay
-    /// bound, and the new one unwatched, until its timeout. The shutdown wakes it.
+    /// Puts `with` behind this socket's descriptor and wakes whoever polls what was there: a
+    /// thread asleep in `poll` on it (a progress loop, a thread waiting on a completion
+    /// channel) holds the old socket until it returns, so the old one would stay bound, and
+    /// the new one unwatched, until its timeout.
     fn swap_in(&self, with: BorrowedFd<'_>) -> io::Result<()> {
         let old = self.socket.try_clone()?;
         sys::replace_fd(self.socket.as_fd(), with)?;
-        // An unconnected UDP socket says ENOTCONN, and is woken all the same.
-        let _ = rustix::net::shutdown(&old, rustix::net::Shutdown::Both);
+        wake_pollers(&old);
         Ok(())
     }
 
