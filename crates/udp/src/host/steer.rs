@@ -159,6 +159,23 @@ impl Asm {
     }
 }
 
+/// The start of a program or filter (the payload at `base`): shorter than a BTH to
+/// `Fail`, a probe to `Probe`, destination QPN 1 to `Cm`, any other to `Lookup` with its
+/// slot in A.
+fn bth(a: &mut Asm, base: u32) {
+    use Label::*;
+    a.op(LD | W | LEN, 0);
+    a.jump(JGE, base + BTH_LEN as u32, None, Some(Fail));
+    a.op(LD | W | ABS, base);
+    a.jump(JEQ, PROBE_MAGIC, Some(Probe), None);
+    // Destination QPN: BTH bytes 5..8.
+    a.op(LD | W | ABS, base + 4);
+    a.op(ALU | AND | K, 0x00ff_ffff);
+    a.jump(JEQ, 1, Some(Cm), None);
+    a.op(ALU | RSH | K, QPN_SLOT_BITS);
+    a.ja(Lookup);
+}
+
 /// The CM part of a program or filter, at label `Cm` (a datagram to QP1 with the payload
 /// at `base`): a UD SEND carrying a CM MAD; REQ and SIDR_REQ go to `req`, SIDR_REP to
 /// `Lookup` with its request ID's slot in A, MRA..DREP, LAP and APR with their remote comm
@@ -204,16 +221,7 @@ pub(crate) fn program(table: &Table) -> Option<Vec<Insn>> {
     }
     let mut a = Asm { code: Vec::with_capacity(table.program_len()), fixups: Vec::new(), labels: [None; 8] };
     use Label::*;
-    a.op(LD | W | LEN, 0);
-    a.jump(JGE, BTH_LEN as u32, None, Some(Fail));
-    a.op(LD | W | ABS, 0);
-    a.jump(JEQ, PROBE_MAGIC, Some(Probe), None);
-    // Destination QPN: BTH bytes 5..8.
-    a.op(LD | W | ABS, 4);
-    a.op(ALU | AND | K, 0x00ff_ffff);
-    a.jump(JEQ, 1, Some(Cm), None);
-    a.op(ALU | RSH | K, QPN_SLOT_BITS);
-    a.ja(Lookup);
+    bth(&mut a, 0);
 
     a.place(Probe);
     a.op(LD | W | LEN, 0);
@@ -275,15 +283,7 @@ pub(crate) fn guest_filter(slot: u32) -> Vec<Insn> {
     let mut a = Asm { code: Vec::with_capacity(40), fixups: Vec::new(), labels: [None; 8] };
     use Label::*;
     let at = |offset: usize| UDP_HEADER + offset as u32;
-    a.op(LD | W | LEN, 0);
-    a.jump(JGE, at(BTH_LEN), None, Some(Fail));
-    a.op(LD | W | ABS, at(0));
-    a.jump(JEQ, PROBE_MAGIC, Some(Probe), None);
-    a.op(LD | W | ABS, at(4));
-    a.op(ALU | AND | K, 0x00ff_ffff);
-    a.jump(JEQ, 1, Some(Cm), None);
-    a.op(ALU | RSH | K, QPN_SLOT_BITS);
-    a.ja(Lookup);
+    bth(&mut a, UDP_HEADER);
 
     a.place(Probe);
     a.op(LD | W | LEN, 0);
