@@ -836,30 +836,62 @@ fn impostor(shared: &Shared, pid: u32, uid: u32, owner: u32) -> String {
     )
 }
 
-/// The one user whose unconnected UDP sockets hold `port` on every one of
-/// `addresses` (bound to it, or to the wildcard), from `/proc/net/udp` and `udp6`, which
-/// every user may read; `None` when they are several users, or none.
-pub fn port_owner(addresses: &[IpAddr], port: u16) -> Option<u32> {
-    let mut owners = BTreeSet::new();
-    let rows = ["/proc/net/udp", "/proc/net/udp6"]
+/// A socket's identity: device and inode, the same for every descriptor of one socket.
+type Ino = (u64, u64);
+
+/// `fd`'s identity.
+fn inode(fd: BorrowedFd<'_>) -> Option<Ino> {
+    let st = rustix::fs::fstat(fd).ok()?;
+    Some((st.st_dev, st.st_ino))
+}
+
+/// The guest filter of `slot`, as the kernel takes it and hands it back.
+fn guest_filter(slot: u32) -> Vec<(u16, u8, u8, u32)> {
+    steer::guest_filter(slot).iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect()
+}
+
+/// Whether `fd` is a socket a coordinator of user `uid` made for the guest of `slot`:
+/// `uid`'s (its creator's, whom the kernel's reuseport groups go by), carrying that slot's
+/// guest filter, locked.
+fn is_guest_socket(fd: BorrowedFd<'_>, slot: u32, uid: u32) -> bool {
+    rustix::fs::fstat(fd).is_ok_and(|st| st.st_uid == uid)
+        && crate::sys::filter_locked(fd).unwrap_or(false)
+        && crate::sys::filter_of(fd).is_ok_and(|f| f == guest_filter(slot))
+}
+
+/// An unconnected UDP socket on a port, from `/proc/net/udp` or `udp6`.
+struct PortSocket {
+    local: IpAddr,
+    uid: u32,
+    inode: u64,
+}
+
+/// The unconnected UDP sockets on `port` bound to one of `addresses` or to the wildcard,
+/// from `/proc/net/udp` and `udp6`, which every user may read.
+fn port_sockets(addresses: &[IpAddr], port: u16) -> Vec<PortSocket> {
+    ["/proc/net/udp", "/proc/net/udp6"]
         .iter()
         .flat_map(|f| {
             std::fs::read_to_string(f).unwrap_or_default().lines().skip(1).map(str::to_owned).collect::<Vec<_>>()
         })
         .filter_map(|line| proc_net_udp_row(&line))
-        .collect::<Vec<_>>();
-    for a in addresses {
-        let mut found = false;
-        for &(local, local_port, connected, uid) in &rows {
-            if local_port == port && !connected && (local == *a || local.is_unspecified()) {
-                owners.insert(uid);
-                found = true;
-            }
-        }
-        if !found {
-            return None;
-        }
+        .filter(|(s, p, connected)| {
+            *p == port && !connected && (addresses.contains(&s.local) || s.local.is_unspecified())
+        })
+        .map(|(s, ..)| s)
+        .collect()
+}
+
+/// The one user whose unconnected UDP sockets hold `port` on every one of
+/// `addresses` (bound to it, or to the wildcard), from `/proc/net/udp` and `udp6`, which
+/// every user may read; `None` when they are several users, or none.
+pub fn port_owner(addresses: &[IpAddr], port: u16) -> Option<u32> {
+    let sockets = port_sockets(addresses, port);
+    let held = |a: &IpAddr| sockets.iter().any(|s| s.local == *a || s.local.is_unspecified());
+    if !addresses.iter().all(held) {
+        return None;
     }
+    let owners: BTreeSet<u32> = sockets.iter().map(|s| s.uid).collect();
     let mut it = owners.into_iter();
     match (it.next(), it.next()) {
         (Some(uid), None) => Some(uid),
@@ -867,11 +899,11 @@ pub fn port_owner(addresses: &[IpAddr], port: u16) -> Option<u32> {
     }
 }
 
-/// One row of `/proc/net/udp(6)`: local address, local port, whether it is connected, and
-/// its owner's uid. Addresses are the kernel's words in hex, each in this host's byte order.
-fn proc_net_udp_row(line: &str) -> Option<(IpAddr, u16, bool, u32)> {
+/// One row of `/proc/net/udp(6)`: the socket, its local port, and whether it is
+/// connected. Addresses are the kernel's words in hex, each in this host's byte order.
+fn proc_net_udp_row(line: &str) -> Option<(PortSocket, u16, bool)> {
     let f: Vec<&str> = line.split_whitespace().collect();
-    let (local, remote, uid) = (f.get(1)?, f.get(2)?, f.get(7)?);
+    let (local, remote, uid, inode) = (f.get(1)?, f.get(2)?, f.get(7)?, f.get(9)?);
     let (ip, port) = local.split_once(':')?;
     let words: Option<Vec<[u8; 4]>> = ip
         .as_bytes()
@@ -886,7 +918,8 @@ fn proc_net_udp_row(line: &str) -> Option<(IpAddr, u16, bool, u32)> {
     };
     let connected =
         remote.split_once(':').is_some_and(|(a, p)| !a.trim_matches('0').is_empty() || !p.trim_matches('0').is_empty());
-    Some((ip, u16::from_str_radix(port, 16).ok()?, connected, uid.parse().ok()?))
+    let socket = PortSocket { local: ip, uid: uid.parse().ok()?, inode: inode.parse().ok()? };
+    Some((socket, u16::from_str_radix(port, 16).ok()?, connected))
 }
 
 /// How long a join tries to take the port while it changes hands: the processes of its
@@ -971,9 +1004,9 @@ fn guest_fds(
                     format!(
                         "{port_name}: user {owner}'s processes hold the port and none of them coordinates it ({e}): \
                          it is a program other than softrdma, or a softrdma build without guests, or every \
-                         process of user {owner} that used softrdma here has ended while processes of other \
-                         users still hold sockets it made for them (the port frees when they end); `ss -uapn \
-                         'sport = :{}'` lists them",
+                         process of user {owner} that used softrdma here has ended and the processes of other \
+                         users that hold sockets it made for them are founding the group again (or one of them \
+                         is stopped); `ss -uapn 'sport = :{}'` lists them",
                         config.port,
                     ),
                 ));
@@ -1033,8 +1066,6 @@ fn guest_fds(
         };
         match ToMember::decode(&buf[..len]) {
             Some(ToMember::Sockets { slot, errno: 0 }) => {
-                let filter: Vec<(u16, u8, u8, u32)> =
-                    steer::guest_filter(slot).iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect();
                 if fds.len() != asked.len() {
                     return Err(io::Error::other(format!(
                         "{port_name}: the coordinator sent {} sockets for {} addresses",
@@ -1044,14 +1075,8 @@ fn guest_fds(
                 }
                 let mut sockets = Vec::with_capacity(fds.len());
                 for (fd, asked) in fds.into_iter().zip(&asked) {
-                    use std::os::unix::fs::MetadataExt;
-                    let theirs = std::fs::File::from(fd.try_clone()?).metadata()?.uid() == owner;
                     let bound = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket());
-                    let locked = crate::sys::filter_locked(fd.as_fd()).unwrap_or(false);
-                    let filtered = crate::sys::filter_of(fd.as_fd()).is_ok_and(|f| f == filter);
-                    if !(theirs
-                        && locked
-                        && filtered
+                    if !(is_guest_socket(fd.as_fd(), slot, owner)
                         && bound.is_some_and(|b| b.ip() == asked.ip() && b.port() == asked.port()))
                     {
                         return Err(io::Error::new(

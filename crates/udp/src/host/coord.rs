@@ -14,7 +14,7 @@ use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
 use super::proto::{self, Envelope, MAX_RECORD, Speaks, ToCoord, ToMember};
 use super::steer::{self, Table};
-use super::{MAX_SLOTS, random_u64};
+use super::{Ino, MAX_SLOTS, guest_filter, inode, is_guest_socket, random_u64};
 
 /// When process `pid` started (clock ticks since boot, `/proc/PID/stat`); unknown ones
 /// (another PID namespace) count as the youngest.
@@ -23,15 +23,6 @@ fn started(pid: u32) -> u64 {
     // The command name (in parentheses) may hold spaces; start time is field 22.
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     after.split_whitespace().nth(19).and_then(|t| t.parse().ok()).unwrap_or(u64::MAX)
-}
-
-/// A socket's identity: its inode, the same for every descriptor of one socket.
-type Ino = (u64, u64);
-
-fn inode(fd: &OwnedFd) -> Option<Ino> {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::File::from(fd.try_clone().ok()?).metadata().ok()?;
-    Some((meta.dev(), meta.ino()))
 }
 
 /// How long the coordinator waits for the answers to one round of probes.
@@ -86,29 +77,10 @@ struct Sock {
 impl Sock {
     fn new(fd: OwnedFd, port: u16) -> Option<Sock> {
         let addr = socket2::SockRef::from(&fd).local_addr().ok().and_then(|a| a.as_socket())?;
-        let ino = inode(&fd)?;
+        let ino = inode(fd.as_fd())?;
         let locked = crate::sys::filter_locked(fd.as_fd()).unwrap_or(true);
         (addr.port() == port).then_some(Sock { addr, fd: ParentOnly::new(fd), ino, locked })
     }
-}
-
-/// The owner of a socket (its creator, whom the kernel's reuseport groups go by).
-fn owner(fd: &OwnedFd) -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    Some(std::fs::File::from(fd.try_clone().ok()?).metadata().ok()?.uid())
-}
-
-/// The guest filter of `slot`, as the kernel hands it back.
-fn guest_filter(slot: u32) -> Vec<(u16, u8, u8, u32)> {
-    steer::guest_filter(slot).iter().map(|i| (i.code, i.jt, i.jf, i.k)).collect()
-}
-
-/// Whether `fd` is a socket a coordinator of this user made for the guest of `slot`: ours
-/// (so in our groups), its filter that slot's guest filter, locked.
-fn is_guest_socket(fd: &OwnedFd, slot: u32, uid: u32) -> bool {
-    owner(fd) == Some(uid)
-        && crate::sys::filter_locked(fd.as_fd()).unwrap_or(false)
-        && crate::sys::filter_of(fd.as_fd()).is_ok_and(|f| f == guest_filter(slot))
 }
 
 /// A socket for a guest of `slot` on `addr`: bound into the group there, with the guest
@@ -797,9 +769,9 @@ impl Server {
                         && !fds.is_empty()
                         && fds.iter().all(|fd| {
                             if issued != 0 {
-                                inode(fd).is_some_and(|i| made_here.contains(&i))
+                                inode(fd.as_fd()).is_some_and(|i| made_here.contains(&i))
                             } else {
-                                is_guest_socket(fd, want, self.uid)
+                                is_guest_socket(fd.as_fd(), want, self.uid)
                             }
                         });
                     if !ok {

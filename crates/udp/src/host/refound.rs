@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use super::{Shared, coordinator_name, guest_fds, port_owner, random_u64};
+use super::{Ino, Shared, coordinator_name, guest_fds, inode, port_owner, port_sockets, random_u64};
 use crate::RoceSocket;
 use crate::fork::ParentOnly;
 
@@ -30,9 +30,6 @@ use crate::fork::ParentOnly;
 const REPORT_WINDOW: Duration = Duration::from_millis(60);
 /// How long each later step waits (a follower's close, the port to free, a new group).
 const STEP: Duration = Duration::from_secs(2);
-
-/// A socket's identity: device and inode.
-type Ino = (u64, u64);
 
 /// The messages between the leader and the other guests.
 #[derive(Debug, PartialEq, Eq)]
@@ -126,32 +123,13 @@ fn socket() -> io::Result<OwnedFd> {
 
 /// The inodes of this member's sockets.
 fn inodes(shared: &Shared) -> Vec<Ino> {
-    use std::os::unix::fs::MetadataExt;
-    shared
-        .sockets
-        .iter()
-        .filter_map(|s| {
-            let meta = std::fs::File::from(s.as_fd().try_clone_to_owned().ok()?).metadata().ok()?;
-            Some((meta.dev(), meta.ino()))
-        })
-        .collect()
+    shared.sockets.iter().filter_map(|s| inode(s.as_fd())).collect()
 }
 
-/// The inodes of the unconnected UDP sockets on `port` and one of `addresses` (or the
-/// wildcard), from `/proc/net/udp` and `udp6` (sockets have device 0 there: only inodes
-/// are compared).
+/// The inodes of the sockets on `port` and one of `addresses` (`/proc/net/udp` has no
+/// device: only inodes are compared).
 fn port_inodes(addresses: &[IpAddr], port: u16) -> BTreeSet<u64> {
-    let mut out = BTreeSet::new();
-    for f in ["/proc/net/udp", "/proc/net/udp6"] {
-        for line in std::fs::read_to_string(f).unwrap_or_default().lines().skip(1) {
-            let Some((ip, p, connected, _)) = super::proc_net_udp_row(line) else { continue };
-            let ino: Option<u64> = line.split_whitespace().nth(9).and_then(|i| i.parse().ok());
-            if p == port && !connected && (addresses.contains(&ip) || ip.is_unspecified()) {
-                out.extend(ino);
-            }
-        }
-    }
-    out
+    port_sockets(addresses, port).into_iter().map(|s| s.inode).collect()
 }
 
 /// Founds the group again with the other guests (module documentation). On success this
