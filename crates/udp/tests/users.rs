@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{data_packet, group, random};
+use common::{data_packet, group, random, report};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Config, RecvBatch};
 
@@ -100,14 +100,7 @@ fn users_child() {
         if socket.recv_timeout(&mut batch, Duration::from_millis(20)).unwrap_or(0) == 0 {
             continue;
         }
-        for d in batch.iter() {
-            if Member::is_probe(d.payload) {
-                member.answer_probe(d.payload);
-            } else if d.payload.len() >= 20 {
-                let tag = u64::from_be_bytes(d.payload[d.payload.len() - 8..].try_into().unwrap());
-                out(format!("rx {tag}"));
-            }
-        }
+        report(&member, &batch, out);
     }
 }
 

@@ -6,6 +6,9 @@
 use std::hash::BuildHasher;
 use std::time::Instant;
 
+use softrdma_udp::RecvBatch;
+use softrdma_udp::host::Member;
+
 pub fn random() -> u64 {
     std::collections::hash_map::RandomState::new().hash_one(Instant::now())
 }
@@ -26,4 +29,19 @@ pub fn data_packet(qpn: u32, tag: u64) -> Vec<u8> {
     p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
     p.extend_from_slice(&tag.to_be_bytes());
     p
+}
+
+/// What a member child does with each datagram of `batch`: a probe goes to `member`; any
+/// other is reported through `out`, as `rx TAG` (its last 8 bytes) or `short`.
+pub fn report(member: &Member, batch: &RecvBatch, out: impl Fn(String)) {
+    for d in batch.iter() {
+        if Member::is_probe(d.payload) {
+            member.answer_probe(d.payload);
+        } else if d.payload.len() >= 20 {
+            let tag = u64::from_be_bytes(d.payload[d.payload.len() - 8..].try_into().unwrap());
+            out(format!("rx {tag}"));
+        } else {
+            out("short".into());
+        }
+    }
 }
