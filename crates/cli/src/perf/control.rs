@@ -116,24 +116,27 @@ impl Control {
         std::thread::Builder::new()
             .name("perf-control".into())
             .spawn(move || {
-                for line in BufReader::new(reader).lines() {
-                    let item = match line {
-                        Ok(line) => serde_json::from_str::<Msg>(&line)
-                            .map_err(|e| format!("the peer sent a message this version does not understand: {e}")),
-                        Err(e) => Err(format!("reading from the peer: {e}")),
-                    };
-                    if matches!(item, Ok(Msg::Finished)) {
-                        flag.store(true, Ordering::Release);
-                        continue;
+                let read = || {
+                    for line in BufReader::new(reader).lines() {
+                        let item = match line {
+                            Ok(line) => serde_json::from_str::<Msg>(&line)
+                                .map_err(|e| format!("the peer sent a message this version does not understand: {e}")),
+                            Err(e) => Err(format!("reading from the peer: {e}")),
+                        };
+                        if matches!(item, Ok(Msg::Finished)) {
+                            flag.store(true, Ordering::Release);
+                            continue;
+                        }
+                        let stop = item.is_err();
+                        if tx.send(item).is_err() || stop {
+                            return;
+                        }
                     }
-                    let stop = item.is_err();
-                    if tx.send(item).is_err() || stop {
-                        gone_flag.store(true, Ordering::Release);
-                        return;
-                    }
-                }
+                    let _ = tx.send(Err("the peer closed the control connection".into()));
+                };
+                read();
+                // However the reading ended, nothing more comes from the peer.
                 gone_flag.store(true, Ordering::Release);
-                let _ = tx.send(Err("the peer closed the control connection".into()));
             })
             .map_err(io)?;
         Ok(Control { writer: Mutex::new(BufWriter::new(stream)), messages, finished, gone, peer, local })
