@@ -72,6 +72,18 @@ impl Drop for Exe {
     }
 }
 
+/// Whether this test runs as root, which starting processes of other users needs (it
+/// says SKIP otherwise).
+fn root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to the process's effective user.
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    if !root {
+        println!("SKIP: starting processes of other users needs root");
+    }
+    root
+}
+
 fn free_port() -> u16 {
     TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap().local_addr().unwrap().port()
 }
@@ -106,10 +118,7 @@ fn row(out: &str, size: &str) -> Option<(u64, f64)> {
 
 #[test]
 fn three_users_run_perf_pairs_at_once_while_others_come_and_go() {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self belongs to the process's effective user.
-    if std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
-        println!("SKIP: starting processes of other users needs root");
+    if !root() {
         return;
     }
     let exe = Exe::new();
@@ -201,9 +210,7 @@ fn port_users() -> Vec<u32> {
 #[test]
 fn softrdma_host_holds_the_port_for_every_user() {
     use std::io::{BufRead, BufReader};
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::metadata("/proc/self").map(|m| m.uid()).unwrap_or(1) != 0 {
-        println!("SKIP: starting processes of other users needs root");
+    if !root() {
         return;
     }
     let exe = Exe::new();
