@@ -683,7 +683,7 @@ impl RoceSocket {
     /// yields each).
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.filled = 0;
-        let n = sys::recvmmsg(self.socket.as_fd(), &mut batch.storage, batch.slot_len, &mut batch.meta)?;
+        let n = batch.slots.recvmmsg(self.socket.as_fd(), &mut batch.meta)?;
         batch.filled = n;
         batch.local = self.local;
         Ok(n)
@@ -735,10 +735,9 @@ impl AsRawFd for RoceSocket {
 /// A datagram longer than its slot is cut to the slot (and marked
 /// [`truncated`](Received::truncated)). RoCE datagrams are at most 4096 bytes of payload
 /// plus headers, so 4352-byte slots hold any of them; with [`Config::gro`], use 65536.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct RecvBatch {
-    storage: Vec<u8>,
-    slot_len: usize,
+    slots: sys::RecvSlots,
     meta: Vec<sys::RawMeta>,
     filled: usize,
     local: SocketAddr,
@@ -747,12 +746,10 @@ pub struct RecvBatch {
 impl RecvBatch {
     /// `count` slots (1 to [`MAX_BATCH`]; clamped) of `slot_len` bytes (at least 1).
     pub fn new(count: usize, slot_len: usize) -> Self {
-        let count = count.clamp(1, MAX_BATCH);
-        let slot_len = slot_len.max(1);
+        let slots = sys::RecvSlots::new(count, slot_len);
         Self {
-            storage: vec![0; count * slot_len],
-            slot_len,
-            meta: vec![sys::RawMeta::EMPTY; count],
+            meta: vec![sys::RawMeta::EMPTY; slots.count()],
+            slots,
             filled: 0,
             local: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
         }
@@ -818,15 +815,14 @@ impl<'a> Iterator for Datagrams<'a> {
         let b = self.batch;
         while self.message < b.filled {
             let m = &b.meta[self.message];
-            let len = m.len.min(b.slot_len);
+            let len = m.len.min(b.slots.slot_len());
             let stride = m.gro_segment.filter(|&s| s > 0).unwrap_or(len);
             let start = self.offset;
             // An empty datagram is still a datagram: yield it once.
             if start < len || (len == 0 && self.segment == 0) {
                 let end = if stride == 0 { start } else { len.min(start + stride) };
-                let base = self.message * b.slot_len;
                 let item = Received {
-                    payload: &b.storage[base + start..base + end],
+                    payload: &b.slots.slot(self.message)[start..end],
                     source: m.source.unwrap_or_else(|| SocketAddr::new(unspecified_like(b.local.ip()), 0)),
                     destination: destination(m.dst_ip.unwrap_or(b.local.ip()), b.local, m.ifindex),
                     hop_limit: m.hop_limit.unwrap_or(0),

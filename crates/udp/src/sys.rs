@@ -26,7 +26,8 @@ use std::time::Duration;
 
 use libc::{c_int, c_void};
 
-/// Datagrams per `sendmmsg`/`recvmmsg` call. The headers of one call live on the stack.
+/// Datagrams per `sendmmsg`/`recvmmsg` call. A `sendmmsg`'s headers live on the stack; a
+/// receive batch keeps its own ([`RecvSlots`]).
 pub(crate) const MAX_BATCH: usize = 64;
 
 /// Bytes of control-message space per datagram. A received IPv6 datagram carries at most
@@ -331,74 +332,141 @@ impl RawMeta {
     };
 }
 
-/// Receives up to `min(bufs.len() / slot_len, out.len(), MAX_BATCH)` messages with one
-/// non-blocking `recvmmsg`, message `i` into `bufs[i * slot_len..][..slot_len]`, its
-/// metadata into `out[i]`. Returns the number received; `WouldBlock` when there is none.
-pub(crate) fn recvmmsg(fd: BorrowedFd<'_>, bufs: &mut [u8], slot_len: usize, out: &mut [RawMeta]) -> io::Result<usize> {
-    if slot_len == 0 {
-        return Ok(0);
+/// The buffers and `recvmmsg` headers of a receive batch, made once. Each header points at
+/// its slot of `storage`, its name and its control buffer, heap allocations owned here that
+/// never move, so a call re-arms only the headers the last call filled: the kernel writes
+/// `msg_namelen`, `msg_controllen`, `msg_flags` and `msg_len` of the messages it returns
+/// and of no other. Building all 32 headers for every call (an `iovec`, a zeroed
+/// `mmsghdr` and four pointers each) took 12-15 % of a busy poll's time, the largest part
+/// of an empty `recvmmsg` outside the kernel.
+pub(crate) struct RecvSlots {
+    storage: Vec<u8>,
+    slot_len: usize,
+    hdrs: Box<[libc::mmsghdr]>,
+    /// Read by the kernel through `hdrs`; kept for their addresses.
+    _iovs: Box<[libc::iovec]>,
+    names: Box<[MaybeUninit<libc::sockaddr_storage>]>,
+    _ctrls: Box<[MaybeUninit<CmsgBuf>]>,
+    /// Headers `0..dirty` may have been written by the kernel since they were armed.
+    dirty: usize,
+}
+
+// SAFETY: the raw pointers in `hdrs` point only into this value's own heap allocations
+// (`storage`, `_iovs`, `names`, `_ctrls`), which move with it and are never shared; they are
+// dereferenced only by the kernel, inside `recvmmsg`, which takes `&mut self`.
+unsafe impl Send for RecvSlots {}
+// SAFETY: as for `Send`: `&self` reads `storage`, `hdrs` and `names` and writes nothing.
+unsafe impl Sync for RecvSlots {}
+
+impl std::fmt::Debug for RecvSlots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvSlots").field("count", &self.hdrs.len()).field("slot_len", &self.slot_len).finish()
     }
-    let count = (bufs.len() / slot_len).min(out.len()).min(MAX_BATCH);
-    if count == 0 {
-        return Ok(0);
+}
+
+impl RecvSlots {
+    /// `count` slots (at most [`MAX_BATCH`]) of `slot_len` bytes.
+    pub(crate) fn new(count: usize, slot_len: usize) -> Self {
+        let count = count.clamp(1, MAX_BATCH);
+        let slot_len = slot_len.max(1);
+        let mut storage = vec![0u8; count * slot_len];
+        let base = storage.as_mut_ptr();
+        let mut iovs: Box<[libc::iovec]> = (0..count)
+            // SAFETY: `i * slot_len < count * slot_len`, within `storage`.
+            .map(|i| libc::iovec { iov_base: unsafe { base.add(i * slot_len) }.cast::<c_void>(), iov_len: slot_len })
+            .collect();
+        let mut names: Box<[MaybeUninit<libc::sockaddr_storage>]> = (0..count).map(|_| MaybeUninit::uninit()).collect();
+        // Control buffers stay uninitialised: the kernel writes them and we read only the
+        // `msg_controllen` bytes it reports. Names too: we read no more than `msg_namelen`.
+        let mut ctrls: Box<[MaybeUninit<CmsgBuf>]> = (0..count).map(|_| MaybeUninit::uninit()).collect();
+        let hdrs: Box<[libc::mmsghdr]> = (0..count)
+            .map(|i| {
+                // SAFETY: `mmsghdr` is plain C data for which all-zero is valid.
+                let mut hdr: libc::mmsghdr = unsafe { mem::zeroed() };
+                let h = &mut hdr.msg_hdr;
+                h.msg_name = names[i].as_mut_ptr().cast::<c_void>();
+                h.msg_iov = ptr::from_mut(&mut iovs[i]);
+                h.msg_iovlen = 1;
+                h.msg_control = ctrls[i].as_mut_ptr().cast::<c_void>();
+                hdr
+            })
+            .collect();
+        let mut slots = Self { storage, slot_len, hdrs, _iovs: iovs, names, _ctrls: ctrls, dirty: count };
+        slots.rearm();
+        slots
     }
-    // Only the `count` entries in use are initialised: zeroing all MAX_BATCH names, headers
-    // and control buffers cost 28 KiB of memset per call, most of a busy poll's time.
-    let mut iovs: [MaybeUninit<libc::iovec>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let mut names: [MaybeUninit<libc::sockaddr_storage>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-    let mut hdrs: [MaybeUninit<libc::mmsghdr>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-    // Control buffers stay uninitialised: the kernel writes them and we read only the
-    // `msg_controllen` bytes it reports.
-    let mut ctrls: [MaybeUninit<CmsgBuf>; MAX_BATCH] = [const { MaybeUninit::uninit() }; MAX_BATCH];
-    // Names stay uninitialised too: the kernel writes `msg_namelen` bytes of each, and we
-    // read no more than that.
-    for (i, chunk) in bufs.chunks_exact_mut(slot_len).take(count).enumerate() {
-        let iov = iovs[i].write(libc::iovec { iov_base: chunk.as_mut_ptr().cast::<c_void>(), iov_len: chunk.len() });
-        // SAFETY: `mmsghdr` is plain C data for which all-zero is valid.
-        let hdr = hdrs[i].write(unsafe { mem::zeroed() });
-        let h = &mut hdr.msg_hdr;
-        h.msg_name = names[i].as_mut_ptr().cast::<c_void>();
-        h.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-        h.msg_iov = ptr::from_mut(iov);
-        h.msg_iovlen = 1;
-        h.msg_control = ctrls[i].as_mut_ptr().cast::<c_void>();
-        h.msg_controllen = CMSG_BUF_LEN as _;
+
+    fn rearm(&mut self) {
+        for hdr in &mut self.hdrs[..self.dirty] {
+            hdr.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            hdr.msg_hdr.msg_controllen = CMSG_BUF_LEN as _;
+            hdr.msg_hdr.msg_flags = 0;
+            hdr.msg_len = 0;
+        }
+        self.dirty = 0;
     }
-    let received = loop {
-        // SAFETY: `hdrs[..count]` point at `names`, `iovs`, `ctrls` (this stack frame) and
-        // at disjoint `slot_len`-byte chunks of `bufs` (mutably borrowed for this call);
-        // every length is its buffer's capacity, so the kernel writes within them.
-        let rc = unsafe {
-            libc::recvmmsg(
-                fd.as_raw_fd(),
-                hdrs.as_mut_ptr().cast::<libc::mmsghdr>(),
-                count as _,
-                libc::MSG_DONTWAIT as _,
-                ptr::null_mut(),
-            )
+
+    /// How many messages one call can take.
+    pub(crate) fn count(&self) -> usize {
+        self.hdrs.len()
+    }
+
+    pub(crate) fn slot_len(&self) -> usize {
+        self.slot_len
+    }
+
+    /// Message `i`'s slot (its first `len` bytes are the message).
+    pub(crate) fn slot(&self, i: usize) -> &[u8] {
+        &self.storage[i * self.slot_len..][..self.slot_len]
+    }
+
+    /// Receives up to [`count`](Self::count) messages with one non-blocking `recvmmsg`,
+    /// message `i` into slot `i`, its metadata into `out[i]`. Returns the number received;
+    /// `WouldBlock` when there is none.
+    pub(crate) fn recvmmsg(&mut self, fd: BorrowedFd<'_>, out: &mut [RawMeta]) -> io::Result<usize> {
+        self.rearm();
+        let count = self.count().min(out.len());
+        let received = loop {
+            // The kernel may write the headers it tries, and those alone.
+            self.dirty = count;
+            // SAFETY: `hdrs[..count]` point at `names`, `_iovs`, `_ctrls` and disjoint
+            // `slot_len`-byte chunks of `storage`, all owned by `self` (borrowed mutably for
+            // this call); every length is its buffer's capacity, so the kernel writes within
+            // them.
+            let rc = unsafe {
+                libc::recvmmsg(
+                    fd.as_raw_fd(),
+                    self.hdrs.as_mut_ptr(),
+                    count as _,
+                    libc::MSG_DONTWAIT as _,
+                    ptr::null_mut(),
+                )
+            };
+            if rc >= 0 {
+                break rc as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                // Nothing was received: only the first header was tried.
+                self.dirty = 1;
+                return Err(e);
+            }
+            self.rearm();
         };
-        if rc >= 0 {
-            break rc as usize;
+        // A call that returns `received` messages tried one more at most.
+        self.dirty = (received + 1).min(count);
+        for (i, meta) in out.iter_mut().enumerate().take(received) {
+            let h = &self.hdrs[i].msg_hdr;
+            let mut m = RawMeta::EMPTY;
+            m.len = self.hdrs[i].msg_len as usize;
+            m.truncated = h.msg_flags & libc::MSG_TRUNC != 0;
+            m.ctrl_truncated = h.msg_flags & libc::MSG_CTRUNC != 0;
+            m.source = decode_addr(&self.names[i], h.msg_namelen as usize);
+            decode_cmsgs(h, &mut m);
+            *meta = m;
         }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    };
-    for i in 0..received {
-        // SAFETY: headers below `count` (and `received <= count`) were initialised above,
-        // then filled in by the kernel.
-        let hdr = unsafe { hdrs[i].assume_init_ref() };
-        let h = &hdr.msg_hdr;
-        let mut meta = RawMeta::EMPTY;
-        meta.len = hdr.msg_len as usize;
-        meta.truncated = h.msg_flags & libc::MSG_TRUNC != 0;
-        meta.ctrl_truncated = h.msg_flags & libc::MSG_CTRUNC != 0;
-        meta.source = decode_addr(&names[i], h.msg_namelen as usize);
-        decode_cmsgs(h, &mut meta);
-        out[i] = meta;
+        Ok(received)
     }
-    Ok(received)
 }
 
 /// The source address the kernel wrote into `ss`: its first `len` bytes (`msg_namelen`).

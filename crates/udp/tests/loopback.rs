@@ -520,3 +520,33 @@ fn a_full_receive_buffer_shows_in_the_drop_counter() {
     assert!(drops > 0, "the kernel counted what it dropped");
     assert_eq!(got + drops, 201, "received and dropped add up to what was sent");
 }
+
+/// One batch serves every socket of a device (the runtime's): its headers, made once,
+/// must carry nothing from one receive to the next (a longer IPv6 source, a truncation, a
+/// traffic class, more datagrams than the next receive gets).
+#[test]
+fn a_batch_reused_across_sockets_and_sizes_keeps_nothing_from_the_last_receive() {
+    let (a4, b4) = pair(lo4());
+    let (a6, b6) = pair(lo6());
+    let slot = 2048;
+    let mut batch = RecvBatch::new(8, slot);
+    for round in 0..6 {
+        let (tx, rx) = if round % 2 == 0 { (&a6, &b6) } else { (&a4, &b4) };
+        // Even rounds: five datagrams, the third longer than its slot; odd rounds: two.
+        let lens: &[usize] = if round % 2 == 0 { &[40, 900, 3000, 12, 64] } else { &[33, 7] };
+        let sent: Vec<Vec<u8>> = lens.iter().map(|&n| vec![round as u8 ^ n as u8; n]).collect();
+        for d in &sent {
+            tx.send_to(rx.local_addr(), d).unwrap();
+        }
+        let (got, _) = recv_n(rx, &mut batch, sent.len());
+        assert_eq!(got.len(), sent.len(), "round {round}");
+        for (d, s) in got.iter().zip(&sent) {
+            assert_eq!(d.payload, s[..s.len().min(slot)], "round {round}");
+            assert_eq!(d.truncated, s.len() > slot, "round {round}: {} bytes", s.len());
+            assert_eq!(d.source, tx.local_addr(), "round {round}");
+            assert_eq!(d.destination, rx.local_addr(), "round {round}");
+        }
+        assert!(rx.recv(&mut batch).is_err_and(|e| e.kind() == io::ErrorKind::WouldBlock), "round {round}");
+        assert!(batch.is_empty());
+    }
+}
