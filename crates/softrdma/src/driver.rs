@@ -66,14 +66,19 @@ const RX_ROUNDS: usize = 4;
 /// Datagrams per receive batch.
 const RX_BATCH: usize = 32;
 /// A socket that found nothing this many receives in a row is *idle*: while another socket
-/// of the device, or its same-host inbox, is not, it is asked only every
-/// [`IDLE_SOCKET_EVERY`]-th receive. A busy poll then makes one `recvmmsg` per pass, not one
-/// per address (`softrdma_lo` has 127.0.0.1 and ::1), and none while all traffic comes
-/// through shared memory (empty `recvmmsg` calls took 30 % of a same-host requester's
-/// time), at the cost of up to that many passes (microseconds) for the first datagram to
-/// reach an idle socket while another source is busy.
+/// of the device, or its same-host inbox, is not, it is asked only once per
+/// [`IDLE_SOCKET_INTERVAL`]. A busy poll then makes one `recvmmsg` per pass, not one per
+/// address (`softrdma_lo` has 127.0.0.1 and ::1), and almost none while all traffic comes
+/// through shared memory, at the cost of up to that interval for the first datagram to
+/// reach an idle socket while another source is busy. Every 16th pass, the rule until
+/// 2026-11-28, still made two empty `recvmmsg` calls per message of a same-host ping-pong
+/// (86 000 in 20 000 round trips: half a microsecond each, on the answer's path) and
+/// several per 64 KiB of a same-host WRITE stream (empty `recvmmsg` calls had taken 30 %
+/// of a same-host requester's time with none of this).
 const IDLE_SOCKET_AFTER: u32 = 64;
-const IDLE_SOCKET_EVERY: u32 = 16;
+/// How often idle sockets are asked while another source is busy: an empty `recvmmsg`
+/// costs 0.3-0.5 us here, so two sockets asked every 20 us cost a few percent of a core.
+const IDLE_SOCKET_INTERVAL: Duration = Duration::from_micros(20);
 /// The inbox counts as busy this long after its last packet: a same-host ping-pong waits
 /// far more than 64 passes for each answer, and asking both idle sockets on every one of
 /// those passes (two `recvmmsg` calls, over a microsecond) delayed seeing the answer.
@@ -351,12 +356,13 @@ pub(crate) struct State {
     pub(crate) send_errors: u64,
     /// References to drop once the lock is released ([`Locked`]).
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
-    /// Per socket, receives in a row that found nothing; and receives so far.
+    /// Per socket, receives in a row that found nothing.
     rx_empty: Vec<u32>,
     /// Each socket's count of datagrams the kernel dropped for a full receive buffer, as
     /// last seen (`RecvBatch::drops`): a rise is congestion control's overrun signal.
     rx_drops: Vec<u32>,
-    rx_passes: u32,
+    /// When idle sockets were last asked ([`IDLE_SOCKET_INTERVAL`]).
+    idle_asked: Instant,
     /// When the same-host inbox last held a packet.
     inbox_last: Option<Instant>,
     /// The CQ whose empty poll last received in the application's thread, and when.
@@ -650,7 +656,7 @@ impl Driver {
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
-            rx_passes: 0,
+            idle_asked: Instant::ZERO,
             inbox_last: None,
             app_rx_last: None,
             app_empty_polls: 0,
@@ -1107,10 +1113,12 @@ impl State {
             worked |= got;
         }
         let sockets = if sockets { shared.port.sockets() } else { &[] };
-        self.rx_passes = self.rx_passes.wrapping_add(1);
-        let all = self.rx_passes % IDLE_SOCKET_EVERY == 0
+        let all = now - self.idle_asked >= IDLE_SOCKET_INTERVAL
             || (self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER)
                 && self.inbox_last.is_none_or(|t| now - t >= INBOX_ACTIVE));
+        if all && !sockets.is_empty() {
+            self.idle_asked = now;
+        }
         for (i, socket) in sockets.iter().enumerate() {
             if !all && self.rx_empty[i] >= IDLE_SOCKET_AFTER {
                 continue;
