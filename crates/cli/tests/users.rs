@@ -50,7 +50,18 @@ impl Exe {
             // As root, std drops the supplementary groups too.
             cmd.uid(uid).gid(uid);
         }
-        Running(cmd.spawn().unwrap())
+        // The copy was just written: a child that another test forked meanwhile holds the
+        // written descriptor until its own exec, and an exec of the copy fails with ETXTBSY
+        // until then (it did in CI). Wait for that moment to pass.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            match cmd.spawn() {
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                spawned => return Running(spawned.unwrap()),
+            }
+        }
     }
 }
 
