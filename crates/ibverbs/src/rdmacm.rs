@@ -65,14 +65,48 @@ struct IdC {
 struct EventC {
     ev: RdmaCmEvent,
     private_data: Vec<u8>,
+    /// The ID the event counts against until acked ([`pin`]): its own, or for a connect
+    /// request the listener's, as in librdmacm.
+    pinned: usize,
 }
 
 /// Every live ID, to name the `rdma_cm_id` of a softrdma event.
 static IDS: Mutex<Vec<(CmId, usize)>> = Mutex::new(Vec::new());
 
-fn find(id: &CmId) -> Option<*mut IdC> {
-    let ids = IDS.lock().unwrap_or_else(PoisonError::into_inner);
-    ids.iter().find(|(i, _)| i.same(id)).map(|&(_, p)| p as *mut IdC)
+/// Per ID (its `IdC` address), the events made for it and not yet acked. As librdmacm's
+/// `rdma_destroy_id`, ours waits until every event of the ID is acked: a thread building or
+/// handling an event then never meets a freed ID. (rping's main thread destroys its ID
+/// while its CM thread takes the ID's last event: the client crashed once in CI.)
+static UNACKED: Mutex<Vec<(usize, u32)>> = Mutex::new(Vec::new());
+static ACKED: std::sync::Condvar = std::sync::Condvar::new();
+
+/// One more event of ID `p` is out. Call with [`IDS`] held, so that `p` is live.
+fn pin(p: usize) {
+    let mut u = UNACKED.lock().unwrap_or_else(PoisonError::into_inner);
+    match u.iter_mut().find(|(q, _)| *q == p) {
+        Some((_, n)) => *n += 1,
+        None => u.push((p, 1)),
+    }
+}
+
+/// An event of ID `p` was acked.
+fn unpin(p: usize) {
+    let mut u = UNACKED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(i) = u.iter().position(|(q, _)| *q == p) {
+        u[i].1 -= 1;
+        if u[i].1 == 0 {
+            u.swap_remove(i);
+        }
+        ACKED.notify_all();
+    }
+}
+
+/// Waits until every event of ID `p` (no longer in [`IDS`]) is acked.
+fn wait_acked(p: usize) {
+    let mut u = UNACKED.lock().unwrap_or_else(PoisonError::into_inner);
+    while u.iter().any(|(q, _)| *q == p) {
+        u = ACKED.wait(u).unwrap_or_else(PoisonError::into_inner);
+    }
 }
 
 fn fail(e: &softrdma::Error) -> c_int {
@@ -254,15 +288,31 @@ fn status_c(s: CmStatus) -> c_int {
 /// A softrdma event as an `rdma_cm_event` (made the application's to ack), creating the ID
 /// of a connection request on `channel`. `None` for an event of an ID already destroyed.
 fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
-    let listen = ev.listen_id.as_ref().and_then(find);
-    let id = match find(&ev.id) {
-        Some(p) => p,
-        None => {
-            let l = listen?;
-            // SAFETY: l is a live ID of ours (it is registered).
-            let (context, ps) = unsafe { ((*l).id.context, (*l).id.ps) };
-            new_id(ev.id.clone(), channel, false, context, ps)
-        }
+    // The ID the event counts against is found and pinned ([`pin`]) under one hold of IDS:
+    // it cannot be destroyed in between, and its destruction then waits for this event's
+    // ack. A connect request's new ID counts against its listener, as in librdmacm (a
+    // program may reject and destroy the new ID before it acks the request).
+    let (listen, found) = {
+        let ids = IDS.lock().unwrap_or_else(PoisonError::into_inner);
+        let live = |id: &CmId| ids.iter().find(|(i, _)| i.same(id)).map(|&(_, p)| p as *mut IdC);
+        let listen = ev.listen_id.as_ref().and_then(live);
+        let found = match (live(&ev.id), listen) {
+            (Some(p), _) => {
+                pin(p as usize);
+                Ok(p)
+            }
+            (None, Some(l)) => {
+                pin(l as usize);
+                // SAFETY: l is a live ID of ours (registered, and IDS is held).
+                Err(unsafe { ((*l).id.context, (*l).id.ps) })
+            }
+            (None, None) => return None,
+        };
+        (listen, found)
+    };
+    let (id, pinned) = match found {
+        Ok(p) => (p, p as usize),
+        Err((context, ps)) => (new_id(ev.id.clone(), channel, false, context, ps), listen.map_or(0, |l| l as usize)),
     };
     // SAFETY: id is a live ID of ours; the application does not use it concurrently with
     // the call that delivers its event.
@@ -316,7 +366,7 @@ fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
         status: status_c(ev.status),
         param,
     };
-    Some(Box::into_raw(Box::new(EventC { ev: e, private_data })).cast())
+    Some(Box::into_raw(Box::new(EventC { ev: e, private_data, pinned })).cast())
 }
 
 /// The next event of `ch` as an `rdma_cm_event`, waiting for it.
@@ -351,7 +401,8 @@ fn next_event(ch: *mut ChannelC) -> Result<*mut RdmaCmEvent, c_int> {
 /// `e` must come from [`event_c`] and be freed once.
 unsafe fn free_event(e: *mut RdmaCmEvent) {
     // SAFETY: per the contract.
-    drop(unsafe { Box::from_raw(e.cast::<EventC>()) });
+    let e = unsafe { Box::from_raw(e.cast::<EventC>()) };
+    unpin(e.pinned);
 }
 
 /// librdmacm's `ucma_complete`: a synchronous ID waits for its next event (kept in
@@ -528,12 +579,18 @@ unsafe extern "C" fn destroy_id(id: *mut RdmaCmId) -> c_int {
                 return fail_with(libc::EINVAL); // not a live ID (destroyed already)
             }
         }
-        // SAFETY: made by new_id, live until now (checked above), destroyed once.
-        let i = unsafe { Box::from_raw(id.cast::<IdC>()) };
-        if !i.id.event.is_null() {
+        // SAFETY: made by new_id, live until now (checked above); no other call uses it
+        // (the caller's contract), and no event can be made for it any more (it left IDS).
+        let last = unsafe { (*id.cast::<IdC>()).id.event };
+        if !last.is_null() {
             // SAFETY: a synchronous ID's last event, ours.
-            unsafe { free_event(i.id.event) };
+            unsafe { free_event(last) };
         }
+        // librdmacm's rdma_destroy_id: wait until the application has acked every event
+        // of the ID, which may still be in another thread's hands.
+        wait_acked(id as usize);
+        // SAFETY: as above, destroyed once.
+        let i = unsafe { Box::from_raw(id.cast::<IdC>()) };
         let own = i.own_channel;
         drop(i);
         if !own.is_null() {

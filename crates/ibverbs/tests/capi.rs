@@ -168,6 +168,11 @@ fn a_destroyed_rdma_cm_id_is_refused_not_dereferenced() {
 }
 
 #[test]
+fn rdma_destroy_id_waits_until_the_ids_events_are_acked() {
+    passes("destroy_waits_for_ack");
+}
+
+#[test]
 fn a_wildcard_listeners_devices_stay_open_after_it_is_destroyed() {
     passes("wildcard_devices");
 }
