@@ -292,27 +292,25 @@ fn event_c(ev: CmEvent, channel: *mut ChannelC) -> Option<*mut RdmaCmEvent> {
     // it cannot be destroyed in between, and its destruction then waits for this event's
     // ack. A connect request's new ID counts against its listener, as in librdmacm (a
     // program may reject and destroy the new ID before it acks the request).
-    let (listen, found) = {
+    let (listen, found, pinned) = {
         let ids = IDS.lock().unwrap_or_else(PoisonError::into_inner);
         let live = |id: &CmId| ids.iter().find(|(i, _)| i.same(id)).map(|&(_, p)| p as *mut IdC);
         let listen = ev.listen_id.as_ref().and_then(live);
         let found = match (live(&ev.id), listen) {
-            (Some(p), _) => {
-                pin(p as usize);
-                Ok(p)
-            }
-            (None, Some(l)) => {
-                pin(l as usize);
-                // SAFETY: l is a live ID of ours (registered, and IDS is held).
-                Err(unsafe { ((*l).id.context, (*l).id.ps) })
-            }
+            (Some(p), _) => Ok(p),
+            // SAFETY: l is a live ID of ours (registered, and IDS is held).
+            (None, Some(l)) => Err((l, unsafe { ((*l).id.context, (*l).id.ps) })),
             (None, None) => return None,
         };
-        (listen, found)
+        let pinned = match found {
+            Ok(p) | Err((p, _)) => p as usize,
+        };
+        pin(pinned);
+        (listen, found, pinned)
     };
-    let (id, pinned) = match found {
-        Ok(p) => (p, p as usize),
-        Err((context, ps)) => (new_id(ev.id.clone(), channel, false, context, ps), listen.map_or(0, |l| l as usize)),
+    let id = match found {
+        Ok(p) => p,
+        Err((_, (context, ps))) => new_id(ev.id.clone(), channel, false, context, ps),
     };
     // SAFETY: id is a live ID of ours; the application does not use it concurrently with
     // the call that delivers its event.
