@@ -30,7 +30,11 @@ const GRH: u64 = 40;
 /// A side's buffers, all QPs together, take at most this much memory (but one slot per
 /// QP), as perftest's few buffers per QP do: 128 QPs of 128 slots of 64 KiB each touched
 /// 1 GiB per process, and the run measured page faults and cache misses as much as RDMA.
-const REGION: u64 = 64 << 20;
+/// The same for any number of QPs, and the size of the buffer `perf baseline` writes into
+/// with `process_vm_writev`: at 64 MiB, 16 QPs wrote over 64 MiB where one QP wrote over
+/// 8 MiB, and `-q 16` measured the larger working set as much as the QPs (64 KiB WRITEs,
+/// alternating runs: 16 QPs 0.75x one QP's bandwidth with 64 MiB, 0.87x with 8 MiB).
+const REGION: u64 = 8 << 20;
 /// Receives kept posted on each QP.
 const RECV_DEPTH_BW: u32 = 512;
 const RECV_DEPTH_LAT: u32 = 64;
