@@ -590,6 +590,9 @@ impl Shared {
     pub(crate) fn count_window(&mut self, qp: &mut Qp) {
         let sending = qp.qp_type.is_reliable() && matches!(qp.state, QpState::Rts | QpState::Sqd);
         let outstanding = if sending { qp.comp.psn.distance_to(qp.req.psn).max(0).unsigned_abs() } else { 0 };
+        if !sending {
+            self.windows.release(&mut qp.window);
+        }
         let peer = qp.peer_ip();
         self.windows.recount(&mut qp.window, peer, outstanding);
     }
@@ -1384,10 +1387,13 @@ impl Engine {
 
     /// Schedules the QPs that waited for room in a peer's window and may now have it.
     pub(crate) fn wake_window_waiters(&mut self) {
-        while let Some(qpn) = self.shared.windows.pop_woken() {
-            if let Some(qp) = self.qps.get_mut(&qpn.value()) {
-                crate::window::PeerWindows::left(&mut qp.window);
-                self.shared.schedule(qp);
+        while let Some((qpn, peer, burst)) = self.shared.windows.pop_woken() {
+            match self.qps.get_mut(&qpn.value()) {
+                Some(qp) => {
+                    self.shared.windows.woken(&mut qp.window, peer, burst);
+                    self.shared.schedule(qp);
+                }
+                None => self.shared.windows.unhold(peer, burst),
             }
         }
     }

@@ -34,6 +34,10 @@ impl Engine {
                 return Some(t);
             }
         }
+        // Room a QP was refused for only because others waited first goes to them now.
+        if self.shared.ready.is_empty() {
+            self.wake_window_waiters();
+        }
         // Each QP in the round-robin gets one chance per call; one that has nothing to send
         // leaves it, so the loop ends.
         let mut budget = self.shared.ready.len();
@@ -79,7 +83,16 @@ impl Engine {
             }
             if sent.is_some() {
                 self.shared.counters.sent_packets += 1;
-                self.shared.schedule(qp);
+                if crate::window::PeerWindows::in_burst(&qp.window) && !qp.in_ready {
+                    // A QP sends its burst through before the next QP: interleaved packet
+                    // by packet, every burst ended, and asked for its ACK, only once the
+                    // whole window was out, and the window emptied and filled in turns
+                    // (128 QPs: the receiver idle half the time).
+                    qp.in_ready = true;
+                    self.shared.ready.push_front(qp.qpn);
+                } else {
+                    self.shared.schedule(qp);
+                }
             }
             self.shared.update_timer(qp);
             if sent.is_some() {
@@ -335,8 +348,8 @@ fn request<M: Memory + ?Sized>(
         return None; // wait for ACKs
     }
     let peer = qp.peer_ip();
-    if rc && !sh.windows.admits(&qp.window, peer) {
-        sh.windows.wait(qp.qpn, &mut qp.window);
+    if rc && !sh.windows.admits(&mut qp.window, peer) {
+        sh.windows.wait(qp.qpn, &mut qp.window, peer);
         return None; // wait for room in the peer's window (crate::window)
     }
     let mtu = qp.mtu();
@@ -475,7 +488,8 @@ fn request<M: Memory + ?Sized>(
             if let Some(dest) = w.ud {
                 ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
             }
-            header.ack_req = rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.fills(peer));
+            header.ack_req =
+                rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.ends_burst(&qp.window));
             // Copy the payload straight from the application's memory into the datagram.
             let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
             let out = buf.get_mut(at..at + chunk as usize)?;
@@ -490,7 +504,9 @@ fn request<M: Memory + ?Sized>(
         }
     }
     qp.req.since_ack_req = if header.ack_req { 0 } else { qp.req.since_ack_req + 1 };
-    crate::window::PeerWindows::sent(&mut qp.window, header.ack_req);
+    if rc {
+        sh.windows.sent(&mut qp.window, header.ack_req);
+    }
     if psn.distance_to(qp.req.sent_end) > 0 {
         sh.counters.retransmitted_packets += 1;
         qp.counters.retransmitted_packets += 1;
