@@ -104,12 +104,11 @@ impl PeerWindows {
         if let Some(p) = share.peer {
             self.peers.entry(p).or_default().outstanding += outstanding;
         }
-        if let Some(old) = old {
-            self.tidy(old);
-        }
     }
 
-    /// Forgets `peer` once nothing is counted, held or waiting for it.
+    /// Forgets `peer` once nothing is counted, held or waiting for it (when a QP is
+    /// destroyed: a peer's entry stays while its QPs live, rather than come and go with
+    /// each ACK that empties the window).
     fn tidy(&mut self, peer: IpAddr) {
         if self.peers.get(&peer).is_some_and(|p| p.outstanding == 0 && p.reserved == 0 && p.waiters.is_empty()) {
             self.peers.remove(&peer);
@@ -178,7 +177,6 @@ impl PeerWindows {
                 p.reserved -= share.burst;
                 self.freed |= share.burst > 0 && !p.waiters.is_empty();
             }
-            self.tidy(addr);
         }
         share.burst = 0;
     }
@@ -232,11 +230,11 @@ impl PeerWindows {
             p.reserved -= burst;
             self.freed |= !p.waiters.is_empty();
         }
-        self.tidy(peer);
     }
 
     /// QP `qpn` is destroyed: it leaves the count, the queue, and gives back its room.
     pub(crate) fn forget(&mut self, qpn: Qpn, share: &mut Share) {
+        let peers = [share.peer, share.burst_peer, share.waiting];
         self.release(share);
         if let Some(addr) = share.waiting.take() {
             if let Some(p) = self.peers.get_mut(&addr) {
@@ -244,9 +242,11 @@ impl PeerWindows {
                 // Whoever waited behind it may go now.
                 self.freed = true;
             }
-            self.tidy(addr);
         }
         self.recount(share, None, 0);
+        for addr in peers.into_iter().flatten() {
+            self.tidy(addr);
+        }
     }
 
     /// Packets outstanding to `peer`.
