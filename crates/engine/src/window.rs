@@ -59,6 +59,14 @@ struct Peer {
     waiters: VecDeque<Qpn>,
 }
 
+impl Peer {
+    /// Whether the window of `limit` packets has room for a burst of `burst` beside what
+    /// is outstanding and what other bursts hold.
+    fn has_room(&self, burst: u32, limit: u32) -> bool {
+        self.outstanding + self.reserved + burst <= limit
+    }
+}
+
 /// The windows of every peer, and the QPs waiting for room.
 #[derive(Debug, Default)]
 pub(crate) struct PeerWindows {
@@ -124,14 +132,14 @@ impl PeerWindows {
     /// its local ACK timeout, again and again (128 QPs in a window of 192 packets: 298 of
     /// 2048 WRITEs failed with RETRY_EXC_ERR in the simulator).
     pub(crate) fn admits(&mut self, share: &mut Share, peer: Option<IpAddr>) -> bool {
-        let (Some(_), Some(addr)) = (self.limit, peer) else { return true };
+        let (Some(limit), Some(addr)) = (self.limit, peer) else { return true };
         if share.burst > 0 && share.burst_peer == peer {
             return true;
         }
         self.release(share);
         let burst = self.burst();
         let p = self.peers.entry(addr).or_default();
-        let burst = if p.waiters.is_empty() && p.outstanding + p.reserved + burst <= self.limit.unwrap_or(u32::MAX) {
+        let burst = if p.waiters.is_empty() && p.has_room(burst, limit) {
             burst
         } else if share.counted > 0 && !share.covered {
             1
@@ -204,7 +212,7 @@ impl PeerWindows {
         let burst = self.burst();
         let limit = self.limit?;
         for (&addr, p) in &mut self.peers {
-            if p.waiters.is_empty() || p.outstanding + p.reserved + burst > limit {
+            if p.waiters.is_empty() || !p.has_room(burst, limit) {
                 continue;
             }
             let qpn = p.waiters.pop_front()?;
