@@ -605,6 +605,14 @@ impl Shared {
         }
     }
 
+    /// Puts `qp` at the head of the transmit round-robin: it sends next.
+    pub(crate) fn schedule_first(&mut self, qp: &mut Qp) {
+        if !qp.in_ready {
+            qp.in_ready = true;
+            self.ready.push_front(qp.qpn);
+        }
+    }
+
     /// A receive WQE for `qp`: from its SRQ or its own queue.
     pub(crate) fn take_recv(&mut self, qp: &mut Qp) -> Option<(RecvWqe, bool)> {
         if let Some(srq_id) = qp.srq {

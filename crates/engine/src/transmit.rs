@@ -83,13 +83,12 @@ impl Engine {
             }
             if sent.is_some() {
                 self.shared.counters.sent_packets += 1;
-                if crate::window::PeerWindows::in_burst(&qp.window) && !qp.in_ready {
+                if crate::window::PeerWindows::in_burst(&qp.window) {
                     // A QP sends its burst through before the next QP: interleaved packet
                     // by packet, every burst ended, and asked for its ACK, only once the
                     // whole window was out, and the window emptied and filled in turns
                     // (128 QPs: the receiver idle half the time).
-                    qp.in_ready = true;
-                    self.shared.ready.push_front(qp.qpn);
+                    self.shared.schedule_first(qp);
                 } else {
                     self.shared.schedule(qp);
                 }
