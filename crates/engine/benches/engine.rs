@@ -4,11 +4,17 @@
 //!
 //! `cargo bench -p softrdma-engine`; throughput is reported per message, and a 4 KiB
 //! WRITE at path MTU 4096 is exactly one request packet (plus its share of ACKs).
+//!
+//! On a machine whose timings swing (a shared VM), count instructions instead: with
+//! `SOFTRDMA_ENGINE_BATCHES=send:400` (or `write:400`) the bench moves that many batches
+//! of 256 messages of the "engine pair" group and exits, for
+//! `valgrind --tool=callgrind target/release/deps/engine-*` (instructions per message =
+//! the total over 102 400).
 
 use std::hint::black_box;
 use std::net::IpAddr;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 use softrdma_engine::*;
 use softrdma_wire::{Gid, QKey, Qpn};
 
@@ -24,9 +30,21 @@ struct Side {
     ip: IpAddr,
 }
 
-fn side(ip: [u8; 4], cap: QpCap) -> Side {
+/// The engine as the runtime configures it between processes of one host: a window per
+/// peer (the runtime's 512 packets), congestion control, and no ICRC (the same-host path
+/// needs none).
+fn runtime_config() -> DeviceConfig {
+    DeviceConfig {
+        congestion: Some(congestion::DcqcnConfig::default()),
+        peer_window: Some(512),
+        defer_icrc: true,
+        ..DeviceConfig::default()
+    }
+}
+
+fn side(ip: [u8; 4], cap: QpCap, config: &DeviceConfig) -> Side {
     let ip = IpAddr::from(ip);
-    let mut engine = Engine::new(DeviceConfig { addresses: vec![ip], ..DeviceConfig::default() });
+    let mut engine = Engine::new(DeviceConfig { addresses: vec![ip], ..config.clone() });
     let pd = engine.alloc_pd();
     let cq = engine.create_cq(1 << 16).unwrap();
     let keys = engine.reg_mr(pd, BASE, LEN as u64, Access::ALL).unwrap();
@@ -77,40 +95,44 @@ fn connect(s: &mut Side, peer_qp: Qpn, peer_ip: IpAddr) {
     s.engine.modify_qp(s.qp, &rts, mask).unwrap();
 }
 
-fn pair() -> (Side, Side) {
+fn pair(config: &DeviceConfig) -> (Side, Side) {
     let cap = QpCap { max_send_wr: 512, max_recv_wr: 512, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 64 };
-    let mut a = side([10, 0, 0, 1], cap);
-    let mut b = side([10, 0, 0, 2], cap);
+    let mut a = side([10, 0, 0, 1], cap, config);
+    let mut b = side([10, 0, 0, 2], cap, config);
     let (aq, bq, aip, bip) = (a.qp, b.qp, a.ip, b.ip);
     connect(&mut a, bq, bip);
     connect(&mut b, aq, aip);
     (a, b)
 }
 
-/// Moves every packet both ways until both are quiet. Returns packets moved.
-fn pump(a: &mut Side, b: &mut Side, buf: &mut [u8]) -> usize {
-    let now = Instant::ZERO;
+/// Moves every packet both ways until both are quiet, the clock moving 2 µs a round (the
+/// congestion pacer and the timers see time pass). Returns packets moved.
+fn pump(a: &mut Side, b: &mut Side, buf: &mut [u8], clock: &mut u64) -> usize {
     let mut moved = 0;
-    loop {
+    let mut quiet = 0;
+    while quiet < 50 {
+        *clock += 2_000;
+        let now = Instant::from_nanos(*clock);
+        a.engine.handle_timeout(now);
+        b.engine.handle_timeout(now);
         let mut any = false;
         while let Some(t) = a.engine.poll_transmit(now, &mut a.mem, buf) {
-            b.engine.handle_datagram(now, &t.envelope, &buf[..t.len], &mut b.mem);
+            b.engine.handle_checked_datagram(now, &t.envelope, IpInfo::default(), &buf[..t.len], &mut b.mem);
             moved += 1;
             any = true;
         }
         while let Some(t) = b.engine.poll_transmit(now, &mut b.mem, buf) {
-            a.engine.handle_datagram(now, &t.envelope, &buf[..t.len], &mut a.mem);
+            a.engine.handle_checked_datagram(now, &t.envelope, IpInfo::default(), &buf[..t.len], &mut a.mem);
             moved += 1;
             any = true;
         }
-        if !any {
-            return moved;
-        }
+        quiet = if any { 0 } else { quiet + 1 };
     }
+    moved
 }
 
 /// Posts `batch` WRs of `op` on `a` (and receives on `b` for SENDs), pumps, and drains CQs.
-fn run_batch(a: &mut Side, b: &mut Side, buf: &mut [u8], batch: usize, len: u32, send: bool) {
+fn run_batch(a: &mut Side, b: &mut Side, buf: &mut [u8], clock: &mut u64, batch: usize, len: u32, send: bool) {
     let sge = Sge { addr: BASE, length: len, lkey: a.keys.lkey };
     let op = if send { SendOp::Send } else { SendOp::RdmaWrite { remote_addr: BASE + 0x8_0000, rkey: b.keys.rkey } };
     if send {
@@ -130,25 +152,30 @@ fn run_batch(a: &mut Side, b: &mut Side, buf: &mut [u8], batch: usize, len: u32,
         })
         .collect();
     a.engine.post_send(a.qp, &wrs, &a.mem).unwrap();
-    black_box(pump(a, b, buf));
+    black_box(pump(a, b, buf, clock));
     while a.engine.poll_cq(a.cq).is_some() {}
     while b.engine.poll_cq(b.cq).is_some() {}
 }
 
+const BATCH: usize = 256;
+
 fn bench(c: &mut Criterion) {
-    const BATCH: usize = 256;
     let mut buf = vec![0u8; 4200];
+    // As between two processes of one host.
     let mut g = c.benchmark_group("engine pair");
     for (name, len, send) in [("SEND 64 B", 64u32, true), ("WRITE 4 KiB", 4096, false)] {
-        let (mut a, mut b) = pair();
+        let (mut a, mut b) = pair(&runtime_config());
+        let mut clock = 0;
         g.throughput(Throughput::Elements(BATCH as u64));
-        g.bench_function(name, |bench| bench.iter(|| run_batch(&mut a, &mut b, &mut buf, BATCH, len, send)));
+        g.bench_function(name, |bench| {
+            bench.iter(|| run_batch(&mut a, &mut b, &mut buf, &mut clock, BATCH, len, send))
+        });
     }
     g.finish();
 
     // Engine work per packet: one side's transmit of a 4 KiB WRITE packet plus the other
     // side's receive of it (ICRC both ways, checks, one memory copy each side).
-    let (mut a, mut b) = pair();
+    let (mut a, mut b) = pair(&DeviceConfig::default());
     let sge = Sge { addr: BASE, length: 4096, lkey: a.keys.lkey };
     let mut g = c.benchmark_group("per packet");
     g.throughput(Throughput::Elements(1));
@@ -203,5 +230,27 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// `SOFTRDMA_ENGINE_BATCHES=send:N` or `write:N`: N batches of the "engine pair" group,
+/// for an instruction count.
+fn fixed(spec: &str) {
+    let (op, n) = spec.split_once(':').expect("SOFTRDMA_ENGINE_BATCHES=send:N or write:N");
+    let n: usize = n.parse().expect("a number of batches");
+    let (len, send) = if op == "send" { (64, true) } else { (4096, false) };
+    let (mut a, mut b) = pair(&runtime_config());
+    let (mut buf, mut clock) = (vec![0u8; 4200], 0);
+    for _ in 0..n {
+        run_batch(&mut a, &mut b, &mut buf, &mut clock, BATCH, len, send);
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    match std::env::var("SOFTRDMA_ENGINE_BATCHES") {
+        Ok(spec) => fixed(&spec),
+        Err(_) => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}
