@@ -1528,13 +1528,13 @@ impl Engine {
         take!(DEST_QPN, dest_qp_num);
         take!(EN_SQD_ASYNC_NOTIFY, en_sqd_async_notify);
         if mask.contains(AttrMask::AV) {
-            if qp.av != attr.ah_attr {
+            if qp.av() != attr.ah_attr {
                 qp.peer_port = None; // another peer (a path migration is the only legal case)
             }
-            qp.av = attr.ah_attr;
+            qp.set_av(attr.ah_attr);
             qp.attr.ah_attr = attr.ah_attr;
         }
-        if let Some(av) = qp.av {
+        if let Some(av) = qp.av() {
             let port = udp_source_port(av.flow_label, qp.qpn.value(), qp.attr.dest_qp_num);
             qp.envelope = self.shared.envelope_for(&av, port);
         }
@@ -1588,7 +1588,7 @@ impl Engine {
                 qp.req.next = qp.sq.tail();
                 qp.comp = Default::default();
                 qp.resp = crate::qp::Responder { out: VecDeque::with_capacity(64), ..Default::default() };
-                qp.av = None;
+                qp.set_av(None);
                 qp.attr = QpAttr { path_mtu: qp.attr.path_mtu, ..QpAttr::default() };
                 qp.envelope = None;
                 qp.peer_port = None;

@@ -183,7 +183,7 @@ impl Engine {
             let messages_in_flight = (qp.req.next.saturating_sub(sq.head()) as u32).saturating_add(started);
             let packets_in_flight =
                 if reliable { qp.comp.psn.distance_to(qp.req.psn).max(0).unsigned_abs() } else { 0 };
-            let peer = match (qp.qp_type.is_connected(), qp.av) {
+            let peer = match (qp.qp_type.is_connected(), qp.av()) {
                 (true, Some(av)) => Some(QpPeer {
                     gid: av.dgid,
                     qpn: Qpn::from_u24_truncating(qp.attr.dest_qp_num),

@@ -284,8 +284,10 @@ pub(crate) struct Qp {
     pub(crate) sq_sig_all: bool,
     pub(crate) cap: QpCap,
     pub(crate) attr: QpAttr,
-    /// The peer's address (RC/UC), once the AV is set.
-    pub(crate) av: Option<AddressVector>,
+    /// The peer's address (RC/UC), once the AV is set ([`set_av`](Self::set_av)).
+    av: Option<AddressVector>,
+    /// The AV's GID as an IP address, kept beside it: read for every packet sent.
+    peer_ip: Option<core::net::IpAddr>,
     /// The envelope of outgoing packets, computed from the AV.
     pub(crate) envelope: Option<Envelope>,
     /// RC/UC: the UDP source port the peer sends from, learnt from its first packet that
@@ -342,6 +344,7 @@ impl Qp {
             cap,
             attr: QpAttr::default(),
             av: None,
+            peer_ip: None,
             envelope: None,
             peer_port: None,
             keys: None,
@@ -359,9 +362,20 @@ impl Qp {
         }
     }
 
+    /// The peer's address vector (RC/UC, from RTR on).
+    pub(crate) fn av(&self) -> Option<AddressVector> {
+        self.av
+    }
+
+    /// Sets (or clears) the peer's address vector.
+    pub(crate) fn set_av(&mut self, av: Option<AddressVector>) {
+        self.av = av;
+        self.peer_ip = av.map(|av| av.dgid.to_ip());
+    }
+
     /// The connected peer's address (RC/UC, from RTR on).
     pub(crate) fn peer_ip(&self) -> Option<core::net::IpAddr> {
-        self.av.map(|av| av.dgid.to_ip())
+        self.peer_ip
     }
 
     /// Path MTU in bytes (UD: the device's port MTU, set at creation in `attr.path_mtu`).

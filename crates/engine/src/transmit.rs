@@ -60,7 +60,7 @@ impl Engine {
             if let Some(t) = &mut sent {
                 t.local_qp = qp.qpn;
             }
-            if let (Some(t), Some(av)) = (&mut sent, qp.av) {
+            if let (Some(t), Some(av)) = (&mut sent, qp.av()) {
                 // A connected QP's packets, requests and responses, take its AV's traffic
                 // class (a UD request has its AH's already).
                 t.traffic_class = av.traffic_class;
