@@ -306,10 +306,7 @@ impl Nic {
     /// the engine's and the CM's timers.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.engine.poll_timeout(), self.cm.poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        Instant::earliest(self.engine.poll_timeout(), self.cm.poll_timeout())
     }
 
     /// The next event: the engine's first (a `COMM_EST` establishes the passive connection

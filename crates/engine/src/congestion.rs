@@ -172,10 +172,7 @@ impl ReactionPoint {
 
     /// When [`handle_timeout`](Self::handle_timeout) wants to run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.next_alpha_update, self.next_increase) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        Instant::earliest(self.next_alpha_update, self.next_increase)
     }
 
     /// Runs the alpha update and rate increase timers due at `now`.
@@ -272,7 +269,7 @@ impl QpCongestion {
     }
 
     pub(crate) fn deadline(&self) -> Option<Instant> {
-        [self.rp.poll_timeout(), self.paced_until].into_iter().flatten().min()
+        Instant::earliest(self.rp.poll_timeout(), self.paced_until)
     }
 }
 
@@ -371,7 +368,7 @@ mod tests {
             if rp.rate().is_none() {
                 break;
             }
-            let next = [rp.send_at(now), rp.poll_timeout()].into_iter().flatten().min().unwrap_or(now);
+            let next = Instant::earliest(rp.send_at(now), rp.poll_timeout()).unwrap_or(now);
             now = now.max(next);
             rp.handle_timeout(now);
             if rp.send_at(now).is_none() {

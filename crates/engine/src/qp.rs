@@ -390,6 +390,6 @@ impl Qp {
     /// The earliest instant this QP wants to be woken.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let cc = self.cc.as_deref().and_then(crate::congestion::QpCongestion::deadline);
-        [self.comp.retransmit_at, self.comp.rnr_wait_until, cc].into_iter().flatten().min()
+        Instant::earliest(Instant::earliest(self.comp.retransmit_at, self.comp.rnr_wait_until), cc)
     }
 }

@@ -1229,10 +1229,7 @@ impl State {
     /// When the engine or the CM next wants to be called.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let held = self.faults.as_ref().and_then(Faults::next_release);
-        match (self.nic.poll_timeout(), held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        Instant::earliest(self.nic.poll_timeout(), held)
     }
 
     /// The device's counters.

@@ -38,6 +38,15 @@ impl Instant {
         Self(millis.saturating_mul(1_000_000))
     }
 
+    /// The earlier of two deadlines, where `None` is none at all (not the earliest, as
+    /// `Option`'s own order would have it).
+    pub fn earliest(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
     /// Nanoseconds since the epoch.
     pub const fn as_nanos(self) -> u64 {
         self.0
