@@ -9,8 +9,8 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Two users with no account: the kernel needs none.
@@ -127,11 +127,16 @@ fn row(out: &str, size: &str) -> Option<(u64, f64)> {
     Some((f.get(1)?.parse().ok()?, f.get(3)?.parse().ok()?))
 }
 
+/// The tests of this file one at a time: each counts whose sockets are on the port, and
+/// the other's users would be among them.
+static PORT: Mutex<()> = Mutex::new(());
+
 #[test]
 fn three_users_run_perf_pairs_at_once_while_others_come_and_go() {
     if !root() {
         return;
     }
+    let _port = PORT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let exe = Exe::new();
     // Processes of each user that open the device and are killed at random.
     let stop = Arc::new(AtomicBool::new(false));
@@ -224,6 +229,7 @@ fn softrdma_host_holds_the_port_for_every_user() {
     if !root() {
         return;
     }
+    let _port = PORT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let exe = Exe::new();
     let mut host = exe.spawn(None, &["host", "-d", "lo", "--for", "60"]);
     let mut lines = BufReader::new(host.0.stdout.take().unwrap()).lines();
@@ -234,8 +240,10 @@ fn softrdma_host_holds_the_port_for_every_user() {
     let port = free_port().to_string();
     let server = exe.spawn(Some(USER_A), &["perf", "write", "bw", "-p", &port]);
     std::thread::sleep(Duration::from_millis(500));
+    // For a second, not a count: 20 000 WRITEs of 4 KiB can end within one look at the
+    // port's sockets, before the guests' sockets are all there.
     let mut client =
-        exe.spawn(Some(USER_B), &["perf", "write", "bw", "127.0.0.1", "-p", &port, "-n", "20000", "-s", "4096"]);
+        exe.spawn(Some(USER_B), &["perf", "write", "bw", "127.0.0.1", "-p", &port, "-D", "1", "-s", "4096"]);
     // The port's sockets while all three run: the most seen.
     let mut users = Vec::new();
     while client.0.try_wait().unwrap().is_none() {
@@ -248,7 +256,7 @@ fn softrdma_host_holds_the_port_for_every_user() {
     let (ok, out) = finish(client, "RC WRITE, client uid B to server uid A, beside softrdma host");
     let (served, _) = finish(server, "server uid A");
     assert!(ok && served, "{out}");
-    assert!(row(&out, "4096").is_some_and(|(n, _)| n == 20000), "{out}");
+    assert!(row(&out, "4096").is_some_and(|(n, _)| n > 0), "{out}");
     assert!(
         users.len() >= 6 && users.iter().all(|&u| u == 0),
         "root's host process owns every socket on the port: {users:?}"
