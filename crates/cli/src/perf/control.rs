@@ -46,9 +46,10 @@ pub(crate) struct SideInfo {
 }
 
 impl SideInfo {
-    /// The address of buffer `slot` of QP `qp`.
+    /// The address of buffer `slot` (below `slots`) of QP `qp`.
     pub(crate) fn buffer(&self, qp: usize, slot: u64) -> u64 {
-        self.addr + (qp as u64 * self.slots + slot % self.slots) * self.stride
+        debug_assert!(slot < self.slots);
+        self.addr + (qp as u64 * self.slots + slot) * self.stride
     }
 }
 

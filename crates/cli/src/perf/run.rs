@@ -281,10 +281,9 @@ impl Side {
             .map_err(rdma("ibv_post_recv"))
     }
 
-    /// Operation `seq` of QP `qp`, aimed at the peer's buffer `seq`; a numbered one
-    /// (latency pings) carries `number` as its immediate data.
-    fn op(&self, peer: &SideInfo, qp: usize, seq: u64, number: u64) -> SendOp {
-        let remote_addr = peer.buffer(qp, seq);
+    /// An operation aimed at `remote_addr` in the peer's region; a numbered one (latency
+    /// pings) carries `number` as its immediate data.
+    fn op(&self, peer: &SideInfo, remote_addr: u64, number: u64) -> SendOp {
         let rkey = RKey(peer.rkey);
         match (self.spec.op, self.spec.mode) {
             (Op::Send, Mode::Lat) if self.spec.conn != Conn::Rc => SendOp::SendWithImm { imm: ping_number(number) },
@@ -327,9 +326,17 @@ impl Side {
         let n = (seqs.end - seqs.start) as usize;
         debug_assert!(n <= BATCH);
         let first = self.sge(qp, 0, size)?;
-        let sges: [Sge; BATCH] = std::array::from_fn(|i| Sge {
-            addr: first.addr + ((seqs.start + i as u64) % self.slots) * self.stride,
-            ..first
+        // Each side's slot of each request: the first by division, the next by a step that
+        // wraps. A 64-bit division takes tens of cycles; two per request of the 16 made
+        // for every post were most of the time a latency answer spent here (0.6 µs).
+        let (mut mine, mut theirs) = (seqs.start % self.slots, seqs.start % peer.slots);
+        let mut remote = [0u64; BATCH];
+        let sges: [Sge; BATCH] = std::array::from_fn(|i| {
+            let addr = first.addr + mine * self.stride;
+            remote[i] = peer.buffer(qp, theirs);
+            mine = if mine + 1 == self.slots { 0 } else { mine + 1 };
+            theirs = if theirs + 1 == peer.slots { 0 } else { theirs + 1 };
+            Sge { addr, ..first }
         });
         let inline = size <= u64::from(self.spec.inline) && matches!(self.spec.op, Op::Send | Op::Write);
         let ud = self.ah.as_ref().map(|ah| UdDest {
@@ -345,7 +352,7 @@ impl Side {
             }
             SendWr {
                 wr_id: wr_id(qp, seq),
-                op: self.op(peer, qp, seq, number(seq)),
+                op: self.op(peer, remote[i], number(seq)),
                 sg_list: &sges[i..=i],
                 flags,
                 ud,
