@@ -172,18 +172,29 @@ impl Headers {
         self.0 & other.0 == other.0
     }
 
-    /// Total length in bytes of the headers in the set.
+    /// Total length in bytes of the headers in the set: a step per header present (none,
+    /// one or two for most packets), not per header known; every packet sent and received
+    /// asks it more than once.
     pub const fn len(self) -> usize {
         let mut total = 0;
-        let mut i = 0;
-        while i < Self::ORDER.len() {
-            if self.contains(Self::ORDER[i].0) {
-                total += Self::ORDER[i].1;
-            }
-            i += 1;
+        let mut bits = self.0;
+        while bits != 0 {
+            total += Self::LEN_BY_BIT[bits.trailing_zeros() as usize];
+            bits &= bits - 1;
         }
         total
     }
+
+    /// Each header's length, by its bit.
+    const LEN_BY_BIT: [usize; 16] = {
+        let mut lens = [0; 16];
+        let mut i = 0;
+        while i < Self::ORDER.len() {
+            lens[Self::ORDER[i].0.0.trailing_zeros() as usize] = Self::ORDER[i].1;
+            i += 1;
+        }
+        lens
+    };
 
     /// Whether the set is empty.
     pub const fn is_empty(self) -> bool {
@@ -570,6 +581,15 @@ mod tests {
         ];
         for (op, len) in expected {
             assert_eq!(op.info().unwrap().header_len(), len, "{op}");
+        }
+    }
+
+    #[test]
+    fn a_set_of_headers_is_as_long_as_its_headers_together() {
+        for bits in 0..1u16 << Headers::ORDER.len() {
+            let set = Headers(bits);
+            let sum: usize = Headers::ORDER.iter().filter(|(h, _)| set.contains(*h)).map(|&(_, len)| len).sum();
+            assert_eq!(set.len(), sum, "{set:?}");
         }
     }
 
