@@ -96,6 +96,8 @@ const PEER_WINDOW: u32 = (SOCKET_BUFFER / 2 / 8192) as u32;
 /// How soon a progress thread with packets waiting for room in another process's inbox
 /// looks again, when nothing else wakes it.
 const BACKLOG_RETRY: Duration = Duration::from_micros(100);
+/// The progress thread's spin after work yields the CPU once in this many turns.
+const SPIN_YIELD_EVERY: u32 = 64;
 /// Datagrams per transmit batch (one `sendmmsg`).
 const TX_BATCH: usize = 32;
 
@@ -999,6 +1001,7 @@ impl Shared {
         // This thread emptied the inbox's bell after a sender rang it: the packet is its to
         // take, whoever else slept on the bell (their poll found it empty again).
         let mut took_bell = false;
+        let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
             let polled = self.app_polled.load(Ordering::Relaxed);
@@ -1047,7 +1050,15 @@ impl Shared {
                 }
             };
             let Some(timeout) = timeout else {
-                std::hint::spin_loop();
+                // A spin yields the CPU now and then, as a polling application does: on a
+                // host with more busy threads than cores, the process whose packets this
+                // thread waits for may be the one that needs it.
+                spins = spins.wrapping_add(1);
+                if spins % SPIN_YIELD_EVERY == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
                 continue;
             };
             // The group sockets as they are now: a detach meanwhile closes none under the poll.
