@@ -327,8 +327,8 @@ impl Side {
         debug_assert!(n <= BATCH);
         let first = self.sge(qp, 0, size)?;
         // Each side's slot of each request: the first by division, the next by a step that
-        // wraps. A 64-bit division takes tens of cycles; two per request of the 16 made
-        // for every post were most of the time a latency answer spent here (0.6 µs).
+        // wraps, rather than two 64-bit divisions for each of the 16 requests built (no
+        // change measurable end to end on this machine, but no work done for nothing).
         let (mut mine, mut theirs) = (seqs.start % self.slots, seqs.start % peer.slots);
         let mut remote = [0u64; BATCH];
         let sges: [Sge; BATCH] = std::array::from_fn(|i| {
