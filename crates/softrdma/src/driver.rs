@@ -96,8 +96,11 @@ const PEER_WINDOW: u32 = (SOCKET_BUFFER / 2 / 8192) as u32;
 /// How soon a progress thread with packets waiting for room in another process's inbox
 /// looks again, when nothing else wakes it.
 const BACKLOG_RETRY: Duration = Duration::from_micros(100);
-/// The progress thread's spin after work yields the CPU once in this many turns.
-const SPIN_YIELD_EVERY: u32 = 64;
+/// A thread that polls and finds nothing this many times in a row yields the CPU once: an
+/// application polling an empty CQ, and the progress thread spinning after work. On a host
+/// with more busy threads than cores, the peer process whose work it waits for (the "NIC"
+/// is software) then runs. Four process pairs on two cores: see README.
+pub(crate) const YIELD_AFTER_IDLE_TURNS: u32 = 64;
 /// Datagrams per transmit batch (one `sendmmsg`).
 const TX_BATCH: usize = 32;
 
@@ -1054,7 +1057,7 @@ impl Shared {
                 // host with more busy threads than cores, the process whose packets this
                 // thread waits for may be the one that needs it.
                 spins = spins.wrapping_add(1);
-                if spins % SPIN_YIELD_EVERY == 0 {
+                if spins % YIELD_AFTER_IDLE_TURNS == 0 {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();

@@ -17,13 +17,8 @@ use softrdma_engine::{
 };
 use softrdma_wire::{Gid, Qpn, RKey};
 
-/// An application that polls an empty CQ this many times in a row yields the CPU once: on a
-/// host with more busy threads than cores, the peer process whose work it waits for (the
-/// "NIC" is software) then runs. Four process pairs on two cores: see README.
-const YIELD_AFTER_EMPTY_POLLS: u32 = 64;
-
 use crate::device::{Device, DeviceAttr, PortAttr};
-use crate::driver::{self, Driver};
+use crate::driver::{self, Driver, YIELD_AFTER_IDLE_TURNS};
 use crate::memory::MrBuf;
 use crate::{ContextOptions, Error, Result};
 
@@ -1131,7 +1126,7 @@ impl Cq {
             }
         }
         st.app_empty_polls = if n == 0 { st.app_empty_polls.wrapping_add(1) } else { 0 };
-        if st.app_empty_polls % YIELD_AFTER_EMPTY_POLLS == 0 && n == 0 {
+        if st.app_empty_polls % YIELD_AFTER_IDLE_TURNS == 0 && n == 0 {
             // A long busy poll gives the CPU to whoever else can run (the peer's process,
             // whose work this poll waits for, on a host with fewer cores than busy threads).
             drop(st);
