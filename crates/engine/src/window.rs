@@ -125,10 +125,6 @@ impl PeerWindows {
         PeerRef { addr, index }
     }
 
-    fn peer(&mut self, r: PeerRef) -> &mut Peer {
-        &mut self.peers[r.index]
-    }
-
     /// Counts `outstanding` packets of a QP (with `share`) against `peer`.
     pub(crate) fn recount(&mut self, share: &mut Share, peer: Option<IpAddr>, outstanding: u32) {
         if self.limit.is_none() || (share.peer.map(|r| r.addr) == peer && share.counted == outstanding) {
@@ -136,27 +132,23 @@ impl PeerWindows {
         }
         // The common case, once per packet sent or ACK taken: same peer, a new count.
         if let Some(r) = share.peer.filter(|r| Some(r.addr) == peer && outstanding > 0) {
-            let counted = share.counted;
-            let p = self.peer(r);
-            p.outstanding = p.outstanding + outstanding - counted;
-            let waiters = !p.waiters.is_empty();
-            self.freed |= outstanding < counted && waiters;
+            let p = &mut self.peers[r.index];
+            p.outstanding = p.outstanding + outstanding - share.counted;
+            self.freed |= outstanding < share.counted && !p.waiters.is_empty();
             share.counted = outstanding;
             return;
         }
         if let Some(old) = share.peer {
-            let counted = share.counted;
-            let p = self.peer(old);
-            p.outstanding -= counted;
-            let waiters = !p.waiters.is_empty();
-            let freed = if Some(old.addr) == peer { counted.saturating_sub(outstanding) } else { counted };
-            self.freed |= freed > 0 && waiters;
+            let p = &mut self.peers[old.index];
+            p.outstanding -= share.counted;
+            let freed = if Some(old.addr) == peer { share.counted.saturating_sub(outstanding) } else { share.counted };
+            self.freed |= freed > 0 && !p.waiters.is_empty();
         }
         let new = peer.filter(|_| outstanding > 0).map(|addr| self.entry(share, addr));
         share.peer = new;
         share.counted = if new.is_some() { outstanding } else { 0 };
         if let Some(r) = new {
-            self.peer(r).outstanding += outstanding;
+            self.peers[r.index].outstanding += outstanding;
         }
     }
 
@@ -186,7 +178,7 @@ impl PeerWindows {
         self.release(share);
         let burst = self.burst();
         let r = self.entry(share, addr);
-        let p = self.peer(r);
+        let p = &mut self.peers[r.index];
         let burst = if p.waiters.is_empty() && p.has_room(burst, limit) {
             burst
         } else if share.counted > 0 && !share.covered {
@@ -217,7 +209,7 @@ impl PeerWindows {
         if share.burst > 0 {
             share.burst -= 1;
             if let Some(r) = share.burst_peer {
-                self.peer(r).reserved -= 1;
+                self.peers[r.index].reserved -= 1;
             }
         }
         if ack_req || share.burst == 0 {
@@ -229,11 +221,9 @@ impl PeerWindows {
     /// stopped sending, or goes to another peer).
     pub(crate) fn release(&mut self, share: &mut Share) {
         if let Some(r) = share.burst_peer.take() {
-            let burst = share.burst;
-            let p = self.peer(r);
-            p.reserved -= burst;
-            let waiters = !p.waiters.is_empty();
-            self.freed |= burst > 0 && waiters;
+            let p = &mut self.peers[r.index];
+            p.reserved -= share.burst;
+            self.freed |= share.burst > 0 && !p.waiters.is_empty();
         }
         share.burst = 0;
     }
@@ -245,7 +235,7 @@ impl PeerWindows {
         if share.waiting.is_none() {
             let r = self.entry(share, addr);
             share.waiting = Some(r);
-            self.peer(r).waiters.push_back(qpn);
+            self.peers[r.index].waiters.push_back(qpn);
             // It may have been refused only for those before it, with room there: the
             // next `pop_woken` looks.
             self.freed = true;
@@ -284,10 +274,9 @@ impl PeerWindows {
 
     /// Room held for a woken QP that is gone goes back.
     pub(crate) fn unhold(&mut self, peer: PeerRef, burst: u32) {
-        let p = self.peer(peer);
+        let p = &mut self.peers[peer.index];
         p.reserved -= burst;
-        let waiters = !p.waiters.is_empty();
-        self.freed |= waiters;
+        self.freed |= !p.waiters.is_empty();
         self.tidy(peer);
     }
 
@@ -296,7 +285,7 @@ impl PeerWindows {
         let peers = [share.peer, share.burst_peer, share.waiting];
         self.release(share);
         if let Some(r) = share.waiting.take() {
-            self.peer(r).waiters.retain(|&q| q != qpn);
+            self.peers[r.index].waiters.retain(|&q| q != qpn);
             // Whoever waited behind it may go now.
             self.freed = true;
         }
