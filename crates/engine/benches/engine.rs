@@ -235,7 +235,11 @@ fn bench(c: &mut Criterion) {
 fn fixed(spec: &str) {
     let (op, n) = spec.split_once(':').expect("SOFTRDMA_ENGINE_BATCHES=send:N or write:N");
     let n: usize = n.parse().expect("a number of batches");
-    let (len, send) = if op == "send" { (64, true) } else { (4096, false) };
+    let (len, send) = match op {
+        "send" => (64, true),
+        "write" => (4096, false),
+        _ => panic!("SOFTRDMA_ENGINE_BATCHES: {op:?} is neither send nor write"),
+    };
     let (mut a, mut b) = pair(&runtime_config());
     let (mut buf, mut clock) = (vec![0u8; 4200], 0);
     for _ in 0..n {
