@@ -34,8 +34,9 @@ use softrdma_wire::Qpn;
 pub(crate) const BURST: u32 = 16;
 
 /// A peer's window, as a QP's share names it: the address, and where its entry is. The
-/// entry is found by its index, not looked up by address on every packet (three lookups
-/// and a GID's conversion per packet were 15 % of the engine's work for a 64-byte SEND).
+/// entry is found by its index, not looked up by address on every packet (taking away the
+/// three lookups and the GID conversions per packet took 11 % off the engine's
+/// instructions for a 64-byte SEND).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct PeerRef {
     addr: IpAddr,
