@@ -274,7 +274,7 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
         }
         _ => {
             let k = w.first_psn.distance_to(psn).max(0) as u32;
-            (k * mtu, psn)
+            (k * w.unit(mtu), psn)
         }
     };
     qp.req.rewind(pos, offset, from);
@@ -504,7 +504,7 @@ fn scatter<M: Memory + ?Sized>(
     offset: u32,
     data: &[u8],
 ) -> Result<(), WcStatus> {
-    crate::sgl::scatter(sh, qp.pd, mem, &qp.sq.get(pos).sges, offset, data)
+    crate::sgl::scatter(sh, qp.pd, mem, &qp.sq.get(pos).sges, offset, crate::reference::Payload::Bytes(data))
 }
 
 /// The local ACK timer of `qp` fired.

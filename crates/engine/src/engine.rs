@@ -191,6 +191,12 @@ pub struct Transmit {
     /// on a wire, or into a capture, the runtime computes it
     /// ([`RocePacket::fill_icrc`](softrdma_wire::RocePacket::fill_icrc) in `envelope`).
     pub icrc_pending: bool,
+    /// Its payload is a list of where its data is in this process, not the data
+    /// ([`crate::reference`]): it may go only to a process of this host that copies from
+    /// this one, never by a socket.
+    pub by_reference: bool,
+    /// Its QP may send by reference ([`Engine::allow_by_reference`]).
+    pub qp_by_reference: bool,
 }
 
 #[derive(Debug)]
@@ -1532,6 +1538,8 @@ impl Engine {
                 qp.peer_port = None; // another peer (a path migration is the only legal case)
             }
             qp.set_av(attr.ah_attr);
+            // A new peer: the runtime decides again whether it copies from this process.
+            qp.by_reference = false;
             qp.attr.ah_attr = attr.ah_attr;
         }
         if let Some(av) = qp.av() {
@@ -1593,6 +1601,7 @@ impl Engine {
                 qp.envelope = None;
                 qp.peer_port = None;
                 qp.keys = None;
+                qp.by_reference = false;
                 qp.cc = None;
                 self.shared.update_timer(qp);
             }
@@ -1644,6 +1653,17 @@ impl Engine {
         }
         qp.keys = Some(Box::new(crate::auth::Sealer::new(&keys)));
         Ok(())
+    }
+
+    /// Lets RC QP `qpn` send its long SENDs and WRITEs by reference ([`crate::reference`]),
+    /// or stops it (messages already started keep their carriage). The runtime allows it
+    /// once it knows the QP's peer is a process of this host that copies from this one,
+    /// and every packet of the QP then goes that way; an authenticated QP never does.
+    /// Moving to RESET or to another peer's AV stops it. Returns whether the QP exists.
+    pub fn allow_by_reference(&mut self, qpn: Qpn, allow: bool) -> bool {
+        let Some(qp) = self.qps.get_mut(&qpn.value()) else { return false };
+        qp.by_reference = allow && qp.qp_type == QpType::Rc;
+        true
     }
 
     /// Whether QP `qpn` is in authenticated mode.
@@ -1775,6 +1795,7 @@ fn post_sends<M: Memory + ?Sized>(
         slot.ud = wr.ud;
         slot.xrc_srqn = wr.xrc_srqn.unwrap_or(0);
         slot.started = false;
+        slot.carriage = crate::qp::Carriage::Undecided;
         slot.npkts = 0;
         slot.read_done = 0;
         slot.status = None;

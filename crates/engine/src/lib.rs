@@ -17,6 +17,7 @@ pub mod inspect;
 pub mod memory;
 mod qp;
 pub mod qp_state;
+pub mod reference;
 mod responder;
 mod sgl;
 pub mod time;

@@ -50,6 +50,14 @@ pub trait Memory {
         core::sync::atomic::fence(core::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
+    /// Copies `len` bytes from address `from` of process `origin` to `addr`: the one copy of
+    /// a payload carried by reference ([`crate::reference`]). The engine has checked `addr`
+    /// as for a write; `from` is the sender's to vouch for, and a failed copy is a fault.
+    /// The default cannot reach another process and refuses.
+    fn pull(&mut self, addr: u64, origin: u32, from: u64, len: usize) -> Result<(), MemoryFault> {
+        let _ = (origin, from);
+        Err(MemoryFault { addr, len })
+    }
     /// Adds `add` (wrapping) to the 8 bytes at `addr`. Returns the value found.
     fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
         let mut b = [0u8; 8];

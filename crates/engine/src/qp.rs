@@ -109,6 +109,9 @@ pub(crate) struct SendWqe {
     pub(crate) xrc_srqn: u32,
     /// Set when its first packet is built: the PSNs it occupies.
     pub(crate) started: bool,
+    /// How its data travels, decided when its first packet is built and kept when it is
+    /// sent again from scratch, so that its PSNs stay the ones the peer counted.
+    pub(crate) carriage: Carriage,
     pub(crate) first_psn: Psn,
     pub(crate) npkts: u32,
     /// Bytes of READ response data placed so far.
@@ -121,9 +124,28 @@ impl SendWqe {
     pub(crate) fn op(&self) -> SendOp {
         self.op.unwrap_or(SendOp::Send)
     }
+    /// Bytes each of its packets carries, or stands for (all but the last).
+    pub(crate) fn unit(&self, mtu: u32) -> u32 {
+        match self.carriage {
+            Carriage::Reference => crate::reference::SEGMENT,
+            Carriage::Undecided | Carriage::Bytes => mtu,
+        }
+    }
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn.wrapping_add(self.npkts.saturating_sub(1))
     }
+}
+
+/// How a send WQE's data travels ([`crate::reference`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Carriage {
+    /// Not sent yet.
+    #[default]
+    Undecided,
+    /// In its packets, an MTU each.
+    Bytes,
+    /// By reference, a segment per packet.
+    Reference,
 }
 
 /// A posted receive WR.
@@ -302,6 +324,9 @@ pub(crate) struct Qp {
     pub(crate) peer_port: Option<u16>,
     /// RC/UC in authenticated mode: the keys its packets are tagged and checked with.
     pub(crate) keys: Option<Box<crate::auth::Sealer>>,
+    /// Its long SENDs and WRITEs may go by reference (the runtime found its peer in a
+    /// process of the host that copies from this one: [`crate::reference`]).
+    pub(crate) by_reference: bool,
     /// Congestion control's state, from the first congestion signal on (the engine's
     /// `DeviceConfig::congestion` on).
     pub(crate) cc: Option<Box<crate::congestion::QpCongestion>>,
@@ -352,6 +377,7 @@ impl Qp {
             envelope: None,
             peer_port: None,
             keys: None,
+            by_reference: false,
             cc: None,
             sq,
             rq,

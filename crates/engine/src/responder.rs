@@ -12,6 +12,7 @@ use crate::engine::Shared;
 use crate::identification::IcrcCheck;
 use crate::memory::Memory;
 use crate::qp::{InMessage, Qp, RdAtomicResource, RecvWqe, RespJob};
+use crate::reference::Payload;
 use crate::transmit::packets;
 use crate::verbs::{Access, AsyncEvent, Event, NetworkHdr, QpState, QpType, SendOp, Wc, WcOpcode, WcStatus};
 use crate::{Engine, Instant};
@@ -99,6 +100,35 @@ impl Engine {
         payload: &[u8],
         mem: &mut M,
     ) {
+        self.handle_packet(now, envelope, ip, payload, None, mem);
+    }
+
+    /// [`handle_checked_datagram`](Self::handle_checked_datagram) for a packet carried by
+    /// reference from process `origin` of this host ([`crate::reference`]): an RC SEND or
+    /// WRITE whose payload lists where its bytes are in `origin`, which the responder
+    /// copies from there ([`Memory::pull`]) once its checks pass. Any other packet so
+    /// carried is dropped, as malformed.
+    pub fn handle_referenced_datagram<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        envelope: &Envelope,
+        ip: IpInfo,
+        payload: &[u8],
+        origin: u32,
+        mem: &mut M,
+    ) {
+        self.handle_packet(now, envelope, ip, payload, Some(origin), mem);
+    }
+
+    fn handle_packet<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        envelope: &Envelope,
+        ip: IpInfo,
+        payload: &[u8],
+        origin: Option<u32>,
+        mem: &mut M,
+    ) {
         let sh = &mut self.shared;
         sh.tick(now);
         let Ok(packet) = RocePacket::new_checked(payload) else {
@@ -110,7 +140,7 @@ impl Engine {
             sh.counters.rcvd_dropped += 1;
             return;
         };
-        if dest_qp == Qpn::MULTICAST {
+        if dest_qp == Qpn::MULTICAST && origin.is_none() {
             self.handle_multicast(now, envelope, ip, payload, info, mem);
             self.wake_window_waiters();
             return;
@@ -124,7 +154,7 @@ impl Engine {
                 return;
             }
         };
-        receive_for(qp, sh, now, envelope, ip, payload, info, mem);
+        receive_for(qp, sh, now, envelope, ip, payload, origin, info, mem);
         self.wake_window_waiters();
     }
 
@@ -153,7 +183,7 @@ impl Engine {
             let sh = &mut self.shared;
             match self.qps.get_mut(&qpn.value()) {
                 Some(qp) if transport_matches(info, qp.qp_type) => {
-                    receive_for(qp, sh, now, envelope, ip, payload, info, mem);
+                    receive_for(qp, sh, now, envelope, ip, payload, None, info, mem);
                 }
                 _ => sh.counters.rcvd_dropped += 1,
             }
@@ -207,9 +237,17 @@ fn receive_for<M: Memory + ?Sized>(
     envelope: &Envelope,
     ip: IpInfo,
     payload: &[u8],
+    origin: Option<u32>,
     info: &softrdma_wire::opcode::OpcodeInfo,
     mem: &mut M,
 ) {
+    // Only an RC QP's SENDs and WRITEs go by reference (crate::reference).
+    let sendable = matches!(info.operation, Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate)
+        || matches!(info.operation, Operation::RdmaWrite | Operation::RdmaWriteWithImm);
+    if origin.is_some() && !(qp.qp_type == QpType::Rc && qp.keys.is_none() && sendable && !info.is_response()) {
+        sh.counters.rcvd_malformed += 1;
+        return;
+    }
     // An authenticated QP acts on nothing whose tag does not verify (crate::auth).
     let payload = match &qp.keys {
         Some(sealer) => match sealer.open(payload) {
@@ -285,7 +323,19 @@ fn receive_for<M: Memory + ?Sized>(
             sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
         }
         match qp.qp_type {
-            QpType::Rc | QpType::XrcTgt => rc_request(qp, sh, mem, &repr, info.operation, info.position),
+            QpType::Rc | QpType::XrcTgt => {
+                let data = match origin {
+                    None => Payload::Bytes(repr.payload),
+                    Some(origin) => match Payload::reference(origin, repr.payload) {
+                        Some(data) => data,
+                        None => {
+                            sh.counters.rcvd_malformed += 1;
+                            return;
+                        }
+                    },
+                };
+                rc_request(qp, sh, mem, &repr, data, info.operation, info.position)
+            }
             QpType::Uc => uc_request(qp, sh, mem, &repr, info.operation, info.position),
             QpType::Ud | QpType::Gsi => ud_request(qp, sh, mem, envelope, ip, &repr),
             QpType::XrcIni => sh.counters.rcvd_dropped += 1, // transport_matches keeps requests away
@@ -395,9 +445,9 @@ fn scatter_recv<M: Memory + ?Sized>(
     mem: &mut M,
     wqe: &RecvWqe,
     offset: u32,
-    data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), WcStatus> {
-    if u64::from(offset) + data.len() as u64 > u64::from(wqe.length) {
+    if u64::from(offset) + u64::from(data.len()) > u64::from(wqe.length) {
         return Err(WcStatus::LocLenErr);
     }
     // The length check above keeps `data` inside the buffers, so `LocLenErr` comes only
@@ -448,25 +498,29 @@ enum Refusal {
 /// Executes one in-sequence request packet of an RC or UC QP. On success returns how many
 /// PSNs the request occupies (a READ: one per response packet), by which the caller
 /// advances the expected PSN.
+#[allow(clippy::too_many_arguments)]
 fn execute<M: Memory + ?Sized>(
     qp: &mut Qp,
     sh: &mut Shared,
     mem: &mut M,
     repr: &RoceRepr<'_>,
+    data: Payload<'_>,
     operation: Operation,
     position: Position,
 ) -> Result<u32, Refusal> {
     let psn = repr.bth.psn;
     let mtu = qp.mtu();
-    let len = repr.payload.len() as u32;
+    let len = data.len();
+    // What a FIRST or MIDDLE packet carries, or stands for (crate::reference).
+    let unit = if data.by_reference() { crate::reference::SEGMENT } else { mtu };
     let mut psns = 1;
     if !sequence_ok(&qp.resp.current, operation, position) {
         return Err(Refusal::Fatal(NakCode::InvalidRequest));
     }
-    if matches!(position, Position::First | Position::Middle) && len != mtu {
+    if matches!(position, Position::First | Position::Middle) && len != unit {
         return Err(Refusal::Fatal(NakCode::InvalidRequest)); // FIRST and MIDDLE carry one MTU
     }
-    if len > mtu {
+    if len > unit {
         return Err(Refusal::Fatal(NakCode::InvalidRequest));
     }
     match operation {
@@ -477,7 +531,7 @@ fn execute<M: Memory + ?Sized>(
             }
             let pd = qp.pd;
             let InMessage::Send { wqe, offset, .. } = &mut qp.resp.current else { unreachable!("checked above") };
-            if let Err(status) = scatter_recv(sh, pd, mem, wqe, *offset, repr.payload) {
+            if let Err(status) = scatter_recv(sh, pd, mem, wqe, *offset, data) {
                 let code = if status == WcStatus::LocLenErr {
                     NakCode::InvalidRequest
                 } else {
@@ -557,7 +611,7 @@ fn execute<M: Memory + ?Sized>(
                 }
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
             };
-            if len > 0 && mem.write(local, repr.payload).is_err() {
+            if len > 0 && data.copy_to(mem, local, 0, len).is_err() {
                 // Pages of the region that do not take the write (a region on demand): an
                 // R_Key violation, as rxe's failed copy is (RESPST_ERR_RKEY_VIOLATION).
                 return Err(Refusal::Fatal(NakCode::RemoteAccessError));
@@ -744,6 +798,7 @@ fn rc_request<M: Memory + ?Sized>(
     sh: &mut Shared,
     mem: &mut M,
     repr: &RoceRepr<'_>,
+    data: Payload<'_>,
     operation: Operation,
     position: Position,
 ) {
@@ -766,8 +821,8 @@ fn rc_request<M: Memory + ?Sized>(
     }
     qp.resp.nak_sent = false;
     let executed = match qp.qp_type {
-        QpType::XrcTgt => xrc_target(qp, sh, repr).and_then(|()| execute(qp, sh, mem, repr, operation, position)),
-        _ => execute(qp, sh, mem, repr, operation, position),
+        QpType::XrcTgt => xrc_target(qp, sh, repr).and_then(|()| execute(qp, sh, mem, repr, data, operation, position)),
+        _ => execute(qp, sh, mem, repr, data, operation, position),
     };
     match executed {
         Ok(npkts) => {
@@ -892,7 +947,7 @@ fn uc_request<M: Memory + ?Sized>(
         }
         qp.resp.current = InMessage::None;
     }
-    if let Err(refusal) = execute(qp, sh, mem, repr, operation, position) {
+    if let Err(refusal) = execute(qp, sh, mem, repr, Payload::Bytes(repr.payload), operation, position) {
         // UC has no NAKs: the message is silently dropped, and counted.
         match refusal {
             Refusal::NotReady => sh.counters.rcvd_dropped += 1, // no receive posted
@@ -943,8 +998,8 @@ fn ud_request<M: Memory + ?Sized>(
         });
     }
     let byte_len = (GRH_LEN + repr.payload.len()) as u32;
-    let status = scatter_recv(sh, qp.pd, mem, &wqe, 0, &grh)
-        .and_then(|()| scatter_recv(sh, qp.pd, mem, &wqe, GRH_LEN as u32, repr.payload));
+    let status = scatter_recv(sh, qp.pd, mem, &wqe, 0, Payload::Bytes(&grh))
+        .and_then(|()| scatter_recv(sh, qp.pd, mem, &wqe, GRH_LEN as u32, Payload::Bytes(repr.payload)));
     let wc = Wc {
         wr_id: wqe.wr_id,
         status: status.err().unwrap_or(WcStatus::Success),

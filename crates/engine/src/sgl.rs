@@ -1,9 +1,11 @@
 //! The scatter/gather list: the one place that writes into a WQE's local buffers after the
 //! key check, for the responder (SEND and WRITE-with-immediate payloads, UD GRHs) and the
-//! completer (READ responses, atomics' original values) alike.
+//! completer (READ responses, atomics' original values) alike, from a packet's bytes or
+//! from where a packet by reference says they are ([`crate::reference`]).
 
 use crate::engine::Shared;
 use crate::memory::Memory;
+use crate::reference::Payload;
 use crate::verbs::{Access, PdId, Sge, WcStatus};
 
 /// Writes `data` at byte `offset` of the buffers `sges` describe, checking each SGE's local
@@ -15,24 +17,25 @@ pub(crate) fn scatter<M: Memory + ?Sized>(
     mem: &mut M,
     sges: &[Sge],
     mut offset: u32,
-    mut data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), WcStatus> {
+    let (mut from, len) = (0u32, data.len());
     for sge in sges {
-        if data.is_empty() {
+        if from == len {
             break;
         }
         if offset >= sge.length {
             offset -= sge.length;
             continue;
         }
-        let n = ((sge.length - offset) as usize).min(data.len());
+        let n = (sge.length - offset).min(len - from);
         let addr = sge.addr + u64::from(offset);
         let at = sh
-            .check_lkey(pd, sge.lkey, addr, n as u64, Access::LOCAL_WRITE)
+            .check_lkey(pd, sge.lkey, addr, u64::from(n), Access::LOCAL_WRITE)
             .map_err(crate::completer::local_key_status)?;
-        mem.write(at, &data[..n]).map_err(|_| WcStatus::LocProtErr)?;
-        data = &data[n..];
+        data.copy_to(mem, at, from, n).map_err(|_| WcStatus::LocProtErr)?;
+        from += n;
         offset = 0;
     }
-    if data.is_empty() { Ok(()) } else { Err(WcStatus::LocLenErr) }
+    if from == len { Ok(()) } else { Err(WcStatus::LocLenErr) }
 }

@@ -13,7 +13,8 @@ use softrdma_wire::{
 use crate::completer::{self, local_key_status};
 use crate::engine::{Shared, Transmit, udp_source_port};
 use crate::memory::Memory;
-use crate::qp::{Qp, RespJob};
+use crate::qp::{Carriage, Qp, RespJob};
+use crate::reference::{self, Piece};
 use crate::verbs::{Access, QpState, QpType, SendOp, WcStatus};
 use crate::{Engine, Instant};
 
@@ -59,6 +60,7 @@ impl Engine {
             self.shared.count_window(qp);
             if let Some(t) = &mut sent {
                 t.local_qp = qp.qpn;
+                t.qp_by_reference = qp.by_reference;
             }
             if let (Some(t), Some(av)) = (&mut sent, qp.av()) {
                 // A connected QP's packets, requests and responses, take its AV's traffic
@@ -121,7 +123,15 @@ impl Engine {
         }
         self.shared.counters.sent_packets += 1;
         self.shared.counters.cnps_sent += 1;
-        Some(Transmit { envelope, len, traffic_class: 0, local_qp: local, icrc_pending: false })
+        Some(Transmit {
+            envelope,
+            len,
+            traffic_class: 0,
+            local_qp: local,
+            icrc_pending: false,
+            by_reference: false,
+            qp_by_reference: false,
+        })
     }
 }
 
@@ -165,6 +175,8 @@ fn emit(repr: &RoceRepr<'_>, envelope: Envelope, payload_len: usize, buf: &mut [
             traffic_class: 0,
             local_qp: softrdma_wire::Qpn::default(),
             icrc_pending: true,
+            by_reference: false,
+            qp_by_reference: false,
         }),
         Err(e) => {
             debug_assert!(false, "the engine built a packet the codec refuses: {e}");
@@ -376,10 +388,16 @@ fn request<M: Memory + ?Sized>(
             }
         }
         let psn = qp.req.psn;
+        let by_reference = qp.by_reference && qp.keys.is_none() && qp.qp_type == QpType::Rc;
         let w = qp.sq.get_mut(pos);
+        if w.carriage == Carriage::Undecided {
+            // Kept if it is sent again from scratch: the peer counted its PSNs by it.
+            let long = !w.is_inline && w.length >= reference::MIN_LEN;
+            w.carriage = if by_reference && long && op.carries_data() { Carriage::Reference } else { Carriage::Bytes };
+        }
         w.started = true;
         w.first_psn = psn;
-        w.npkts = packets(op, w.length, mtu);
+        w.npkts = packets(op, w.length, w.unit(mtu));
         w.read_done = 0;
         qp.req.offset = 0;
         if op.is_read_or_atomic() {
@@ -406,6 +424,7 @@ fn request<M: Memory + ?Sized>(
     }
     let mut header = bth(Opcode(0), dest_qp, psn);
     let mut payload_len = 0u32;
+    let mut by_reference = false;
     let message_done;
     match op {
         SendOp::RdmaRead { remote_addr, rkey } => {
@@ -459,7 +478,7 @@ fn request<M: Memory + ?Sized>(
         | SendOp::RdmaWrite { .. }
         | SendOp::RdmaWriteWithImm { .. } => {
             let offset = qp.req.offset;
-            let chunk = (w.length - offset).min(mtu);
+            let chunk = (w.length - offset).min(w.unit(mtu));
             let first = offset == 0;
             let last = offset + chunk == w.length;
             let position = match (first, last) {
@@ -489,14 +508,34 @@ fn request<M: Memory + ?Sized>(
             }
             header.ack_req =
                 rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.ends_burst(&qp.window));
-            // Copy the payload straight from the application's memory into the datagram.
             let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
-            let out = buf.get_mut(at..at + chunk as usize)?;
-            if let Err(status) = gather(qp, sh, mem, pos, offset, out) {
-                completer::fail(qp, sh, status);
-                return None;
+            let gathered = if w.carriage == Carriage::Reference {
+                // Where the bytes are, for the peer to copy them from (crate::reference).
+                by_reference = true;
+                let out = buf.get_mut(at..)?;
+                pieces(qp, sh, pos, offset, chunk, out).map(|len| {
+                    // A FIRST or MIDDLE packet carries a path MTU's worth: zero pieces pad
+                    // the list to one (256 or 512 bytes hold the 16 or 32 pieces of 32 SGEs).
+                    if last {
+                        len
+                    } else {
+                        let padded = len.next_power_of_two().max(256);
+                        out[len as usize..padded as usize].fill(0);
+                        padded
+                    }
+                })
+            } else {
+                // Copy the payload straight from the application's memory into the datagram.
+                let out = buf.get_mut(at..at + chunk as usize)?;
+                gather(qp, sh, mem, pos, offset, out).map(|()| chunk)
+            };
+            match gathered {
+                Ok(len) => payload_len = len,
+                Err(status) => {
+                    completer::fail(qp, sh, status);
+                    return None;
+                }
             }
-            payload_len = chunk;
             qp.req.offset += chunk;
             qp.req.psn = psn.next();
             message_done = last;
@@ -517,7 +556,7 @@ fn request<M: Memory + ?Sized>(
         qp.req.offset = 0;
     }
     let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf)
-        .map(|t| Transmit { traffic_class, ..t });
+        .map(|t| Transmit { traffic_class, by_reference, ..t });
     if rc {
         if qp.comp.retransmit_at.is_none() {
             completer::rearm(qp, now);
@@ -591,6 +630,33 @@ fn local_ops(qp: &mut Qp, sh: &mut Shared) -> bool {
             (false, _) => return false,
         }
     }
+}
+
+/// Writes into `out` where bytes `offset .. offset + len` of send WQE `pos` are, as
+/// [`Piece`]s, each SGE's part checked against its local key as [`gather`] checks it.
+/// Returns the bytes written.
+fn pieces(qp: &Qp, sh: &Shared, pos: u64, mut offset: u32, len: u32, out: &mut [u8]) -> Result<u32, WcStatus> {
+    let w = qp.sq.get(pos);
+    let (mut filled, mut written) = (0u32, 0usize);
+    for sge in &w.sges {
+        if filled == len {
+            break;
+        }
+        if offset >= sge.length {
+            offset -= sge.length;
+            continue;
+        }
+        let n = (sge.length - offset).min(len - filled);
+        let at = sh
+            .check_lkey(qp.pd, sge.lkey, sge.addr + u64::from(offset), u64::from(n), Access(0))
+            .map_err(crate::completer::local_key_status)?;
+        let slot = out.get_mut(written..written + reference::PIECE_LEN).ok_or(WcStatus::LocLenErr)?;
+        Piece { addr: at, len: n }.emit(slot);
+        written += reference::PIECE_LEN;
+        filled += n;
+        offset = 0;
+    }
+    if filled == len { Ok(written as u32) } else { Err(WcStatus::LocLenErr) }
 }
 
 /// Copies `out.len()` bytes from byte `offset` of send WQE `pos` into `out`, each SGE's

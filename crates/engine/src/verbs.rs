@@ -354,6 +354,18 @@ impl SendOp {
         placement != 0 && placement & !(Self::FLUSH_GLOBAL | Self::FLUSH_PERSISTENT) == 0
     }
 
+    /// A SEND or WRITE: its gather list's bytes go to the peer in its request packets.
+    pub const fn carries_data(&self) -> bool {
+        matches!(
+            self,
+            SendOp::Send
+                | SendOp::SendWithImm { .. }
+                | SendOp::SendWithInv { .. }
+                | SendOp::RdmaWrite { .. }
+                | SendOp::RdmaWriteWithImm { .. }
+        )
+    }
+
     /// READ or atomic (ATOMIC_WRITE and FLUSH too): needs responder resources and a response.
     pub const fn is_read_or_atomic(&self) -> bool {
         matches!(

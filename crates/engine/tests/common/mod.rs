@@ -9,7 +9,8 @@ use softrdma_engine::*;
 use softrdma_wire::{Envelope, Gid, Opcode, Psn, QKey, Qpn, RocePacket, Syndrome};
 
 pub const BASE: u64 = 0x1000_0000;
-pub const MEM_LEN: usize = 1 << 20;
+/// 4 MiB: room for messages by reference of several segments (`reference::SEGMENT`).
+pub const MEM_LEN: usize = 4 << 20;
 
 /// One side: a device with one PD, CQ, whole-memory MR and QP.
 pub struct Node {
@@ -30,6 +31,30 @@ pub struct Pkt {
     pub envelope: Envelope,
     pub bytes: Vec<u8>,
     pub delivered: bool,
+    /// Carried by reference: its receiver copies the data from its sender's memory
+    /// (`softrdma_engine::reference`).
+    pub by_reference: bool,
+}
+
+/// A node's memory that copies from its peer's, as a process of the host pulls from
+/// another: the peer is origin 1 (node a) or 2 (node b).
+pub struct Pulling<'a> {
+    pub mine: &'a mut VecMemory,
+    pub theirs: &'a VecMemory,
+}
+
+impl Memory for Pulling<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault> {
+        self.mine.read(addr, buf)
+    }
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryFault> {
+        self.mine.write(addr, data)
+    }
+    fn pull(&mut self, addr: u64, _origin: u32, from: u64, len: usize) -> Result<(), MemoryFault> {
+        let mut buf = vec![0; len];
+        self.theirs.read(from, &mut buf)?;
+        self.mine.write(addr, &buf)
+    }
 }
 
 impl Pkt {
@@ -191,8 +216,14 @@ impl Pair {
             loop {
                 let n = if from_a { &mut self.a } else { &mut self.b };
                 let Some(t) = n.engine.poll_transmit(self.now, &mut n.mem, &mut buf) else { break };
-                let mut pkt =
-                    Pkt { from_a, at: self.now, envelope: t.envelope, bytes: buf[..t.len].to_vec(), delivered: true };
+                let mut pkt = Pkt {
+                    from_a,
+                    at: self.now,
+                    envelope: t.envelope,
+                    bytes: buf[..t.len].to_vec(),
+                    delivered: true,
+                    by_reference: t.by_reference,
+                };
                 if let Some(f) = &mut self.filter {
                     pkt.delivered = f(&pkt);
                 }
@@ -221,8 +252,14 @@ impl Pair {
             while self.wire.front().is_some_and(|p| p.at <= self.now) {
                 let p = self.wire.pop_front().unwrap();
                 let ip = self.ip_info.as_mut().map_or_else(IpInfo::default, |f| f(&p));
-                let n = if p.from_a { &mut self.b } else { &mut self.a };
-                n.engine.handle_datagram_with(self.now, &p.envelope, ip, &p.bytes, &mut n.mem);
+                let (n, from) = if p.from_a { (&mut self.b, &self.a) } else { (&mut self.a, &self.b) };
+                if p.by_reference {
+                    let origin = if p.from_a { 1 } else { 2 };
+                    let mut mem = Pulling { mine: &mut n.mem, theirs: &from.mem };
+                    n.engine.handle_referenced_datagram(self.now, &p.envelope, ip, &p.bytes, origin, &mut mem);
+                } else {
+                    n.engine.handle_datagram_with(self.now, &p.envelope, ip, &p.bytes, &mut n.mem);
+                }
             }
             for n in [&mut self.a, &mut self.b] {
                 if n.engine.poll_timeout().is_some_and(|t| t <= self.now) {

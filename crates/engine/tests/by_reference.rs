@@ -1,0 +1,193 @@
+//! Messages carried by reference (`softrdma_engine::reference`): the same-host path's one
+//! copy. The pair's receiver copies from its sender's memory as a process of the host
+//! would, so what is checked is what lands, what the wire carried, and that every rule of
+//! the packets by value (PSNs, retries, keys, receives) holds for them too.
+
+mod common;
+
+use common::*;
+use softrdma_engine::reference::{MIN_LEN, SEGMENT};
+use softrdma_engine::*;
+use softrdma_wire::Opcode;
+
+fn pair() -> Pair {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu4096);
+    assert!(pair.a.engine.allow_by_reference(pair.a.qp, true));
+    pair
+}
+
+fn by_reference(pair: &Pair) -> usize {
+    pair.log.iter().filter(|p| p.from_a && p.by_reference).count()
+}
+
+#[test]
+fn a_long_write_is_one_packet_and_lands_whole() {
+    let mut pair = pair();
+    let len = 300 * 1024;
+    let data = pattern(len, 5);
+    pair.a.fill(0, &data);
+    let (remote, rkey) = (pair.b.addr_of(0x10_0000), pair.b.mr.rkey);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, len as u32)]));
+    pair.drive();
+
+    assert_eq!(pair.opcodes(true), [Opcode::RC_RDMA_WRITE_ONLY], "300 KiB in one packet, not 75");
+    assert_eq!(by_reference(&pair), 1);
+    assert!(pair.log[0].bytes.len() < 100, "the packet carries where the data is, not the data");
+    assert_eq!(pair.b.read(0x10_0000, len), &data[..]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+}
+
+#[test]
+fn short_messages_and_inline_ones_still_go_by_value() {
+    let mut pair = pair();
+    let data = pattern(MIN_LEN as usize - 1, 9);
+    pair.a.fill(0, &data);
+    let (remote, rkey) = (pair.b.addr_of(0x10_0000), pair.b.mr.rkey);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, MIN_LEN - 1)]));
+    pair.drive();
+    assert_eq!(by_reference(&pair), 0);
+    assert_eq!(pair.opcodes(true).len(), 4, "16 KiB - 1 at MTU 4096");
+    assert_eq!(pair.b.read(0x10_0000, data.len()), &data[..]);
+}
+
+#[test]
+fn a_send_by_reference_scatters_over_the_receive_buffers() {
+    let mut pair = pair();
+    let len = 100_000;
+    let data = pattern(len, 3);
+    pair.a.fill(0x1000, &data);
+    // Two receive SGEs: the message is split 40 000 + 60 000 across them, out of order in memory.
+    let (first, second) = (pair.b.sge(0x30_0000, 40_000), pair.b.sge(0x10_0000, 70_000));
+    pair.b.engine.post_recv(pair.b.qp, &[RecvWr { wr_id: 7, sg_list: &[first, second] }]).unwrap();
+    // And two send SGEs, split elsewhere: 30 000 + 70 000.
+    pair.a.fill(0x20_0000, &data[30_000..]);
+    let sges = [pair.a.sge(0x1000, 30_000), pair.a.sge(0x20_0000, 70_000)];
+    pair.a.post_send(wr(1, SendOp::SendWithImm { imm: [1, 2, 3, 4] }, &sges));
+    pair.drive();
+
+    assert_eq!(by_reference(&pair), 1);
+    assert_eq!(pair.b.read(0x30_0000, 40_000), &data[..40_000]);
+    assert_eq!(pair.b.read(0x10_0000, 60_000), &data[40_000..]);
+    let recv = pair.b.poll().expect("the receive completes");
+    assert_eq!(
+        (recv.wr_id, recv.status, recv.byte_len, recv.imm_data),
+        (7, WcStatus::Success, len as u32, Some([1, 2, 3, 4]))
+    );
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+}
+
+#[test]
+fn a_message_of_several_segments_survives_a_lost_middle_packet() {
+    let mut pair = pair();
+    let len = 2 * SEGMENT as usize + 12_345;
+    let data = pattern(len, 11);
+    pair.a.fill(0, &data);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if p.from_a && p.opcode() == Opcode::RC_RDMA_WRITE_MIDDLE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let (remote, rkey) = (pair.b.addr_of(0x8000), pair.b.mr.rkey);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, len as u32)]));
+    pair.a.post_send(wr(2, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, 8)]));
+    pair.drive();
+
+    let sent = pair.opcodes(true);
+    assert_eq!(
+        &sent[..3],
+        [Opcode::RC_RDMA_WRITE_FIRST, Opcode::RC_RDMA_WRITE_MIDDLE, Opcode::RC_RDMA_WRITE_LAST],
+        "a segment per packet"
+    );
+    assert!(sent.len() > 4, "the lost MIDDLE and what followed it were sent again: {sent:?}");
+    assert_eq!(pair.b.read(0x8000, len), &data[..]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert!(pair.b.engine.counters().out_of_sequence > 0);
+}
+
+#[test]
+fn a_message_keeps_its_carriage_when_sent_again() {
+    // Two messages go by reference and execute, but their ACKs are lost; then the QP stops
+    // sending by reference, and its ACK timeout sends both again. They must take the same
+    // PSNs as before (one each), or the responder, expecting the PSN after the second,
+    // would take the by-value packets of a message it executed for new ones.
+    let mut pair = pair();
+    let len = 64 * 1024;
+    let (first, second) = (pattern(len, 2), pattern(len, 4));
+    pair.a.fill(0, &first);
+    pair.a.fill(0x20_0000, &second);
+    let lost_until = Instant::ZERO + std::time::Duration::from_micros(40);
+    pair.set_filter(move |p| p.from_a || p.at >= lost_until);
+    let rkey = pair.b.mr.rkey;
+    let (r1, r2) = (pair.b.addr_of(0x8000), pair.b.addr_of(0x30_0000));
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: r1, rkey }, &[pair.a.sge(0, len as u32)]));
+    pair.a.post_send(wr(2, SendOp::RdmaWrite { remote_addr: r2, rkey }, &[pair.a.sge(0x20_0000, len as u32)]));
+    pair.drive_for(std::time::Duration::from_micros(50));
+    assert_eq!(by_reference(&pair), 2, "both sent, once each");
+    assert!(pair.a.engine.allow_by_reference(pair.a.qp, false));
+    pair.drive();
+
+    assert_eq!(by_reference(&pair), 4, "both sent again by reference");
+    assert!(pair.opcodes(true).iter().all(|&o| o == Opcode::RC_RDMA_WRITE_ONLY), "{:?}", pair.opcodes(true));
+    assert_eq!(pair.b.engine.counters().duplicate_requests, 2);
+    assert_eq!(pair.b.engine.counters().naks_sent, 0);
+    assert_eq!(pair.b.read(0x8000, len), &first[..]);
+    assert_eq!(pair.b.read(0x30_0000, len), &second[..]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success), (2, WcStatus::Success)]);
+
+    // A message posted now goes by value.
+    pair.a.post_send(wr(3, SendOp::RdmaWrite { remote_addr: r1, rkey }, &[pair.a.sge(0x20_0000, len as u32)]));
+    pair.drive();
+    assert_eq!(by_reference(&pair), 4);
+    assert_eq!(pair.b.read(0x8000, len), &second[..]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(3, WcStatus::Success)]);
+}
+
+#[test]
+fn the_responder_checks_a_packet_by_reference_like_any_other() {
+    let mut pair = pair();
+    let len = 32 * 1024;
+    pair.a.fill(0, &pattern(len, 1));
+    let remote = pair.b.addr_of(MEM_LEN as u64 - 100); // runs past the region's end
+    let rkey = pair.b.mr.rkey;
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, len as u32)]));
+    pair.drive();
+    assert_eq!(by_reference(&pair), 1);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::RemAccessErr)]);
+    assert_eq!(pair.b.read(0, MEM_LEN), &vec![0u8; MEM_LEN][..], "nothing written anywhere");
+}
+
+#[test]
+fn only_rc_sends_and_writes_are_taken_by_reference() {
+    // A READ request handed over as carried by reference is dropped, as malformed, and so is
+    // anything for a QP that is not RC.
+    let mut pair = pair();
+    pair.a.fill(0, &pattern(64, 1));
+    let (remote, rkey) = (pair.b.addr_of(0), pair.b.mr.rkey);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: remote, rkey }, &[pair.a.sge(0, 64)]));
+    pair.set_filter(|p| !p.from_a);
+    pair.drive_for(std::time::Duration::from_micros(10));
+    let read = pair.log.iter().find(|p| p.from_a).expect("the READ request").clone();
+    let before = pair.b.engine.counters().rcvd_malformed;
+    let (b, a) = (&mut pair.b, &pair.a);
+    let mut mem = Pulling { mine: &mut b.mem, theirs: &a.mem };
+    b.engine.handle_referenced_datagram(pair.now, &read.envelope, IpInfo::default(), &read.bytes, 1, &mut mem);
+    assert_eq!(pair.b.engine.counters().rcvd_malformed, before + 1);
+
+    let mut uc = Pair::connected(QpType::Uc, Mtu::Mtu4096);
+    assert!(uc.a.engine.allow_by_reference(uc.a.qp, true), "the QP exists");
+    let len = 32 * 1024;
+    uc.a.fill(0, &pattern(len, 1));
+    let (remote, rkey) = (uc.b.addr_of(0), uc.b.mr.rkey);
+    uc.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[uc.a.sge(0, len as u32)]));
+    uc.drive();
+    assert_eq!(uc.log.iter().filter(|p| p.by_reference).count(), 0, "UC sends by value");
+    let first = uc.log[0].clone();
+    let before = uc.b.engine.counters().rcvd_malformed;
+    let (b, a) = (&mut uc.b, &uc.a);
+    let mut mem = Pulling { mine: &mut b.mem, theirs: &a.mem };
+    b.engine.handle_referenced_datagram(uc.now, &first.envelope, IpInfo::default(), &first.bytes, 1, &mut mem);
+    assert_eq!(uc.b.engine.counters().rcvd_malformed, before + 1);
+}
