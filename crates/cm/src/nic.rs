@@ -273,6 +273,22 @@ impl Nic {
         }
     }
 
+    /// A packet carried by reference from process `origin` of this host: the engine's
+    /// [`handle_referenced_datagram`](softrdma_engine::Engine::handle_referenced_datagram)
+    /// (the CM's MADs never come so).
+    pub fn handle_referenced_datagram<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        envelope: &Envelope,
+        ip: IpInfo,
+        payload: &[u8],
+        origin: u32,
+        mem: &mut M,
+    ) {
+        self.advance(now);
+        self.engine.handle_referenced_datagram(now, envelope, ip, payload, origin, mem);
+    }
+
     /// Fires the engine's and the CM's timers that are due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.advance(now);
@@ -410,7 +426,15 @@ impl Nic {
             payload: &t.payload(),
         };
         let len = repr.emit(&envelope, buf).ok()?;
-        Some(Transmit { envelope, len, traffic_class: 0, local_qp: Qpn::GSI, icrc_pending: false })
+        Some(Transmit {
+            envelope,
+            len,
+            traffic_class: 0,
+            local_qp: Qpn::GSI,
+            icrc_pending: false,
+            by_reference: false,
+            qp_by_reference: false,
+        })
     }
 
     /// The envelope of a MAD: from the device's UDP port to the RoCEv2 port.

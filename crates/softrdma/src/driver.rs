@@ -636,7 +636,11 @@ impl Driver {
         });
         let doorbell = eventfd()?;
         let mut same_host = same_host(options)
-            .then(|| SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses()))
+            // A capture must show every packet's data: senders then send it in the packets.
+            .then(|| {
+                let pulls = capture.is_none();
+                SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), pulls)
+            })
             .flatten();
         let inbox_bell = match same_host.as_ref().map(SameHost::bell) {
             Some(Ok(bell)) => Some(bell),
@@ -1165,7 +1169,7 @@ impl State {
             worked |= self.receive_groups(shared, now);
         }
         if let State { faults: Some(f), nic, capture, .. } = self {
-            worked |= f.release(now, |e, ip, d, checked| to_nic(nic, capture, now, e, ip, d, checked));
+            worked |= f.release(now, |e, ip, d, arrival| to_nic(nic, capture, now, e, ip, d, arrival));
         }
         if self.nic.poll_timeout().is_some_and(|t| t <= now) {
             self.nic.handle_timeout(now);
@@ -1272,7 +1276,10 @@ impl State {
             // it put in the inbox before it sent the MAD is there now, and goes first (an ACK
             // before the DREQ that follows it, or the DREQ would flush the send it acknowledges).
             if let Some(local) = same_host.as_mut().filter(|_| is_gsi(d.payload)) {
-                while local.receive(RX_BATCH, |e, ip, d| deliver(nic, capture, faults, now, e, ip, d, false)) > 0 {}
+                while local.receive(RX_BATCH, |e, ip, d, origin| {
+                    deliver(nic, capture, faults, now, e, ip, d, Arrival::inbox(origin));
+                }) > 0
+                {}
             }
             // The IPv4 identification is not shown by the socket: the first guess is 0
             // (what softrdma sends), or for a GSO train from this host (a loopback
@@ -1284,7 +1291,7 @@ impl State {
             };
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            deliver(nic, capture, faults, now, &guess, info, d.payload, true);
+            deliver(nic, capture, faults, now, &guess, info, d.payload, Arrival::Socket);
         }
     }
 
@@ -1296,8 +1303,9 @@ impl State {
         // (4 batches) before answering made the two processes take turns, each idle while
         // the other worked (64 KiB WRITE: 1.1 GB/s, against 1.7-1.8 so).
         let max = RX_BATCH;
-        local.receive(max, |envelope, ip, datagram| deliver(nic, capture, faults, now, envelope, ip, datagram, false))
-            > 0
+        local.receive(max, |envelope, ip, datagram, origin| {
+            deliver(nic, capture, faults, now, envelope, ip, datagram, Arrival::inbox(origin));
+        }) > 0
     }
 
     /// Sends everything the NIC has to send (the CM's MADs first, then the engine's
@@ -1319,7 +1327,7 @@ impl State {
             self.tx.meta.clear();
             let mut at = 0;
             while self.tx.meta.len() < TX_BATCH {
-                let State { nic, tx, same_host, capture, .. } = self;
+                let State { nic, tx, same_host, capture, send_errors, .. } = self;
                 match nic.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
                     Some(mut t) => {
                         let datagram = &mut tx.arena[at..at + t.len];
@@ -1328,12 +1336,30 @@ impl State {
                         if capture.is_some() {
                             complete_icrc(&mut t, datagram);
                         }
-                        if same_host.as_mut().is_some_and(|l| l.send(now, &t, ecn, datagram)) {
-                            if let Some(c) = capture {
-                                c.write_sent(t.local_qp, &t.envelope, datagram);
+                        match same_host.as_mut().and_then(|l| l.send(now, &t, ecn, datagram)) {
+                            Some(pulls) => {
+                                if let Some(c) = capture {
+                                    c.write_sent(t.local_qp, &t.envelope, datagram);
+                                }
+                                // The receiver copies from this process or not: an RC QP's
+                                // long messages go by reference or not (never under a
+                                // capture, which must show the data).
+                                let rc = BthPacket::new_unchecked(&*datagram).opcode().0 < 0x20;
+                                if pulls != t.qp_by_reference && capture.is_none() && rc {
+                                    nic.engine_mut().allow_by_reference(t.local_qp, pulls);
+                                }
+                                any = true;
+                                continue;
                             }
-                            any = true;
-                            continue;
+                            None if t.by_reference => {
+                                // Only a process that copies from this one can take it (on
+                                // a socket it would be a SEND or WRITE with a list of
+                                // addresses for data). Its receiver is gone, its inbox
+                                // closed: RC's retries end the QP.
+                                *send_errors += 1;
+                                continue;
+                            }
+                            None => {}
                         }
                         complete_icrc(&mut t, datagram);
                         tx.meta.push((at, t));
@@ -1488,9 +1514,28 @@ fn is_gsi(datagram: &[u8]) -> bool {
     softrdma_wire::BthPacket::new_checked(datagram).is_ok_and(|b| b.dest_qp().value() == 1)
 }
 
-/// One received datagram to the NIC, through the injected faults if any. `from_socket`:
-/// it came by a socket, and its ICRC is checked ([`deliver_now`]); otherwise by the
-/// same-host inbox, and it is not ([`deliver_from_inbox`]).
+/// How a received datagram came, which decides how the NIC takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// By a socket: its ICRC is checked ([`deliver_now`]).
+    Socket,
+    /// Through the same-host inbox, unchecked ([`deliver_from_inbox`]); with its data
+    /// carried by reference, the process to copy it from.
+    Inbox(Option<u32>),
+}
+
+impl Arrival {
+    fn inbox(origin: Option<u32>) -> Arrival {
+        Arrival::Inbox(origin)
+    }
+
+    /// Whether the receiver checks its ICRC.
+    pub(crate) fn icrc_checked(self) -> bool {
+        self == Arrival::Socket
+    }
+}
+
+/// One received datagram to the NIC, through the injected faults if any.
 #[allow(clippy::too_many_arguments)]
 fn deliver(
     nic: &mut Nic,
@@ -1500,12 +1545,12 @@ fn deliver(
     guess: &Envelope,
     ip: IpInfo,
     datagram: &[u8],
-    from_socket: bool,
+    arrival: Arrival,
 ) {
     match faults {
-        None => to_nic(nic, capture, now, guess, ip, datagram, from_socket),
-        Some(f) => f.admit(now, guess, ip, datagram, from_socket, |e, ip, d, checked| {
-            to_nic(nic, capture, now, e, ip, d, checked);
+        None => to_nic(nic, capture, now, guess, ip, datagram, arrival),
+        Some(f) => f.admit(now, guess, ip, datagram, arrival, |e, ip, d, arrival| {
+            to_nic(nic, capture, now, e, ip, d, arrival);
         }),
     }
 }
@@ -1518,12 +1563,11 @@ fn to_nic(
     guess: &Envelope,
     ip: IpInfo,
     datagram: &[u8],
-    from_socket: bool,
+    arrival: Arrival,
 ) {
-    if from_socket {
-        deliver_now(nic, capture, now, guess, ip, datagram);
-    } else {
-        deliver_from_inbox(nic, capture, now, guess, ip, datagram);
+    match arrival {
+        Arrival::Socket => deliver_now(nic, capture, now, guess, ip, datagram),
+        Arrival::Inbox(origin) => deliver_from_inbox(nic, capture, now, guess, ip, datagram, origin),
     }
 }
 
@@ -1550,13 +1594,17 @@ fn deliver_from_inbox(
     envelope: &Envelope,
     ip: IpInfo,
     datagram: &[u8],
+    origin: Option<u32>,
 ) {
     if let Some(c) = capture {
         let mut complete = datagram.to_vec();
         RocePacket::new_unchecked(&mut complete[..]).fill_icrc(envelope);
         c.write(envelope, &complete);
     }
-    nic.handle_checked_datagram(now, envelope, ip, datagram, &mut ProcessMemory);
+    match origin {
+        None => nic.handle_checked_datagram(now, envelope, ip, datagram, &mut ProcessMemory),
+        Some(origin) => nic.handle_referenced_datagram(now, envelope, ip, datagram, origin, &mut ProcessMemory),
+    }
 }
 
 /// One received datagram to the NIC, after its ICRC check (and to the capture).
@@ -1594,6 +1642,7 @@ fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>, faults: O
         gsi_dropped: gsi.gsi_dropped,
         same_host_sent: same_host.map_or(0, |l| l.sent),
         same_host_rcvd: same_host.map_or(0, |l| l.received),
+        same_host_pulled: same_host.map_or(0, |l| l.pulled),
         faults: faults.map(Faults::counters).unwrap_or_default(),
         cm: nic.cm().counters(),
     }
@@ -1674,7 +1723,18 @@ mod tests {
             p[0] = opcode;
             p[5..8].copy_from_slice(&[0, qpn, 0]);
             let local_qp = softrdma_wire::Qpn::default();
-            q.meta.push((at, Transmit { envelope, len, traffic_class: 0, local_qp, icrc_pending: false }));
+            q.meta.push((
+                at,
+                Transmit {
+                    envelope,
+                    len,
+                    traffic_class: 0,
+                    local_qp,
+                    icrc_pending: false,
+                    by_reference: false,
+                    qp_by_reference: false,
+                },
+            ));
             at += len;
         }
         q

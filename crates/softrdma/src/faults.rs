@@ -30,6 +30,7 @@
 //! failing run can be repeated with the same decisions for the same packets; the timing of
 //! a live run is not repeatable, so neither are the packets that arrive.
 
+use crate::driver::Arrival;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -99,7 +100,7 @@ struct Held {
     seq: u64,
     envelope: Envelope,
     ip: IpInfo,
-    icrc_checked: bool,
+    arrival: Arrival,
     bytes: Vec<u8>,
 }
 
@@ -154,18 +155,18 @@ impl Faults {
     }
 
     /// Judges a received datagram: hands it to `deliver` now (once per copy, corrupted as
-    /// decided), later ([`release`](Self::release)), or never. `icrc_checked`: whether the
-    /// receiver checks its ICRC, as for what the sockets bring (same-host packets are taken
-    /// unchecked, and may carry none): a corrupted one that would not be checked is
-    /// dropped here, where the check would have dropped it.
+    /// decided), later ([`release`](Self::release)), or never, each with its `arrival`,
+    /// which says whether the receiver checks its ICRC, as for what the sockets bring
+    /// (same-host packets are taken unchecked, and may carry none): a corrupted one that
+    /// would not be checked is dropped here, where the check would have dropped it.
     pub(crate) fn admit(
         &mut self,
         now: Instant,
         envelope: &Envelope,
         ip: IpInfo,
         datagram: &[u8],
-        icrc_checked: bool,
-        mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], bool),
+        arrival: Arrival,
+        mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Arrival),
     ) {
         self.judged.refill(*envelope, datagram, now);
         let plan = match self.chain.judge(&self.judged) {
@@ -177,13 +178,13 @@ impl Faults {
             }
         };
         if plan.copies == 1 && plan.delay.is_zero() && plan.corruptions.is_empty() {
-            deliver(envelope, ip, datagram, icrc_checked);
+            deliver(envelope, ip, datagram, arrival);
             return;
         }
         let mut bytes = datagram.to_vec();
         if !plan.corruptions.is_empty() {
             self.counters.corrupted += 1;
-            if !icrc_checked {
+            if !arrival.icrc_checked() {
                 self.counters.dropped += 1;
                 return;
             }
@@ -192,7 +193,7 @@ impl Faults {
         self.counters.duplicated += plan.copies as u64 - 1;
         if plan.delay.is_zero() {
             for _ in 0..plan.copies {
-                deliver(envelope, ip, &bytes, icrc_checked);
+                deliver(envelope, ip, &bytes, arrival);
             }
             return;
         }
@@ -204,18 +205,18 @@ impl Faults {
                 continue;
             }
             self.seq += 1;
-            let held = Held { at, seq: self.seq, envelope: *envelope, ip, icrc_checked, bytes: bytes.clone() };
+            let held = Held { at, seq: self.seq, envelope: *envelope, ip, arrival, bytes: bytes.clone() };
             self.held.push(Reverse(held));
         }
     }
 
     /// Hands every held datagram that is due by `now` to `deliver`, in the order they are
     /// due; whether there was one.
-    pub(crate) fn release(&mut self, now: Instant, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], bool)) -> bool {
+    pub(crate) fn release(&mut self, now: Instant, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Arrival)) -> bool {
         let mut any = false;
         while self.held.peek().is_some_and(|h| h.0.at <= now) {
             let Reverse(h) = self.held.pop().expect("peeked");
-            deliver(&h.envelope, h.ip, &h.bytes, h.icrc_checked);
+            deliver(&h.envelope, h.ip, &h.bytes, h.arrival);
             any = true;
         }
         any
@@ -249,7 +250,9 @@ mod tests {
             if i < n {
                 let mut p = packet(0x11);
                 p[39] = i as u8;
-                f.admit(now, &e, IpInfo::default(), &p, true, |_, _, d, _| got.push((now.as_nanos(), d.to_vec())));
+                f.admit(now, &e, IpInfo::default(), &p, Arrival::Socket, |_, _, d, _| {
+                    got.push((now.as_nanos(), d.to_vec()))
+                });
             }
             f.release(now, |_, _, d, _| got.push((now.as_nanos(), d.to_vec())));
         }
@@ -283,7 +286,7 @@ mod tests {
         let e = Envelope::rocev2([127, 0, 0, 1].into(), 0xc000, [127, 0, 0, 1].into()).unwrap();
         let mut n = 0;
         for qpn in [0x11, 0x12, 0x11] {
-            f.admit(Instant::from_nanos(0), &e, IpInfo::default(), &packet(qpn), true, |_, _, _, _| n += 1);
+            f.admit(Instant::from_nanos(0), &e, IpInfo::default(), &packet(qpn), Arrival::Socket, |_, _, _, _| n += 1);
         }
         assert_eq!((n, f.counters().dropped), (2, 1));
     }

@@ -58,6 +58,23 @@ impl Memory for ProcessMemory {
         Ok(())
     }
 
+    /// `process_vm_readv` from the sending process straight into the region: the kernel
+    /// reads the other process's memory through its own checks (its mappings, and the
+    /// right to ptrace it), so a bad address there is an error here, not a fault.
+    fn pull(&mut self, addr: u64, origin: u32, from: u64, len: usize) -> Result<(), MemoryFault> {
+        if len == 0 {
+            return Ok(());
+        }
+        fault_in(addr, len as u64, true)?;
+        let local = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: len };
+        let remote = libc::iovec { iov_base: from as usize as *mut libc::c_void, iov_len: len };
+        // SAFETY: as for `write`: the local range is inside a live region the engine checked
+        // for this write, and the kernel writes nothing else; no Rust reference covers it
+        // (the device lock is held). The remote range is only read, by the kernel.
+        let n = unsafe { libc::process_vm_readv(origin as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if usize::try_from(n) == Ok(len) { Ok(()) } else { Err(MemoryFault { addr, len }) }
+    }
+
     fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryFault> {
         let word = atomic_at(addr)?;
         Ok(match word.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {

@@ -42,16 +42,19 @@ pub(crate) struct SameHost {
     addresses: Vec<IpAddr>,
     /// By destination slot.
     routes: HashMap<u32, Route>,
-    /// Packets sent and received through shared memory.
+    /// Packets sent and received through shared memory, and those received whose data was
+    /// copied from the sender.
     pub(crate) sent: u64,
     pub(crate) received: u64,
+    pub(crate) pulled: u64,
 }
 
 impl SameHost {
-    /// Makes this process's inbox for `slot` of `device`. `None` where shared memory is not
-    /// available (no writable `/dev/shm`).
-    pub(crate) fn open(device: &str, port: u16, slot: u32, addresses: &[IpAddr]) -> Option<SameHost> {
-        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name)).ok()?;
+    /// Makes this process's inbox for `slot` of `device`; with `pulls`, senders may send it
+    /// data by reference ([`Inbox::create`]). `None` where shared memory is not available
+    /// (no writable `/dev/shm`).
+    pub(crate) fn open(device: &str, port: u16, slot: u32, addresses: &[IpAddr], pulls: bool) -> Option<SameHost> {
+        let inbox = inbox_name(device, port, slot).and_then(|name| Inbox::create(&name, pulls)).ok()?;
         Some(SameHost {
             inbox,
             device: device.to_string(),
@@ -60,19 +63,22 @@ impl SameHost {
             routes: HashMap::new(),
             sent: 0,
             received: 0,
+            pulled: 0,
         })
     }
 
     /// Sends `datagram` (what the engine wrote for `t`) through shared memory if its
-    /// destination is a process of this host; `false`: send it on the socket.
-    pub(crate) fn send(&mut self, now: Instant, t: &Transmit, ecn: u8, datagram: &[u8]) -> bool {
+    /// destination is a process of this host. `None`: send it on the socket; `Some`:
+    /// sent, and whether the receiver copies data carried by reference from this process
+    /// ([`Outbox::pulls`]).
+    pub(crate) fn send(&mut self, now: Instant, t: &Transmit, ecn: u8, datagram: &[u8]) -> Option<bool> {
         let dst = t.envelope.dst_ip();
         if t.envelope.dst_port() != self.port || !self.addresses.contains(&dst) {
-            return false;
+            return None;
         }
         let slot = BthPacket::new_unchecked(datagram).dest_qp().value() >> QPN_SLOT_BITS;
         if slot == 0 {
-            return false; // QP0/QP1: the CM's MADs, steered by the host's program
+            return None; // QP0/QP1: the CM's MADs, steered by the host's program
         }
         let route = self.routes.entry(slot).or_insert(Route::Socket(Instant::ZERO));
         if let Route::Inbox(out) = route
@@ -82,21 +88,19 @@ impl SameHost {
         }
         if let Route::Socket(until) = *route {
             if now < until {
-                return false;
+                return None;
             }
             *route = match inbox_name(&self.device, self.port, slot).and_then(|name| Outbox::open(&name)) {
                 Ok(out) => Route::Inbox(out),
                 Err(_) => Route::Socket(now.saturating_add(RETRY_AFTER)),
             };
         }
-        let Route::Inbox(out) = route else { return false };
+        let Route::Inbox(out) = route else { return None };
         // The QP's DSCP with the device's ECN bits, as `send_units` gives a datagram.
         let ip = UdpIpInfo { hop_limit: HOP_LIMIT, traffic_class: t.traffic_class & !0b11 | ecn, flow_label: 0 };
-        if out.send(&t.envelope, ip, datagram).is_err() {
-            return false;
-        }
+        out.send(&t.envelope, ip, datagram, t.by_reference).ok()?;
         self.sent += 1;
-        true
+        Some(out.pulls())
     }
 
     /// After a batch of sends: wakes the receivers that sleep, and moves what waits for
@@ -112,13 +116,21 @@ impl SameHost {
         waiting
     }
 
-    /// Hands up to `max` packets from other processes to `deliver`. Returns how many.
-    pub(crate) fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8])) -> usize {
-        let n = self.inbox.receive(max, |envelope, ip, datagram| {
+    /// Hands up to `max` packets from other processes to `deliver`, each with the process
+    /// its data is to be copied from if it is carried by reference. Returns how many.
+    pub(crate) fn receive(
+        &mut self,
+        max: usize,
+        mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Option<u32>),
+    ) -> usize {
+        let mut pulled = 0;
+        let n = self.inbox.receive(max, |envelope, ip, datagram, origin| {
             let ip = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            deliver(envelope, ip, datagram);
+            pulled += u64::from(origin.is_some());
+            deliver(envelope, ip, datagram, origin);
         });
         self.received += n as u64;
+        self.pulled += pulled;
         n
     }
 

@@ -102,3 +102,68 @@ fn a_ud_datagram_through_shared_memory_arrives_with_its_grh() {
     assert_eq!(got[40..], pattern(100, 1)[..]);
     assert_eq!((a.ctx.counters().same_host_sent, b.ctx.counters().same_host_rcvd), (1, 1));
 }
+
+/// A WRITE of `len` bytes from `a` to `b`, checked there; returns how many packets `a`
+/// sent for it and how many `b` copied from `a` (carried by reference).
+fn write_counted(a: &Side, b: &Side, len: usize, seed: u8) -> (u64, u64) {
+    let before = (a.ctx.counters(), b.ctx.counters());
+    let data = pattern(len, seed);
+    a.mr.write(0, &data).unwrap();
+    let target = b.mr.remote(0..len).unwrap();
+    let sge = [a.mr.sge(0..len).unwrap()];
+    a.qp.post_send(&[wr(1, SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey }, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let mut got = vec![0u8; len];
+    b.mr.read(0, &mut got).unwrap();
+    assert!(got == data, "every byte landed");
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    (ca.engine.sent_packets - before.0.engine.sent_packets, cb.same_host_pulled - before.1.same_host_pulled)
+}
+
+#[test]
+fn long_messages_go_by_reference_once_the_receiver_copies_from_the_sender() {
+    let (a, b) = rc_pair(4 << 20);
+    // The first messages go by value: the receiver says it copies from the sender once it
+    // has read something from the sender's lane, and the sender sees it when it sends its
+    // next packet there.
+    assert_eq!(write_counted(&a, &b, 64 << 10, 1), (16, 0));
+    assert_eq!(write_counted(&a, &b, 1 << 10, 1), (1, 0));
+    // 3 MiB: three packets (a segment of 1 MiB each), not 768.
+    assert_eq!(write_counted(&a, &b, 3 << 20, 2), (3, 3));
+    // Under 16 KiB: by value still.
+    let (packets, pulled) = write_counted(&a, &b, 12 << 10, 3);
+    assert_eq!((packets, pulled), (3, 0));
+
+    // A SEND of 200 KiB, scattered over two receive buffers.
+    let len = 200 << 10;
+    let data = pattern(len, 4);
+    a.mr.write(0, &data).unwrap();
+    let rsge = [b.mr.sge(1 << 20..(1 << 20) + 50_000).unwrap(), b.mr.sge(3 << 20..(3 << 20) + 200_000).unwrap()];
+    b.qp.post_recv(&[RecvWr { wr_id: 7, sg_list: &rsge }]).unwrap();
+    let pulled = b.ctx.counters().same_host_pulled;
+    a.qp.post_send(&[wr(8, SendOp::Send, &[a.mr.sge(0..len).unwrap()])]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let wc = b.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, len as u32));
+    let mut got = vec![0u8; len];
+    b.mr.read(1 << 20, &mut got[..50_000]).unwrap();
+    b.mr.read(3 << 20, &mut got[50_000..]).unwrap();
+    assert!(got == data, "every byte of the SEND landed, in order");
+    assert_eq!(b.ctx.counters().same_host_pulled, pulled + 1);
+}
+
+#[test]
+fn a_capture_on_either_side_keeps_the_data_in_the_packets() {
+    let dir = std::env::temp_dir().join(format!("softrdma-ref-capture-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for side in [0, 1] {
+        let mut options = [ContextOptions::default(), ContextOptions::default()];
+        options[side].capture = Some(CaptureOptions::new(dir.join(format!("side{side}.pcap"))));
+        let (a, b) = pair_with(QpType::Rc, 2 << 20, options);
+        write_counted(&a, &b, 64 << 10, 1);
+        write_counted(&a, &b, 1 << 10, 1);
+        let (packets, pulled) = write_counted(&a, &b, 1 << 20, 2);
+        assert_eq!((packets, pulled), (256, 0), "capture on side {side}: a packet per 4 KiB, with its data");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

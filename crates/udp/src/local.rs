@@ -37,6 +37,20 @@
 //! that. A lane's contents are copied out before they are parsed, so a misbehaving producer
 //! can give wrong datagrams (which the engine checks like any from the network) but cannot
 //! change one while it is read.
+//!
+//! **Data by reference.** A packet may say (a flag beside it) that its data is not in it
+//! but in the sender's memory, for the receiver to copy with `process_vm_readv`: one copy
+//! where four would move it through the lane (`softrdma_engine::reference`). That copy
+//! needs what the kernel asks of it, the right to ptrace the sender (same user, the
+//! sender dumpable, and Yama's `ptrace_scope` 0, or 1 with the receiver an ancestor). So a
+//! receiver says, per lane, whether it can ([`Outbox::pulls`]): when it first takes
+//! datagrams from a new owner it reads a word the owner named in the lane's header, from
+//! the owner's memory, and finds there the random value the header gives or not. A sender
+//! sends data by reference only once the receiver said yes. The receiver copies only into
+//! registered memory its engine checked, and only from the lane's owner; a process of the
+//! user that names another process in a lane's header gets a no (the token is not in that
+//! process's word), unless it can write that process's memory, which is more than the
+//! copy would give it.
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -87,11 +101,25 @@ const H_ENTRY: usize = 20;
 const H_PID: usize = 24;
 const H_CLOSED: usize = 32;
 const H_SLEEPERS: usize = 36;
+/// What the receiver does beyond its version's minimum ([`FEATURE_PULLS`]).
+const H_FEATURES: usize = 40;
+/// The receiver copies data carried by reference from its senders' memory, where it can
+/// ([`Outbox::pulls`]).
+const FEATURE_PULLS: u32 = 1;
 /// Bumped by a sender after each batch it published ([`Outbox::wake`]): a receiver that
 /// finds it unchanged need not look at the lanes (one load per poll, not sixteen).
 const H_SEQ: usize = 64;
 // Lane fields (from the lane header).
 const L_OWNER: usize = 0;
+/// Whether the receiver can copy from the lane's owner: [`PULLS_UNKNOWN`], [`PULLS_YES`]
+/// or [`PULLS_NO`], written by the receiver once it tried ([`probe`]).
+const L_PULLS: usize = 8;
+/// Where the owner's [`PROBE`] word is in its memory, and what it holds.
+const L_PROBE: usize = 16;
+const L_TOKEN: usize = 24;
+const PULLS_UNKNOWN: u32 = 0;
+const PULLS_YES: u32 = 1;
+const PULLS_NO: u32 = 2;
 const L_HEAD: usize = 64;
 const L_TAIL: usize = 128;
 
@@ -106,6 +134,55 @@ fn prefix() -> io::Result<String> {
     let netns = std::fs::metadata("/proc/self/ns/net")?.ino();
     let uid = rustix::process::getuid().as_raw();
     Ok(format!("softrdma.{uid}.{netns}."))
+}
+
+/// A word of this process's memory that holds a random value, for a receiver to read
+/// from here with `process_vm_readv` ([`probe`]): if it finds the value the lane's header
+/// gives, the lane's owner is the process it can copy from.
+static PROBE: AtomicU64 = AtomicU64::new(0);
+
+/// [`PROBE`]'s value, drawn the first time.
+fn probe_token() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let token = PROBE.load(Ordering::Relaxed);
+    if token != 0 {
+        return token;
+    }
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(my_pid());
+    let fresh = h.finish() | 1;
+    match PROBE.compare_exchange(0, fresh, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => fresh,
+        Err(drawn) => drawn,
+    }
+}
+
+/// Copies `buf.len()` bytes from address `from` of process `pid` (`process_vm_readv`).
+pub fn read_process(pid: u32, from: u64, buf: &mut [u8]) -> io::Result<()> {
+    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let remote = libc::iovec { iov_base: from as usize as *mut libc::c_void, iov_len: buf.len() };
+    // SAFETY: the local iovec is `buf`, which we borrow mutably; the kernel checks the
+    // remote one against the other process's mappings and never writes to it.
+    let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+    match usize::try_from(n) {
+        Ok(n) if n == buf.len() => Ok(()),
+        Ok(_) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a partial copy")),
+        Err(_) => Err(io::Error::last_os_error()),
+    }
+}
+
+/// Whether this process can copy from the owner of `lane` (the sender it names in the lane
+/// header), decided once per owner: its probe word must be readable and hold its token.
+fn probe(map: &Mapping, lane: usize) -> u32 {
+    let at = Mapping::lane(lane);
+    let owner = map.u32(at + L_OWNER).load(Ordering::Acquire);
+    let (addr, token) = (map.u64(at + L_PROBE).load(Ordering::Acquire), map.u64(at + L_TOKEN).load(Ordering::Acquire));
+    let mut word = [0u8; 8];
+    let can = owner != 0 && read_process(owner, addr, &mut word).is_ok() && u64::from_ne_bytes(word) == token;
+    let verdict = if can { PULLS_YES } else { PULLS_NO };
+    // Only over "unknown": a new owner that reset the lane since asks again.
+    let _ = map.u32(at + L_PULLS).compare_exchange(PULLS_UNKNOWN, verdict, Ordering::AcqRel, Ordering::Relaxed);
+    verdict
 }
 
 fn my_pid() -> u32 {
@@ -242,9 +319,11 @@ impl Drop for Mapping {
     }
 }
 
-/// An entry's header: the datagram's length and what the socket would have told.
-fn encode(envelope: &Envelope, ip: IpInfo, len: usize) -> [u8; ENTRY_HEADER] {
+/// An entry's header: the datagram's length, what the socket would have told, and whether
+/// its data is carried by reference (byte 52).
+fn encode(envelope: &Envelope, ip: IpInfo, len: usize, by_reference: bool) -> [u8; ENTRY_HEADER] {
     let mut h = [0u8; ENTRY_HEADER];
+    h[52] = u8::from(by_reference);
     h[0..4].copy_from_slice(&(len as u32).to_le_bytes());
     h[5] = ip.traffic_class;
     h[6] = ip.hop_limit;
@@ -268,7 +347,7 @@ fn encode(envelope: &Envelope, ip: IpInfo, len: usize) -> [u8; ENTRY_HEADER] {
     h
 }
 
-fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize)> {
+fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, bool)> {
     let u16_at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]);
     let len = u32::from_le_bytes(h[0..4].try_into().ok()?) as usize;
     let (src, dst): (IpAddr, IpAddr) = match h[4] {
@@ -293,7 +372,7 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize)> {
     }
     let ip =
         IpInfo { hop_limit: h[6], traffic_class: h[5], flow_label: u32::from_le_bytes(h[12..16].try_into().ok()?) };
-    (len <= DATAGRAM_MAX).then_some((envelope, ip, len))
+    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, h[52] != 0))
 }
 
 /// This process's inbox on one device: datagrams from other processes of the host.
@@ -326,10 +405,11 @@ impl std::fmt::Debug for Inbox {
 }
 
 impl Inbox {
-    /// Makes the inbox `name` ([`inbox_name`]) and its bell. An inbox left under that name
-    /// by a process that held the slot before is closed (its senders see it and open the new
-    /// one) and replaced.
-    pub fn create(name: &str) -> io::Result<Inbox> {
+    /// Makes the inbox `name` ([`inbox_name`]) and its bell; with `pulls`, it takes data
+    /// carried by reference, from senders it can copy from ([`Outbox::pulls`]). An inbox
+    /// left under that name by a process that held the slot before is closed (its senders
+    /// see it and open the new one) and replaced.
+    pub fn create(name: &str, pulls: bool) -> io::Result<Inbox> {
         sweep();
         let path = path_of(name);
         let bell_path = bell_of(name);
@@ -360,6 +440,7 @@ impl Inbox {
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
         map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
+        map.u32(H_FEATURES).store(if pulls { FEATURE_PULLS } else { 0 }, Ordering::Relaxed);
         map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Inbox {
             map,
@@ -377,9 +458,10 @@ impl Inbox {
         })
     }
 
-    /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet), lanes in
-    /// turn. Returns how many.
-    pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8])) -> usize {
+    /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet, and for a
+    /// packet whose data is carried by reference the process to copy it from: the lane's
+    /// owner), lanes in turn. Returns how many.
+    pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Option<u32>)) -> usize {
         // Nothing published since the last look, which took all there was: done. Every
         // 64th look reads the lanes anyway: a sender that died between publishing and
         // bumping the number must not leave its datagrams unseen (and a thread that finds
@@ -408,12 +490,18 @@ impl Inbox {
             // written once (each a cache line the producer writes or reads), not per
             // datagram with every other lane looked at in between.
             let run = ready.min((max - n) as u64);
+            // A new sender: can its data be copied from where it is?
+            if self.map.u32(at + L_PULLS).load(Ordering::Relaxed) == PULLS_UNKNOWN {
+                probe(&self.map, lane);
+            }
+            let owner = self.map.u32(at + L_OWNER).load(Ordering::Acquire);
             for k in 0..run {
                 let entry = Mapping::entry(lane, tail.wrapping_add(k));
                 self.map.get(entry, &mut self.scratch[..ENTRY_HEADER]);
-                if let Some((envelope, ip, len)) = decode(&self.scratch[..ENTRY_HEADER]) {
+                if let Some((envelope, ip, len, by_reference)) = decode(&self.scratch[..ENTRY_HEADER]) {
                     self.map.get(entry + ENTRY_HEADER, &mut self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
-                    deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
+                    let origin = by_reference.then_some(owner);
+                    deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], origin);
                 }
             }
             // The run's slots are free again.
@@ -559,6 +647,11 @@ impl Outbox {
             map.u32(Mapping::lane(lane) + L_OWNER).store(0, Ordering::Release);
             return Err(e.into());
         }
+        // Where the receiver finds this process's probe word, before it is asked to look.
+        let at = Mapping::lane(lane);
+        map.u64(at + L_PROBE).store(std::ptr::from_ref(&PROBE) as u64, Ordering::Release);
+        map.u64(at + L_TOKEN).store(probe_token(), Ordering::Release);
+        map.u32(at + L_PULLS).store(PULLS_UNKNOWN, Ordering::Release);
         let tail = map.u64(Mapping::lane(lane) + L_TAIL).load(Ordering::Acquire);
         Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), published: false, tail })
     }
@@ -569,18 +662,26 @@ impl Outbox {
         self.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0
     }
 
+    /// Whether the receiver copies data carried by reference from this process: it says
+    /// so once it tried, after this process's first datagram in the lane.
+    pub fn pulls(&self) -> bool {
+        self.map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_PULLS != 0
+            && self.map.u32(Mapping::lane(self.lane) + L_PULLS).load(Ordering::Acquire) == PULLS_YES
+    }
+
     /// Datagrams waiting in the sender's backlog for room in the lane.
     pub fn backlog(&self) -> usize {
         self.backlog.len()
     }
 
-    /// Queues one datagram: into the lane, or behind the backlog. Fails only for a datagram
-    /// over [`DATAGRAM_MAX`] bytes.
-    pub fn send(&mut self, envelope: &Envelope, ip: IpInfo, datagram: &[u8]) -> io::Result<()> {
+    /// Queues one datagram: into the lane, or behind the backlog. `by_reference`: its data
+    /// is carried by reference, for the receiver to copy from this process (only where it
+    /// [`pulls`](Self::pulls)). Fails only for a datagram over [`DATAGRAM_MAX`] bytes.
+    pub fn send(&mut self, envelope: &Envelope, ip: IpInfo, datagram: &[u8], by_reference: bool) -> io::Result<()> {
         if datagram.len() > DATAGRAM_MAX {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
-        let header = encode(envelope, ip, datagram.len());
+        let header = encode(envelope, ip, datagram.len(), by_reference);
         if self.flush() && put(&self.map, self.lane, &mut self.tail, &header, datagram) {
             self.published = true;
             return Ok(());
@@ -692,10 +793,10 @@ mod tests {
     fn entry_header_round_trips_both_families() {
         let ip = IpInfo { hop_limit: 63, traffic_class: 0x2a, flow_label: 0xabcde };
         let v4 = envelope_v4(7);
-        assert_eq!(decode(&encode(&v4, ip, 100)), Some((v4, ip, 100)));
+        assert_eq!(decode(&encode(&v4, ip, 100, false)), Some((v4, ip, 100, false)));
         let v6 = Envelope::rocev2("fe80::1".parse().unwrap(), 51000, "::1".parse().unwrap()).unwrap();
-        assert_eq!(decode(&encode(&v6, ip, 4096)), Some((v6, ip, 4096)));
-        let mut bad = encode(&v4, ip, DATAGRAM_MAX + 1);
+        assert_eq!(decode(&encode(&v6, ip, 4096, true)), Some((v6, ip, 4096, true)));
+        let mut bad = encode(&v4, ip, DATAGRAM_MAX + 1, false);
         assert_eq!(decode(&bad), None, "an entry longer than its slot is refused");
         bad[4] = 5;
         assert_eq!(decode(&bad), None, "an unknown family is refused");
@@ -704,25 +805,25 @@ mod tests {
     #[test]
     fn datagrams_arrive_in_order_through_a_full_lane_and_its_backlog() {
         let name = unique("order");
-        let mut inbox = Inbox::create(&name).unwrap();
+        let mut inbox = Inbox::create(&name, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
         let total = SLOTS * 3 + 5;
         for i in 0..total {
             let payload = vec![(i % 251) as u8; 1 + i % 4096];
-            out.send(&envelope_v4(i as u16), IpInfo::default(), &payload).unwrap();
+            out.send(&envelope_v4(i as u16), IpInfo::default(), &payload, false).unwrap();
         }
         assert_eq!(out.backlog(), total - SLOTS, "the lane holds SLOTS, the rest waits in order");
         let mut got = Vec::new();
-        assert_eq!(inbox.receive(64, |_, _, _| {}), 0, "nothing is seen before the batch ends");
+        assert_eq!(inbox.receive(64, |_, _, _, _| {}), 0, "nothing is seen before the batch ends");
         let mut looks = 2;
-        while inbox.receive(1, |_, _, _| {}) == 0 {
+        while inbox.receive(1, |_, _, _, _| {}) == 0 {
             looks += 1;
         }
         assert_eq!(looks, 64, "but the 64th look reads the lanes");
         got.push((0, 1, 0));
         out.wake();
         while got.len() < total {
-            let n = inbox.receive(64, |e, _, d| {
+            let n = inbox.receive(64, |e, _, d, _| {
                 let Envelope::V4(v4) = e else { panic!("family changed") };
                 got.push((v4.identification, d.len(), d[0]));
             });
@@ -741,15 +842,15 @@ mod tests {
         // A misbehaving producer of the user sets its lane's head far ahead: each receive
         // takes `max` entries, round the lane, skipping those that do not decode.
         let name = unique("head");
-        let mut inbox = Inbox::create(&name).unwrap();
+        let mut inbox = Inbox::create(&name, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
-        out.send(&envelope_v4(9), IpInfo::default(), &[1, 2, 3]).unwrap();
+        out.send(&envelope_v4(9), IpInfo::default(), &[1, 2, 3], false).unwrap();
         let at = Mapping::lane(out.lane);
         out.map.u64(at + L_HEAD).store(1 << 40, Ordering::Release);
         out.wake();
         let mut got = Vec::new();
-        assert_eq!(inbox.receive(1000, |e, _, d| got.push((*e, d.to_vec()))), 1000);
-        assert_eq!(inbox.receive(64, |e, _, d| got.push((*e, d.to_vec()))), 64);
+        assert_eq!(inbox.receive(1000, |e, _, d, _| got.push((*e, d.to_vec()))), 1000);
+        assert_eq!(inbox.receive(64, |e, _, d, _| got.push((*e, d.to_vec()))), 64);
         // Slot 0 was written once and read on each of the 5 rounds the calls made (1064
         // entries); no other slot was ever written.
         assert_eq!(got, vec![(envelope_v4(9), vec![1, 2, 3]); 5]);
@@ -758,43 +859,83 @@ mod tests {
     #[test]
     fn a_sleeping_receiver_is_rung_once_per_batch_and_an_awake_one_not_at_all() {
         let name = unique("wake");
-        let mut inbox = Inbox::create(&name).unwrap();
+        let mut inbox = Inbox::create(&name, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
         let bell = inbox.bell().try_clone_to_owned().unwrap();
         let rung = || {
             let mut b = [0u8; 16];
             rustix::io::read(&bell, &mut b).unwrap_or(0)
         };
-        out.send(&envelope_v4(0), IpInfo::default(), b"awake").unwrap();
+        out.send(&envelope_v4(0), IpInfo::default(), b"awake", false).unwrap();
         out.wake();
         assert_eq!(rung(), 0, "an awake receiver is not rung");
         let sleepers = inbox.sleepers();
         assert!(!sleepers.sleep_if_empty(), "a receiver with a datagram waiting does not sleep");
-        inbox.receive(8, |_, _, _| {});
+        inbox.receive(8, |_, _, _, _| {});
         assert!(sleepers.sleep_if_empty());
         assert!(inbox.sleepers().sleep_if_empty(), "a second thread sleeps too");
         sleepers.awake();
-        out.send(&envelope_v4(3), IpInfo::default(), b"zero").unwrap();
+        out.send(&envelope_v4(3), IpInfo::default(), b"zero", false).unwrap();
         out.wake();
         assert_eq!(rung(), 1, "one thread woke; the other still sleeps and is rung");
-        inbox.receive(8, |_, _, _| {});
-        out.send(&envelope_v4(1), IpInfo::default(), b"one").unwrap();
-        out.send(&envelope_v4(2), IpInfo::default(), b"two").unwrap();
+        inbox.receive(8, |_, _, _, _| {});
+        out.send(&envelope_v4(1), IpInfo::default(), b"one", false).unwrap();
+        out.send(&envelope_v4(2), IpInfo::default(), b"two", false).unwrap();
         out.wake();
         out.wake();
         assert_eq!(rung(), 1, "one ring for the batch");
         sleepers.awake();
-        assert_eq!(inbox.receive(8, |_, _, _| {}), 2);
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 2);
+    }
+
+    #[test]
+    fn a_receiver_that_can_copy_from_a_sender_says_so_and_names_it() {
+        let name = unique("pulls");
+        let mut inbox = Inbox::create(&name, true).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        assert!(!out.pulls(), "not before the receiver tried");
+        out.send(&envelope_v4(0), IpInfo::default(), b"by value", false).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"by reference", true).unwrap();
+        out.wake();
+        let mut got = Vec::new();
+        assert_eq!(inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin))), 2);
+        assert_eq!(got, [(b"by value".to_vec(), None), (b"by reference".to_vec(), Some(my_pid()))]);
+        assert!(out.pulls(), "this process can read its own probe word");
+
+        // A lane whose header gives a token its owner's probe word does not hold (a
+        // process of the user naming another as the lane's owner, say): no copies from it.
+        let mut other = Outbox::open(&name).unwrap();
+        other.map.u64(Mapping::lane(other.lane) + L_TOKEN).store(probe_token() ^ 1, Ordering::Release);
+        other.send(&envelope_v4(2), IpInfo::default(), b"x", false).unwrap();
+        other.wake();
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 1);
+        assert!(!other.pulls());
+        assert!(out.pulls(), "each lane for itself");
+
+        // An inbox made without the feature (its process captures packets, which must show
+        // their data): no sender is told yes.
+        let plain = unique("plain");
+        let mut inbox = Inbox::create(&plain, false).unwrap();
+        let mut out = Outbox::open(&plain).unwrap();
+        out.send(&envelope_v4(0), IpInfo::default(), b"x", false).unwrap();
+        out.wake();
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 1);
+        assert!(!out.pulls());
+
+        let mut word = [0u8; 8];
+        read_process(my_pid(), std::ptr::from_ref(&PROBE) as u64, &mut word).unwrap();
+        assert_eq!(u64::from_ne_bytes(word), probe_token());
+        assert!(read_process(my_pid(), 8, &mut word).is_err(), "an unmapped address is an error, not a crash");
     }
 
     #[test]
     fn a_new_inbox_removes_those_of_processes_that_are_gone() {
         let (dead, alive) = (unique("dead"), unique("alive"));
-        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap())).unwrap();
-        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap())).unwrap();
+        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap()), true).unwrap();
+        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap()), true).unwrap();
         // As if its process had been killed: PID 0x7fff_fff0 is above any pid_max.
         killed.map.u32(H_PID).store(0x7fff_fff0, Ordering::Relaxed);
-        let _new = Inbox::create(&unique("sweeper")).unwrap();
+        let _new = Inbox::create(&unique("sweeper"), true).unwrap();
         assert!(!killed.path.exists(), "the dead process's inbox is gone");
         assert!(!killed.bell_path.exists(), "and its bell");
         assert!(killed.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0, "and closed for its senders");
@@ -804,7 +945,7 @@ mod tests {
     #[test]
     fn a_replaced_inbox_is_closed_and_lanes_of_dead_or_departed_senders_are_taken_again() {
         let name = unique("replace");
-        let old = Inbox::create(&name).unwrap();
+        let old = Inbox::create(&name, true).unwrap();
         let first = Outbox::open(&name).unwrap();
         let second = Outbox::open(&name).unwrap();
         assert_ne!(first.lane, second.lane, "one lane per producer");
@@ -822,7 +963,7 @@ mod tests {
             );
         }
         assert!(Outbox::open(&name).is_ok(), "a dead owner's lane is taken back");
-        let new = Inbox::create(&name).unwrap();
+        let new = Inbox::create(&name, true).unwrap();
         assert!(third.is_closed(), "the old inbox tells its senders it is gone");
         drop(old); // must not remove the new inbox's name
         assert!(Outbox::open(&name).is_ok());
