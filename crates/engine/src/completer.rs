@@ -13,7 +13,8 @@ use softrdma_wire::{NakCode, Psn, PsnWindow, Qpn, Syndrome};
 use crate::Instant;
 use crate::engine::{KeyError, Shared};
 use crate::memory::Memory;
-use crate::qp::{InMessage, Qp};
+use crate::qp::{Carriage, InMessage, Qp};
+use crate::reference::Payload;
 use crate::verbs::{AsyncEvent, Event, QpState, SendOp, Wc, WcOpcode, WcStatus, local_ack_timeout};
 
 /// The completion of a WR flushed by the error state.
@@ -266,7 +267,7 @@ pub(crate) fn retry_from(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
     let w = qp.sq.get(pos);
     let (offset, from) = match w.op() {
         SendOp::RdmaRead { .. } => {
-            let done_pkts = w.read_done / mtu;
+            let done_pkts = w.read_done / w.unit(mtu);
             (w.read_done, w.first_psn.wrapping_add(done_pkts))
         }
         SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } | SendOp::AtomicWrite { .. } | SendOp::Flush { .. } => {
@@ -390,7 +391,7 @@ pub(crate) fn handle_ack(qp: &mut Qp, sh: &mut Shared, now: Instant, psn: Psn, s
 /// came for a later request): it is asked again from what is missing (IBA 9.7.5.1.5).
 fn retry_lost_answer(qp: &mut Qp, sh: &mut Shared, now: Instant) {
     let w = qp.sq.get(qp.sq.head());
-    let resume = w.first_psn.wrapping_add(w.read_done / qp.mtu());
+    let resume = w.first_psn.wrapping_add(w.read_done / w.unit(qp.mtu()));
     if qp.comp.psn.distance_to(resume) > 0 {
         qp.comp.psn = resume;
         qp.comp.retry_started = false;
@@ -409,7 +410,7 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
     now: Instant,
     psn: Psn,
     position: Position,
-    payload: &[u8],
+    data: Payload<'_>,
 ) {
     if !outstanding(qp, psn) {
         return;
@@ -427,7 +428,13 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
     if !w.started || !window(qp, pos).contains(psn) {
         return;
     }
-    let expected = w.first_psn.wrapping_add(w.read_done / mtu);
+    // A READ sent by reference is answered by reference, a segment per response.
+    let unit = w.unit(mtu);
+    if data.by_reference() != (w.carriage == Carriage::Reference) {
+        fail(qp, sh, WcStatus::BadRespErr);
+        return;
+    }
+    let expected = w.first_psn.wrapping_add(w.read_done / unit);
     if psn != expected {
         if psn.is_after(expected) {
             // Responses were lost: ask again for the rest (IBA 9.7.5.1.5).
@@ -436,9 +443,9 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
         return;
     }
     let remaining = w.length - w.read_done;
-    let len = payload.len() as u32;
+    let len = data.len();
     let ok_len = match position {
-        Position::First | Position::Middle => len == mtu && len < remaining,
+        Position::First | Position::Middle => len == unit && len < remaining,
         Position::Last => len == remaining && w.read_done > 0,
         Position::Only => len == remaining && w.read_done == 0,
     };
@@ -446,7 +453,7 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
         fail(qp, sh, WcStatus::BadRespErr);
         return;
     }
-    if let Err(status) = scatter(qp, sh, mem, pos, w.read_done, payload) {
+    if let Err(status) = scatter(qp, sh, mem, pos, w.read_done, data) {
         fail(qp, sh, status);
         return;
     }
@@ -484,7 +491,7 @@ pub(crate) fn handle_atomic_ack<M: Memory + ?Sized>(
     if !w.op().is_atomic() || !w.started || w.first_psn != psn {
         return;
     }
-    if let Err(status) = scatter(qp, sh, mem, pos, 0, &original.to_ne_bytes()) {
+    if let Err(status) = scatter(qp, sh, mem, pos, 0, Payload::Bytes(&original.to_ne_bytes())) {
         fail(qp, sh, status);
         return;
     }
@@ -502,9 +509,9 @@ fn scatter<M: Memory + ?Sized>(
     mem: &mut M,
     pos: u64,
     offset: u32,
-    data: &[u8],
+    data: Payload<'_>,
 ) -> Result<(), WcStatus> {
-    crate::sgl::scatter(sh, qp.pd, mem, &qp.sq.get(pos).sges, offset, crate::reference::Payload::Bytes(data))
+    crate::sgl::scatter(sh, qp.pd, mem, &qp.sq.get(pos).sges, offset, data)
 }
 
 /// The local ACK timer of `qp` fired.
@@ -535,7 +542,7 @@ pub(crate) fn handle_retransmit_timeout(qp: &mut Qp, sh: &mut Shared, now: Insta
     } else {
         let w = qp.sq.get(qp.sq.head());
         if w.op().is_read_or_atomic() && w.started {
-            w.first_psn.wrapping_add(w.read_done / qp.mtu())
+            w.first_psn.wrapping_add(w.read_done / w.unit(qp.mtu()))
         } else {
             qp.comp.psn
         }

@@ -236,7 +236,7 @@ pub(crate) enum RespJob {
     /// READ response packets from `psn` on: `remaining` bytes from `va`, through `rkey` of
     /// PD `pd`, which is checked again for every packet (the MR may be deregistered
     /// meanwhile). The PD is the QP's, or for an XRC TGT QP the SRQ's that the READ named.
-    Read { psn: Psn, va: u64, remaining: u32, first: bool, rkey: u32, pd: PdId },
+    Read { psn: Psn, va: u64, remaining: u32, first: bool, rkey: u32, pd: PdId, by_reference: bool },
     /// The answer to an atomic.
     AtomicAck { psn: Psn, original: u64 },
 }
@@ -253,6 +253,8 @@ pub(crate) struct RdAtomicResource {
     pub(crate) length: u32,
     /// For an atomic: the value it returned.
     pub(crate) atomic_original: Option<u64>,
+    /// A READ asked for by reference, answered by reference ([`crate::reference`]).
+    pub(crate) by_reference: bool,
 }
 
 /// The message the responder is in the middle of.

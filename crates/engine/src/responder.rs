@@ -241,10 +241,18 @@ fn receive_for<M: Memory + ?Sized>(
     info: &softrdma_wire::opcode::OpcodeInfo,
     mem: &mut M,
 ) {
-    // Only an RC QP's SENDs and WRITEs go by reference (crate::reference).
-    let sendable = matches!(info.operation, Operation::Send | Operation::SendWithImm | Operation::SendWithInvalidate)
-        || matches!(info.operation, Operation::RdmaWrite | Operation::RdmaWriteWithImm);
-    if origin.is_some() && !(qp.qp_type == QpType::Rc && qp.keys.is_none() && sendable && !info.is_response()) {
+    // Only an RC QP's SENDs, WRITEs and READs go by reference (crate::reference).
+    let by_reference_kind = matches!(
+        info.operation,
+        Operation::Send
+            | Operation::SendWithImm
+            | Operation::SendWithInvalidate
+            | Operation::RdmaWrite
+            | Operation::RdmaWriteWithImm
+            | Operation::RdmaReadRequest
+            | Operation::RdmaReadResponse
+    );
+    if origin.is_some() && !(qp.qp_type == QpType::Rc && qp.keys.is_none() && by_reference_kind) {
         sh.counters.rcvd_malformed += 1;
         return;
     }
@@ -301,13 +309,23 @@ fn receive_for<M: Memory + ?Sized>(
         sh.counters.rcvd_dropped += 1;
         return;
     }
+    let data = match origin {
+        None => Payload::Bytes(repr.payload),
+        Some(origin) => match Payload::reference(origin, repr.payload) {
+            Some(data) => data,
+            None => {
+                sh.counters.rcvd_malformed += 1;
+                return;
+            }
+        },
+    };
     if info.is_response() {
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             sh.counters.rcvd_dropped += 1;
             return;
         }
         sh.counters.rcvd_packets += 1;
-        complete_response(qp, sh, mem, now, &repr, info.operation, info.position);
+        complete_response(qp, sh, mem, now, &repr, data, info.operation, info.position);
         sh.count_window(qp);
     } else {
         // The responder works from RTR on (IBA 10.3.1.3).
@@ -323,19 +341,7 @@ fn receive_for<M: Memory + ?Sized>(
             sh.events.push_back(Event::Async(AsyncEvent::CommEstablished(qp.qpn)));
         }
         match qp.qp_type {
-            QpType::Rc | QpType::XrcTgt => {
-                let data = match origin {
-                    None => Payload::Bytes(repr.payload),
-                    Some(origin) => match Payload::reference(origin, repr.payload) {
-                        Some(data) => data,
-                        None => {
-                            sh.counters.rcvd_malformed += 1;
-                            return;
-                        }
-                    },
-                };
-                rc_request(qp, sh, mem, &repr, data, info.operation, info.position)
-            }
+            QpType::Rc | QpType::XrcTgt => rc_request(qp, sh, mem, &repr, data, info.operation, info.position),
             QpType::Uc => uc_request(qp, sh, mem, &repr, info.operation, info.position),
             QpType::Ud | QpType::Gsi => ud_request(qp, sh, mem, envelope, ip, &repr),
             QpType::XrcIni => sh.counters.rcvd_dropped += 1, // transport_matches keeps requests away
@@ -363,12 +369,14 @@ fn transport_matches(info: &softrdma_wire::opcode::OpcodeInfo, qp_type: QpType) 
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn complete_response<M: Memory + ?Sized>(
     qp: &mut Qp,
     sh: &mut Shared,
     mem: &mut M,
     now: Instant,
     repr: &RoceRepr<'_>,
+    data: Payload<'_>,
     operation: Operation,
     position: Position,
 ) {
@@ -380,7 +388,7 @@ fn complete_response<M: Memory + ?Sized>(
             }
         }
         Operation::RdmaReadResponse => {
-            completer::handle_read_response(qp, sh, mem, now, psn, position, repr.payload);
+            completer::handle_read_response(qp, sh, mem, now, psn, position, data);
         }
         Operation::AtomicAcknowledge => {
             if let Some(a) = repr.ext.atomic_ack_eth {
@@ -634,7 +642,10 @@ fn execute<M: Memory + ?Sized>(
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // no responder resources
             }
             remote_access(qp, sh, reth.rkey, reth.virtual_address, u64::from(reth.dma_length), Access::REMOTE_READ)?;
-            let npkts = packets(SendOp::RdmaRead { remote_addr: 0, rkey: reth.rkey }, reth.dma_length, mtu);
+            // A READ asked for by reference is answered by reference, a segment per
+            // response (crate::reference): the requester copies from here.
+            let by_reference = data.by_reference();
+            let npkts = packets(SendOp::RdmaRead { remote_addr: 0, rkey: reth.rkey }, reth.dma_length, unit);
             psns = npkts;
             remember(
                 qp,
@@ -646,6 +657,7 @@ fn execute<M: Memory + ?Sized>(
                     pd: qp.pd,
                     length: reth.dma_length,
                     atomic_original: None,
+                    by_reference,
                 },
             );
             qp.resp.out.push_back(RespJob::Read {
@@ -655,6 +667,7 @@ fn execute<M: Memory + ?Sized>(
                 first: true,
                 rkey: reth.rkey.0,
                 pd: qp.pd,
+                by_reference,
             });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
@@ -682,9 +695,18 @@ fn execute<M: Memory + ?Sized>(
                     pd: qp.pd,
                     length: 0,
                     atomic_original: None,
+                    by_reference: false,
                 },
             );
-            qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey: reth.rkey.0, pd: qp.pd });
+            qp.resp.out.push_back(RespJob::Read {
+                psn,
+                va,
+                remaining: 0,
+                first: true,
+                rkey: reth.rkey.0,
+                pd: qp.pd,
+                by_reference: false,
+            });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
         Operation::Flush => {
@@ -729,9 +751,26 @@ fn execute<M: Memory + ?Sized>(
             let va = reth.virtual_address;
             remember(
                 qp,
-                RdAtomicResource { first_psn: psn, npkts: 1, va, rkey, pd: qp.pd, length: 0, atomic_original: None },
+                RdAtomicResource {
+                    first_psn: psn,
+                    npkts: 1,
+                    va,
+                    rkey,
+                    pd: qp.pd,
+                    length: 0,
+                    atomic_original: None,
+                    by_reference: false,
+                },
             );
-            qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey, pd: qp.pd });
+            qp.resp.out.push_back(RespJob::Read {
+                psn,
+                va,
+                remaining: 0,
+                first: true,
+                rkey,
+                pd: qp.pd,
+                by_reference: false,
+            });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
         Operation::CompareSwap | Operation::FetchAdd => {
@@ -759,6 +798,7 @@ fn execute<M: Memory + ?Sized>(
                     pd: qp.pd,
                     length: 8,
                     atomic_original: Some(original),
+                    by_reference: false,
                 },
             );
             qp.resp.out.push_back(RespJob::AtomicAck { psn, original });
@@ -903,7 +943,8 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
                 qp.resp.out.retain(
                     |job| !matches!(job, RespJob::Read { psn: p, .. } if window.is_some_and(|w| w.contains(*p))),
                 );
-                let skip = r.first_psn.distance_to(psn) as u32 * mtu;
+                let unit = if r.by_reference { crate::reference::SEGMENT } else { mtu };
+                let skip = r.first_psn.distance_to(psn) as u32 * unit;
                 qp.resp.out.push_back(RespJob::Read {
                     psn,
                     va: r.va + u64::from(skip),
@@ -911,6 +952,7 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
                     first: skip == 0,
                     rkey: r.rkey,
                     pd: r.pd,
+                    by_reference: r.by_reference,
                 });
             }
         }

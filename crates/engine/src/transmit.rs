@@ -215,9 +215,10 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             emit(&repr, envelope, 0, buf)
         }
-        RespJob::Read { psn, va, remaining, first, rkey, pd } => {
-            let mtu = qp.mtu();
-            let chunk = remaining.min(mtu);
+        RespJob::Read { psn, va, remaining, first, rkey, pd, by_reference } => {
+            // Asked for by reference: a segment per response, listing where it is here.
+            let unit = if by_reference { reference::SEGMENT } else { qp.mtu() };
+            let chunk = remaining.min(unit);
             let last = chunk == remaining;
             let (opcode, position) = match (first, last) {
                 (true, true) => (Opcode::RC_RDMA_READ_RESPONSE_ONLY, Position::Only),
@@ -246,8 +247,17 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 payload: &[],
             };
             let at = header.header_len();
-            let payload = buf.get_mut(at..at + chunk as usize)?;
-            if chunk > 0 && mem.read(local, payload).is_err() {
+            let len = if by_reference {
+                let out = buf.get_mut(at..at + 256)?;
+                Piece { addr: local, len: chunk }.emit(out);
+                // FIRST and MIDDLE carry a path MTU's worth: zero pieces pad the list.
+                let len = if last { reference::PIECE_LEN } else { 256 };
+                out[reference::PIECE_LEN..len].fill(0);
+                len
+            } else {
+                chunk as usize
+            };
+            if !by_reference && chunk > 0 && mem.read(local, buf.get_mut(at..at + chunk as usize)?).is_err() {
                 // Pages of the region that cannot be read (a region on demand): an R_Key
                 // violation, as rxe's failed copy is.
                 qp.resp.out.clear();
@@ -265,9 +275,10 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                     first: false,
                     rkey,
                     pd,
+                    by_reference,
                 };
             }
-            emit(&header, envelope, chunk as usize, buf)
+            emit(&header, envelope, len, buf).map(|t| Transmit { by_reference, ..t })
         }
     }
 }
@@ -393,7 +404,8 @@ fn request<M: Memory + ?Sized>(
         if w.carriage == Carriage::Undecided {
             // Kept if it is sent again from scratch: the peer counted its PSNs by it.
             let long = !w.is_inline && w.length >= reference::MIN_LEN;
-            w.carriage = if by_reference && long && op.carries_data() { Carriage::Reference } else { Carriage::Bytes };
+            let kind = op.carries_data() || matches!(op, SendOp::RdmaRead { .. });
+            w.carriage = if by_reference && long && kind { Carriage::Reference } else { Carriage::Bytes };
         }
         w.started = true;
         w.first_psn = psn;
@@ -436,7 +448,9 @@ fn request<M: Memory + ?Sized>(
                 rkey,
                 dma_length: remaining,
             });
-            qp.req.psn = psn.wrapping_add(remaining.div_ceil(mtu).max(1));
+            qp.req.psn = psn.wrapping_add(remaining.div_ceil(w.unit(mtu)).max(1));
+            // Sent by reference, it asks for its answer so (crate::reference).
+            by_reference = w.carriage == Carriage::Reference;
             message_done = true;
         }
         SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {

@@ -160,16 +160,16 @@ fn the_responder_checks_a_packet_by_reference_like_any_other() {
 }
 
 #[test]
-fn only_rc_sends_and_writes_are_taken_by_reference() {
-    // A READ request handed over as carried by reference is dropped, as malformed, and so is
+fn only_rc_sends_writes_and_reads_are_taken_by_reference() {
+    // An atomic handed over as carried by reference is dropped, as malformed, and so is
     // anything for a QP that is not RC.
     let mut pair = pair();
-    pair.a.fill(0, &pattern(64, 1));
     let (remote, rkey) = (pair.b.addr_of(0), pair.b.mr.rkey);
-    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: remote, rkey }, &[pair.a.sge(0, 64)]));
+    let op = SendOp::FetchAdd { remote_addr: remote, rkey, add: 1 };
+    pair.a.post_send(wr(1, op, &[pair.a.sge(0, 8)]));
     pair.set_filter(|p| !p.from_a);
     pair.drive_for(std::time::Duration::from_micros(10));
-    let read = pair.log.iter().find(|p| p.from_a).expect("the READ request").clone();
+    let read = pair.log.iter().find(|p| p.from_a).expect("the atomic").clone();
     let before = pair.b.engine.counters().rcvd_malformed;
     let (b, a) = (&mut pair.b, &pair.a);
     let mut mem = Pulling { mine: &mut b.mem, theirs: &a.mem };
@@ -190,4 +190,56 @@ fn only_rc_sends_and_writes_are_taken_by_reference() {
     let mut mem = Pulling { mine: &mut b.mem, theirs: &a.mem };
     b.engine.handle_referenced_datagram(uc.now, &first.envelope, IpInfo::default(), &first.bytes, 1, &mut mem);
     assert_eq!(uc.b.engine.counters().rcvd_malformed, before + 1);
+}
+
+#[test]
+fn a_long_read_is_answered_by_reference_and_survives_a_lost_response() {
+    let mut pair = pair();
+    let len = 2 * SEGMENT as usize + 777;
+    let data = pattern(len, 6);
+    pair.b.fill(0x1000, &data);
+    let mut dropped = false;
+    pair.set_filter(move |p| {
+        if !p.from_a && p.opcode() == Opcode::RC_RDMA_READ_RESPONSE_MIDDLE && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    let (remote, rkey) = (pair.b.addr_of(0x1000), pair.b.mr.rkey);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: remote, rkey }, &[pair.a.sge(0x8000, len as u32)]));
+    pair.drive();
+
+    let responses: Vec<Opcode> = pair.log.iter().filter(|p| !p.from_a).map(Pkt::opcode).collect();
+    assert_eq!(
+        &responses[..3],
+        [Opcode::RC_RDMA_READ_RESPONSE_FIRST, Opcode::RC_RDMA_READ_RESPONSE_MIDDLE, Opcode::RC_RDMA_READ_RESPONSE_LAST],
+        "a segment per response"
+    );
+    assert!(pair.log.iter().filter(|p| !p.from_a).all(|p| p.by_reference), "every response by reference");
+    assert!(pair.log.iter().filter(|p| p.from_a).all(|p| p.by_reference), "every request asks for it");
+    assert_eq!(pair.opcodes(true).len(), 2, "the READ, and once more for what the lost MIDDLE left");
+    assert_eq!(pair.a.read(0x8000, len), &data[..]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+}
+
+#[test]
+fn a_response_in_the_other_carriage_than_asked_is_a_bad_response() {
+    // A READ by reference answered by value (a responder that took the request as one by
+    // value): its FIRST response is not a segment, and the requester must not take it for
+    // one.
+    let mut pair = pair();
+    let len = 64 * 1024;
+    pair.b.fill(0, &pattern(len, 1));
+    pair.set_filter(|p| !p.from_a || !p.by_reference);
+    let (remote, rkey) = (pair.b.addr_of(0), pair.b.mr.rkey);
+    pair.a.post_send(wr(1, SendOp::RdmaRead { remote_addr: remote, rkey }, &[pair.a.sge(0x8000, len as u32)]));
+    pair.drive_for(std::time::Duration::ZERO);
+    let request = pair.log.iter().find(|p| p.from_a).expect("the READ request").clone();
+    assert!(request.by_reference, "a long READ asks for its answer by reference");
+    let b = &mut pair.b;
+    b.engine.handle_datagram_with(pair.now, &request.envelope, IpInfo::default(), &request.bytes, &mut b.mem);
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::BadRespErr)]);
+    assert_eq!(pair.a.read(0x8000, 16), &[0; 16], "nothing of it placed");
 }
