@@ -29,7 +29,8 @@ pub const SAME_HOST_ENV: &str = "SOFTRDMA_SAME_HOST";
 const HOP_LIMIT: u8 = 64;
 
 enum Route {
-    Inbox(Outbox),
+    /// Through its inbox; `true` once each process copies from the other.
+    Inbox(Outbox, bool),
     /// On the socket until then.
     Socket(Instant),
 }
@@ -69,8 +70,9 @@ impl SameHost {
 
     /// Sends `datagram` (what the engine wrote for `t`) through shared memory if its
     /// destination is a process of this host. `None`: send it on the socket; `Some`:
-    /// sent, and whether the receiver copies data carried by reference from this process
-    /// ([`Outbox::pulls`]).
+    /// sent, and whether its process and this one each copy from the other: the receiver
+    /// from this one ([`Outbox::pulls`]) for SENDs and WRITEs, this one from it
+    /// ([`Inbox::pulls_from`]) for READs' answers.
     pub(crate) fn send(&mut self, now: Instant, t: &Transmit, ecn: u8, datagram: &[u8]) -> Option<bool> {
         let dst = t.envelope.dst_ip();
         if t.envelope.dst_port() != self.port || !self.addresses.contains(&dst) {
@@ -81,7 +83,7 @@ impl SameHost {
             return None; // QP0/QP1: the CM's MADs, steered by the host's program
         }
         let route = self.routes.entry(slot).or_insert(Route::Socket(Instant::ZERO));
-        if let Route::Inbox(out) = route
+        if let Route::Inbox(out, _) = route
             && out.is_closed()
         {
             *route = Route::Socket(Instant::ZERO);
@@ -91,16 +93,19 @@ impl SameHost {
                 return None;
             }
             *route = match inbox_name(&self.device, self.port, slot).and_then(|name| Outbox::open(&name)) {
-                Ok(out) => Route::Inbox(out),
+                Ok(out) => Route::Inbox(out, false),
                 Err(_) => Route::Socket(now.saturating_add(RETRY_AFTER)),
             };
         }
-        let Route::Inbox(out) = route else { return None };
+        let Route::Inbox(out, mutual) = route else { return None };
         // The QP's DSCP with the device's ECN bits, as `send_units` gives a datagram.
         let ip = UdpIpInfo { hop_limit: HOP_LIMIT, traffic_class: t.traffic_class & !0b11 | ecn, flow_label: 0 };
         out.send(&t.envelope, ip, datagram, t.by_reference).ok()?;
         self.sent += 1;
-        Some(out.pulls())
+        if !*mutual {
+            *mutual = out.pulls() && self.inbox.pulls_from(out.receiver());
+        }
+        Some(*mutual)
     }
 
     /// After a batch of sends: wakes the receivers that sleep, and moves what waits for
@@ -108,7 +113,7 @@ impl SameHost {
     pub(crate) fn flush(&mut self) -> bool {
         let mut waiting = false;
         for route in self.routes.values_mut() {
-            if let Route::Inbox(out) = route {
+            if let Route::Inbox(out, _) = route {
                 waiting |= !out.flush();
                 out.wake();
             }

@@ -150,6 +150,23 @@ fn long_messages_go_by_reference_once_the_receiver_copies_from_the_sender() {
     b.mr.read(3 << 20, &mut got[50_000..]).unwrap();
     assert!(got == data, "every byte of the SEND landed, in order");
     assert_eq!(b.ctx.counters().same_host_pulled, pulled + 1);
+
+    // A READ of 3 MiB back from `b`: three answers by reference, copied by `a`.
+    let len = 3 << 20;
+    let data = pattern(len, 6);
+    b.mr.write(0, &data).unwrap();
+    let source = b.mr.remote(0..len).unwrap();
+    let (before_a, before_b) = (a.ctx.counters(), b.ctx.counters());
+    let sge = [a.mr.sge(0..len).unwrap()];
+    a.qp.post_send(&[wr(9, SendOp::RdmaRead { remote_addr: source.addr, rkey: source.rkey }, &sge)]).unwrap();
+    let wc = a.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (9, WcStatus::Success, len as u32));
+    let mut got = vec![0u8; len];
+    a.mr.read(0, &mut got).unwrap();
+    assert!(got == data, "every byte of the READ landed");
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert_eq!(ca.same_host_pulled - before_a.same_host_pulled, 3, "{ca:?}");
+    assert_eq!(cb.engine.sent_packets - before_b.engine.sent_packets, 3, "{cb:?}");
 }
 
 #[test]

@@ -518,6 +518,16 @@ impl Inbox {
         self.map.pending()
     }
 
+    /// Whether this process copies from process `pid`: it sends here, and this process
+    /// found it could read its probe word ([`Outbox::pulls`] is the other direction).
+    pub fn pulls_from(&self, pid: u32) -> bool {
+        (0..LANES).any(|l| {
+            let at = Mapping::lane(l);
+            self.map.u32(at + L_OWNER).load(Ordering::Relaxed) == pid
+                && self.map.u32(at + L_PULLS).load(Ordering::Acquire) == PULLS_YES
+        })
+    }
+
     /// The bell: readable once a sender rang it; poll it while counted among the
     /// [`Sleepers`], and [`drain_bell`] it after.
     pub fn bell(&self) -> BorrowedFd<'_> {
@@ -667,6 +677,11 @@ impl Outbox {
     pub fn pulls(&self) -> bool {
         self.map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_PULLS != 0
             && self.map.u32(Mapping::lane(self.lane) + L_PULLS).load(Ordering::Acquire) == PULLS_YES
+    }
+
+    /// The process that owns the inbox.
+    pub fn receiver(&self) -> u32 {
+        self.map.u32(H_PID).load(Ordering::Relaxed)
     }
 
     /// Datagrams waiting in the sender's backlog for room in the lane.
@@ -901,6 +916,9 @@ mod tests {
         assert_eq!(inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin))), 2);
         assert_eq!(got, [(b"by value".to_vec(), None), (b"by reference".to_vec(), Some(my_pid()))]);
         assert!(out.pulls(), "this process can read its own probe word");
+        assert_eq!(out.receiver(), my_pid());
+        assert!(inbox.pulls_from(my_pid()));
+        assert!(!inbox.pulls_from(0x7fff_fff0), "no lane of that process");
 
         // A lane whose header gives a token its owner's probe word does not hold (a
         // process of the user naming another as the lane's owner, say): no copies from it.
