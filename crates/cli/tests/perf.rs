@@ -596,6 +596,11 @@ fn path_is_same_host_unless_wire() {
     assert_eq!(r["path"], "same-host", "{res}");
     assert!(u(&res["client"], "packets_same_host") > 0, "{res}");
     assert_eq!(u(&res["client"], "packets_same_host"), u(&res["client"], "packets_sent"), "{res}");
+    // 64 KiB WRITEs: once the server has said it copies from the client, their data goes
+    // by reference, a packet per WRITE where by value it takes 16.
+    let by_reference = u(&res["server"], "packets_by_reference");
+    assert!(by_reference > 100, "{res}");
+    assert!(u(&res["client"], "packets_sent") < 200 * 16 / 2, "{res}");
     assert_eq!(spec_of(&r, "wire"), false);
     let r = perf(&["write", "bw", "--loopback", "-s", "64K", "-n", "200", "--wire"]);
     let res = &r["results"][0];
@@ -603,6 +608,7 @@ fn path_is_same_host_unless_wire() {
     assert_eq!(spec_of(&r, "wire"), true);
     for side in ["client", "server"] {
         assert_eq!(u(&res[side], "packets_same_host"), 0, "{side}: {res}");
+        assert_eq!(u(&res[side], "packets_by_reference"), 0, "{side}: {res}");
         assert!(u(&res[side], "packets_sent") > 0, "{side}: {res}");
     }
     // The table says it too.

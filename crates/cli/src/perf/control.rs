@@ -74,6 +74,11 @@ pub(crate) struct SideStats {
     /// rather than the sockets.
     #[serde(default)]
     pub(crate) packets_same_host: u64,
+    /// Of the packets it received, those whose data it copied from the other side's
+    /// memory (carried by reference: the same-host path's one copy, for messages of 16 KiB
+    /// and up).
+    #[serde(default)]
+    pub(crate) packets_by_reference: u64,
 }
 
 /// The messages, in the order they come: `Hello` → `Accept` (or `Refuse`), then per size

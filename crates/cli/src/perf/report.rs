@@ -209,6 +209,13 @@ impl fmt::Display for Path {
     }
 }
 
+/// The banner's path: [`Path`], and whether long messages' data was copied once, from the
+/// other side's memory (carried by reference).
+fn path_text(path: Path, results: &[SizeResult]) -> String {
+    let by_reference: u64 = results.iter().map(|r| r.client.packets_by_reference + r.server.packets_by_reference).sum();
+    if by_reference > 0 { format!("{path} (long messages copied once)") } else { path.to_string() }
+}
+
 /// A whole test's report.
 #[derive(Clone, Debug, Serialize)]
 pub(crate) struct Report {
@@ -317,7 +324,7 @@ impl Report {
             s.inline,
             if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
             if s.bidirectional { "bidirectional" } else { "unidirectional" },
-            self.path
+            path_text(self.path, &self.results)
         );
         for (name, side) in [("local", &self.local), ("remote", &self.remote)] {
             let qp = side.qps.first().copied().unwrap_or(super::control::QpInfo { qpn: 0, psn: 0 });
@@ -439,7 +446,7 @@ pub(crate) fn sweep_text(reports: &[Report], baseline: Option<&Baseline>) -> Str
         if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
         if s.bidirectional { "bidirectional" } else { "unidirectional" },
         first.local.device,
-        path
+        path_text(path, &reports.iter().flat_map(|r| r.results.iter().cloned()).collect::<Vec<_>>())
     );
     let _ = writeln!(o, "{RULE}");
     // The bandwidth's like-for-like limit, as in `--vs-baseline`'s ratios: process_vm_writev

@@ -77,6 +77,8 @@ struct Packets {
     retransmitted: u64,
     /// Sent through the same-host path's shared memory (also counted in `sent`).
     same_host: u64,
+    /// Received by reference: their data copied once from the other side's memory.
+    by_reference: u64,
 }
 
 /// One side's verbs objects for a whole test.
@@ -387,6 +389,7 @@ impl Side {
             received: c.engine.rcvd_packets,
             retransmitted: c.engine.retransmitted_packets,
             same_host: c.same_host_sent,
+            by_reference: c.same_host_pulled,
         }
     }
 
@@ -677,6 +680,7 @@ impl Side {
             packets_sent: m1.sent - m0.sent,
             packets_received: m1.received - m0.received,
             packets_same_host: m1.same_host - m0.same_host,
+            packets_by_reference: m1.by_reference - m0.by_reference,
         }
     }
 }
