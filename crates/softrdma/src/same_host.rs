@@ -8,6 +8,11 @@
 //! (`softrdma_udp::host`). Where the inbox cannot be opened (no such process or none made,
 //! another user's, every lane taken) the packets take the socket, and the inbox is tried
 //! again a second later.
+//!
+//! Long SENDs, WRITEs and READs between two processes that can each copy from the other's
+//! memory travel by reference: the receiver copies their data once, from the sender, after
+//! its engine's checks (`softrdma_engine::reference`). [`SameHost::send`] says when a QP's
+//! peer is such a process; the driver then allows the QP, and never under a capture.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
