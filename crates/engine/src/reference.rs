@@ -62,6 +62,17 @@ impl Piece {
     }
 }
 
+/// Writes the pieces' padding after the `len` bytes of pieces at the start of `out` and
+/// returns the payload's length: a FIRST or MIDDLE packet (`last` false) carries a path
+/// MTU's worth, so empty pieces pad its list to 256 bytes (512 for more than 16 pieces:
+/// 32 SGEs at most); a LAST or ONLY packet carries the list as it is. `None` if `out` is
+/// too short.
+pub(crate) fn pad(out: &mut [u8], len: usize, last: bool) -> Option<usize> {
+    let padded = if last { len } else { len.next_power_of_two().max(256) };
+    out.get_mut(len..padded)?.fill(0);
+    Some(padded)
+}
+
 /// A request's data as the responder places it: in the packet, or by reference.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Payload<'a> {
@@ -193,6 +204,22 @@ mod tests {
         assert!(Payload::reference(1, &too_long).is_none(), "past a segment");
         let wraps = pieces(&[Piece { addr: 0, len: u32::MAX }, Piece { addr: 0, len: 2 }]);
         assert!(Payload::reference(1, &wraps).is_none(), "a sum that overflows");
+    }
+
+    #[test]
+    fn lists_of_first_and_middle_packets_are_padded_to_a_path_mtu() {
+        let mut out = [0xaau8; 600];
+        assert_eq!(pad(&mut out, PIECE_LEN, false), Some(256));
+        assert!(out[PIECE_LEN..256].iter().all(|&b| b == 0) && out[256] == 0xaa);
+        let mut out = [0xaau8; 600];
+        assert_eq!(pad(&mut out, 17 * PIECE_LEN, false), Some(512), "17 pieces");
+        assert_eq!(pad(&mut out, 3 * PIECE_LEN, true), Some(3 * PIECE_LEN), "a LAST packet's list as it is");
+        assert_eq!(pad(&mut [0u8; 100], PIECE_LEN, false), None, "no room");
+        // The padding adds nothing: the pieces add up as before.
+        let mut list = [0u8; 256];
+        Piece { addr: 0x1000, len: 77 }.emit(&mut list);
+        let padded = pad(&mut list, PIECE_LEN, false).expect("room");
+        assert_eq!(Payload::reference(1, &list[..padded]).map(|p| p.len()), Some(77));
     }
 
     #[test]

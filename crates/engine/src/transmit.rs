@@ -248,12 +248,9 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             let at = header.header_len();
             let len = if by_reference {
-                let out = buf.get_mut(at..at + 256)?;
-                Piece { addr: local, len: chunk }.emit(out);
-                // FIRST and MIDDLE carry a path MTU's worth: zero pieces pad the list.
-                let len = if last { reference::PIECE_LEN } else { 256 };
-                out[reference::PIECE_LEN..len].fill(0);
-                len
+                let out = buf.get_mut(at..)?;
+                Piece { addr: local, len: chunk }.emit(out.get_mut(..reference::PIECE_LEN)?);
+                reference::pad(out, reference::PIECE_LEN, last)?
             } else {
                 chunk as usize
             };
@@ -527,16 +524,8 @@ fn request<M: Memory + ?Sized>(
                 // Where the bytes are, for the peer to copy them from (crate::reference).
                 by_reference = true;
                 let out = buf.get_mut(at..)?;
-                pieces(qp, sh, pos, offset, chunk, out).map(|len| {
-                    // A FIRST or MIDDLE packet carries a path MTU's worth: zero pieces pad
-                    // the list to one (256 or 512 bytes hold the 16 or 32 pieces of 32 SGEs).
-                    if last {
-                        len
-                    } else {
-                        let padded = len.next_power_of_two().max(256);
-                        out[len as usize..padded as usize].fill(0);
-                        padded
-                    }
+                pieces(qp, sh, pos, offset, chunk, out).and_then(|len| {
+                    reference::pad(out, len as usize, last).map(|n| n as u32).ok_or(WcStatus::LocLenErr)
                 })
             } else {
                 // Copy the payload straight from the application's memory into the datagram.
