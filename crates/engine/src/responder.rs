@@ -683,31 +683,7 @@ fn execute<M: Memory + ?Sized>(
                 return Err(Refusal::Fatal(NakCode::InvalidRequest)); // a zero-based window's start
             }
             mem.atomic_write(local, value).map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
-            // Answered as a READ of nothing (rxe's send_read_response_ack), and remembered
-            // as one, so that a duplicate is answered again, not executed again.
-            remember(
-                qp,
-                RdAtomicResource {
-                    first_psn: psn,
-                    npkts: 1,
-                    va,
-                    rkey: reth.rkey.0,
-                    pd: qp.pd,
-                    length: 0,
-                    atomic_original: None,
-                    by_reference: false,
-                },
-            );
-            qp.resp.out.push_back(RespJob::Read {
-                psn,
-                va,
-                remaining: 0,
-                first: true,
-                rkey: reth.rkey.0,
-                pd: qp.pd,
-                by_reference: false,
-            });
-            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+            answer_as_empty_read(qp, psn, va, reth.rkey.0);
         }
         Operation::Flush => {
             // rxe's check_qp_attr_access, check_rkey and process_flush: the QP and the region
@@ -746,32 +722,7 @@ fn execute<M: Memory + ?Sized>(
                 .map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
             let persistent = placement & SendOp::FLUSH_PERSISTENT != 0;
             mem.flush(local, len, persistent).map_err(|_| Refusal::Fatal(NakCode::RemoteAccessError))?;
-            // Answered as a READ of nothing (rxe's send_read_response_ack), and remembered as
-            // one, so that a duplicate is answered again.
-            let va = reth.virtual_address;
-            remember(
-                qp,
-                RdAtomicResource {
-                    first_psn: psn,
-                    npkts: 1,
-                    va,
-                    rkey,
-                    pd: qp.pd,
-                    length: 0,
-                    atomic_original: None,
-                    by_reference: false,
-                },
-            );
-            qp.resp.out.push_back(RespJob::Read {
-                psn,
-                va,
-                remaining: 0,
-                first: true,
-                rkey,
-                pd: qp.pd,
-                by_reference: false,
-            });
-            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+            answer_as_empty_read(qp, psn, reth.virtual_address, rkey);
         }
         Operation::CompareSwap | Operation::FetchAdd => {
             let a = repr.ext.atomic_eth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
@@ -825,6 +776,26 @@ fn remote_access(qp: &Qp, sh: &Shared, rkey: RKey, va: u64, len: u64, need: Acce
 }
 
 /// Remembers a READ or atomic for duplicates, keeping the last `max_dest_rd_atomic`.
+/// Answers an ATOMIC_WRITE or FLUSH at `psn` as a READ of nothing (rxe's
+/// send_read_response_ack), remembered as one, so that a duplicate is answered again, not
+/// executed again.
+fn answer_as_empty_read(qp: &mut Qp, psn: Psn, va: u64, rkey: u32) {
+    let pd = qp.pd;
+    let resource = RdAtomicResource {
+        first_psn: psn,
+        npkts: 1,
+        va,
+        rkey,
+        pd,
+        length: 0,
+        atomic_original: None,
+        by_reference: false,
+    };
+    remember(qp, resource);
+    qp.resp.out.push_back(RespJob::Read { psn, va, remaining: 0, first: true, rkey, pd, by_reference: false });
+    qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+}
+
 fn remember(qp: &mut Qp, r: RdAtomicResource) {
     let keep = usize::from(qp.attr.max_dest_rd_atomic.max(1));
     while qp.resp.resources.len() >= keep {
