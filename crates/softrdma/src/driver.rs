@@ -636,9 +636,11 @@ impl Driver {
         });
         let doorbell = eventfd()?;
         let mut same_host = same_host(options)
-            // A capture must show every packet's data: senders then send it in the packets.
+            // A capture must show every packet's data: senders then send it in the packets;
+            // and where copying from other processes would reach further than the user's
+            // own processes can, no copies (softrdma_udp::local::copying_adds_no_reach).
             .then(|| {
-                let pulls = capture.is_none();
+                let pulls = capture.is_none() && softrdma_udp::local::copying_adds_no_reach();
                 SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), pulls)
             })
             .flatten();

@@ -45,12 +45,19 @@
 //! sender dumpable, and Yama's `ptrace_scope` 0, or 1 with the receiver an ancestor). So a
 //! receiver says, per lane, whether it can ([`Outbox::pulls`]): when it first takes
 //! datagrams from a new owner it reads a word the owner named in the lane's header, from
-//! the owner's memory, and finds there the random value the header gives or not. A sender
-//! sends data by reference only once the receiver said yes. The receiver copies only into
-//! registered memory its engine checked, and only from the lane's owner; a process of the
-//! user that names another process in a lane's header gets a no (the token is not in that
-//! process's word), unless it can write that process's memory, which is more than the
-//! copy would give it.
+//! the owner's memory, and finds there the random value the header gives or not (a copy
+//! refused, or a PID reused by another process, gives a no). A sender sends data by
+//! reference only once the receiver said yes. The receiver copies only into registered
+//! memory its engine checked, and only from the lane's owner.
+//!
+//! The inbox, lanes and headers included, is writable by every process of the user, so the
+//! receiver cannot know which of them wrote an entry: one could put an entry by reference
+//! in another's lane and have the receiver copy from that process. So a receiver takes data
+//! by reference only where that gives nobody more than they have
+//! ([`copying_adds_no_reach`]): where any process of the user may read any other's memory
+//! as far as the kernel lets this one (Yama's `ptrace_scope` absent or 0, and this process
+//! holding no `CAP_SYS_PTRACE` beyond its user's, unless it is root, whose inbox only root's
+//! processes can write).
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -169,6 +176,31 @@ pub fn read_process(pid: u32, from: u64, buf: &mut [u8]) -> io::Result<()> {
         Ok(_) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a partial copy")),
         Err(_) => Err(io::Error::last_os_error()),
     }
+}
+
+/// Whether copying from other processes on the word of its inbox gives this process's
+/// user nothing it has not: Yama's `ptrace_scope` is absent or 0 (then a process of the user
+/// may read the memory of any other the kernel lets this one read), and this process holds
+/// no `CAP_SYS_PTRACE` its user lacks (root's inbox only root's processes can write). Under
+/// `ptrace_scope` 1 this process may read its descendants', which another process of the
+/// user may not; an entry that other process put in the inbox would make this one copy
+/// from them.
+pub fn copying_adds_no_reach() -> bool {
+    let scope = std::fs::read_to_string("/proc/sys/kernel/yama/ptrace_scope").ok();
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let effective =
+        status.lines().find_map(|l| l.strip_prefix("CapEff:")).and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok());
+    adds_no_reach(scope.as_deref(), rustix::process::geteuid().is_root(), effective)
+}
+
+/// [`copying_adds_no_reach`] from Yama's `ptrace_scope` (the file's text, `None` without
+/// Yama), whether the process is root, and its effective capabilities (`CapEff`).
+fn adds_no_reach(ptrace_scope: Option<&str>, root: bool, effective: Option<u64>) -> bool {
+    const CAP_SYS_PTRACE: u32 = 19;
+    if ptrace_scope.is_some_and(|s| s.trim() != "0") {
+        return false;
+    }
+    root || effective.is_some_and(|caps| caps & (1 << CAP_SYS_PTRACE) == 0)
 }
 
 /// Whether this process can copy from the owner of `lane` (the sender it names in the lane
@@ -396,6 +428,8 @@ pub struct Inbox {
     more: bool,
     /// Calls to [`Inbox::receive`].
     looks: u32,
+    /// It takes data by reference ([`Inbox::create`]).
+    pulls: bool,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -455,6 +489,7 @@ impl Inbox {
             seen: 0,
             more: false,
             looks: 0,
+            pulls,
         })
     }
 
@@ -490,17 +525,25 @@ impl Inbox {
             // written once (each a cache line the producer writes or reads), not per
             // datagram with every other lane looked at in between.
             let run = ready.min((max - n) as u64);
-            // A new sender: can its data be copied from where it is?
-            if self.map.u32(at + L_PULLS).load(Ordering::Relaxed) == PULLS_UNKNOWN {
-                probe(&self.map, lane);
+            // A new sender: can its data be copied from where it is? Data by reference
+            // goes in only from a lane that said so, into an inbox that takes it; anything
+            // else so flagged is dropped, as a lost packet.
+            let mut verdict = self.map.u32(at + L_PULLS).load(Ordering::Relaxed);
+            if self.pulls && verdict == PULLS_UNKNOWN {
+                verdict = probe(&self.map, lane);
             }
-            let owner = self.map.u32(at + L_OWNER).load(Ordering::Acquire);
+            let owner =
+                (self.pulls && verdict == PULLS_YES).then(|| self.map.u32(at + L_OWNER).load(Ordering::Acquire));
             for k in 0..run {
                 let entry = Mapping::entry(lane, tail.wrapping_add(k));
                 self.map.get(entry, &mut self.scratch[..ENTRY_HEADER]);
                 if let Some((envelope, ip, len, by_reference)) = decode(&self.scratch[..ENTRY_HEADER]) {
+                    let origin = match (by_reference, owner) {
+                        (false, _) => None,
+                        (true, Some(owner)) => Some(owner),
+                        (true, None) => continue,
+                    };
                     self.map.get(entry + ENTRY_HEADER, &mut self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
-                    let origin = by_reference.then_some(owner);
                     deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], origin);
                 }
             }
@@ -521,11 +564,12 @@ impl Inbox {
     /// Whether this process copies from process `pid`: it sends here, and this process
     /// found it could read its probe word ([`Outbox::pulls`] is the other direction).
     pub fn pulls_from(&self, pid: u32) -> bool {
-        (0..LANES).any(|l| {
-            let at = Mapping::lane(l);
-            self.map.u32(at + L_OWNER).load(Ordering::Relaxed) == pid
-                && self.map.u32(at + L_PULLS).load(Ordering::Acquire) == PULLS_YES
-        })
+        self.pulls
+            && (0..LANES).any(|l| {
+                let at = Mapping::lane(l);
+                self.map.u32(at + L_OWNER).load(Ordering::Relaxed) == pid
+                    && self.map.u32(at + L_PULLS).load(Ordering::Acquire) == PULLS_YES
+            })
     }
 
     /// The bell: readable once a sender rang it; poll it while counted among the
@@ -920,30 +964,52 @@ mod tests {
         assert!(inbox.pulls_from(my_pid()));
         assert!(!inbox.pulls_from(0x7fff_fff0), "no lane of that process");
 
-        // A lane whose header gives a token its owner's probe word does not hold (a
-        // process of the user naming another as the lane's owner, say): no copies from it.
+        // A lane whose header gives a token its owner's probe word does not hold (a PID
+        // reused by another process, say): no copies from it, and what comes flagged by
+        // reference in it is dropped.
         let mut other = Outbox::open(&name).unwrap();
         other.map.u64(Mapping::lane(other.lane) + L_TOKEN).store(probe_token() ^ 1, Ordering::Release);
         other.send(&envelope_v4(2), IpInfo::default(), b"x", false).unwrap();
+        other.send(&envelope_v4(3), IpInfo::default(), b"flagged", true).unwrap();
         other.wake();
-        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 1);
+        let mut got = Vec::new();
+        inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin)));
+        assert_eq!(got, [(b"x".to_vec(), None)]);
         assert!(!other.pulls());
         assert!(out.pulls(), "each lane for itself");
 
         // An inbox made without the feature (its process captures packets, which must show
-        // their data): no sender is told yes.
+        // their data): no sender is told yes, nothing flagged goes in, and it copies from
+        // nobody.
         let plain = unique("plain");
         let mut inbox = Inbox::create(&plain, false).unwrap();
         let mut out = Outbox::open(&plain).unwrap();
         out.send(&envelope_v4(0), IpInfo::default(), b"x", false).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"flagged", true).unwrap();
         out.wake();
-        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 1);
+        let mut got = Vec::new();
+        inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin)));
+        assert_eq!(got, [(b"x".to_vec(), None)]);
         assert!(!out.pulls());
+        assert!(!inbox.pulls_from(my_pid()));
 
         let mut word = [0u8; 8];
         read_process(my_pid(), std::ptr::from_ref(&PROBE) as u64, &mut word).unwrap();
         assert_eq!(u64::from_ne_bytes(word), probe_token());
         assert!(read_process(my_pid(), 8, &mut word).is_err(), "an unmapped address is an error, not a crash");
+    }
+
+    #[test]
+    fn copies_are_taken_only_where_they_reach_no_further_than_the_user() {
+        assert!(adds_no_reach(None, false, Some(0)), "no Yama, no capabilities");
+        assert!(adds_no_reach(Some("0\n"), false, Some(0)));
+        assert!(!adds_no_reach(Some("1\n"), false, Some(0)), "descendants this process alone may read");
+        assert!(!adds_no_reach(Some("1\n"), true, Some(u64::MAX)), "root under Yama 1 too");
+        assert!(!adds_no_reach(Some("2\n"), false, Some(0)));
+        assert!(!adds_no_reach(Some("3\n"), false, Some(0)));
+        assert!(!adds_no_reach(None, false, Some(1 << 19)), "CAP_SYS_PTRACE beyond its user's");
+        assert!(adds_no_reach(None, true, Some(u64::MAX)), "root, whose inbox only root writes");
+        assert!(!adds_no_reach(None, false, None), "capabilities unknown");
     }
 
     #[test]
