@@ -2,8 +2,8 @@
 //!
 //! Between two processes of one host, a request's data need not travel in the packet. A QP
 //! the runtime allows to ([`Engine::allow_by_reference`](crate::Engine::allow_by_reference))
-//! sends a long SEND or WRITE ([`MIN_LEN`] bytes and up) in packets that each stand for up
-//! to [`SEGMENT`] bytes of it and carry, as their payload, where those bytes are in the
+//! sends a long SEND, WRITE or READ ([`MIN_LEN`] bytes and up) in packets that each stand
+//! for up to [`SEGMENT`] bytes of it and carry, as their payload, where those bytes are in the
 //! sender's memory: a list of [`Piece`]s, checked against the sender's local keys like a
 //! gather. The receiver's engine checks the packet like any other (sequence, R_Key, bounds,
 //! access, the receive buffers) and copies the bytes from the sender's process into the
@@ -29,9 +29,12 @@ use crate::memory::{Memory, MemoryFault};
 pub const MIN_LEN: u32 = 16 * 1024;
 
 /// Bytes one packet by reference stands for (its message's FIRST and MIDDLE packets exactly
-/// this many). Large enough that a copy's system call is a small part of it, small enough
-/// that one copy holds the receiving thread for no more than about a hundred microseconds.
-pub const SEGMENT: u32 = 1 << 20;
+/// this many). Large enough that a copy's system call is a small part of it (64 KiB chunks
+/// are where `process_vm_writev` reaches its speed), small enough that a peer's window,
+/// which counts packets, holds what the receiver copies well within an ACK timeout:
+/// 512 packets of 1 MiB were half a gigabyte in flight, and 128 QPs writing 1 MiB messages
+/// to one peer ran out of retries at perftest's 67 ms; of 64 KiB, 32 MiB.
+pub const SEGMENT: u32 = 64 << 10;
 
 /// Bytes of one [`Piece`] in a packet's payload.
 pub const PIECE_LEN: usize = 16;

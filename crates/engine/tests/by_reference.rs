@@ -21,20 +21,33 @@ fn by_reference(pair: &Pair) -> usize {
 }
 
 #[test]
-fn a_long_write_is_one_packet_and_lands_whole() {
+fn a_long_write_is_a_packet_per_segment_and_lands_whole() {
     let mut pair = pair();
-    let len = 300 * 1024;
+    let len = SEGMENT as usize;
     let data = pattern(len, 5);
     pair.a.fill(0, &data);
     let (remote, rkey) = (pair.b.addr_of(0x10_0000), pair.b.mr.rkey);
     pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, len as u32)]));
     pair.drive();
 
-    assert_eq!(pair.opcodes(true), [Opcode::RC_RDMA_WRITE_ONLY], "300 KiB in one packet, not 75");
+    assert_eq!(pair.opcodes(true), [Opcode::RC_RDMA_WRITE_ONLY], "a segment in one packet, not 16");
     assert_eq!(by_reference(&pair), 1);
     assert!(pair.log[0].bytes.len() < 100, "the packet carries where the data is, not the data");
     assert_eq!(pair.b.read(0x10_0000, len), &data[..]);
     assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::Success)]);
+
+    // 300 KiB: five packets (four segments and a part), not 75.
+    let len = 300 * 1024;
+    let data = pattern(len, 8);
+    pair.a.fill(0, &data);
+    let sent = pair.log.len();
+    pair.a.post_send(wr(2, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, len as u32)]));
+    pair.drive();
+    let requests: Vec<_> = pair.log[sent..].iter().filter(|p| p.from_a).collect();
+    assert_eq!(requests.len(), 5);
+    assert!(requests.iter().all(|p| p.by_reference));
+    assert_eq!(pair.b.read(0x10_0000, len), &data[..]);
+    assert_eq!(outcomes(&pair.a.poll_all()), [(2, WcStatus::Success)]);
 }
 
 #[test]
@@ -65,7 +78,7 @@ fn a_send_by_reference_scatters_over_the_receive_buffers() {
     pair.a.post_send(wr(1, SendOp::SendWithImm { imm: [1, 2, 3, 4] }, &sges));
     pair.drive();
 
-    assert_eq!(by_reference(&pair), 1);
+    assert_eq!(by_reference(&pair), len.div_ceil(SEGMENT as usize));
     assert_eq!(pair.b.read(0x30_0000, 40_000), &data[..40_000]);
     assert_eq!(pair.b.read(0x10_0000, 60_000), &data[40_000..]);
     let recv = pair.b.poll().expect("the receive completes");

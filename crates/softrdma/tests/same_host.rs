@@ -128,8 +128,9 @@ fn long_messages_go_by_reference_once_the_receiver_copies_from_the_sender() {
     // next packet there.
     assert_eq!(write_counted(&a, &b, 64 << 10, 1), (16, 0));
     assert_eq!(write_counted(&a, &b, 1 << 10, 1), (1, 0));
-    // 3 MiB: three packets (a segment of 1 MiB each), not 768.
-    assert_eq!(write_counted(&a, &b, 3 << 20, 2), (3, 3));
+    // 3 MiB: a packet per segment (64 KiB), not 768.
+    let segments = (3 << 20) / u64::from(softrdma_engine::reference::SEGMENT);
+    assert_eq!(write_counted(&a, &b, 3 << 20, 2), (segments, segments));
     // Under 16 KiB: by value still.
     let (packets, pulled) = write_counted(&a, &b, 12 << 10, 3);
     assert_eq!((packets, pulled), (3, 0));
@@ -149,9 +150,10 @@ fn long_messages_go_by_reference_once_the_receiver_copies_from_the_sender() {
     b.mr.read(1 << 20, &mut got[..50_000]).unwrap();
     b.mr.read(3 << 20, &mut got[50_000..]).unwrap();
     assert!(got == data, "every byte of the SEND landed, in order");
-    assert_eq!(b.ctx.counters().same_host_pulled, pulled + 1);
+    let send_segments = (len as u64).div_ceil(u64::from(softrdma_engine::reference::SEGMENT));
+    assert_eq!(b.ctx.counters().same_host_pulled, pulled + send_segments);
 
-    // A READ of 3 MiB back from `b`: three answers by reference, copied by `a`.
+    // A READ of 3 MiB back from `b`: an answer by reference per segment, copied by `a`.
     let len = 3 << 20;
     let data = pattern(len, 6);
     b.mr.write(0, &data).unwrap();
@@ -165,8 +167,8 @@ fn long_messages_go_by_reference_once_the_receiver_copies_from_the_sender() {
     a.mr.read(0, &mut got).unwrap();
     assert!(got == data, "every byte of the READ landed");
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
-    assert_eq!(ca.same_host_pulled - before_a.same_host_pulled, 3, "{ca:?}");
-    assert_eq!(cb.engine.sent_packets - before_b.engine.sent_packets, 3, "{cb:?}");
+    assert_eq!(ca.same_host_pulled - before_a.same_host_pulled, segments, "{ca:?}");
+    assert_eq!(cb.engine.sent_packets - before_b.engine.sent_packets, segments, "{cb:?}");
 }
 
 #[test]
