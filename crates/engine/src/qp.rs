@@ -126,10 +126,7 @@ impl SendWqe {
     }
     /// Bytes each of its packets carries, or stands for (all but the last).
     pub(crate) fn unit(&self, mtu: u32) -> u32 {
-        match self.carriage {
-            Carriage::Reference => crate::reference::SEGMENT,
-            Carriage::Undecided | Carriage::Bytes => mtu,
-        }
+        crate::reference::unit(self.carriage == Carriage::Reference, mtu)
     }
     pub(crate) fn last_psn(&self) -> Psn {
         self.first_psn.wrapping_add(self.npkts.saturating_sub(1))

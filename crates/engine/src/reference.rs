@@ -36,6 +36,13 @@ pub const MIN_LEN: u32 = 16 * 1024;
 /// to one peer ran out of retries at perftest's 67 ms; of 64 KiB, 32 MiB.
 pub const SEGMENT: u32 = 64 << 10;
 
+/// Bytes a FIRST or MIDDLE packet of a message carries, or stands for: a segment by
+/// reference, the path MTU by value. Requester, responder and completer count a message's
+/// PSNs by it alike.
+pub(crate) fn unit(by_reference: bool, mtu: u32) -> u32 {
+    if by_reference { SEGMENT } else { mtu }
+}
+
 /// Bytes of one [`Piece`] in a packet's payload.
 pub const PIECE_LEN: usize = 16;
 

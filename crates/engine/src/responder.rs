@@ -520,7 +520,7 @@ fn execute<M: Memory + ?Sized>(
     let mtu = qp.mtu();
     let len = data.len();
     // What a FIRST or MIDDLE packet carries, or stands for (crate::reference).
-    let unit = if data.by_reference() { crate::reference::SEGMENT } else { mtu };
+    let unit = crate::reference::unit(data.by_reference(), mtu);
     let mut psns = 1;
     if !sequence_ok(&qp.resp.current, operation, position) {
         return Err(Refusal::Fatal(NakCode::InvalidRequest));
@@ -914,8 +914,7 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
                 qp.resp.out.retain(
                     |job| !matches!(job, RespJob::Read { psn: p, .. } if window.is_some_and(|w| w.contains(*p))),
                 );
-                let unit = if r.by_reference { crate::reference::SEGMENT } else { mtu };
-                let skip = r.first_psn.distance_to(psn) as u32 * unit;
+                let skip = r.first_psn.distance_to(psn) as u32 * crate::reference::unit(r.by_reference, mtu);
                 qp.resp.out.push_back(RespJob::Read {
                     psn,
                     va: r.va + u64::from(skip),

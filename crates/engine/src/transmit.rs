@@ -217,8 +217,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
         }
         RespJob::Read { psn, va, remaining, first, rkey, pd, by_reference } => {
             // Asked for by reference: a segment per response, listing where it is here.
-            let unit = if by_reference { reference::SEGMENT } else { qp.mtu() };
-            let chunk = remaining.min(unit);
+            let chunk = remaining.min(reference::unit(by_reference, qp.mtu()));
             let last = chunk == remaining;
             let (opcode, position) = match (first, last) {
                 (true, true) => (Opcode::RC_RDMA_READ_RESPONSE_ONLY, Position::Only),
