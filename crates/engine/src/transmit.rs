@@ -637,28 +637,15 @@ fn local_ops(qp: &mut Qp, sh: &mut Shared) -> bool {
 /// Writes into `out` where bytes `offset .. offset + len` of send WQE `pos` are, as
 /// [`Piece`]s, each SGE's part checked against its local key as [`gather`] checks it.
 /// Returns the bytes written.
-fn pieces(qp: &Qp, sh: &Shared, pos: u64, mut offset: u32, len: u32, out: &mut [u8]) -> Result<u32, WcStatus> {
-    let w = qp.sq.get(pos);
-    let (mut filled, mut written) = (0u32, 0usize);
-    for sge in &w.sges {
-        if filled == len {
-            break;
-        }
-        if offset >= sge.length {
-            offset -= sge.length;
-            continue;
-        }
-        let n = (sge.length - offset).min(len - filled);
-        let at = sh
-            .check_lkey(qp.pd, sge.lkey, sge.addr + u64::from(offset), u64::from(n), Access(0))
-            .map_err(crate::completer::local_key_status)?;
+fn pieces(qp: &Qp, sh: &Shared, pos: u64, offset: u32, len: u32, out: &mut [u8]) -> Result<u32, WcStatus> {
+    let mut written = 0usize;
+    crate::sgl::for_each_part(sh, qp.pd, &qp.sq.get(pos).sges, offset, len, Access(0), |at, _, n| {
         let slot = out.get_mut(written..written + reference::PIECE_LEN).ok_or(WcStatus::LocLenErr)?;
         Piece { addr: at, len: n }.emit(slot);
         written += reference::PIECE_LEN;
-        filled += n;
-        offset = 0;
-    }
-    if filled == len { Ok(written as u32) } else { Err(WcStatus::LocLenErr) }
+        Ok(())
+    })?;
+    Ok(written as u32)
 }
 
 /// Copies `out.len()` bytes from byte `offset` of send WQE `pos` into `out`, each SGE's
@@ -668,7 +655,7 @@ fn gather<M: Memory + ?Sized>(
     sh: &Shared,
     mem: &M,
     pos: u64,
-    mut offset: u32,
+    offset: u32,
     out: &mut [u8],
 ) -> Result<(), WcStatus> {
     let w = qp.sq.get(pos);
@@ -676,22 +663,7 @@ fn gather<M: Memory + ?Sized>(
         out.copy_from_slice(&w.inline[offset as usize..offset as usize + out.len()]);
         return Ok(());
     }
-    let mut filled = 0usize;
-    for sge in &w.sges {
-        if filled == out.len() {
-            break;
-        }
-        if offset >= sge.length {
-            offset -= sge.length;
-            continue;
-        }
-        let n = ((sge.length - offset) as usize).min(out.len() - filled);
-        let at = sh
-            .check_lkey(qp.pd, sge.lkey, sge.addr + u64::from(offset), n as u64, Access(0))
-            .map_err(crate::completer::local_key_status)?;
-        mem.read(at, &mut out[filled..filled + n]).map_err(|_| WcStatus::LocProtErr)?;
-        filled += n;
-        offset = 0;
-    }
-    if filled == out.len() { Ok(()) } else { Err(WcStatus::LocLenErr) }
+    crate::sgl::for_each_part(sh, qp.pd, &w.sges, offset, out.len() as u32, Access(0), |at, from, n| {
+        mem.read(at, &mut out[from as usize..(from + n) as usize]).map_err(|_| WcStatus::LocProtErr)
+    })
 }
