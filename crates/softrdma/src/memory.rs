@@ -66,13 +66,10 @@ impl Memory for ProcessMemory {
             return Ok(());
         }
         fault_in(addr, len as u64, true)?;
-        let local = libc::iovec { iov_base: addr as usize as *mut libc::c_void, iov_len: len };
-        let remote = libc::iovec { iov_base: from as usize as *mut libc::c_void, iov_len: len };
-        // SAFETY: as for `write`: the local range is inside a live region the engine checked
-        // for this write, and the kernel writes nothing else; no Rust reference covers it
-        // (the device lock is held). The remote range is only read, by the kernel.
-        let n = unsafe { libc::process_vm_readv(origin as libc::pid_t, &local, 1, &remote, 1, 0) };
-        if usize::try_from(n) == Ok(len) { Ok(()) } else { Err(MemoryFault { addr, len }) }
+        // SAFETY: as for `write`: the range is inside a live region the engine checked for
+        // this write, and no Rust reference covers it (the device lock is held).
+        unsafe { softrdma_udp::local::read_process_into(origin, from, addr as usize as *mut u8, len) }
+            .map_err(|_| MemoryFault { addr, len })
     }
 
     fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryFault> {

@@ -166,13 +166,25 @@ fn probe_token() -> u64 {
 
 /// Copies `buf.len()` bytes from address `from` of process `pid` (`process_vm_readv`).
 pub fn read_process(pid: u32, from: u64, buf: &mut [u8]) -> io::Result<()> {
-    let local = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-    let remote = libc::iovec { iov_base: from as usize as *mut libc::c_void, iov_len: buf.len() };
-    // SAFETY: the local iovec is `buf`, which we borrow mutably; the kernel checks the
-    // remote one against the other process's mappings and never writes to it.
+    // SAFETY: `buf` is borrowed mutably for the call: `buf.len()` bytes writable.
+    unsafe { read_process_into(pid, from, buf.as_mut_ptr(), buf.len()) }
+}
+
+/// Copies `len` bytes from address `from` of process `pid` to `to` (`process_vm_readv`).
+/// The kernel checks the remote range against the other process's mappings and the right
+/// to read it; a copy short of `len` (a hole there) is an error.
+///
+/// # Safety
+/// `to .. to + len` must be writable memory of this process that no Rust reference covers
+/// while the call runs: the kernel writes it.
+pub unsafe fn read_process_into(pid: u32, from: u64, to: *mut u8, len: usize) -> io::Result<()> {
+    let local = libc::iovec { iov_base: to.cast(), iov_len: len };
+    let remote = libc::iovec { iov_base: from as usize as *mut libc::c_void, iov_len: len };
+    // SAFETY: the local range is writable and unaliased (the caller's promise); the remote
+    // one is only read, by the kernel, through its own checks.
     let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &local, 1, &remote, 1, 0) };
     match usize::try_from(n) {
-        Ok(n) if n == buf.len() => Ok(()),
+        Ok(n) if n == len => Ok(()),
         Ok(_) => Err(io::Error::new(io::ErrorKind::UnexpectedEof, "a partial copy")),
         Err(_) => Err(io::Error::last_os_error()),
     }
