@@ -37,6 +37,7 @@ use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::RocePacket;
 use softrdma_wire::icrc::Ipv4IdentificationCache;
+use softrdma_wire::opcode::Transport;
 use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
 
 use crate::capture::Capture;
@@ -1346,7 +1347,8 @@ impl State {
                                 // The receiver copies from this process or not: an RC QP's
                                 // long messages go by reference or not (never under a
                                 // capture, which must show the data).
-                                let rc = BthPacket::new_unchecked(&*datagram).opcode().0 < 0x20;
+                                let opcode = BthPacket::new_unchecked(&*datagram).opcode();
+                                let rc = opcode.info().is_some_and(|i| i.transport == Transport::Rc);
                                 if pulls != t.qp_by_reference && capture.is_none() && rc {
                                     nic.engine_mut().allow_by_reference(t.local_qp, pulls);
                                 }
