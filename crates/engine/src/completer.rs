@@ -457,6 +457,9 @@ pub(crate) fn handle_read_response<M: Memory + ?Sized>(
         fail(qp, sh, status);
         return;
     }
+    if data.by_reference() {
+        sh.counters.rcvd_by_reference += 1;
+    }
     let w = qp.sq.get_mut(pos);
     w.read_done += len;
     let last = w.last_psn();

@@ -170,6 +170,9 @@ pub struct Counters {
     pub cnps_sent: u64,
     /// CNPs received and acted on (a QP's rate cut).
     pub cnps_rcvd: u64,
+    /// Packets carried by reference whose data this device copied from the sending process
+    /// ([`crate::reference`]): each once, a duplicate (taken, not executed again) not.
+    pub rcvd_by_reference: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.

@@ -757,6 +757,9 @@ fn execute<M: Memory + ?Sized>(
         }
         _ => return Err(Refusal::Fatal(NakCode::InvalidRequest)),
     }
+    if data.by_reference() && len > 0 {
+        sh.counters.rcvd_by_reference += 1; // a SEND's or WRITE's data, copied
+    }
     Ok(psns)
 }
 

@@ -145,6 +145,7 @@ fn a_message_keeps_its_carriage_when_sent_again() {
     assert_eq!(by_reference(&pair), 4, "both sent again by reference");
     assert!(pair.opcodes(true).iter().all(|&o| o == Opcode::RC_RDMA_WRITE_ONLY), "{:?}", pair.opcodes(true));
     assert_eq!(pair.b.engine.counters().duplicate_requests, 2);
+    assert_eq!(pair.b.engine.counters().rcvd_by_reference, 2, "each copied once: a duplicate is not executed");
     assert_eq!(pair.b.engine.counters().naks_sent, 0);
     assert_eq!(pair.b.read(0x8000, len), &first[..]);
     assert_eq!(pair.b.read(0x30_0000, len), &second[..]);

@@ -1642,7 +1642,6 @@ fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>, faults: O
         gsi_dropped: gsi.gsi_dropped,
         same_host_sent: same_host.map_or(0, |l| l.sent),
         same_host_rcvd: same_host.map_or(0, |l| l.received),
-        same_host_pulled: same_host.map_or(0, |l| l.pulled),
         faults: faults.map(Faults::counters).unwrap_or_default(),
         cm: nic.cm().counters(),
     }

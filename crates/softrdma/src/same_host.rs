@@ -48,11 +48,9 @@ pub(crate) struct SameHost {
     addresses: Vec<IpAddr>,
     /// By destination slot.
     routes: HashMap<u32, Route>,
-    /// Packets sent and received through shared memory, and those received whose data was
-    /// copied from the sender.
+    /// Packets sent and received through shared memory.
     pub(crate) sent: u64,
     pub(crate) received: u64,
-    pub(crate) pulled: u64,
 }
 
 impl SameHost {
@@ -69,7 +67,6 @@ impl SameHost {
             routes: HashMap::new(),
             sent: 0,
             received: 0,
-            pulled: 0,
         })
     }
 
@@ -133,14 +130,11 @@ impl SameHost {
         max: usize,
         mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Option<u32>),
     ) -> usize {
-        let mut pulled = 0;
         let n = self.inbox.receive(max, |envelope, ip, datagram, origin| {
             let ip = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
-            pulled += u64::from(origin.is_some());
             deliver(envelope, ip, datagram, origin);
         });
         self.received += n as u64;
-        self.pulled += pulled;
         n
     }
 

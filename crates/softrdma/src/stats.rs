@@ -356,11 +356,9 @@ pub struct Counters {
     /// path), not a socket; they count in `sent_packets` too.
     pub same_host_sent: u64,
     /// Packets received through shared memory; they count in `rcvd_packets` too if accepted.
+    /// Those whose data this process copied from the sender's memory (carried by reference:
+    /// the same-host path's one copy) are the engine's `rcvd_by_reference`.
     pub same_host_rcvd: u64,
-    /// Packets received through shared memory whose data this process copied from the
-    /// sender's memory (carried by reference: the same-host path's one copy); they count
-    /// in `same_host_rcvd` too.
-    pub same_host_pulled: u64,
     /// What injected faults (`SOFTRDMA_FAULTS`) did to the datagrams the device received.
     pub faults: crate::faults::FaultCounters,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
@@ -369,8 +367,7 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
-    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`, `same_host_pulled`,
-    /// the injected faults'
+    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`, the injected faults'
     /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
     pub fn named(&self) -> [(&'static str, u64); 38] {
@@ -399,6 +396,7 @@ impl Counters {
             rcvd_auth_failures,
             cnps_sent,
             cnps_rcvd,
+            rcvd_by_reference,
         } = self.engine;
         let softrdma_cm::CmCounters {
             mads_sent,
@@ -433,11 +431,11 @@ impl Counters {
             ("rcvd_auth_failures", rcvd_auth_failures),
             ("cnps_sent", cnps_sent),
             ("cnps_rcvd", cnps_rcvd),
+            ("rcvd_by_reference", rcvd_by_reference),
             ("send_errors", self.send_errors),
             ("gsi_dropped", self.gsi_dropped),
             ("same_host_sent", self.same_host_sent),
             ("same_host_rcvd", self.same_host_rcvd),
-            ("same_host_pulled", self.same_host_pulled),
             ("faults_dropped", dropped),
             ("faults_duplicated", duplicated),
             ("faults_delayed", delayed),

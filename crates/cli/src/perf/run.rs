@@ -389,7 +389,7 @@ impl Side {
             received: c.engine.rcvd_packets,
             retransmitted: c.engine.retransmitted_packets,
             same_host: c.same_host_sent,
-            by_reference: c.same_host_pulled,
+            by_reference: c.engine.rcvd_by_reference,
         }
     }
 
