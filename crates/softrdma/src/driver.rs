@@ -360,6 +360,8 @@ pub(crate) struct State {
     faults: Option<Faults>,
     /// Datagrams that could not be sent (full socket buffer, no route); RC resends them.
     pub(crate) send_errors: u64,
+    /// How the waits on the device's completion channels ended.
+    channel_waits: ChannelWaits,
     /// References to drop once the lock is released ([`Locked`]).
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
     /// Per socket, receives in a row that found nothing.
@@ -451,6 +453,9 @@ pub(crate) struct Shared {
     /// The deadline the progress thread sleeps until (ns since `epoch`); 0 while awake.
     sleeping_until: AtomicU64,
     spin: Duration,
+    /// The most a wait on a completion channel polls before it sleeps
+    /// ([`crate::wait_spin`]).
+    pub(crate) wait_spin: Duration,
     /// CM IDs dropped by the application, for the next pass to destroy.
     cm_graveyard: Mutex<Vec<CmId>>,
     /// Whether the graveyard may hold an ID: a pass looks at this, not the mutex.
@@ -462,6 +467,15 @@ pub(crate) struct Shared {
     /// without the device lock; `has_groups` says whether there are any, without this lock.
     group_sockets: Mutex<Vec<Arc<RoceSocket>>>,
     has_groups: AtomicBool,
+}
+
+/// How the waits on a device's completion channels ended ([`Shared::wait_channel`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct ChannelWaits {
+    /// The event came while the thread polled.
+    polled: u64,
+    /// The thread slept (and the event came, or the wait timed out).
+    slept: u64,
 }
 
 /// What [`Shared::watch_bell`] did.
@@ -665,6 +679,7 @@ impl Driver {
             capture,
             faults,
             send_errors: 0,
+            channel_waits: ChannelWaits::default(),
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
@@ -695,6 +710,7 @@ impl Driver {
             dm_bytes: AtomicU64::new(0),
             sleeping_until: AtomicU64::new(0),
             spin: options.spin,
+            wait_spin: crate::wait_spin::cap(options.wait_spin),
             cm_graveyard: Mutex::new(Vec::new()),
             cm_buried: AtomicBool::new(false),
             thread_id: OnceLock::new(),
@@ -900,8 +916,17 @@ impl Shared {
     /// Blocks until `fd` (a completion channel) is readable or `timeout` passes, doing the
     /// device's receive work in this thread when a datagram arrives first: an application
     /// waiting for a completion then wakes once per message (on the datagram), not twice
-    /// (the progress thread, then the channel).
-    pub(crate) fn wait_channel(&self, fd: &OwnedFd, timeout: Option<Duration>) {
+    /// (the progress thread, then the channel). For up to `spin` first, it polls instead,
+    /// until `ready` (an event is on the channel): a wake-up through the kernel costs
+    /// 10-20 us, and an answer that comes within the spin is seen in a polled one's time
+    /// ([`crate::wait_spin`]).
+    pub(crate) fn wait_channel(
+        &self,
+        fd: &OwnedFd,
+        timeout: Option<Duration>,
+        spin: Duration,
+        ready: impl Fn() -> bool,
+    ) {
         // While this thread watches the sockets, the progress thread keeps to the timers
         // (or both would wake for every datagram and fight over the lock).
         // SeqCst with the progress thread's store of `watching` and load of `app_waiting`:
@@ -910,10 +935,52 @@ impl Shared {
         if self.watching.load(Ordering::SeqCst) {
             ring(&self.doorbell);
         }
-        self.wait_channel_inner(fd, timeout);
-        // Now nobody may be watching: hand the sockets back at once.
-        if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 {
+        let spin = timeout.map_or(spin, |t| spin.min(t));
+        let slept = !self.poll_until(spin, ready);
+        if slept {
+            self.wait_channel_inner(fd, timeout.map(|t| t - spin));
+        }
+        let mut st = self.lock();
+        if slept {
+            st.channel_waits.slept += 1;
+        } else {
+            st.channel_waits.polled += 1;
+        }
+        drop(st);
+        // Now nobody may be watching: hand the sockets back at once. Not after a wait that
+        // polled to its end: the progress thread takes this thread for a polling
+        // application (APP_POLL_WINDOW), and waking it only had it find so, two context
+        // switches per message that each took a CPU from a polling thread.
+        if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 && slept {
             ring(&self.doorbell);
+        }
+    }
+
+    /// Receives, sends and delivers events in this thread, as a polling application does,
+    /// until `ready` or for `budget`. Returns whether `ready`.
+    fn poll_until(&self, budget: Duration, ready: impl Fn() -> bool) -> bool {
+        if budget.is_zero() {
+            return false;
+        }
+        let start = self.now();
+        let mut turns = 0u32;
+        loop {
+            let now = self.now();
+            // The progress thread leaves the sockets and the inbox to this one meanwhile.
+            self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
+            self.lock().progress(self, now, true, true);
+            if ready() {
+                return true;
+            }
+            if now - start >= budget {
+                return false;
+            }
+            turns = turns.wrapping_add(1);
+            if turns % YIELD_AFTER_IDLE_TURNS == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
     }
 
@@ -1179,9 +1246,9 @@ impl State {
             worked = true;
         }
         let progress_thread = shared.thread_id.get().copied();
-        let State { stats, nic, send_errors, same_host, faults, .. } = self;
+        let State { stats, nic, send_errors, channel_waits, same_host, faults, .. } = self;
         stats.after_receive(now, worked, progress_thread, || {
-            counters(nic, *send_errors, same_host.as_ref(), faults.as_ref())
+            counters(nic, *send_errors, *channel_waits, same_host.as_ref(), faults.as_ref())
         });
         worked
     }
@@ -1255,7 +1322,7 @@ impl State {
 
     /// The device's counters.
     pub(crate) fn counters(&self) -> Counters {
-        counters(&self.nic, self.send_errors, self.same_host.as_ref(), self.faults.as_ref())
+        counters(&self.nic, self.send_errors, self.channel_waits, self.same_host.as_ref(), self.faults.as_ref())
     }
 
     /// Hands the received batch to the NIC.
@@ -1634,7 +1701,13 @@ fn complete_icrc(t: &mut Transmit, datagram: &mut [u8]) {
 }
 
 /// The counters of a device: the NIC's and the sockets'.
-fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>, faults: Option<&Faults>) -> Counters {
+fn counters(
+    nic: &Nic,
+    send_errors: u64,
+    waits: ChannelWaits,
+    same_host: Option<&SameHost>,
+    faults: Option<&Faults>,
+) -> Counters {
     let gsi = nic.counters();
     Counters {
         engine: nic.engine().counters(),
@@ -1642,6 +1715,8 @@ fn counters(nic: &Nic, send_errors: u64, same_host: Option<&SameHost>, faults: O
         gsi_dropped: gsi.gsi_dropped,
         same_host_sent: same_host.map_or(0, |l| l.sent),
         same_host_rcvd: same_host.map_or(0, |l| l.received),
+        channel_waits_polled: waits.polled,
+        channel_waits_slept: waits.slept,
         faults: faults.map(Faults::counters).unwrap_or_default(),
         cm: nic.cm().counters(),
     }

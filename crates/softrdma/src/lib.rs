@@ -63,6 +63,7 @@ mod same_host;
 pub mod stats;
 pub mod sysfs;
 mod verbs;
+mod wait_spin;
 
 use std::time::Duration;
 
@@ -89,6 +90,7 @@ pub use verbs::{
     Ah, CompChannel, ConnectOptions, Context, Cq, DeviceMemory, EMPTY_WC, Endpoint, MAX_DM_SIZE, Mr, Mw, Pd, Prefetch,
     Qp, QpInit, RawMr, RemoteMr, Srq, Xrcd, inc_rkey,
 };
+pub use wait_spin::WAIT_SPIN_ENV;
 
 /// How to open a device ([`Device::open_with`]).
 #[derive(Clone, Debug, PartialEq)]
@@ -99,6 +101,15 @@ pub struct ContextOptions {
     /// How long the progress thread keeps polling after work before it blocks: lower
     /// latency when traffic is steady, at the cost of that much CPU after each burst.
     pub spin: Duration,
+    /// How long, at most, a thread waiting on a completion channel
+    /// ([`CompChannel::get_cq_event`], `ibv_get_cq_event`) polls before it sleeps. The
+    /// channel's polling window opens (from 10 µs, doubling up to this) while its waits
+    /// last no longer than this, and closes (halving) while they last longer, as KVM's halt
+    /// polling does: an answer then comes in the 2 µs of a polled one rather than after a
+    /// wake-up's 10–20 µs, and an idle application sleeps at once. `Duration::ZERO` never
+    /// polls; `SOFTRDMA_WAIT_SPIN_US` ([`WAIT_SPIN_ENV`]) replaces it for any program.
+    /// 200 µs by default (KVM's `halt_poll_ns`).
+    pub wait_spin: Duration,
     /// Write the packets sent and received to a pcap file: all of them, or those of some
     /// QPs, as they go or the last ones from a ring at close ([`CaptureOptions`];
     /// `Some(path.into())` captures everything). Without it, the environment decides
@@ -159,6 +170,7 @@ impl Default for ContextOptions {
         Self {
             port: softrdma_udp::ROCEV2_PORT,
             spin: Duration::from_micros(50),
+            wait_spin: Duration::from_micros(200),
             capture: None,
             cm_response_timeout: softrdma_cm::CMA_CM_RESPONSE_TIMEOUT,
             cm_max_retries: softrdma_cm::CMA_MAX_CM_RETRIES,

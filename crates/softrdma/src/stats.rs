@@ -359,6 +359,12 @@ pub struct Counters {
     /// Those whose data this process copied from the sender's memory (carried by reference:
     /// the same-host path's one copy) are the engine's `rcvd_by_reference`.
     pub same_host_rcvd: u64,
+    /// Waits on a completion channel (`get_cq_event`) whose event came while the waiting
+    /// thread still polled ([`ContextOptions::wait_spin`](crate::ContextOptions::wait_spin)).
+    pub channel_waits_polled: u64,
+    /// Waits on a completion channel that slept (the polling window was closed, or the
+    /// event came after it), or timed out.
+    pub channel_waits_slept: u64,
     /// What injected faults (`SOFTRDMA_FAULTS`) did to the datagrams the device received.
     pub faults: crate::faults::FaultCounters,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
@@ -367,10 +373,11 @@ pub struct Counters {
 
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
-    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`, the injected faults'
+    /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`,
+    /// `channel_waits_polled`, `channel_waits_slept`, the injected faults'
     /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 38] {
+    pub fn named(&self) -> [(&'static str, u64); 40] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -436,6 +443,8 @@ impl Counters {
             ("gsi_dropped", self.gsi_dropped),
             ("same_host_sent", self.same_host_sent),
             ("same_host_rcvd", self.same_host_rcvd),
+            ("channel_waits_polled", self.channel_waits_polled),
+            ("channel_waits_slept", self.channel_waits_slept),
             ("faults_dropped", dropped),
             ("faults_duplicated", duplicated),
             ("faults_delayed", delayed),

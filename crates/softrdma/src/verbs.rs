@@ -87,7 +87,8 @@ impl Context {
     pub fn create_comp_channel(&self) -> Result<CompChannel> {
         let fired = driver::EventQueue::new("a completion channel")?;
         let shared = Arc::downgrade(&self.drv.shared);
-        Ok(CompChannel { inner: Arc::new(ChannelInner { fired, shared }) })
+        let spin = crate::wait_spin::WaitSpin::new(self.drv.shared.wait_spin);
+        Ok(CompChannel { inner: Arc::new(ChannelInner { fired, shared, spin }) })
     }
 
     /// `ibv_create_cq`: a CQ of at least `cqe` entries, whose completion events (once
@@ -1181,7 +1182,20 @@ impl Cq {
         drop(st);
         // The application is about to wait for the event, perhaps in its own epoll loop
         // rather than in get_cq_event: the sockets go back to the progress thread now.
-        sh.app_sleeps();
+        // Not where it waits in get_cq_event, in a loop (it waited there within
+        // APP_POLL_WINDOW): that wait receives itself, and waking the progress thread for
+        // nothing cost two context switches per message, each taking a CPU from a polling
+        // thread (an event-driven ping-pong of two processes on two cores: 2.4 switches
+        // per round trip). Should it wait elsewhere after all, the progress thread
+        // watches the sockets again within APP_POLL_WINDOW, as after any poll.
+        let looping = self
+            .inner
+            .channel
+            .as_ref()
+            .is_some_and(|c| c.inner.spin.waited_within(sh.now().as_nanos(), driver::APP_POLL_WINDOW));
+        if !looping {
+            sh.app_sleeps();
+        }
         Ok(())
     }
 
@@ -1232,6 +1246,8 @@ pub(crate) struct ChannelInner {
     fired: driver::EventQueue<Weak<CqInner>>,
     /// The device, to tell it the application sleeps.
     shared: Weak<driver::Shared>,
+    /// How long a wait polls before it sleeps, from how long the recent ones lasted.
+    spin: crate::wait_spin::WaitSpin,
 }
 
 /// A CQ's completion channel, as the driver knows it.
@@ -1253,20 +1269,42 @@ impl CompChannel {
     /// [`Cq::req_notify`] before polling it, as with libibverbs.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<Cq>> {
         let deadline = timeout.map(|t| StdInstant::now() + t);
+        let shared = self.inner.shared.upgrade();
+        // When this call began to wait, and how long it polls first (crate::wait_spin).
+        let mut waiting: Option<(StdInstant, Duration)> = None;
+        let done = |waiting: Option<(StdInstant, Duration)>| {
+            if let Some((began, window)) = waiting {
+                self.inner.spin.record(began.elapsed(), window);
+                if let Some(sh) = &shared {
+                    self.inner.spin.ended(sh.now().as_nanos());
+                }
+            }
+        };
         loop {
             let next = self.inner.fired.pop();
             if let Some(weak) = next {
                 if let Some(inner) = weak.upgrade() {
+                    done(waiting);
                     return Ok(Some(Cq { inner }));
                 }
                 continue;
             }
             let left = deadline.map(|d| d.saturating_duration_since(StdInstant::now()));
             if left.is_some_and(|l| l.is_zero()) {
+                done(waiting);
                 return Ok(None);
             }
-            match self.inner.shared.upgrade() {
-                Some(sh) => sh.wait_channel(self.inner.fired.fd(), left),
+            // The first time round polls; after that it sleeps.
+            let spin = match waiting {
+                None => {
+                    let window = self.inner.spin.window();
+                    waiting = Some((StdInstant::now(), window));
+                    window
+                }
+                Some(_) => Duration::ZERO,
+            };
+            match &shared {
+                Some(sh) => sh.wait_channel(self.inner.fired.fd(), left, spin, || self.inner.fired.len() > 0),
                 None => {
                     driver::wait_readable(self.inner.fired.fd(), left);
                 }

@@ -207,6 +207,85 @@ fn a_send_the_receivers_poll_takes_is_acked_though_the_receiver_then_makes_no_ca
     }
 }
 
+/// An event-driven ping-pong (each side arms its CQ, polls once more, then sleeps in
+/// `get_cq_event`, as `rdma_get_recv_comp` and perftest's `-e` do): a side whose waits may
+/// poll first ([`ContextOptions::wait_spin`]) finds its events while polling once its
+/// window has opened, and one that may not sleeps for every one. The cap is a second, so
+/// that no wait on a loaded machine is long enough to close the window again: the window
+/// starts at 10 µs and doubles at each wait it did not cover, so at most a few dozen of
+/// the waits sleep.
+#[test]
+fn an_event_driven_ping_pong_finds_its_events_while_polling_and_sleeps_where_told_not_to_poll() {
+    const ROUNDS: u64 = 300;
+    let port = test_port();
+    let side = |wait_spin: Duration| {
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, wait_spin, ..ContextOptions::default() }).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(512, Some(&ch)).unwrap();
+        let mut init = QpInit::new(QpType::Rc, &cq);
+        init.cap.max_recv_wr = 16;
+        let qp = pd.create_qp(&init).unwrap();
+        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+        (Side { ctx, pd, cq, qp, mr }, ch)
+    };
+    let (a, cha) = side(Duration::from_secs(1));
+    let (b, chb) = side(Duration::ZERO);
+    let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
+    a.qp.connect(100, &eb, &ConnectOptions::default()).unwrap();
+    b.qp.connect(200, &ea, &ConnectOptions::default()).unwrap();
+    let play = |me: &Side, ch: &CompChannel, serve: bool| {
+        let sge = [me.mr.sge(0..8).unwrap()];
+        let rsge = [me.mr.sge(64..128).unwrap()];
+        for k in 0..16 {
+            me.qp.post_recv(&[RecvWr { wr_id: k, sg_list: &rsge }]).unwrap();
+        }
+        // Polls; when empty, arms the CQ and polls again; when still empty, sleeps.
+        let next = || {
+            me.cq.poll_one().or_else(|| {
+                me.cq.req_notify(false).unwrap();
+                me.cq.poll_one()
+            })
+        };
+        let receive = || loop {
+            match next() {
+                Some(wc) if wc.opcode == WcOpcode::Recv => return wc,
+                Some(wc) => assert_eq!(wc.status, WcStatus::Success, "{wc:?}"),
+                None => {
+                    ch.get_cq_event(Some(WAIT)).unwrap().expect("an event before the timeout");
+                }
+            }
+        };
+        for i in 0..ROUNDS {
+            if serve {
+                let wc = receive();
+                me.qp.post_recv(&[RecvWr { wr_id: wc.wr_id, sg_list: &rsge }]).unwrap();
+            }
+            me.qp.post_send(&[wr(i, SendOp::Send, &sge)]).unwrap();
+            if !serve {
+                let wc = receive();
+                assert_eq!(wc.status, WcStatus::Success);
+                me.qp.post_recv(&[RecvWr { wr_id: wc.wr_id, sg_list: &rsge }]).unwrap();
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| play(&b, &chb, true));
+        play(&a, &cha, false);
+    });
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    let waits = |c: &Counters| c.channel_waits_polled + c.channel_waits_slept;
+    assert!(waits(&ca) > 0 && waits(&cb) > 0, "both sides waited on their channel: {ca:?} {cb:?}");
+    assert!(
+        ca.channel_waits_slept <= 40 && ca.channel_waits_polled >= waits(&ca) / 2,
+        "the side that may poll slept {} times and polled {} times",
+        ca.channel_waits_slept,
+        ca.channel_waits_polled
+    );
+    assert_eq!(cb.channel_waits_polled, 0, "the side that may not poll polled");
+}
+
 /// This process's resident memory, from `/proc/self/status` (`VmRSS`, in kB).
 fn resident_bytes() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
