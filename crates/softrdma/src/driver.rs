@@ -566,10 +566,14 @@ impl<T> EventQueue<T> {
         }
     }
 
-    /// Empties the descriptor (with the queue's lock held, the queue empty).
+    /// Empties the descriptor (with the queue's lock held, the queue empty). A read short of
+    /// the buffer took all there was, as every push holds the queue's lock too: one
+    /// `recv` per event, not a second one to find the socket empty.
     fn drain(&self) {
         let mut buf = [0u8; 64];
-        while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n > 0) {}
+        while matches!(rustix::net::recv(&self.rx, &mut buf, rustix::net::RecvFlags::DONTWAIT), Ok((n, _)) if n == buf.len())
+        {
+        }
     }
 
     /// The next event; the descriptor stops being readable when it was the last.
