@@ -465,6 +465,29 @@ fn rc_survives_other_processes_coming_and_going() {
     });
 }
 
+/// `-e`: both sides wait for their completions on a completion channel (each side's
+/// channel waits are counted), and without it neither does.
+#[test]
+fn events_wait_on_the_completion_channel() {
+    let _serial = serial();
+    let waits = |side: &Value| u(side, "channel_waits_polled") + u(side, "channel_waits_slept");
+    for (op, mode) in [("write", "lat"), ("send", "lat"), ("send", "bw"), ("write", "bw")] {
+        let r = perf(&[op, mode, "--loopback", "-n", "200", "-s", "64", "-e"]);
+        assert_eq!(spec_of(&r, "events"), true);
+        let res = &r["results"][0];
+        assert_eq!(u(res, "iterations"), 200, "{op} {mode} -e: every operation completed");
+        assert!(waits(&res["client"]) > 0, "{op} {mode} -e: the client never waited on its channel: {res}");
+        if op == "send" || mode == "lat" {
+            // The server waits for receives (a WRITE bw server has none to wait for).
+            assert!(waits(&res["server"]) > 0, "{op} {mode} -e: the server never waited on its channel: {res}");
+        }
+    }
+    let r = perf(&["write", "lat", "--loopback", "-n", "100"]);
+    assert_eq!(spec_of(&r, "events"), false);
+    let res = &r["results"][0];
+    assert_eq!(waits(&res["client"]) + waits(&res["server"]), 0, "polled: {res}");
+}
+
 #[test]
 fn two_qps_and_bidirectional() {
     let _serial = serial();

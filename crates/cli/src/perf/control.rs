@@ -79,6 +79,12 @@ pub(crate) struct SideStats {
     /// and up).
     #[serde(default)]
     pub(crate) packets_by_reference: u64,
+    /// With `-e`: waits on the completion channel whose event came while the thread
+    /// polled, and those that slept (or timed out).
+    #[serde(default)]
+    pub(crate) channel_waits_polled: u64,
+    #[serde(default)]
+    pub(crate) channel_waits_slept: u64,
 }
 
 /// The messages, in the order they come: `Hello` → `Accept` (or `Refuse`), then per size

@@ -202,6 +202,8 @@ fn with_baseline(report: &mut Report, b: baseline::Baseline) {
 ///   GSO+GRO goodput (>= 0.6), 8 B WRITE latency against the busy-polled UDP ping-pong
 ///   (<= 1.3).
 /// - **mixed**: no limit is like for like, and no target applies.
+/// - **events** (`-e`, on either path): latency against the blocking UDP ping-pong, the
+///   like-for-like limit of a thread that sleeps for each answer; no target applies.
 ///
 /// The other limits (the other path's, blocking UDP, memcpy) are for reference.
 fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
@@ -209,6 +211,7 @@ fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
     let write = report.spec.op == Op::Write;
     let same_host = report.path == Path::SameHost;
     let wire = report.path == Path::Wire;
+    let events = report.spec.events;
     // The target where `like` (this limit is the path's) holds.
     let aim = |like: bool, applies: bool, t: Target| (like && applies).then_some(t);
     // One figure's ratios, the like-for-like limit first, the others in the order given.
@@ -222,14 +225,17 @@ fn ratios(report: &Report, b: &baseline::Baseline) -> Vec<Ratio> {
             let lat = |what: &str, limit: f64, like_for_like: bool, target: Option<Target>| {
                 Ratio::new(format!("{} B median latency", r.bytes), l.median, "us", what, limit, like_for_like, target)
             };
-            let eight = write && r.bytes == 8;
+            // Polled latency has the path's limits and targets; latency that sleeps on a
+            // completion channel is like a blocking UDP ping-pong's, on either path.
+            let eight = write && r.bytes == 8 && !events;
+            let (wire, same_host) = (wire && !events, same_host && !events);
             figure.push(lat(
                 "busy-polled UDP one way",
                 b.udp_busy_one_way_us.median,
                 wire,
                 aim(wire, eight, Target::AtMost(1.3)),
             ));
-            figure.push(lat("blocking UDP one way", b.udp_blocking_one_way_us.median, false, None));
+            figure.push(lat("blocking UDP one way", b.udp_blocking_one_way_us.median, events, None));
             figure.push(lat(
                 "spinning shared-memory ping-pong one way",
                 b.shm_pingpong_one_way_us.median,

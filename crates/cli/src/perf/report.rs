@@ -316,7 +316,7 @@ impl Report {
         let _ = writeln!(o, "                    softrdma perf {}: {} over RoCEv2", self.test, operation_name(s.op));
         let _ = writeln!(
             o,
-            " Connection: {}{}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}   Path: {}",
+            " Connection: {}{}   QPs: {}   TX depth: {}   Inline: {}   MTU: {}   {}{}   Path: {}",
             s.conn,
             if s.authenticate { " (authenticated)" } else { "" },
             s.qps,
@@ -324,6 +324,7 @@ impl Report {
             s.inline,
             if s.mtu == 0 { "device".to_string() } else { s.mtu.to_string() },
             if s.bidirectional { "bidirectional" } else { "unidirectional" },
+            if s.events { "   Completions: events" } else { "" },
             path_text(self.path, &self.results)
         );
         for (name, side) in [("local", &self.local), ("remote", &self.remote)] {
@@ -404,6 +405,11 @@ impl Report {
         let lost: u64 = self.results.iter().map(|r| r.client.lost).sum();
         if lost > 0 {
             let _ = write!(o, ", pings lost {lost} (not timed)");
+        }
+        if s.events {
+            let polled: u64 = self.results.iter().map(|r| r.client.channel_waits_polled + r.server.channel_waits_polled).sum();
+            let slept: u64 = self.results.iter().map(|r| r.client.channel_waits_slept + r.server.channel_waits_slept).sum();
+            let _ = write!(o, "\n channel waits {}: {polled} found their event while polling, {slept} slept", polled + slept);
         }
         o.push('\n');
         if !self.vs_baseline.is_empty() {

@@ -14,8 +14,8 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use softrdma::{
-    Access, AddressVector, Ah, CmId, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd, QKey, Qp,
-    QpCap, QpInit, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
+    Access, AddressVector, Ah, CmId, CompChannel, ConnectOptions, Context, Cq, EMPTY_WC, Endpoint, Gid, Mr, Mtu, Pd,
+    QKey, Qp, QpCap, QpInit, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcStatus,
 };
 
 use super::PerfError;
@@ -79,6 +79,9 @@ struct Packets {
     same_host: u64,
     /// Received by reference: their data copied once from the other side's memory.
     by_reference: u64,
+    /// Waits on the completion channel that ended while polling, and that slept.
+    waits_polled: u64,
+    waits_slept: u64,
 }
 
 /// One side's verbs objects for a whole test.
@@ -86,6 +89,8 @@ pub(crate) struct Side {
     ctx: Context,
     _pd: Pd,
     cq: Cq,
+    /// The CQ's completion channel, with `-e`: completions are waited for on it.
+    channel: Option<CompChannel>,
     qps: Vec<Qp>,
     psns: Vec<u32>,
     mr: Mr,
@@ -112,7 +117,9 @@ impl Side {
         let slots = (REGION / (u64::from(spec.qps) * stride)).clamp(1, want_slots);
         let recv_depth = if spec.mode == Mode::Bw { RECV_DEPTH_BW.max(spec.depth) } else { RECV_DEPTH_LAT };
         let cqe = spec.qps * (Self::send_depth(spec) + recv_depth) + 64;
-        let cq = ctx.create_cq(cqe, None).map_err(rdma("ibv_create_cq"))?;
+        let channel =
+            if spec.events { Some(ctx.create_comp_channel().map_err(rdma("ibv_create_comp_channel"))?) } else { None };
+        let cq = ctx.create_cq(cqe, channel.as_ref()).map_err(rdma("ibv_create_cq"))?;
         let len = usize::try_from(u64::from(spec.qps) * slots * stride)
             .map_err(|_| PerfError::Usage("the buffers do not fit this machine's address space".into()))?;
         let mr = pd.reg_mr(len, Access::ALL).map_err(rdma("ibv_reg_mr"))?;
@@ -120,6 +127,7 @@ impl Side {
             ctx,
             _pd: pd,
             cq,
+            channel,
             qps: Vec::new(),
             psns: Vec::new(),
             mr,
@@ -368,6 +376,23 @@ impl Side {
         peer.qps[qp].qpn
     }
 
+    /// The completions ready, up to `wcs.len()`. With `-e`, when there are none: arms the
+    /// CQ, polls once more (a completion may have come before the arming), and sleeps on
+    /// the channel for the next one, [`EVENT_WAIT`] at most (so that the caller's loop
+    /// still sees its deadlines), as perftest's `-e` does.
+    fn poll_cq(&self, wcs: &mut [Wc]) -> Result<usize, PerfError> {
+        let n = self.cq.poll(wcs);
+        let Some(channel) = self.channel.as_ref().filter(|_| n == 0) else { return Ok(n) };
+        self.cq.req_notify(false).map_err(rdma("ibv_req_notify_cq"))?;
+        let n = self.cq.poll(wcs);
+        if n > 0 {
+            return Ok(n);
+        }
+        // The event names this side's one CQ; what matters is that it came.
+        channel.get_cq_event(Some(EVENT_WAIT)).map_err(rdma("ibv_get_cq_event"))?;
+        Ok(self.cq.poll(wcs))
+    }
+
     fn check(wc: &Wc) -> Result<(), PerfError> {
         if wc.status == WcStatus::Success {
             return Ok(());
@@ -390,6 +415,8 @@ impl Side {
             retransmitted: c.engine.retransmitted_packets,
             same_host: c.same_host_sent,
             by_reference: c.engine.rcvd_by_reference,
+            waits_polled: c.channel_waits_polled,
+            waits_slept: c.channel_waits_slept,
         }
     }
 
@@ -470,7 +497,7 @@ impl Side {
                     }
                 }
             }
-            let n = self.cq.poll(&mut wcs);
+            let n = self.poll_cq(&mut wcs)?;
             for wc in &wcs[..n] {
                 Self::check(wc)?;
                 if wc.wr_id & RECV_BIT != 0 {
@@ -576,7 +603,7 @@ impl Side {
             // READ and atomics always, as their completion is the answer.
             self.post(peer, 0, seq..seq + 1, size, |s| !pingpong || s % LAT_SIGNAL_EVERY == LAT_SIGNAL_EVERY - 1)?;
             let answered = 'wait: loop {
-                let n = self.cq.poll(&mut wcs);
+                let n = self.poll_cq(&mut wcs)?;
                 for wc in &wcs[..n] {
                     Self::check(wc)?;
                     let answered = if wc.wr_id & RECV_BIT != 0 {
@@ -640,7 +667,7 @@ impl Side {
             if !pingpong {
                 std::thread::sleep(Duration::from_millis(1));
             } else {
-                let n = self.cq.poll(&mut wcs);
+                let n = self.poll_cq(&mut wcs)?;
                 for wc in &wcs[..n] {
                     Self::check(wc)?;
                     if wc.wr_id & RECV_BIT != 0 {
@@ -681,9 +708,14 @@ impl Side {
             packets_received: m1.received - m0.received,
             packets_same_host: m1.same_host - m0.same_host,
             packets_by_reference: m1.by_reference - m0.by_reference,
+            channel_waits_polled: m1.waits_polled - m0.waits_polled,
+            channel_waits_slept: m1.waits_slept - m0.waits_slept,
         }
     }
 }
+
+/// The longest `-e` sleeps on the completion channel before its loop looks at the clock.
+const EVENT_WAIT: Duration = Duration::from_millis(10);
 
 /// How long a latency ping over UC or UD waits for its answer before it counts as lost.
 const LOSS_TIMEOUT: Duration = Duration::from_millis(20);

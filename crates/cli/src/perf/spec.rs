@@ -142,6 +142,12 @@ pub(crate) struct TestArgs {
     /// the same-host path off (for both sides: the server follows the client's test).
     #[arg(long)]
     pub(crate) wire: bool,
+    /// Sleep on a completion channel for completions instead of polling the CQ, as
+    /// perftest's `-e`: arm the CQ, poll it once more, then wait in `get_cq_event` (both
+    /// sides; a wait polls first for as long as recent waits lasted, up to
+    /// `SOFTRDMA_WAIT_SPIN_US`).
+    #[arg(short = 'e', long = "use-event", alias = "use_event")]
+    pub(crate) events: bool,
     /// The TCP port (or, with --rdma-cm, the rdma_cm port) the server listens on.
     #[arg(short, long, default_value_t = 18515)]
     pub(crate) port: u16,
@@ -192,6 +198,9 @@ pub(crate) struct Spec {
     /// same-host path off.
     #[serde(default)]
     pub(crate) wire: bool,
+    /// Both sides sleep on a completion channel for their completions (`-e`).
+    #[serde(default)]
+    pub(crate) events: bool,
 }
 
 /// Largest message `-a` runs.
@@ -275,6 +284,7 @@ impl Spec {
             authenticate: a.authenticate,
             more: false,
             wire: a.wire,
+            events: a.events,
         })
     }
 
