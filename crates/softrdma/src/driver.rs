@@ -972,7 +972,20 @@ impl Shared {
             let now = self.now();
             // The progress thread leaves the sockets and the inbox to this one meanwhile.
             self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
-            self.lock().progress(self, now, true, true);
+            let mut st = self.lock();
+            st.receive(self, now, true, true);
+            st.dispatch_events(self, now);
+            if ready() {
+                // As a poll that returns a completion: what the receive queued (the ACK,
+                // mostly) may leave with the application's answer, in one send, rather
+                // than in a send of its own before the application sees its event (on the
+                // wire, a `sendmmsg` on every message's path: an event-driven ping-pong
+                // 14.5-17.9 us one way, against 6 polled).
+                self.app_received(&mut st, now);
+                return true;
+            }
+            self.app_flush_at(&mut st, now);
+            drop(st);
             if ready() {
                 return true;
             }
