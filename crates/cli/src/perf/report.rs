@@ -407,9 +407,15 @@ impl Report {
             let _ = write!(o, ", pings lost {lost} (not timed)");
         }
         if s.events {
-            let polled: u64 = self.results.iter().map(|r| r.client.channel_waits_polled + r.server.channel_waits_polled).sum();
-            let slept: u64 = self.results.iter().map(|r| r.client.channel_waits_slept + r.server.channel_waits_slept).sum();
-            let _ = write!(o, "\n channel waits {}: {polled} found their event while polling, {slept} slept", polled + slept);
+            let polled: u64 =
+                self.results.iter().map(|r| r.client.channel_waits_polled + r.server.channel_waits_polled).sum();
+            let slept: u64 =
+                self.results.iter().map(|r| r.client.channel_waits_slept + r.server.channel_waits_slept).sum();
+            let _ = write!(
+                o,
+                "\n channel waits {}: {polled} found their event while polling, {slept} slept",
+                polled + slept
+            );
         }
         o.push('\n');
         if !self.vs_baseline.is_empty() {

@@ -120,6 +120,9 @@ impl Side {
         let channel =
             if spec.events { Some(ctx.create_comp_channel().map_err(rdma("ibv_create_comp_channel"))?) } else { None };
         let cq = ctx.create_cq(cqe, channel.as_ref()).map_err(rdma("ibv_create_cq"))?;
+        if channel.is_some() {
+            cq.req_notify(false).map_err(rdma("ibv_req_notify_cq"))?;
+        }
         let len = usize::try_from(u64::from(spec.qps) * slots * stride)
             .map_err(|_| PerfError::Usage("the buffers do not fit this machine's address space".into()))?;
         let mr = pd.reg_mr(len, Access::ALL).map_err(rdma("ibv_reg_mr"))?;
@@ -376,20 +379,19 @@ impl Side {
         peer.qps[qp].qpn
     }
 
-    /// The completions ready, up to `wcs.len()`. With `-e`, when there are none: arms the
-    /// CQ, polls once more (a completion may have come before the arming), and sleeps on
-    /// the channel for the next one, [`EVENT_WAIT`] at most (so that the caller's loop
-    /// still sees its deadlines), as perftest's `-e` does.
+    /// The completions ready, up to `wcs.len()`. With `-e`, as perftest's: waits for the
+    /// CQ's event ([`EVENT_WAIT`] at most, so that the caller's loop still sees its
+    /// deadlines), re-arms the CQ, then polls (the CQ is armed once when it is made). Each
+    /// wait takes one event, so none piles up: arming, polling and waiting only when the
+    /// poll found nothing (`rdma_get_recv_comp`'s way) leaves an event behind for every
+    /// completion the second poll finds, and the next wait returns at once.
     fn poll_cq(&self, wcs: &mut [Wc]) -> Result<usize, PerfError> {
-        let n = self.cq.poll(wcs);
-        let Some(channel) = self.channel.as_ref().filter(|_| n == 0) else { return Ok(n) };
-        self.cq.req_notify(false).map_err(rdma("ibv_req_notify_cq"))?;
-        let n = self.cq.poll(wcs);
-        if n > 0 {
-            return Ok(n);
+        if let Some(channel) = &self.channel {
+            // The event names this side's one CQ; what matters is that it came.
+            if channel.get_cq_event(Some(EVENT_WAIT)).map_err(rdma("ibv_get_cq_event"))?.is_some() {
+                self.cq.req_notify(false).map_err(rdma("ibv_req_notify_cq"))?;
+            }
         }
-        // The event names this side's one CQ; what matters is that it came.
-        channel.get_cq_event(Some(EVENT_WAIT)).map_err(rdma("ibv_get_cq_event"))?;
         Ok(self.cq.poll(wcs))
     }
 
