@@ -98,6 +98,9 @@ run_pair "ibv_rc_pingpong -g 0" 0 ibv_rc_pingpong -g 0
 run_pair "ibv_uc_pingpong -g 0" 1 ibv_uc_pingpong -g 0
 run_pair "ibv_ud_pingpong -g 0" 1 ibv_ud_pingpong -g 0
 run_pair "ibv_srq_pingpong -g 0" 0 ibv_srq_pingpong -g 0
+# -e: completions by event (ibv_req_notify_cq, ibv_get_cq_event, ibv_ack_cq_events), each
+# wait polling first for its learned window.
+run_pair "ibv_rc_pingpong -g 0 -e" 0 ibv_rc_pingpong -g 0 -e
 # -N: the extended send API (ibv_create_qp_ex, ibv_qp_to_qp_ex, ibv_wr_*).
 run_pair "ibv_rc_pingpong -g 0 -N" 0 ibv_rc_pingpong -g 0 -N
 # -t: the extended CQ with completion timestamps (ibv_create_cq_ex, ibv_start_poll,
@@ -235,6 +238,9 @@ for p in ib_send_bw ib_send_lat ib_write_bw ib_write_lat ib_read_bw ib_read_lat 
     perftest_pair "$p -R" "$p" "$row" -n "$PERFTEST_ITERS" -R
 done
 perftest_pair "ib_write_bw -a" ib_write_bw "^ *8388608 +100 " -a -n 100
+# -e: both sides sleep on completion channels (ib_send_lat, ib_send_bw: perftest's event loop).
+perftest_pair "ib_send_lat -e" ib_send_lat "$row" -n "$PERFTEST_ITERS" -e
+perftest_pair "ib_send_bw -e" ib_send_bw "$row" -n "$PERFTEST_ITERS" -e
 
 # --- under injected faults ---------------------------------------------------------------
 # SOFTRDMA_FAULTS on both sides (the runtime's fault injection, softrdma_sim's rules): each
