@@ -400,6 +400,8 @@ case_ ibv_rc_pingpong tcp ok_pingpong "$T" "ibv_rc_pingpong $PP -n 100" "ibv_rc_
 case_ ibv_uc_pingpong tcp ok_pingpong "$T" "ibv_uc_pingpong $PP -n 100" "ibv_uc_pingpong $PP -n 100 @OOB@"
 case_ ibv_ud_pingpong tcp ok_pingpong "$T" "ibv_ud_pingpong $PP -n 100 -s 1024" "ibv_ud_pingpong $PP -n 100 -s 1024 @OOB@"
 case_ ibv_srq_pingpong tcp ok_pingpong "$T" "ibv_srq_pingpong $PP -n 100" "ibv_srq_pingpong $PP -n 100 @OOB@"
+# -e: softrdma's side waits on completion channels (polling first for its learned window).
+case_ "ibv_rc_pingpong -e" tcp ok_pingpong "$T" "ibv_rc_pingpong $PP -n 100 -e" "ibv_rc_pingpong $PP -n 100 -e @OOB@"
 # rdmacm-utils: the address picks the GID.
 case_ "rping -v -C 20" cm ok_rping "$T" "rping -s -a @ADDR@ -p @PORT@ -v -C 20" "rping -c -a @PEER@ -p @PORT@ -v -C 20"
 case_ ucmatose cm ok_cmatose "$T" "ucmatose -b @ADDR@ -p @PORT@" "ucmatose -b @ADDR@ -s @PEER@ -p @PORT@"
