@@ -535,9 +535,13 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
+/// One counter a line, the values right-aligned in one column: the names' column as wide
+/// as the longest name and a space (24 at least), so that none pushes its value out of line
+/// (`resp_remote_access_errors` did).
 fn tally_text(o: &mut String, t: &Tally, indent: &str) {
+    let width = t.0.iter().map(|(name, _)| name.len() + 1).max().unwrap_or(0).max(24);
     for (name, v) in &t.0 {
-        let _ = writeln!(o, "{indent}{name:<24}{v:>16}");
+        let _ = writeln!(o, "{indent}{name:<width$}{v:>16}");
     }
 }
 
@@ -685,7 +689,12 @@ mod tests {
             command: format!("app{pid}"),
             device: device.into(),
             port,
-            counters: vec![("sent_packets".into(), sent), ("rcvd_packets".into(), 1), ("future_counter".into(), 5)],
+            counters: vec![
+                ("sent_packets".into(), sent),
+                ("rcvd_packets".into(), 1),
+                ("future_counter".into(), 5),
+                ("resp_remote_access_errors".into(), 0),
+            ],
         }
     }
 
@@ -716,7 +725,11 @@ mod tests {
 
         let text = stats_text(&r, true);
         assert!(text.contains("softrdma_lo: 2 processes, 3 contexts\n"), "{text}");
-        assert!(text.contains(&format!("    {:<24}{:>16}\n", "sent_packets", 123)), "{text}");
+        assert!(text.contains(&format!("    {:<26}{:>16}\n", "sent_packets", 123)), "{text}");
+        // Every counter's value ends in the same column, the longest name's included.
+        let widths: std::collections::BTreeSet<usize> =
+            text.lines().take_while(|l| !l.starts_with("  pid")).skip(1).map(str::len).collect();
+        assert_eq!(widths.len(), 1, "values out of line: {text}");
         assert!(text.contains("  pid 10 (app10): 2 contexts, UDP port 4791, 5000\n"), "{text}");
         assert!(text.contains("softrdma_eth0: no process has it open\n"), "{text}");
         assert!(text.contains("(2 files of processes that are gone removed from"), "{text}");
