@@ -1269,13 +1269,12 @@ impl CompChannel {
     /// [`Cq::req_notify`] before polling it, as with libibverbs.
     pub fn get_cq_event(&self, timeout: Option<Duration>) -> Result<Option<Cq>> {
         let deadline = timeout.map(|t| StdInstant::now() + t);
-        let shared = self.inner.shared.upgrade();
         // When this call began to wait, and how long it polls first (crate::wait_spin).
         let mut waiting: Option<(StdInstant, Duration)> = None;
         let done = |waiting: Option<(StdInstant, Duration)>| {
             if let Some((began, window)) = waiting {
                 self.inner.spin.record(began.elapsed(), window);
-                if let Some(sh) = &shared {
+                if let Some(sh) = self.inner.shared.upgrade() {
                     self.inner.spin.ended(sh.now().as_nanos());
                 }
             }
@@ -1303,7 +1302,7 @@ impl CompChannel {
                 }
                 Some(_) => Duration::ZERO,
             };
-            match &shared {
+            match self.inner.shared.upgrade() {
                 Some(sh) => sh.wait_channel(self.inner.fired.fd(), left, spin, || self.inner.fired.len() > 0),
                 None => {
                     driver::wait_readable(self.inner.fired.fd(), left);

@@ -76,9 +76,7 @@ impl WaitSpin {
         };
         self.window_ns.store(next, Ordering::Relaxed);
     }
-}
 
-impl WaitSpin {
     /// A wait on the channel ended at `at` (ns on the device's clock).
     pub(crate) fn ended(&self, at: u64) {
         self.ended_ns.store(at.max(1), Ordering::Relaxed);

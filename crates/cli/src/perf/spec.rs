@@ -143,8 +143,8 @@ pub(crate) struct TestArgs {
     #[arg(long)]
     pub(crate) wire: bool,
     /// Sleep on a completion channel for completions instead of polling the CQ, as
-    /// perftest's `-e`: arm the CQ, poll it once more, then wait in `get_cq_event` (both
-    /// sides; a wait polls first for as long as recent waits lasted, up to
+    /// perftest's `-e`: wait in `get_cq_event`, re-arm the CQ, then poll it (both sides; a
+    /// wait polls first for a window learned from the recent waits, up to
     /// `SOFTRDMA_WAIT_SPIN_US`).
     #[arg(short = 'e', long = "use-event", alias = "use_event")]
     pub(crate) events: bool,
