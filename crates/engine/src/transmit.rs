@@ -4,7 +4,8 @@
 //! requests, in the order the requests arrived: an ACK for a later PSN must not overtake a
 //! READ response, or the peer would take the READ for lost.
 
-use softrdma_wire::opcode::Position;
+use softrdma_wire::bth;
+use softrdma_wire::opcode::{OpcodeInfo, Position};
 use softrdma_wire::{
     AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, IethRepr, ImmDtRepr,
     Msn, NakCode, Opcode, PKey, Psn, RethRepr, RocePacket, RoceRepr, Syndrome, XrcEthRepr,
@@ -518,7 +519,9 @@ fn request<M: Memory + ?Sized>(
             }
             header.ack_req =
                 rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.ends_burst(&qp.window));
-            let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
+            // The opcode's header length, from the table (the headers just set are the
+            // opcode's, which emit checks).
+            let at = header.opcode.info().map_or(bth::HEADER_LEN, OpcodeInfo::header_len);
             let gathered = if w.carriage == Carriage::Reference {
                 // Where the bytes are, for the peer to copy them from (crate::reference).
                 by_reference = true;

@@ -232,6 +232,12 @@ impl ExtHeaders {
     }
 }
 
+/// A packet's length from its headers' (BTH included) and its payload's: headers, payload,
+/// pad, ICRC.
+fn packet_len(header_len: usize, payload_len: usize) -> usize {
+    header_len + payload_len + (payload_len.wrapping_neg() & 3) + ICRC_LEN
+}
+
 /// A validated RoCEv2 packet: BTH, extended headers and a borrowed payload.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub struct RoceRepr<'a> {
@@ -318,24 +324,22 @@ impl<'a> RoceRepr<'a> {
 
     /// Bytes [`emit`](Self::emit) writes: the whole UDP payload, ICRC included.
     pub fn buffer_len(&self) -> usize {
-        self.packet_len(self.payload.len())
-    }
-
-    /// The packet's length with a payload of `payload_len` bytes: headers, payload, pad, ICRC.
-    fn packet_len(&self, payload_len: usize) -> usize {
-        self.header_len() + payload_len + (payload_len.wrapping_neg() & 3) + ICRC_LEN
+        packet_len(self.header_len(), self.payload.len())
     }
 
     /// Checks that the headers are the opcode's and the payload fits its rule.
     pub fn validate(&self) -> Result<()> {
-        self.validate_for(self.payload.len())
+        self.validate_for(self.payload.len()).map(|_| ())
     }
 
-    /// [`validate`](Self::validate) for a payload of `payload_len` bytes.
-    fn validate_for(&self, payload_len: usize) -> Result<()> {
+    /// [`validate`](Self::validate) for a payload of `payload_len` bytes. Returns the
+    /// headers present, which every caller needs next (the set is worked out once per
+    /// packet, not once per question).
+    fn validate_for(&self, payload_len: usize) -> Result<Headers> {
+        let headers = self.ext.headers();
         match self.bth.opcode.info() {
             Some(info) => {
-                if self.ext.headers() != info.headers {
+                if headers != info.headers {
                     return Err(Error::HeaderMismatch);
                 }
                 if !info.payload.allows(payload_len) {
@@ -343,23 +347,22 @@ impl<'a> RoceRepr<'a> {
                 }
             }
             None => {
-                if !self.ext.headers().is_empty() {
+                if !headers.is_empty() {
                     return Err(Error::HeaderMismatch);
                 }
             }
         }
-        Ok(())
+        Ok(headers)
     }
 
     /// Writes the packet to the start of `buf`, sent inside `envelope`: every header, the
     /// payload, zeroed pad and the ICRC. Returns the number of bytes written.
     pub fn emit(&self, envelope: &Envelope, buf: &mut [u8]) -> Result<usize> {
-        self.validate()?;
-        let header_len = self.header_len();
-        let len = self.buffer_len();
-        let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        let headers = self.validate_for(self.payload.len())?;
+        let header_len = bth::HEADER_LEN + headers.len();
+        let buf = buf.get_mut(..packet_len(header_len, self.payload.len())).ok_or(Error::BufferTooSmall)?;
         buf[header_len..header_len + self.payload.len()].copy_from_slice(self.payload);
-        self.finish(envelope, self.payload.len(), buf)
+        self.finish(headers, envelope, self.payload.len(), buf)
     }
 
     /// Writes the packet around a payload of `payload_len` bytes that the caller already
@@ -367,40 +370,41 @@ impl<'a> RoceRepr<'a> {
     /// and the ICRC over all. `self.payload` is ignored. This lets a sender copy user memory
     /// straight into the datagram, once.
     pub fn emit_around_payload(&self, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
-        self.validate_for(payload_len)?;
-        let buf = buf.get_mut(..self.packet_len(payload_len)).ok_or(Error::BufferTooSmall)?;
-        self.finish(envelope, payload_len, buf)
+        let headers = self.validate_for(payload_len)?;
+        let len = packet_len(bth::HEADER_LEN + headers.len(), payload_len);
+        let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        self.finish(headers, envelope, payload_len, buf)
     }
 
     /// [`emit_around_payload`](Self::emit_around_payload) without the ICRC: its four bytes
     /// are left as they are, for a sender that computes it later or never (a packet that
     /// crosses no wire; [`RocePacket::fill_icrc`] computes it).
     pub fn emit_around_payload_without_icrc(&self, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
-        self.validate_for(payload_len)?;
-        let buf = buf.get_mut(..self.packet_len(payload_len)).ok_or(Error::BufferTooSmall)?;
-        self.headers(payload_len, buf);
+        let headers = self.validate_for(payload_len)?;
+        let len = packet_len(bth::HEADER_LEN + headers.len(), payload_len);
+        let buf = buf.get_mut(..len).ok_or(Error::BufferTooSmall)?;
+        self.headers(headers, payload_len, buf);
         Ok(buf.len())
     }
 
-    /// Headers, pad and ICRC around a payload of `payload_len` bytes already in `buf`, which
-    /// is exactly the packet's length.
-    fn finish(&self, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
-        self.headers(payload_len, buf);
+    /// Headers (`headers`, validated), pad and ICRC around a payload of `payload_len` bytes
+    /// already in `buf`, which is exactly the packet's length.
+    fn finish(&self, headers: Headers, envelope: &Envelope, payload_len: usize, buf: &mut [u8]) -> Result<usize> {
+        self.headers(headers, payload_len, buf);
         RocePacket::new_unchecked(&mut *buf).fill_icrc(envelope);
         Ok(buf.len())
     }
 
-    /// Headers and pad around a payload of `payload_len` bytes already in `buf`, which is
-    /// exactly the packet's length.
-    fn headers(&self, payload_len: usize, buf: &mut [u8]) {
-        let header_len = self.header_len();
+    /// Headers (`headers`, the set present, validated) and pad around a payload of
+    /// `payload_len` bytes already in `buf`, which is exactly the packet's length.
+    fn headers(&self, headers: Headers, payload_len: usize, buf: &mut [u8]) {
+        let header_len = bth::HEADER_LEN + headers.len();
         let pad = payload_len.wrapping_neg() & 3;
 
         let mut bth = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
         self.bth.emit(&mut bth);
         bth.set_pad_count(pad as u8);
 
-        let headers = self.ext.headers();
         let ext = &mut buf[bth::HEADER_LEN..header_len];
         let at = |h: Headers| headers.offset_of(h).unwrap_or(0);
         if let Some(r) = &self.ext.feth {
