@@ -246,7 +246,8 @@ pub const RECENT_RX: Duration = Duration::from_micros(200);
 pub(crate) struct QpCongestion {
     pub(crate) rp: ReactionPoint,
     pub(crate) np: NotificationPoint,
-    /// Where a CNP to the peer goes, and to which QP: the last sender heard from.
+    /// Where a UD QP's CNP goes, and to which QP: the last sender heard from (a connected
+    /// QP's go to its peer).
     pub(crate) last_peer: Option<(softrdma_wire::Envelope, softrdma_wire::Qpn)>,
     pub(crate) last_rx: Option<Instant>,
     /// The pacer held the QP back until this instant.

@@ -1628,8 +1628,9 @@ impl Engine {
             return;
         }
         for qp in self.qps.values_mut() {
+            let peer = crate::responder::cnp_peer(qp);
             let Some(cc) = qp.cc.as_deref_mut() else { continue };
-            let Some((envelope, dest)) = cc.last_peer.filter(|_| cc.received_since(now)) else { continue };
+            let Some((envelope, dest)) = peer.filter(|_| cc.received_since(now)) else { continue };
             if cc.np.on_congestion(now) {
                 self.shared.cnps.push_back((envelope, dest, qp.qpn));
             }

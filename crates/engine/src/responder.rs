@@ -1036,18 +1036,32 @@ fn ud_request<M: Memory + ?Sized>(
 /// sender (for [`Engine::handle_receive_drops`]) and answers an ECN CE mark with a CNP, at
 /// most one per [`CNP_INTERVAL`](crate::congestion::CNP_INTERVAL).
 fn congestion_seen(qp: &mut Qp, sh: &mut Shared, now: Instant, envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) {
-    let peer = match qp.qp_type {
-        t if t.is_connected() => qp.envelope.map(|e| (e, softrdma_wire::Qpn::from_u24_truncating(qp.attr.dest_qp_num))),
-        _ => repr.ext.deth.and_then(|d| Some((sh.reply_envelope(envelope)?, d.src_qp))),
-    };
+    let connected = qp.qp_type.is_connected();
     let Some(cc) = qp.cc.as_deref_mut() else { return };
     cc.last_rx = Some(now);
-    cc.last_peer = peer.or(cc.last_peer);
-    const ECN_CE: u8 = 0b11;
-    if ip.traffic_class & 0b11 == ECN_CE && cc.np.on_congestion(now) {
-        if let Some((e, dest)) = peer {
-            sh.cnps.push_back((e, dest, qp.qpn));
+    if !connected {
+        // A UD QP's CNPs go to the last sender heard from (a connected QP's to its peer:
+        // nothing to note on each packet).
+        if let Some(peer) = repr.ext.deth.and_then(|d| Some((sh.reply_envelope(envelope)?, d.src_qp))) {
+            cc.last_peer = Some(peer);
         }
+    }
+    const ECN_CE: u8 = 0b11;
+    if ip.traffic_class & 0b11 == ECN_CE
+        && cc.np.on_congestion(now)
+        && let Some((e, dest)) = cnp_peer(qp)
+    {
+        sh.cnps.push_back((e, dest, qp.qpn));
+    }
+}
+
+/// Where QP `qp`'s CNPs go, and to which QP: a connected QP's peer, or the last sender a
+/// UD QP heard from.
+pub(crate) fn cnp_peer(qp: &Qp) -> Option<(Envelope, softrdma_wire::Qpn)> {
+    if qp.qp_type.is_connected() {
+        qp.envelope.map(|e| (e, softrdma_wire::Qpn::from_u24_truncating(qp.attr.dest_qp_num)))
+    } else {
+        qp.cc.as_deref().and_then(|cc| cc.last_peer)
     }
 }
 
