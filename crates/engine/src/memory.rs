@@ -24,6 +24,20 @@ pub struct MemoryFault {
 pub trait Memory {
     /// Copies `buf.len()` bytes from `addr` into `buf`.
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault>;
+    /// Puts the `out.len()` bytes at `addr` into a packet's payload, `out`, which the engine
+    /// does not read again: the packet leaves with its ICRC still to compute
+    /// ([`Transmit::icrc_pending`](crate::Transmit)), and no tag seals it. A memory whose
+    /// addresses its runtime can hand to the kernel may note where the bytes are instead of
+    /// copying them, for the send to gather them from there (and to compute the ICRC over
+    /// them): one copy fewer per packet. The default copies ([`read`](Self::read)).
+    fn gather(&mut self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
+        self.read(addr, out)
+    }
+    /// The engine built no packet after all in this call of
+    /// [`poll_transmit`](crate::Engine::poll_transmit) (a gather failed part-way): what
+    /// [`gather`](Self::gather) noted since the call began is for no packet, and the next
+    /// one is written over it. The default noted nothing.
+    fn discard_gathered(&mut self) {}
     /// Copies `data` to `addr`.
     fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryFault>;
     /// If the 8 bytes at `addr` equal `compare`, replaces them with `swap`. Returns the value

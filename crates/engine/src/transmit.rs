@@ -13,7 +13,7 @@ use softrdma_wire::{
 
 use crate::completer::{self, local_key_status};
 use crate::engine::{Shared, Transmit, udp_source_port};
-use crate::memory::Memory;
+use crate::memory::{Memory, MemoryFault};
 use crate::qp::{Carriage, Qp, RespJob};
 use crate::reference::{self, Piece};
 use crate::verbs::{Access, QpState, QpType, SendOp, WcStatus};
@@ -58,6 +58,9 @@ impl Engine {
                 }
             }
             let mut sent = next_packet(qp, &mut self.shared, mem, now, buf);
+            if sent.is_none() {
+                mem.discard_gathered();
+            }
             self.shared.count_window(qp);
             if let Some(t) = &mut sent {
                 t.local_qp = qp.qpn;
@@ -254,7 +257,8 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             } else {
                 chunk as usize
             };
-            if !by_reference && chunk > 0 && mem.read(local, buf.get_mut(at..at + chunk as usize)?).is_err() {
+            let out = buf.get_mut(at..at + if by_reference { 0 } else { chunk as usize })?;
+            if !by_reference && chunk > 0 && payload_from(qp, sh, mem, local, out).is_err() {
                 // Pages of the region that cannot be read (a region on demand): an R_Key
                 // violation, as rxe's failed copy is.
                 qp.resp.out.clear();
@@ -656,7 +660,7 @@ fn pieces(qp: &Qp, sh: &Shared, pos: u64, offset: u32, len: u32, out: &mut [u8])
 fn gather<M: Memory + ?Sized>(
     qp: &Qp,
     sh: &Shared,
-    mem: &M,
+    mem: &mut M,
     pos: u64,
     offset: u32,
     out: &mut [u8],
@@ -667,6 +671,19 @@ fn gather<M: Memory + ?Sized>(
         return Ok(());
     }
     crate::sgl::for_each_part(sh, qp.pd, &w.sges, offset, out.len() as u32, Access(0), |at, from, n| {
-        mem.read(at, &mut out[from as usize..(from + n) as usize]).map_err(|_| WcStatus::LocProtErr)
+        payload_from(qp, sh, mem, at, &mut out[from as usize..(from + n) as usize]).map_err(|_| WcStatus::LocProtErr)
     })
+}
+
+/// Puts the bytes at `addr` into a payload, `out`: by [`Memory::gather`] where nothing reads
+/// them before they leave (the runtime computes the ICRC, and the QP seals nothing), by
+/// [`Memory::read`] otherwise.
+fn payload_from<M: Memory + ?Sized>(
+    qp: &Qp,
+    sh: &Shared,
+    mem: &mut M,
+    addr: u64,
+    out: &mut [u8],
+) -> Result<(), MemoryFault> {
+    if qp.keys.is_none() && sh.config.defer_icrc { mem.gather(addr, out) } else { mem.read(addr, out) }
 }
