@@ -17,7 +17,7 @@
 //! caller lends for the duration of one call; nothing here keeps a raw pointer past the
 //! function that made it.
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::mem::{self, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -197,6 +197,8 @@ impl CmsgWriter<'_> {
 pub(crate) struct SendMsg<'a> {
     pub(crate) dst: SocketAddr,
     pub(crate) payload: &'a [u8],
+    /// The payload in pieces, in place of `payload` where not empty.
+    pub(crate) parts: &'a [IoSlice<'a>],
     /// Source address to put in `IP_PKTINFO`/`IPV6_PKTINFO` (for a wildcard-bound socket).
     pub(crate) src_ip: Option<IpAddr>,
     /// IPv4 TOS / IPv6 traffic class for this datagram only.
@@ -209,6 +211,7 @@ impl SendMsg<'_> {
     pub(crate) const EMPTY: SendMsg<'static> = SendMsg {
         dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
         payload: &[],
+        parts: &[],
         src_ip: None,
         traffic_class: None,
         segment_size: None,
@@ -272,8 +275,15 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<u
         let h = &mut hdr.msg_hdr;
         h.msg_name = ptr::from_mut(name).cast::<c_void>();
         h.msg_namelen = name_len;
-        h.msg_iov = ptr::from_mut(iov);
-        h.msg_iovlen = 1;
+        if m.parts.is_empty() {
+            h.msg_iov = ptr::from_mut(iov);
+            h.msg_iovlen = 1;
+        } else {
+            // `IoSlice` is ABI-compatible with `iovec` (std's guarantee on Unix); the kernel
+            // only reads the array and what it points at.
+            h.msg_iov = m.parts.as_ptr().cast_mut().cast::<libc::iovec>();
+            h.msg_iovlen = m.parts.len() as _;
+        }
         if ctrl_len > 0 {
             h.msg_control = ctrls[i].as_mut_ptr().cast::<c_void>();
             h.msg_controllen = ctrl_len as _;
@@ -282,8 +292,8 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<u
     loop {
         // SAFETY: `hdrs[..count]` (initialised above) point at `names`, `iovs` and the
         // initialised first `msg_controllen` bytes of `ctrls` on this stack frame and at the
-        // payloads borrowed through `msgs`, all alive until we return; each length matches
-        // its buffer. The kernel writes only `msg_len` of each header.
+        // payloads (and parts) borrowed through `msgs`, all alive until we return; each
+        // length matches its buffer. The kernel writes only `msg_len` of each header.
         let rc = unsafe { libc::sendmmsg(fd.as_raw_fd(), hdrs.as_mut_ptr().cast::<libc::mmsghdr>(), count as _, 0) };
         if rc >= 0 {
             return Ok(rc as usize);
