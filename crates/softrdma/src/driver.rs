@@ -21,7 +21,7 @@
 //!   no wake-up is lost).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -36,14 +36,14 @@ use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::RocePacket;
-use softrdma_wire::icrc::Ipv4IdentificationCache;
+use softrdma_wire::icrc::{ICRC_LEN, IcrcHasher, Ipv4IdentificationCache};
 use softrdma_wire::opcode::Transport;
 use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
 
 use crate::capture::Capture;
 use crate::device::Device;
 use crate::faults::Faults;
-use crate::memory::ProcessMemory;
+use crate::memory::{Hole, ProcessMemory, SendMemory};
 use crate::same_host::SameHost;
 use crate::stats::{Counters, Publisher};
 use crate::{ContextOptions, Error};
@@ -192,6 +192,9 @@ struct TxQueue {
     arena: Box<[u8]>,
     /// Each packet: where it is in the arena, and the engine's transmit.
     meta: Vec<(usize, Transmit)>,
+    /// Payload bytes the packets leave in the application's memory, for the socket to send
+    /// from there ([`SendMemory`]), by place in the arena.
+    holes: Vec<Hole>,
     /// ICRC corrections for IPv4 GSO segments, by covered length (a few lengths recur).
     deltas: Ipv4IdentificationCache,
     /// Send runs of equal packets as one GSO buffer.
@@ -203,6 +206,7 @@ impl TxQueue {
         Self {
             arena: vec![0u8; TX_BATCH * DATAGRAM_MAX].into_boxed_slice(),
             meta: Vec::new(),
+            holes: Vec::new(),
             deltas: Ipv4IdentificationCache::default(),
             gso,
         }
@@ -254,6 +258,15 @@ impl TxQueue {
                 self.arena[oa..ob + b.len].rotate_left(a.len);
                 self.meta[i] = (oa, b);
                 self.meta[i + 1] = (oa + b.len, a);
+                // The packets' holes move with them (a READ response has some).
+                for h in &mut self.holes {
+                    if (oa..ob).contains(&h.at) {
+                        h.at += b.len;
+                    } else if (ob..ob + b.len).contains(&h.at) {
+                        h.at -= a.len;
+                    }
+                }
+                self.holes.sort_unstable_by_key(|h| h.at);
                 i += 2;
             } else {
                 i += 1;
@@ -1416,11 +1429,26 @@ impl State {
         let ecn = if self.nic.engine().config().congestion.is_some() { ECT0 } else { 0 };
         loop {
             self.tx.meta.clear();
+            self.tx.holes.clear();
             let mut at = 0;
             while self.tx.meta.len() < TX_BATCH {
                 let State { nic, tx, same_host, capture, send_errors, .. } = self;
-                match nic.poll_transmit(now, &mut ProcessMemory, &mut tx.arena[at..at + DATAGRAM_MAX]) {
+                let base = tx.arena.as_ptr();
+                let out = &mut tx.arena[at..at + DATAGRAM_MAX];
+                let mark = tx.holes.len();
+                // Payloads stay in the application's memory for the socket to send them
+                // from there; a capture, which writes every packet, takes them copied.
+                let sent = if capture.is_none() {
+                    nic.poll_transmit(now, &mut SendMemory::new(base, &mut tx.holes), out)
+                } else {
+                    nic.poll_transmit(now, &mut ProcessMemory, out)
+                };
+                match sent {
                     Some(mut t) => {
+                        if tx.holes.len() > mark && same_host.as_ref().is_some_and(|l| l.takes(&t.envelope)) {
+                            // An inbox takes the packet whole.
+                            tx.holes.drain(mark..).for_each(|h| h.fill(&mut tx.arena));
+                        }
                         let datagram = &mut tx.arena[at..at + t.len];
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.
@@ -1449,11 +1477,12 @@ impl State {
                                 // addresses for data). Its receiver is gone, its inbox
                                 // closed: RC's retries end the QP.
                                 *send_errors += 1;
+                                tx.holes.truncate(mark);
                                 continue;
                             }
                             None => {}
                         }
-                        complete_icrc(&mut t, datagram);
+                        complete_icrc_gathered(&mut t, datagram, at, &tx.holes[mark..]);
                         tx.meta.push((at, t));
                         at += t.len;
                     }
@@ -1493,6 +1522,34 @@ impl State {
                 }
             }
         }
+        // The units whose packets left payload in the application's memory go as a list of
+        // pieces (`spans[j]` of `parts`): the arena up to each hole, the hole where it is.
+        // At most TX_BATCH packets of at most 4096 bytes of payload, each hole at least
+        // GATHER_MIN: far fewer pieces per unit than the kernel's limit of 1024.
+        let mut parts: Vec<IoSlice<'_>> = Vec::new();
+        let mut spans = [(0usize, 0usize); TX_BATCH];
+        if !tx.holes.is_empty() {
+            for (j, &(first, count, _)) in units[..live].iter().enumerate() {
+                let off = tx.meta[first].0;
+                let (last_off, last) = tx.meta[first + count - 1];
+                let end = last_off + last.len;
+                let holes =
+                    &tx.holes[tx.holes.partition_point(|h| h.at < off)..tx.holes.partition_point(|h| h.at < end)];
+                if holes.is_empty() {
+                    continue;
+                }
+                let start = parts.len();
+                let mut from = off;
+                for hole in holes {
+                    parts.push(IoSlice::new(&tx.arena[from..hole.at]));
+                    parts.push(IoSlice::new(hole.bytes()));
+                    from = hole.at + hole.len;
+                }
+                parts.push(IoSlice::new(&tx.arena[from..end]));
+                debug_assert!(parts.len() - start <= 1024, "more pieces than the kernel's IOV_MAX");
+                spans[j] = (start, parts.len());
+            }
+        }
         let mut done = [false; TX_BATCH];
         for lead in 0..live {
             let lead_unit = order[lead];
@@ -1512,7 +1569,10 @@ impl State {
                 done[j] = true;
                 let (last_off, last) = tx.meta[first + count - 1];
                 let bytes = &tx.arena[off..last_off + last.len];
-                let mut o = Outgoing::new(t.envelope, bytes);
+                let mut o = match spans[j] {
+                    (start, end) if end > start => Outgoing::gathered(t.envelope, &parts[start..end]),
+                    _ => Outgoing::new(t.envelope, bytes),
+                };
                 if t.traffic_class != 0 {
                     // The QP's DSCP; the ECN bits stay ECT(0) where congestion control runs.
                     o.traffic_class = Some(t.traffic_class & !0b11 | ecn);
@@ -1721,6 +1781,28 @@ fn complete_icrc(t: &mut Transmit, datagram: &mut [u8]) {
     }
 }
 
+/// [`complete_icrc`] for a packet at `at` in the arena whose payload is partly in `holes`
+/// (in order, each inside the packet): the ICRC over its bytes where they are.
+fn complete_icrc_gathered(t: &mut Transmit, datagram: &mut [u8], at: usize, holes: &[Hole]) {
+    if holes.is_empty() {
+        return complete_icrc(t, datagram);
+    }
+    if !std::mem::take(&mut t.icrc_pending) {
+        return;
+    }
+    let covered = datagram.len() - ICRC_LEN;
+    let mut h = IcrcHasher::new(&t.envelope, covered);
+    let mut from = 0;
+    for hole in holes {
+        let start = hole.at - at;
+        h.update(&datagram[from..start]);
+        h.update(hole.bytes());
+        from = start + hole.len;
+    }
+    h.update(&datagram[from..covered]);
+    datagram[covered..].copy_from_slice(&h.finalize().to_le_bytes());
+}
+
 /// The counters of a device: the NIC's and the sockets'.
 fn counters(
     nic: &Nic,
@@ -1833,6 +1915,68 @@ mod tests {
             at += len;
         }
         q
+    }
+
+    /// The ICRC of a packet whose payload stayed in the application's memory is the ICRC
+    /// of the packet with those bytes copied in, whatever the holes' number and places.
+    #[test]
+    fn the_icrc_over_holes_is_the_icrc_of_the_filled_packet() {
+        use crate::memory::Hole;
+        let app: Vec<u8> = (0..9000u32).map(|i| (i * 7 + 3) as u8).collect();
+        let envelope = Envelope::rocev2([127, 0, 0, 1].into(), 4791, [127, 0, 0, 2].into()).unwrap();
+        // A WRITE_ONLY (BTH, RETH) of 4096 bytes at arena offset 100: three holes back to
+        // back; two with a part copied between them (an SGE under GATHER_MIN); one.
+        for parts in [&[(0usize, 1024usize), (1024, 2048), (3072, 1024)][..], &[(0, 1500), (2000, 2096)], &[(0, 4096)]]
+        {
+            let at = 100;
+            let len = 12 + 16 + 4096 + 4;
+            let mut arena = vec![0u8; at + len];
+            // What the engine copied: every payload byte; the holes' are overwritten below.
+            arena[at + 28..at + 28 + 4096].copy_from_slice(&app[500..500 + 4096]);
+            arena[at] = 0x0a; // RC_RDMA_WRITE_ONLY
+            arena[at + 1..at + 28].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
+            let holes: Vec<Hole> = parts
+                .iter()
+                .map(|&(off, n)| Hole { at: at + 28 + off, addr: app.as_ptr() as u64 + 500 + off as u64, len: n })
+                .collect();
+            // Where a hole is, the arena holds nothing of it (stale bytes).
+            holes.iter().for_each(|h| arena[h.at..h.at + h.len].fill(0xee));
+            let mut t = Transmit {
+                envelope,
+                len,
+                traffic_class: 0,
+                local_qp: softrdma_wire::Qpn::default(),
+                icrc_pending: true,
+                by_reference: false,
+                qp_by_reference: false,
+            };
+            super::complete_icrc_gathered(&mut t, &mut arena[at..], at, &holes);
+            assert!(!t.icrc_pending);
+            let gathered = arena[at + len - 4..].to_vec();
+            holes.iter().for_each(|h| h.fill(&mut arena));
+            assert_eq!(arena[at + 28..at + 28 + 4096], app[500..500 + 4096], "the holes filled from where they are");
+            let mut filled = Transmit { icrc_pending: true, ..t };
+            super::complete_icrc(&mut filled, &mut arena[at..]);
+            assert_eq!(gathered, arena[at + len - 4..], "parts {parts:?}");
+        }
+    }
+
+    /// A request and the ACK before it trade places in the arena (`pair_answers`): the
+    /// holes each left in the application's memory move with their packet.
+    #[test]
+    fn holes_move_with_their_packets_when_an_answer_trades_places() {
+        use crate::memory::Hole;
+        const READ_RESPONSE_ONLY: u8 = 0x10;
+        const SEND: u8 = 0x04;
+        let mut q = queue(true, [127, 0, 0, 1], &[(READ_RESPONSE_ONLY, 0x40, 1100), (SEND, 0x40, 1200)]);
+        q.holes = vec![Hole { at: 16, addr: 0x1000, len: 1024 }, Hole { at: 1100 + 12, addr: 0x9000, len: 1150 }];
+        q.pair_answers();
+        assert_eq!(order(&q), [(SEND, b'b', 1200), (READ_RESPONSE_ONLY, b'a', 1100)]);
+        assert_eq!(
+            q.holes,
+            [Hole { at: 12, addr: 0x9000, len: 1150 }, Hole { at: 1200 + 16, addr: 0x1000, len: 1024 }],
+            "each hole where its packet's bytes now are, in order"
+        );
     }
 
     /// The packets of a queue in send order: (opcode, fill byte, length, contiguous).

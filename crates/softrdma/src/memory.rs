@@ -109,6 +109,107 @@ impl Memory for ProcessMemory {
     }
 }
 
+/// Payloads this long and up stay where the application has them when a packet is built
+/// for a socket ([`SendMemory`]); shorter ones are copied into the packet, where one
+/// `iovec` costs the kernel more than the copy it saves.
+pub(crate) const GATHER_MIN: usize = 1024;
+
+/// Bytes of a packet's payload left in the application's memory: `len` bytes at `addr`,
+/// which belong at `at` in the transmit arena.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hole {
+    /// Offset in the arena.
+    pub(crate) at: usize,
+    /// Where the bytes are, in this process.
+    pub(crate) addr: u64,
+    pub(crate) len: usize,
+}
+
+impl Hole {
+    /// The bytes, where the application has them. Only while the device lock is held, as
+    /// for every access to registered memory (module documentation).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        // SAFETY: the engine checked the range (key, bounds, access) against a live region
+        // before it asked for the bytes (`Memory::gather`), and `SendMemory` faulted in its
+        // pages if the region is on demand; the region stays allocated while registered,
+        // and the device lock, held by every caller (the transmit path), keeps it
+        // registered and keeps any Rust writer out.
+        unsafe { std::slice::from_raw_parts(self.addr as usize as *const u8, self.len) }
+    }
+
+    /// Copies the bytes into their place in `arena`.
+    pub(crate) fn fill(&self, arena: &mut [u8]) {
+        arena[self.at..self.at + self.len].copy_from_slice(self.bytes());
+    }
+}
+
+/// [`ProcessMemory`] for building packets into the transmit arena at `base`: a payload of
+/// [`GATHER_MIN`] bytes or more that the engine [gathers](Memory::gather) is not copied
+/// but noted as a [`Hole`], for the socket to send it from where it is (one copy fewer per
+/// packet, the kernel's). Whoever sends the packet another way fills the holes first.
+///
+/// One serves one call of `poll_transmit`, which builds at most one packet: what it noted
+/// for an attempt the engine abandoned ([`Memory::discard_gathered`]) is dropped, or those
+/// stale holes would overwrite the next packet's bytes where it was written.
+pub(crate) struct SendMemory<'a> {
+    base: usize,
+    holes: &'a mut Vec<Hole>,
+    /// The holes before this call's.
+    mark: usize,
+}
+
+impl<'a> SendMemory<'a> {
+    /// For a packet written into the arena whose first byte is at `base`.
+    pub(crate) fn new(base: *const u8, holes: &'a mut Vec<Hole>) -> Self {
+        let mark = holes.len();
+        Self { base: base as usize, holes, mark }
+    }
+}
+
+impl Memory for SendMemory<'_> {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault> {
+        ProcessMemory.read(addr, buf)
+    }
+
+    fn gather(&mut self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
+        let at = (out.as_ptr() as usize).wrapping_sub(self.base);
+        if out.len() < GATHER_MIN {
+            return ProcessMemory.read(addr, out);
+        }
+        fault_in(addr, out.len() as u64, false)?;
+        self.holes.push(Hole { at, addr, len: out.len() });
+        Ok(())
+    }
+
+    fn discard_gathered(&mut self) {
+        self.holes.truncate(self.mark);
+    }
+
+    fn write(&mut self, addr: u64, data: &[u8]) -> Result<(), MemoryFault> {
+        ProcessMemory.write(addr, data)
+    }
+
+    fn pull(&mut self, addr: u64, origin: u32, from: u64, len: usize) -> Result<(), MemoryFault> {
+        ProcessMemory.pull(addr, origin, from, len)
+    }
+
+    fn compare_swap(&mut self, addr: u64, compare: u64, swap: u64) -> Result<u64, MemoryFault> {
+        ProcessMemory.compare_swap(addr, compare, swap)
+    }
+
+    fn fetch_add(&mut self, addr: u64, add: u64) -> Result<u64, MemoryFault> {
+        ProcessMemory.fetch_add(addr, add)
+    }
+
+    fn atomic_write(&mut self, addr: u64, value: [u8; 8]) -> Result<(), MemoryFault> {
+        ProcessMemory.atomic_write(addr, value)
+    }
+
+    fn flush(&mut self, addr: u64, len: u64, persistent: bool) -> Result<(), MemoryFault> {
+        ProcessMemory.flush(addr, len, persistent)
+    }
+}
+
 /// The 8 bytes at `addr` as an atomic, if aligned (IBA 9.4.5: atomics need 8-byte alignment).
 fn atomic_at(addr: u64) -> Result<&'static AtomicU64, MemoryFault> {
     if addr % 8 != 0 || addr == 0 {

@@ -76,8 +76,7 @@ impl SameHost {
     /// from this one ([`Outbox::pulls`]) for SENDs and WRITEs, this one from it
     /// ([`Inbox::pulls_from`]) for READs' answers.
     pub(crate) fn send(&mut self, now: Instant, t: &Transmit, ecn: u8, datagram: &[u8]) -> Option<bool> {
-        let dst = t.envelope.dst_ip();
-        if t.envelope.dst_port() != self.port || !self.addresses.contains(&dst) {
+        if !self.takes(&t.envelope) {
             return None;
         }
         let slot = BthPacket::new_unchecked(datagram).dest_qp().value() >> QPN_SLOT_BITS;
@@ -108,6 +107,12 @@ impl SameHost {
             *mutual = out.pulls() && self.inbox.pulls_from(out.receiver());
         }
         Some(*mutual)
+    }
+
+    /// Whether a packet in `envelope` goes to this host's device, whose process may take it
+    /// through its inbox ([`send`](Self::send) says).
+    pub(crate) fn takes(&self, envelope: &Envelope) -> bool {
+        envelope.dst_port() == self.port && self.addresses.contains(&envelope.dst_ip())
     }
 
     /// After a batch of sends: wakes the receivers that sleep, and moves what waits for

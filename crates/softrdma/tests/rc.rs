@@ -367,3 +367,50 @@ fn memory_windows_bind_rebind_invalidate_and_a_dropped_region_takes_its_windows_
     assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::RemAccessErr);
     drop((one, two)); // deallocated
 }
+
+/// On the sockets, a packet's payload of 1 KiB and up leaves from where the application
+/// keeps it: the kernel gathers it with the headers (`iovec`s), and the ICRC is computed
+/// over it there, one copy fewer. A WRITE and a SEND whose SGEs are above and below that
+/// size and cross packet boundaries, and a READ (whose responses the responder gathers),
+/// land byte for byte.
+#[test]
+fn payloads_gathered_from_application_memory_cross_the_sockets_byte_for_byte() {
+    let sockets = ContextOptions { same_host: false, ..ContextOptions::default() };
+    let (a, b) = pair_with(QpType::Rc, 64 * 1024, [sockets.clone(), sockets]);
+    let data = pattern(20_000, 11);
+    a.mr.write(0, &data).unwrap();
+    // 3000 + 700 + 9000 + 300 bytes: packets of 4096 cut through the first, third and
+    // fourth SGE; the second and fourth are copied, the others gathered.
+    let cuts = [0, 3000, 3700, 12_700, 13_000];
+    let sges: Vec<Sge> = cuts.windows(2).map(|w| a.mr.sge(w[0]..w[1]).unwrap()).collect();
+    let target = b.mr.remote(2000..2000 + 13_000).unwrap();
+    a.qp.post_send(&[wr(1, SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey }, &sges)]).unwrap();
+    let wc = a.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+    let mut got = vec![0u8; 13_000];
+    b.mr.read(2000, &mut got).unwrap();
+    assert_eq!(got, data[..13_000], "the WRITE");
+
+    let rsge = [b.mr.sge(20_000..40_000).unwrap()];
+    b.qp.post_recv(&[RecvWr { wr_id: 2, sg_list: &rsge }]).unwrap();
+    a.qp.post_send(&[wr(3, SendOp::Send, &sges)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    let wc = b.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (2, WcStatus::Success, 13_000));
+    b.mr.read(20_000, &mut got).unwrap();
+    assert_eq!(got, data[..13_000], "the SEND");
+
+    let back = pattern(10_000, 5);
+    b.mr.write(50_000, &back).unwrap();
+    let source = b.mr.remote(50_000..60_000).unwrap();
+    let lsge = [a.mr.sge(30_000..40_000).unwrap()];
+    a.qp.post_send(&[wr(4, SendOp::RdmaRead { remote_addr: source.addr, rkey: source.rkey }, &lsge)]).unwrap();
+    let wc = a.cq.wait(WAIT).unwrap();
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (4, WcStatus::Success, 10_000));
+    let mut read = vec![0u8; 10_000];
+    a.mr.read(30_000, &mut read).unwrap();
+    assert_eq!(read, back, "the READ");
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert_eq!((ca.same_host_sent, cb.same_host_sent), (0, 0), "every packet on the sockets");
+    assert_eq!(ca.send_errors + cb.send_errors, 0);
+}
