@@ -35,6 +35,9 @@ const GRH: u64 = 40;
 /// 8 MiB, and `-q 16` measured the larger working set as much as the QPs (64 KiB WRITEs,
 /// alternating runs: 16 QPs 0.75x one QP's bandwidth with 64 MiB, 0.87x with 8 MiB).
 const REGION: u64 = 8 << 20;
+/// perftest's cycle buffer (its default, a page): messages up to half of it go round the
+/// buffer, larger ones are each posted from its start.
+const SOURCE_CYCLE: u64 = 4096;
 /// Receives kept posted on each QP.
 const RECV_DEPTH_BW: u32 = 512;
 const RECV_DEPTH_LAT: u32 = 64;
@@ -349,10 +352,17 @@ impl Side {
         // wraps, rather than two 64-bit divisions for each of the 16 requests built (no
         // change measurable end to end on this machine, but no work done for nothing).
         let (mut mine, mut theirs) = (seqs.start % self.slots, seqs.start % peer.slots);
+        // Where the data comes from is one buffer per QP for messages over half perftest's
+        // cycle buffer (perftest posts each such message from the same address), hot as
+        // the sources of the baselines it is compared with; where it lands goes round the
+        // slots, as the baselines' destinations do (8 MiB).
+        let one_source = size > SOURCE_CYCLE / 2;
+        let (local_fixed, remote_fixed) =
+            if self.spec.op == Op::Read { (false, one_source) } else { (one_source, false) };
         let mut remote = [0u64; BATCH];
         let sges: [Sge; BATCH] = std::array::from_fn(|i| {
-            let addr = first.addr + mine * self.stride;
-            remote[i] = peer.buffer(qp, theirs);
+            let addr = first.addr + if local_fixed { 0 } else { mine * self.stride };
+            remote[i] = peer.buffer(qp, if remote_fixed { 0 } else { theirs });
             mine = if mine + 1 == self.slots { 0 } else { mine + 1 };
             theirs = if theirs + 1 == peer.slots { 0 } else { theirs + 1 };
             Sge { addr, ..first }
