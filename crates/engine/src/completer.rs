@@ -48,7 +48,9 @@ pub(crate) fn complete_head(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
     if status == WcStatus::Success {
         while !qp.sq.is_empty() {
             let w = qp.sq.get(qp.sq.head());
-            if !(w.op().is_local() && w.started) {
+            // A local operation done, or a WQE the requester found in error (fail_at).
+            let failed = w.status.is_some_and(|s| s != WcStatus::Success);
+            if !(failed || w.op().is_local() && w.started) {
                 break;
             }
             match w.status {
@@ -154,6 +156,21 @@ pub(crate) fn fail(qp: &mut Qp, sh: &mut Shared, status: WcStatus) {
     } else {
         fail_send_queue(qp, sh, Some(status));
         qp.state = QpState::Sqe;
+    }
+}
+
+/// The requester found a local error in send WQE `pos` (a local key, a length, memory it
+/// cannot read) while building its packets. At the head, the QP fails at once. Behind
+/// WQEs still waiting for their ACKs, it fails once those have completed as their ACKs
+/// say, so that the error completes the WQE that caused it, in order: rxe's requester
+/// marks such a WQE and its completer fails the QP when it reaches it at the head (a
+/// WRITE in flight before a WRITE whose second SGE cannot be read completes with
+/// success, the second with the error). Until then the requester sends nothing new.
+pub(crate) fn fail_at(qp: &mut Qp, sh: &mut Shared, pos: u64, status: WcStatus) {
+    if pos == qp.sq.head() {
+        fail(qp, sh, status);
+    } else {
+        qp.sq.get_mut(pos).status = Some(status);
     }
 }
 

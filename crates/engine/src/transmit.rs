@@ -366,6 +366,9 @@ fn request<M: Memory + ?Sized>(
     if pos >= qp.sq.tail() {
         return None;
     }
+    if qp.sq.get(pos).status.is_some() {
+        return None; // it failed here (completer::fail_at), behind WQEs still to complete
+    }
     let rc = qp.qp_type.is_reliable();
     if rc && qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS {
         return None; // wait for ACKs
@@ -386,15 +389,14 @@ fn request<M: Memory + ?Sized>(
             return None; // max_rd_atomic (the initiator depth) reached
         }
         if op.is_read_or_atomic() && qp.attr.max_rd_atomic == 0 {
-            completer::fail(qp, sh, WcStatus::LocQpOpErr);
+            completer::fail_at(qp, sh, pos, WcStatus::LocQpOpErr);
             return None;
         }
         if !w.is_inline {
             let need = if op.is_read_or_atomic() { Access::LOCAL_WRITE } else { Access(0) };
             for sge in &w.sges {
                 if let Err(e) = sh.check_lkey(qp.pd, sge.lkey, sge.addr, u64::from(sge.length), need) {
-                    let status = local_key_status(e);
-                    completer::fail(qp, sh, status);
+                    completer::fail_at(qp, sh, pos, local_key_status(e));
                     return None;
                 }
             }
@@ -541,7 +543,7 @@ fn request<M: Memory + ?Sized>(
             match gathered {
                 Ok(len) => payload_len = len,
                 Err(status) => {
-                    completer::fail(qp, sh, status);
+                    completer::fail_at(qp, sh, pos, status);
                     return None;
                 }
             }

@@ -59,8 +59,7 @@ fn a_packet_abandoned_part_way_through_its_gather_discards_what_was_noted() {
     mem.log.clear();
     assert!(a.engine.poll_transmit(Instant::ZERO, &mut mem, &mut buf).is_none(), "the second fails");
     assert_eq!(mem.log, ["gather 0x0+2048", "discard"], "its first SGE noted, then dropped with the packet");
-    let failed = std::iter::from_fn(|| a.engine.poll_cq(a.cq)).filter(|wc| wc.status != WcStatus::Success).count();
-    assert_eq!(failed, 2, "the QP failed: the WRITE in flight and the one that failed complete in error");
+    assert!(a.engine.poll_cq(a.cq).is_none(), "the failed WRITE completes after the one in flight");
 }
 
 #[test]

@@ -300,6 +300,30 @@ fn write_outside_the_region_or_without_rights_is_refused() {
     }
 }
 
+/// A local error the requester finds in a WQE while an earlier one waits for its ACK
+/// belongs to the WQE that caused it: the earlier completes as its ACK says, the failing
+/// one with the error, the rest flushed, in order (rxe: the requester marks the WQE, the
+/// completer fails the QP when it reaches it). It was the earlier WRITE, already
+/// delivered, that completed with the error, and the one that caused it was flushed.
+#[test]
+fn a_local_error_behind_a_message_in_flight_completes_the_request_that_caused_it() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
+    pair.a.fill(0, &pattern(3000, 4));
+    let (remote, rkey) = (pair.b.addr_of(0x1000), pair.b.mr.rkey);
+    let good = pair.a.sge(0, 3000);
+    let bad = Sge { addr: BASE, length: 8, lkey: LKey(pair.a.mr.lkey.0 ^ 0x100) };
+    let write = SendOp::RdmaWrite { remote_addr: remote, rkey };
+    pair.a.post_send(wr(1, write, &[good]));
+    pair.a.post_send(wr(2, write, &[bad]));
+    pair.a.post_send(wr(3, write, &[good]));
+    pair.drive();
+    let wcs: Vec<_> = pair.a.poll_all().iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(wcs, [(1, WcStatus::Success), (2, WcStatus::LocProtErr), (3, WcStatus::WrFlushErr)]);
+    assert_eq!(pair.b.read(0x1000, 3000), pattern(3000, 4), "the first WRITE landed");
+    assert_eq!(pair.a.engine.qp_state(pair.a.qp), Some(QpState::Err));
+    assert_eq!(pair.opcodes(true).len(), 3, "the first WRITE's three packets, nothing of the third");
+}
+
 #[test]
 fn bad_lkey_is_a_local_protection_error() {
     let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu1024);
