@@ -426,15 +426,7 @@ impl Nic {
             payload: &t.payload(),
         };
         let len = repr.emit(&envelope, buf).ok()?;
-        Some(Transmit {
-            envelope,
-            len,
-            traffic_class: 0,
-            local_qp: Qpn::GSI,
-            icrc_pending: false,
-            by_reference: false,
-            qp_by_reference: false,
-        })
+        Some(Transmit::new(envelope, len, Qpn::GSI, false))
     }
 
     /// The envelope of a MAD: from the device's UDP port to the RoCEv2 port.

@@ -202,6 +202,14 @@ pub struct Transmit {
     pub qp_by_reference: bool,
 }
 
+impl Transmit {
+    /// `len` bytes in `envelope` sent by `local_qp`, with their ICRC (`icrc_pending`
+    /// false) or not yet; the device's traffic class, data by value.
+    pub fn new(envelope: Envelope, len: usize, local_qp: Qpn, icrc_pending: bool) -> Self {
+        Self { envelope, len, traffic_class: 0, local_qp, icrc_pending, by_reference: false, qp_by_reference: false }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Mr {
     pub(crate) pd: PdId,

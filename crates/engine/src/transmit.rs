@@ -127,15 +127,7 @@ impl Engine {
         }
         self.shared.counters.sent_packets += 1;
         self.shared.counters.cnps_sent += 1;
-        Some(Transmit {
-            envelope,
-            len,
-            traffic_class: 0,
-            local_qp: local,
-            icrc_pending: false,
-            by_reference: false,
-            qp_by_reference: false,
-        })
+        Some(Transmit::new(envelope, len, local, false))
     }
 }
 
@@ -173,15 +165,7 @@ fn bth(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
 fn emit(repr: &RoceRepr<'_>, envelope: Envelope, payload_len: usize, buf: &mut [u8]) -> Option<Transmit> {
     match repr.emit_around_payload_without_icrc(payload_len, buf) {
         // The caller (`poll_transmit`) names the QP.
-        Ok(len) => Some(Transmit {
-            envelope,
-            len,
-            traffic_class: 0,
-            local_qp: softrdma_wire::Qpn::default(),
-            icrc_pending: true,
-            by_reference: false,
-            qp_by_reference: false,
-        }),
+        Ok(len) => Some(Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true)),
         Err(e) => {
             debug_assert!(false, "the engine built a packet the codec refuses: {e}");
             None

@@ -1899,19 +1899,7 @@ mod tests {
             p.fill(b'a' + i as u8);
             p[0] = opcode;
             p[5..8].copy_from_slice(&[0, qpn, 0]);
-            let local_qp = softrdma_wire::Qpn::default();
-            q.meta.push((
-                at,
-                Transmit {
-                    envelope,
-                    len,
-                    traffic_class: 0,
-                    local_qp,
-                    icrc_pending: false,
-                    by_reference: false,
-                    qp_by_reference: false,
-                },
-            ));
+            q.meta.push((at, Transmit::new(envelope, len, softrdma_wire::Qpn::default(), false)));
             at += len;
         }
         q
@@ -1941,15 +1929,7 @@ mod tests {
                 .collect();
             // Where a hole is, the arena holds nothing of it (stale bytes).
             holes.iter().for_each(|h| arena[h.at..h.at + h.len].fill(0xee));
-            let mut t = Transmit {
-                envelope,
-                len,
-                traffic_class: 0,
-                local_qp: softrdma_wire::Qpn::default(),
-                icrc_pending: true,
-                by_reference: false,
-                qp_by_reference: false,
-            };
+            let mut t = Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true);
             super::complete_icrc_gathered(&mut t, &mut arena[at..], at, &holes);
             assert!(!t.icrc_pending);
             let gathered = arena[at + len - 4..].to_vec();
