@@ -26,7 +26,9 @@ pub trait Memory {
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), MemoryFault>;
     /// Puts the `out.len()` bytes at `addr` into a packet's payload, `out`, which the engine
     /// does not read again: the packet leaves with its ICRC still to compute
-    /// ([`Transmit::icrc_pending`](crate::Transmit)), and no tag seals it. A memory whose
+    /// ([`Transmit::icrc_pending`](crate::Transmit)), and no tag seals it. Only for a send
+    /// WQE's data, which the application may not change until the WQE completes (a READ's
+    /// answer is read, since the region it comes from may change meanwhile). A memory whose
     /// addresses its runtime can hand to the kernel may note where the bytes are instead of
     /// copying them, for the send to gather them from there (and to compute the ICRC over
     /// them): one copy fewer per packet. The default copies ([`read`](Self::read)).

@@ -241,8 +241,12 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             } else {
                 chunk as usize
             };
-            let out = buf.get_mut(at..at + if by_reference { 0 } else { chunk as usize })?;
-            if !by_reference && chunk > 0 && payload_from(qp, sh, mem, local, out).is_err() {
+            // Copied, never gathered (Memory::gather): the application may write the region
+            // a READ reads while it reads it (a torn read is its to detect), and a packet
+            // sent from where the bytes are would leave with an ICRC over other bytes than
+            // the kernel then takes; the peer would drop it, and every retry, for as long as
+            // the writes go on. A snapshot keeps each response true to its ICRC.
+            if !by_reference && chunk > 0 && mem.read(local, buf.get_mut(at..at + chunk as usize)?).is_err() {
                 // Pages of the region that cannot be read (a region on demand): an R_Key
                 // violation, as rxe's failed copy is.
                 qp.resp.out.clear();

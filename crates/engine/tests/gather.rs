@@ -75,3 +75,27 @@ fn where_the_engine_computes_the_icrc_it_copies_the_payload() {
     assert!(!t.icrc_pending);
     assert_eq!(buf[12..12 + 2048], pattern(2048, 9), "the payload in the packet");
 }
+
+/// A READ's answer is copied even where the runtime could gather it: the application may
+/// write the region a READ reads while it is read, and a response sent from where the
+/// bytes are would carry an ICRC over other bytes than the ones that leave.
+#[test]
+fn a_read_response_is_copied_not_gathered() {
+    let mut a = node([10, 0, 0, 1], 1, QpType::Rc, QpCap::default());
+    let mut b = node_configured([10, 0, 0, 2], 2, QpType::Rc, QpCap::default(), &|c| c.defer_icrc = true);
+    let (aq, bq, aa, ba) = (a.qp, b.qp, a.addr, b.addr);
+    connect(&mut a, bq, ba, QpType::Rc, Mtu::Mtu4096, &|_| {});
+    connect(&mut b, aq, aa, QpType::Rc, Mtu::Mtu4096, &|_| {});
+    b.fill(0x2000, &pattern(3000, 6));
+    let local = [a.sge(0, 3000)];
+    let read = SendOp::RdmaRead { remote_addr: b.addr_of(0x2000), rkey: b.mr.rkey };
+    a.engine.post_send(a.qp, &[wr(1, read, &local)], &a.mem).unwrap();
+    let mut buf = vec![0u8; 4200];
+    let t = a.engine.poll_transmit(Instant::ZERO, &mut a.mem, &mut buf).expect("the READ request");
+    b.engine.handle_datagram(Instant::ZERO, &t.envelope, &buf[..t.len], &mut b.mem);
+    let mut mem = Noting { mem: &mut b.mem, refuse: 0, log: Vec::new() };
+    let t = b.engine.poll_transmit(Instant::ZERO, &mut mem, &mut buf).expect("the READ response");
+    assert!(mem.log.is_empty(), "nothing gathered: {:?}", mem.log);
+    assert_eq!(t.len, 12 + 4 + 3000 + 4, "RDMA_READ_RESPONSE_ONLY: BTH, AETH, data, ICRC");
+    assert_eq!(buf[16..16 + 3000], pattern(3000, 6), "the answer's bytes in the packet");
+}

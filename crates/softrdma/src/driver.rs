@@ -258,7 +258,8 @@ impl TxQueue {
                 self.arena[oa..ob + b.len].rotate_left(a.len);
                 self.meta[i] = (oa, b);
                 self.meta[i + 1] = (oa + b.len, a);
-                // The packets' holes move with them (a READ response has some).
+                // The request's holes move with it (a response has none: an ACK carries no
+                // data, and a READ's answer is copied).
                 for h in &mut self.holes {
                     if (oa..ob).contains(&h.at) {
                         h.at += b.len;
@@ -1942,20 +1943,21 @@ mod tests {
     }
 
     /// A request and the ACK before it trade places in the arena (`pair_answers`): the
-    /// holes each left in the application's memory move with their packet.
+    /// holes the request left in the application's memory move with it, and those of a
+    /// packet after the pair stay.
     #[test]
-    fn holes_move_with_their_packets_when_an_answer_trades_places() {
+    fn holes_move_with_their_packet_when_an_answer_trades_places() {
         use crate::memory::Hole;
-        const READ_RESPONSE_ONLY: u8 = 0x10;
+        const ACK: u8 = 0x11;
         const SEND: u8 = 0x04;
-        let mut q = queue(true, [127, 0, 0, 1], &[(READ_RESPONSE_ONLY, 0x40, 1100), (SEND, 0x40, 1200)]);
-        q.holes = vec![Hole { at: 16, addr: 0x1000, len: 1024 }, Hole { at: 1100 + 12, addr: 0x9000, len: 1150 }];
+        let mut q = queue(true, [127, 0, 0, 1], &[(ACK, 0x40, 20), (SEND, 0x40, 1200), (SEND, 0x40, 1200)]);
+        q.holes = vec![Hole { at: 20 + 12, addr: 0x1000, len: 1184 }, Hole { at: 1220 + 12, addr: 0x9000, len: 1184 }];
         q.pair_answers();
-        assert_eq!(order(&q), [(SEND, b'b', 1200), (READ_RESPONSE_ONLY, b'a', 1100)]);
+        assert_eq!(order(&q), [(SEND, b'b', 1200), (ACK, b'a', 20), (SEND, b'c', 1200)]);
         assert_eq!(
             q.holes,
-            [Hole { at: 12, addr: 0x9000, len: 1150 }, Hole { at: 1200 + 16, addr: 0x1000, len: 1024 }],
-            "each hole where its packet's bytes now are, in order"
+            [Hole { at: 12, addr: 0x1000, len: 1184 }, Hole { at: 1220 + 12, addr: 0x9000, len: 1184 }],
+            "the first request's hole where its bytes now are, the second's where they were"
         );
     }
 

@@ -371,8 +371,8 @@ fn memory_windows_bind_rebind_invalidate_and_a_dropped_region_takes_its_windows_
 /// On the sockets, a packet's payload of 1 KiB and up leaves from where the application
 /// keeps it: the kernel gathers it with the headers (`iovec`s), and the ICRC is computed
 /// over it there, one copy fewer. A WRITE and a SEND whose SGEs are above and below that
-/// size and cross packet boundaries, and a READ (whose responses the responder gathers),
-/// land byte for byte.
+/// size and cross packet boundaries land byte for byte, and so does a READ (whose answer
+/// the responder copies: its region may change under it).
 #[test]
 fn payloads_gathered_from_application_memory_cross_the_sockets_byte_for_byte() {
     let sockets = ContextOptions { same_host: false, ..ContextOptions::default() };
