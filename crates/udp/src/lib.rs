@@ -226,6 +226,32 @@ pub struct IpInfo {
     pub flow_label: u32,
 }
 
+/// A datagram's UDP payload: a whole RoCE packet (or a GSO run of them), ICRC included.
+#[derive(Clone, Copy, Debug)]
+pub enum Payload<'a> {
+    /// In one buffer.
+    Bytes(&'a [u8]),
+    /// In pieces, sent in this order (scatter-gather): a packet's headers from one buffer,
+    /// its data from where the application keeps it, its pad and ICRC from the first
+    /// again, and with GSO one packet after another.
+    Parts(&'a [IoSlice<'a>]),
+}
+
+impl Payload<'_> {
+    /// Bytes in all.
+    pub fn len(&self) -> usize {
+        match self {
+            Payload::Bytes(b) => b.len(),
+            Payload::Parts(parts) => parts.iter().map(|p| p.len()).sum(),
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// One datagram to send: where (the envelope its ICRC was computed for) and what.
 #[derive(Clone, Copy, Debug)]
 pub struct Outgoing<'a> {
@@ -233,13 +259,8 @@ pub struct Outgoing<'a> {
     /// say where the datagram goes; its source must be this socket's address and port, and
     /// an IPv4 envelope must have identification 0 and DF (what the kernel will send).
     pub envelope: Envelope,
-    /// The UDP payload: a whole RoCE packet, ICRC included (empty where `parts` holds it).
-    pub payload: &'a [u8],
-    /// The UDP payload in pieces, sent in this order (scatter-gather): a packet's headers
-    /// from one buffer, its data from where the application keeps it, its pad and ICRC
-    /// from the first again, and with GSO one packet after another. Empty where `payload`
-    /// holds it.
-    pub parts: &'a [IoSlice<'a>],
+    /// The UDP payload.
+    pub payload: Payload<'a>,
     /// IPv4 TOS / IPv6 traffic class for this datagram (an address vector's traffic
     /// class); `None` uses the socket's ([`Config::traffic_class`]).
     pub traffic_class: Option<u8>,
@@ -252,23 +273,13 @@ pub struct Outgoing<'a> {
 impl<'a> Outgoing<'a> {
     /// A datagram in `envelope`, with the socket's traffic class and no GSO.
     pub fn new(envelope: Envelope, payload: &'a [u8]) -> Self {
-        Self { envelope, payload, parts: &[], traffic_class: None, segment_size: None }
+        Self { envelope, payload: Payload::Bytes(payload), traffic_class: None, segment_size: None }
     }
 
     /// A datagram in `envelope` whose payload is `parts` in order, with the socket's
     /// traffic class and no GSO.
     pub fn gathered(envelope: Envelope, parts: &'a [IoSlice<'a>]) -> Self {
-        Self { envelope, payload: &[], parts, traffic_class: None, segment_size: None }
-    }
-
-    /// Bytes of UDP payload.
-    pub fn len(&self) -> usize {
-        if self.parts.is_empty() { self.payload.len() } else { self.parts.iter().map(|p| p.len()).sum() }
-    }
-
-    /// Whether the UDP payload is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        Self { envelope, payload: Payload::Parts(parts), traffic_class: None, segment_size: None }
     }
 }
 
@@ -623,16 +634,15 @@ impl RoceSocket {
             None
         };
         if let Some(seg) = out.segment_size {
-            if seg == 0 || out.len().div_ceil(usize::from(seg)) > MAX_GSO_SEGMENTS {
+            if seg == 0 || out.payload.len().div_ceil(usize::from(seg)) > MAX_GSO_SEGMENTS {
                 return Err(invalid("GSO segment size 0, or more than MAX_GSO_SEGMENTS segments"));
             }
         }
         // A buffer that fits in one segment is simply one datagram.
-        let segment_size = out.segment_size.filter(|&seg| out.len() > usize::from(seg));
+        let segment_size = out.segment_size.filter(|&seg| out.payload.len() > usize::from(seg));
         Ok(sys::SendMsg {
             dst: self.scoped(e.dst_ip(), e.dst_port()),
             payload: out.payload,
-            parts: out.parts,
             src_ip,
             traffic_class: out.traffic_class,
             segment_size,
@@ -695,7 +705,13 @@ impl RoceSocket {
     /// Sends `payload` to `dst` as it is, with no envelope check: for datagrams that are
     /// not RoCE, and tests.
     pub fn send_to(&self, dst: SocketAddr, payload: &[u8]) -> io::Result<()> {
-        let msg = sys::SendMsg { dst, payload, parts: &[], src_ip: None, traffic_class: None, segment_size: None };
+        let msg = sys::SendMsg {
+            dst,
+            payload: Payload::Bytes(payload),
+            src_ip: None,
+            traffic_class: None,
+            segment_size: None,
+        };
         sys::sendmmsg(self.socket.as_fd(), std::slice::from_ref(&msg)).map(|_| ())
     }
 

@@ -17,7 +17,7 @@
 //! caller lends for the duration of one call; nothing here keeps a raw pointer past the
 //! function that made it.
 
-use std::io::{self, IoSlice};
+use std::io;
 use std::mem::{self, MaybeUninit};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -25,6 +25,8 @@ use std::ptr;
 use std::time::Duration;
 
 use libc::{c_int, c_void};
+
+use crate::Payload;
 
 /// Datagrams per `sendmmsg`/`recvmmsg` call. A `sendmmsg`'s headers live on the stack; a
 /// receive batch keeps its own ([`RecvSlots`]).
@@ -196,9 +198,7 @@ impl CmsgWriter<'_> {
 #[derive(Clone, Copy)]
 pub(crate) struct SendMsg<'a> {
     pub(crate) dst: SocketAddr,
-    pub(crate) payload: &'a [u8],
-    /// The payload in pieces, in place of `payload` where not empty.
-    pub(crate) parts: &'a [IoSlice<'a>],
+    pub(crate) payload: Payload<'a>,
     /// Source address to put in `IP_PKTINFO`/`IPV6_PKTINFO` (for a wildcard-bound socket).
     pub(crate) src_ip: Option<IpAddr>,
     /// IPv4 TOS / IPv6 traffic class for this datagram only.
@@ -210,8 +210,7 @@ pub(crate) struct SendMsg<'a> {
 impl SendMsg<'_> {
     pub(crate) const EMPTY: SendMsg<'static> = SendMsg {
         dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-        payload: &[],
-        parts: &[],
+        payload: Payload::Bytes(&[]),
         src_ip: None,
         traffic_class: None,
         segment_size: None,
@@ -234,9 +233,6 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<u
     for (i, m) in msgs[..count].iter().enumerate() {
         let (name, name_len) = RawAddr::new(m.dst);
         let name = names[i].write(name);
-        // The kernel only reads through this pointer (sendmmsg never writes the payload).
-        let iov = iovs[i]
-            .write(libc::iovec { iov_base: m.payload.as_ptr().cast_mut().cast::<c_void>(), iov_len: m.payload.len() });
         let mut w = CmsgWriter { buf: &mut ctrls[i], len: 0 };
         let v4 = m.dst.is_ipv4();
         if let Some(src) = m.src_ip {
@@ -275,14 +271,19 @@ pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<u
         let h = &mut hdr.msg_hdr;
         h.msg_name = ptr::from_mut(name).cast::<c_void>();
         h.msg_namelen = name_len;
-        if m.parts.is_empty() {
-            h.msg_iov = ptr::from_mut(iov);
-            h.msg_iovlen = 1;
-        } else {
-            // `IoSlice` is ABI-compatible with `iovec` (std's guarantee on Unix); the kernel
-            // only reads the array and what it points at.
-            h.msg_iov = m.parts.as_ptr().cast_mut().cast::<libc::iovec>();
-            h.msg_iovlen = m.parts.len() as _;
+        // The kernel only reads through these pointers (sendmmsg never writes the payload).
+        match m.payload {
+            Payload::Bytes(b) => {
+                let iov =
+                    iovs[i].write(libc::iovec { iov_base: b.as_ptr().cast_mut().cast::<c_void>(), iov_len: b.len() });
+                h.msg_iov = ptr::from_mut(iov);
+                h.msg_iovlen = 1;
+            }
+            Payload::Parts(parts) => {
+                // `IoSlice` is ABI-compatible with `iovec` (std's guarantee on Unix).
+                h.msg_iov = parts.as_ptr().cast_mut().cast::<libc::iovec>();
+                h.msg_iovlen = parts.len() as _;
+            }
         }
         if ctrl_len > 0 {
             h.msg_control = ctrls[i].as_mut_ptr().cast::<c_void>();
