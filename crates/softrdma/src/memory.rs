@@ -172,11 +172,11 @@ impl Memory for SendMemory<'_> {
     }
 
     fn gather(&mut self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
-        let at = (out.as_ptr() as usize).wrapping_sub(self.base);
         if out.len() < GATHER_MIN {
             return ProcessMemory.read(addr, out);
         }
         fault_in(addr, out.len() as u64, false)?;
+        let at = (out.as_ptr() as usize).wrapping_sub(self.base);
         self.holes.push(Hole { at, addr, len: out.len() });
         Ok(())
     }
