@@ -1483,7 +1483,7 @@ impl State {
                             }
                             None => {}
                         }
-                        complete_icrc_gathered(&mut t, datagram, at, &tx.holes[mark..]);
+                        complete_icrc_gathered(&mut t, &mut tx.arena, at, &tx.holes[mark..]);
                         tx.meta.push((at, t));
                         at += t.len;
                     }
@@ -1540,13 +1540,7 @@ impl State {
                     continue;
                 }
                 let start = parts.len();
-                let mut from = off;
-                for hole in holes {
-                    parts.push(IoSlice::new(&tx.arena[from..hole.at]));
-                    parts.push(IoSlice::new(hole.bytes()));
-                    from = hole.at + hole.len;
-                }
-                parts.push(IoSlice::new(&tx.arena[from..end]));
+                parts.extend(gathered(&tx.arena, off..end, holes).map(IoSlice::new));
                 debug_assert!(parts.len() - start <= 1024, "more pieces than the kernel's IOV_MAX");
                 spans[j] = (start, parts.len());
             }
@@ -1782,26 +1776,30 @@ fn complete_icrc(t: &mut Transmit, datagram: &mut [u8]) {
     }
 }
 
-/// [`complete_icrc`] for a packet at `at` in the arena whose payload is partly in `holes`
+/// [`complete_icrc`] for the packet at `at` in `arena` whose payload is partly in `holes`
 /// (in order, each inside the packet): the ICRC over its bytes where they are.
-fn complete_icrc_gathered(t: &mut Transmit, datagram: &mut [u8], at: usize, holes: &[Hole]) {
+fn complete_icrc_gathered(t: &mut Transmit, arena: &mut [u8], at: usize, holes: &[Hole]) {
+    let (end, covered) = (at + t.len, at + t.len - ICRC_LEN);
     if holes.is_empty() {
-        return complete_icrc(t, datagram);
+        return complete_icrc(t, &mut arena[at..end]);
     }
     if !std::mem::take(&mut t.icrc_pending) {
         return;
     }
-    let covered = datagram.len() - ICRC_LEN;
-    let mut h = IcrcHasher::new(&t.envelope, covered);
-    let mut from = 0;
-    for hole in holes {
-        let start = hole.at - at;
-        h.update(&datagram[from..start]);
-        h.update(hole.bytes());
-        from = start + hole.len;
-    }
-    h.update(&datagram[from..covered]);
-    datagram[covered..].copy_from_slice(&h.finalize().to_le_bytes());
+    let mut h = IcrcHasher::new(&t.envelope, covered - at);
+    gathered(arena, at..covered, holes).for_each(|piece| h.update(piece));
+    arena[covered..end].copy_from_slice(&h.finalize().to_le_bytes());
+}
+
+/// The bytes of `arena[range]` in order, each of `holes` (in order, each inside the range)
+/// from where the application has them: what a packet, or a GSO run, carries.
+fn gathered<'a>(arena: &'a [u8], range: std::ops::Range<usize>, holes: &'a [Hole]) -> impl Iterator<Item = &'a [u8]> {
+    let starts = std::iter::once(range.start).chain(holes.iter().map(|h| h.at + h.len));
+    let tail = holes.last().map_or(range.start, |h| h.at + h.len);
+    starts
+        .zip(holes)
+        .flat_map(move |(from, h)| [&arena[from..h.at], h.bytes()])
+        .chain(std::iter::once(&arena[tail..range.end]))
 }
 
 /// The counters of a device: the NIC's and the sockets'.
@@ -1931,7 +1929,7 @@ mod tests {
             // Where a hole is, the arena holds nothing of it (stale bytes).
             holes.iter().for_each(|h| arena[h.at..h.at + h.len].fill(0xee));
             let mut t = Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true);
-            super::complete_icrc_gathered(&mut t, &mut arena[at..], at, &holes);
+            super::complete_icrc_gathered(&mut t, &mut arena, at, &holes);
             assert!(!t.icrc_pending);
             let gathered = arena[at + len - 4..].to_vec();
             holes.iter().for_each(|h| h.fill(&mut arena));
