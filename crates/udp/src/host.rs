@@ -946,7 +946,17 @@ fn take_port(
             Ok(sockets) => return Ok((sockets, None, None, 0)),
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => match port_owner(addresses, config.port) {
                 // A socket of this user that is in no group: another program's.
-                Some(owner) if owner == uid => return Err(e),
+                Some(owner) if owner == uid => {
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{port_name}: a socket of this user (uid {uid}) holds UDP port {} outside softrdma's \
+                             group ({e}): another program, or one bound without SO_REUSEPORT; \
+                             `ss -uapn 'sport = :{}'` lists it",
+                            config.port, config.port,
+                        ),
+                    ));
+                }
                 // Another user's processes hold the port: join their group as a guest.
                 Some(owner) => {
                     let name = coordinator_name(owner, device, config.port);
@@ -970,7 +980,19 @@ fn take_port(
             Err(e) => return Err(e),
         };
         if Instant::now() >= deadline {
-            return Err(err);
+            if err.kind() != io::ErrorKind::AddrInUse || err.get_ref().is_some() {
+                return Err(err);
+            }
+            // The bind's own error, which names nothing.
+            return Err(io::Error::new(
+                err.kind(),
+                format!(
+                    "{port_name}: UDP port {} stayed held for {TAKE_PORT_FOR:?} by sockets that are not one user's \
+                     softrdma group on every address ({err}): another program holds it on some of them, or \
+                     programs of several users do; `ss -uapn 'sport = :{}'` lists them",
+                    config.port, config.port,
+                ),
+            ));
         }
         std::thread::sleep(Duration::from_millis(10 + random_u64() % 20));
     }
