@@ -10,6 +10,15 @@ fail() {
     line "$1" "FAIL $2"
     failed=1
 }
+# last_words FILE: what a failed program said last (its last non-empty line), after the
+# last line softrdma's libraries wrote ("softrdma: ...", the reason a C program's own
+# message leaves out, such as why the device did not open), if there is one.
+last_words() {
+    local ours last
+    ours=$(grep '^softrdma: ' "$1" | grep -v 'injecting faults' | tail -n 1)
+    last=$(grep -v '^[[:space:]]*$' "$1" | tail -n 1)
+    if [ -n "$ours" ] && [ "$ours" != "$last" ]; then echo "$ours; then: $last"; else echo "$last"; fi
+}
 # installed NAME PROGRAM PACKAGE: whether PROGRAM is there; if not, NAME's line says SKIP.
 installed() {
     command -v "$2" >/dev/null 2>&1 && return
@@ -83,7 +92,7 @@ expect_one() {
     timeout "$TIMEOUT" "$@" >"$work/$tag.out" 2>&1
     local rc=$?
     if [ $rc -ne 0 ]; then
-        fail "$name" "exit $rc: $(grep -v '^ *$' "$work/$tag.out" | tail -n 1)"
+        fail "$name" "exit $rc: $(last_words "$work/$tag.out")"
     elif ! grep -Eq "$expect" "$work/$tag.out"; then
         fail "$name" "output lacks /$expect/"
     else

@@ -62,7 +62,7 @@ attempt() {
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         why="server exit $src, client exit $crc"
         if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
-        why="$why: $(tail -n 1 "$work/$name.client")"
+        why="$why: $(last_words "$work/$name.client")"
     elif ! grep -Eq "$ok" "$work/$name.server" || ! grep -Eq "$ok" "$work/$name.client"; then
         why="no result line"
     fi
@@ -134,7 +134,7 @@ cm_run() {
     local name=$1 server_says=$4 client_says=$5
     cm_pair "$name" "$2" "$3" || return
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+        fail "$name" "server exit $src, client exit $crc: $(last_words "$out.client")"
     elif ! grep -q "$server_says" "$out.server" || ! grep -q "$client_says" "$out.client"; then
         fail "$name" "no '$server_says' / '$client_says' line"
     else
@@ -163,7 +163,7 @@ rping_line() {
     local pings
     pings=$(grep -c "^ping data: rdma-ping-" "$out.client")
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+        fail "$name" "server exit $src, client exit $crc: $(last_words "$out.client")"
     elif [ "$pings" -ne 10 ] || [ "$(grep -c "^server ping data: rdma-ping-" "$out.server")" -ne 10 ]; then
         fail "$name" "$pings of 10 pings on the client"
     else
@@ -181,7 +181,7 @@ if cm_pair "$name" "env SOFTRDMA_AUTH=1 rping -s -a 127.0.0.1 -p PORT -v -C 10" 
     pings=$(grep -c "^ping data: rdma-ping-" "$out.client")
     offers=$(grep -a -o sRDMAau1 "$work/auth.pcap" 2>/dev/null | wc -l)
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "$name" "server exit $src, client exit $crc: $(tail -n 1 "$out.client")"
+        fail "$name" "server exit $src, client exit $crc: $(last_words "$out.client")"
     elif [ "$pings" -ne 10 ]; then
         fail "$name" "$pings of 10 pings on the client"
     elif [ "$offers" -lt 2 ]; then
@@ -224,7 +224,7 @@ perftest_pair() {
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         local why="server exit $src, client exit $crc$again"
         if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
-        fail "$name" "$why: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+        fail "$name" "$why: $(last_words "$out.client")"
     elif ! grep -Eq "$expect" "$out.client"; then
         fail "$name" "the client's output lacks /$expect/"
     else
@@ -274,7 +274,7 @@ users_pair() {
     port=$((port + 1))
     serve "$out" "$retry" "${4//PORT/$port}" "${5//PORT/$port}"
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "$name" "server exit $src, client exit $crc: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+        fail "$name" "server exit $src, client exit $crc: $(last_words "$out.client")"
     elif ! grep -Eq "$expect" "$out.client"; then
         fail "$name" "the client's output lacks /$expect/"
     else
@@ -381,7 +381,7 @@ netns_pair() {
     local again=
     [ $n -gt 1 ] && again=" (attempt $n; before, REJ 8 and perftest 4.5+0.17's crash in its retry)"
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
-        fail "$name" "server exit $src, client exit $crc$again: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+        fail "$name" "server exit $src, client exit $crc$again: $(last_words "$out.client")"
     elif ! grep -Eq "$row" "$out.client"; then
         fail "$name" "the client's output lacks /$row/"
     else

@@ -40,11 +40,11 @@ expect_pair() {
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         local why="server exit $src, client exit $crc"
         if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
-        fail "$name" "$why: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+        fail "$name" "$why: $(last_words "$out.client")"
     elif ! grep -Eq "$server_says" "$out.server"; then
-        fail "$name" "the server's output lacks /$server_says/: $(grep -v '^ *$' "$out.server" | tail -n 1)"
+        fail "$name" "the server's output lacks /$server_says/: $(last_words "$out.server")"
     elif ! grep -Eq "$client_says" "$out.client"; then
-        fail "$name" "the client's output lacks /$client_says/: $(grep -v '^ *$' "$out.client" | tail -n 1)"
+        fail "$name" "the client's output lacks /$client_says/: $(last_words "$out.client")"
     else
         line "$name" pass
     fi
@@ -161,7 +161,7 @@ if installed "UCX" ucx_perftest ucx-utils; then
         if grep -q "Client exit with status 'OK'" "$work/io_demo.client"; then
             line "io_demo (UCX's rdmacm CM, rc_verbs)" pass
         else
-            fail "io_demo (UCX's rdmacm CM, rc_verbs)" "$(grep -v '^ *$' "$work/io_demo.client" | tail -n 1)"
+            fail "io_demo (UCX's rdmacm CM, rc_verbs)" "$(last_words "$work/io_demo.client")"
         fi
     fi
 fi
@@ -197,7 +197,7 @@ if installed "rsockets" rstream rdmacm-utils; then
     if cmp -s "$work/rcopy.src" "$work/rcopy.dst"; then
         line "rcopy (3 MB file, compared)" pass
     else
-        fail "rcopy (3 MB file, compared)" "$(grep -v '^ *$' "$work/rcopy.client" | tail -n 1)"
+        fail "rcopy (3 MB file, compared)" "$(last_words "$work/rcopy.client")"
     fi
 fi
 preload=$(find /usr/lib -name librspreload.so.1 -path '*rsocket*' 2>/dev/null | head -n 1)

@@ -176,8 +176,24 @@ unsafe extern "C" fn open_device(dev: *mut IbvDevice) -> *mut IbvContext {
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        errno::or_null(d.inner.open(), |c| new_context(dev, c))
+        match d.inner.open() {
+            Ok(c) => new_context(dev, c),
+            Err(e) => {
+                open_failed(&d.inner, &e);
+                errno::fail(&e);
+                ptr::null_mut()
+            }
+        }
     })
+}
+
+/// Says on stderr why `device` did not open. A C program has only `errno` to show
+/// ("Couldn't get context"), while the reason (the port held by another program, a
+/// coordinator that did not answer, a user whose group refused this one) says what to do;
+/// libibverbs prints its own warnings there too.
+#[allow(clippy::print_stderr)]
+fn open_failed(device: &softrdma::Device, e: &softrdma::Error) {
+    eprintln!("softrdma: opening {}: {e}", device.name());
 }
 
 /// Wraps an open softrdma context in a `verbs_context` and returns its `ibv_context`.
