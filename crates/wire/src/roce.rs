@@ -178,6 +178,16 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> RocePacket<T> {
     /// Recomputes and writes the ICRC, e.g. after changing a header in place.
     pub fn fill_icrc(&mut self, envelope: &Envelope) {
         let value = icrc::compute(envelope, self.icrc_covered());
+        self.write_icrc(value);
+    }
+
+    /// [`fill_icrc`](Self::fill_icrc), the envelope's part through `prefixes`.
+    pub fn fill_icrc_with(&mut self, envelope: &Envelope, prefixes: &mut icrc::IcrcPrefixCache) {
+        let value = prefixes.compute(envelope, self.icrc_covered());
+        self.write_icrc(value);
+    }
+
+    fn write_icrc(&mut self, value: u32) {
         let b = self.buffer.as_mut();
         let at = b.len() - ICRC_LEN;
         b[at..].copy_from_slice(&value.to_le_bytes());
