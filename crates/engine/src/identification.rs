@@ -37,7 +37,7 @@
 
 use core::net::Ipv4Addr;
 
-use softrdma_wire::icrc::{self, Ipv4IdentificationCache};
+use softrdma_wire::icrc::{IcrcPrefixCache, Ipv4IdentificationCache};
 use softrdma_wire::{Envelope, RocePacket};
 
 use crate::Instant;
@@ -83,11 +83,13 @@ struct Peer {
 pub(crate) struct Identifications {
     peers: [Option<Peer>; PEERS],
     maps: Ipv4IdentificationCache,
+    /// The ICRC's envelope part, by envelope and length (a flow's packets share one).
+    prefixes: IcrcPrefixCache,
 }
 
 impl Default for Identifications {
     fn default() -> Self {
-        Self { peers: [None; PEERS], maps: Ipv4IdentificationCache::default() }
+        Self { peers: [None; PEERS], maps: Ipv4IdentificationCache::default(), prefixes: IcrcPrefixCache::default() }
     }
 }
 
@@ -109,7 +111,7 @@ impl Identifications {
         packet: &RocePacket<&[u8]>,
     ) -> (IcrcCheck, Envelope) {
         let covered = packet.icrc_covered();
-        let computed = icrc::compute(envelope, covered);
+        let computed = self.prefixes.compute(envelope, covered);
         let Envelope::V4(e) = envelope else {
             let verdict = if computed == packet.icrc() { IcrcCheck::Exact } else { IcrcCheck::Bad };
             return (verdict, *envelope);

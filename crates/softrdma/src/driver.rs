@@ -36,7 +36,7 @@ use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
 use softrdma_wire::RocePacket;
-use softrdma_wire::icrc::{ICRC_LEN, IcrcHasher, Ipv4IdentificationCache};
+use softrdma_wire::icrc::{ICRC_LEN, IcrcPrefixCache, Ipv4IdentificationCache};
 use softrdma_wire::opcode::Transport;
 use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
 
@@ -197,6 +197,8 @@ struct TxQueue {
     holes: Vec<Hole>,
     /// ICRC corrections for IPv4 GSO segments, by covered length (a few lengths recur).
     deltas: Ipv4IdentificationCache,
+    /// The ICRC's envelope part, by envelope and length (a flow's packets share one).
+    prefixes: IcrcPrefixCache,
     /// Send runs of equal packets as one GSO buffer.
     gso: bool,
 }
@@ -208,6 +210,7 @@ impl TxQueue {
             meta: Vec::new(),
             holes: Vec::new(),
             deltas: Ipv4IdentificationCache::default(),
+            prefixes: IcrcPrefixCache::default(),
             gso,
         }
     }
@@ -1454,7 +1457,7 @@ impl State {
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.
                         if capture.is_some() {
-                            complete_icrc(&mut t, datagram);
+                            complete_icrc(&mut t, datagram, &mut tx.prefixes);
                         }
                         match same_host.as_mut().and_then(|l| l.send(now, &t, ecn, datagram)) {
                             Some(pulls) => {
@@ -1483,7 +1486,7 @@ impl State {
                             }
                             None => {}
                         }
-                        complete_icrc_gathered(&mut t, &mut tx.arena, at, &tx.holes[mark..]);
+                        complete_icrc_gathered(&mut t, &mut tx.arena, at, &tx.holes[mark..], &mut tx.prefixes);
                         tx.meta.push((at, t));
                         at += t.len;
                     }
@@ -1770,23 +1773,29 @@ fn deliver_now(
 
 /// Computes `datagram`'s ICRC if the engine left it to the runtime
 /// ([`Transmit::icrc_pending`]).
-fn complete_icrc(t: &mut Transmit, datagram: &mut [u8]) {
+fn complete_icrc(t: &mut Transmit, datagram: &mut [u8], prefixes: &mut IcrcPrefixCache) {
     if std::mem::take(&mut t.icrc_pending) {
-        RocePacket::new_unchecked(datagram).fill_icrc(&t.envelope);
+        RocePacket::new_unchecked(datagram).fill_icrc_with(&t.envelope, prefixes);
     }
 }
 
 /// [`complete_icrc`] for the packet at `at` in `arena` whose payload is partly in `holes`
 /// (in order, each inside the packet): the ICRC over its bytes where they are.
-fn complete_icrc_gathered(t: &mut Transmit, arena: &mut [u8], at: usize, holes: &[Hole]) {
+fn complete_icrc_gathered(
+    t: &mut Transmit,
+    arena: &mut [u8],
+    at: usize,
+    holes: &[Hole],
+    prefixes: &mut IcrcPrefixCache,
+) {
     let (end, covered) = (at + t.len, at + t.len - ICRC_LEN);
     if holes.is_empty() {
-        return complete_icrc(t, &mut arena[at..end]);
+        return complete_icrc(t, &mut arena[at..end], prefixes);
     }
     if !std::mem::take(&mut t.icrc_pending) {
         return;
     }
-    let mut h = IcrcHasher::new(&t.envelope, covered - at);
+    let mut h = prefixes.hasher(&t.envelope, covered - at);
     gathered(arena, at..covered, holes).for_each(|piece| h.update(piece));
     arena[covered..end].copy_from_slice(&h.finalize().to_le_bytes());
 }
@@ -1883,7 +1892,8 @@ mod tests {
     use std::time::Duration;
 
     use softrdma_engine::Transmit;
-    use softrdma_wire::Envelope;
+    use softrdma_wire::icrc::IcrcPrefixCache;
+    use softrdma_wire::{Envelope, RocePacket};
 
     use crate::*;
 
@@ -1912,7 +1922,9 @@ mod tests {
         let app: Vec<u8> = (0..9000u32).map(|i| (i * 7 + 3) as u8).collect();
         let envelope = Envelope::rocev2([127, 0, 0, 1].into(), 4791, [127, 0, 0, 2].into()).unwrap();
         // A WRITE_ONLY (BTH, RETH) of 4096 bytes at arena offset 100: three holes back to
-        // back; two with a part copied between them (an SGE under GATHER_MIN); one.
+        // back; two with a part copied between them (an SGE under GATHER_MIN); one. The
+        // ICRC's envelope part comes from the cache after the first.
+        let mut prefixes = IcrcPrefixCache::default();
         for parts in [&[(0usize, 1024usize), (1024, 2048), (3072, 1024)][..], &[(0, 1500), (2000, 2096)], &[(0, 4096)]]
         {
             let at = 100;
@@ -1929,13 +1941,12 @@ mod tests {
             // Where a hole is, the arena holds nothing of it (stale bytes).
             holes.iter().for_each(|h| arena[h.at..h.at + h.len].fill(0xee));
             let mut t = Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true);
-            super::complete_icrc_gathered(&mut t, &mut arena, at, &holes);
+            super::complete_icrc_gathered(&mut t, &mut arena, at, &holes, &mut prefixes);
             assert!(!t.icrc_pending);
             let gathered = arena[at + len - 4..].to_vec();
             holes.iter().for_each(|h| h.fill(&mut arena));
             assert_eq!(arena[at + 28..at + 28 + 4096], app[500..500 + 4096], "the holes filled from where they are");
-            let mut filled = Transmit { icrc_pending: true, ..t };
-            super::complete_icrc(&mut filled, &mut arena[at..]);
+            RocePacket::new_unchecked(&mut arena[at..]).fill_icrc(&envelope);
             assert_eq!(gathered, arena[at + len - 4..], "parts {parts:?}");
         }
     }
