@@ -414,3 +414,81 @@ fn payloads_gathered_from_application_memory_cross_the_sockets_byte_for_byte() {
     assert_eq!((ca.same_host_sent, cb.same_host_sent), (0, 0), "every packet on the sockets");
     assert_eq!(ca.send_errors + cb.send_errors, 0);
 }
+
+/// While an application polls and nothing arrives, its device asks the socket that last
+/// brought datagrams on every pass and its other sockets every 20 µs (one `recvmmsg` per
+/// empty pass, not one per socket). A datagram on another socket is still taken, by the
+/// application's own polls (the progress thread leaves the sockets to a polling
+/// application): here an IPv6 QP's SEND, after an IPv4 ping-pong made the IPv4 socket the
+/// one asked on every pass.
+#[test]
+fn a_polling_application_takes_datagrams_on_its_quiet_socket_too() {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    let port = test_port();
+    let side = || {
+        let addresses = vec![IpAddr::from(Ipv4Addr::LOCALHOST), IpAddr::from(Ipv6Addr::LOCALHOST)];
+        let options = ContextOptions { port, same_host: false, ..ContextOptions::default() };
+        let ctx = Device::with_addresses("lo", addresses).open_with(&options).expect("open a loopback device");
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64, None).unwrap();
+        let qps: Vec<Qp> = (0..2).map(|_| pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap()).collect();
+        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+        (ctx, pd, cq, qps, mr)
+    };
+    let (a, b) = (side(), side());
+    // QP 0 of each over GID 0 (127.0.0.1), QP 1 over GID 1 (::1).
+    for (gid, qp) in [(0u8, 0usize), (1, 1)] {
+        let opts = ConnectOptions { timeout: 10, sgid_index: gid, ..ConnectOptions::default() };
+        let (ea, eb) = (a.3[qp].endpoint(gid, 100).unwrap(), b.3[qp].endpoint(gid, 200).unwrap());
+        a.3[qp].connect(100, &eb, &opts).unwrap();
+        b.3[qp].connect(200, &ea, &opts).unwrap();
+    }
+    // Polls `cq` (never sleeping, as a latency loop does) until one completion, for WAIT
+    // at most.
+    let spin = |cq: &Cq| {
+        let until = std::time::Instant::now() + WAIT;
+        loop {
+            if let Some(wc) = cq.poll_one() {
+                return wc;
+            }
+            assert!(std::time::Instant::now() < until, "no completion within {WAIT:?} of polling");
+        }
+    };
+    let (asge, bsge) = ([a.4.sge(0..8).unwrap()], [b.4.sge(0..8).unwrap()]);
+    let send = |qp: &Qp, sge: &[Sge; 1], id| qp.post_send(&[wr(id, SendOp::Send, sge)]).unwrap();
+    let recv = |qp: &Qp, sge: &[Sge; 1], id| qp.post_recv(&[RecvWr { wr_id: id, sg_list: sge }]).unwrap();
+    // An IPv4 ping-pong, polled: each side's IPv4 socket is the one that last brought
+    // datagrams, and every wait for an answer is quiet (far more than 64 empty passes).
+    for round in 0..200 {
+        recv(&b.3[0], &bsge, round);
+        recv(&a.3[0], &asge, round);
+        send(&a.3[0], &asge, round);
+        let mut got = [false; 2]; // b: the ping received, and the answer's send completed
+        while !got[0] {
+            let wc = spin(&b.2);
+            assert_eq!(wc.status, WcStatus::Success);
+            got[0] |= wc.opcode == WcOpcode::Recv;
+        }
+        send(&b.3[0], &bsge, round);
+        let mut answered = false;
+        while !answered {
+            let wc = spin(&a.2);
+            assert_eq!(wc.status, WcStatus::Success);
+            answered |= wc.opcode == WcOpcode::Recv;
+        }
+        while !got[1] {
+            got[1] |= spin(&b.2).opcode == WcOpcode::Send;
+        }
+    }
+    // Drain the pings' send completions on a.
+    while a.2.poll_one().is_some() {}
+    // Now a SEND over IPv6: only b's polls can take it from its IPv6 socket.
+    recv(&b.3[1], &bsge, 1000);
+    send(&a.3[1], &asge, 1000);
+    let wc = spin(&b.2);
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.qp_num.value()),
+        (1000, WcStatus::Success, WcOpcode::Recv, b.3[1].qpn())
+    );
+    assert_eq!(spin(&a.2).wr_id, 1000, "the IPv6 SEND completes at the sender");
+}
