@@ -393,6 +393,11 @@ pub(crate) struct State {
     /// Each socket's count of datagrams the kernel dropped for a full receive buffer, as
     /// last seen (`RecvBatch::drops`): a rise is congestion control's overrun signal.
     rx_drops: Vec<u32>,
+    /// How many times the device lock was taken ([`Shared::lock`]).
+    locks: u64,
+    /// The [`locks`](Self::locks) count of the last empty poll whose pass had nothing to
+    /// send or deliver ([`Shared::app_flush_after_empty_poll`]).
+    quiet_at: Option<u64>,
     /// When idle sockets were last asked ([`IDLE_SOCKET_INTERVAL`]).
     idle_asked: Instant,
     /// The socket that last brought datagrams: while nothing arrives anywhere, the one
@@ -425,6 +430,14 @@ pub(crate) struct State {
 /// go into [`State::drop_later`], which this guard empties *after* unlocking.
 pub(crate) struct Locked<'a> {
     guard: Option<MutexGuard<'a, State>>,
+}
+
+impl<'a> Locked<'a> {
+    /// The state, its lock taken once more ([`State::locks`]).
+    fn counted(mut guard: MutexGuard<'a, State>) -> Self {
+        guard.locks = guard.locks.wrapping_add(1);
+        Locked { guard: Some(guard) }
+    }
 }
 
 impl std::ops::Deref for Locked<'_> {
@@ -714,6 +727,8 @@ impl Driver {
             drop_later: Vec::new(),
             rx_empty: vec![0; port.sockets().len()],
             rx_drops: vec![0; port.sockets().len()],
+            locks: 0,
+            quiet_at: None,
             idle_asked: Instant::ZERO,
             rx_last_socket: None,
             inbox_last: None,
@@ -856,14 +871,14 @@ impl Shared {
     /// The device lock. A panic while it was held leaves the engine as it was at the
     /// panic; the device carries on rather than poison every later call.
     pub(crate) fn lock(&self) -> Locked<'_> {
-        Locked { guard: Some(self.state.lock().unwrap_or_else(PoisonError::into_inner)) }
+        Locked::counted(self.state.lock().unwrap_or_else(PoisonError::into_inner))
     }
 
     /// The device lock, if nobody holds it.
     pub(crate) fn try_lock(&self) -> Option<Locked<'_>> {
         match self.state.try_lock() {
-            Ok(g) => Some(Locked { guard: Some(g) }),
-            Err(std::sync::TryLockError::Poisoned(p)) => Some(Locked { guard: Some(p.into_inner()) }),
+            Ok(g) => Some(Locked::counted(g)),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(Locked::counted(p.into_inner())),
             Err(std::sync::TryLockError::WouldBlock) => None,
         }
     }
@@ -898,16 +913,17 @@ impl Shared {
     /// `sendmmsg`; the next poll, post or progress pass sends them otherwise (within
     /// [`APP_POLL_WINDOW`]: [`app_received`](Self::app_received)).
     /// Returns when it received (the time the rest of the poll uses, one clock read for
-    /// all: they took a fifth of a same-host ping-pong's time), or `None` when an empty poll
-    /// of another CQ did within [`APP_RX_SHARED`].
-    pub(crate) fn app_receive(&self, st: &mut State, cq: u32) -> Option<Instant> {
+    /// all: they took a fifth of a same-host ping-pong's time) and whether anything came
+    /// (datagrams, timers), or `None` when an empty poll of another CQ did within
+    /// [`APP_RX_SHARED`].
+    pub(crate) fn app_receive(&self, st: &mut State, cq: u32) -> Option<(Instant, bool)> {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
         if st.app_rx_last.is_some_and(|(other, at)| other != cq && now - at < APP_RX_SHARED) {
             return None;
         }
         st.app_rx_last = Some((cq, now));
-        st.receive(self, now, true, true);
+        let worked = st.receive(self, now, true, true);
         if st.same_host_backlog
             && let Some(local) = &mut st.same_host
         {
@@ -915,7 +931,28 @@ impl Shared {
             // moves them on, as the progress thread would only every BACKLOG_RETRY.
             st.same_host_backlog = local.flush();
         }
-        Some(now)
+        Some((now, worked))
+    }
+
+    /// The rest of the pass of a poll that found its CQ empty after receiving
+    /// ([`app_flush_at`](Self::app_flush_at)), unless there can be nothing to do: the
+    /// receive took nothing (no datagram, no timer due), no packet waits for room in
+    /// another process's inbox, and nobody but this poll has taken the device lock since a
+    /// pass that sent and delivered nothing (a verb, a progress pass or another thread's
+    /// poll may have queued packets or events; the lock tells, as it counts every taking:
+    /// [`State::locks`]). A send that only time would let go (a pacer's, an RNR wait's)
+    /// has a timer, which the receive fires; and the progress thread takes the lock at
+    /// least every [`APP_POLL_WINDOW`] anyway. The rest of a pass (the engine's and the
+    /// CM's `poll_transmit`, the events) was a fifth of an empty poll that asks one
+    /// socket.
+    pub(crate) fn app_flush_after_empty_poll(&self, st: &mut State, now: Instant, received: bool) {
+        if !received && !st.same_host_backlog && st.quiet_at == Some(st.locks.wrapping_sub(1)) {
+            st.quiet_at = Some(st.locks);
+            return;
+        }
+        let sent = st.flush(self, now);
+        let delivered = st.dispatch_events(self, now);
+        st.quiet_at = (!sent && !delivered && !st.same_host_backlog).then_some(st.locks);
     }
 
     /// A poll that received in the application's thread returns a completion. What that

@@ -1116,14 +1116,14 @@ impl Cq {
         }
         if n == 0
             && !out.is_empty()
-            && let Some(now) = sh.app_receive(&mut st, self.inner.id.0)
+            && let Some((now, received)) = sh.app_receive(&mut st, self.inner.id.0)
         {
             if let Some(wc) = st.nic.engine_mut().poll_cq(self.inner.id) {
                 out[0] = wc;
                 n = 1;
                 sh.app_received(&mut st, now);
             } else {
-                sh.app_flush_at(&mut st, now);
+                sh.app_flush_after_empty_poll(&mut st, now, received);
             }
         }
         st.app_empty_polls = if n == 0 { st.app_empty_polls.wrapping_add(1) } else { 0 };
