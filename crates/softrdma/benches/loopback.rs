@@ -11,14 +11,16 @@
 //!
 //! Latency is perftest's: a ping-pong of 8-byte RDMA WRITEs with immediate (so the peer
 //! learns of each by a completion), one way = round trip / 2. Also reported: the CPU a
-//! process holding 100 connected RC QPs burns while idle, and the memory each QP costs.
+//! process holding 100 connected RC QPs burns while idle, the memory each QP costs, and
+//! what one poll of an empty CQ costs (a turn of a polling application's wait).
 //!
 //! The peer is this program run again as a child (`SOFTRDMA_TEST_ROLE`); the two talk in
 //! lines over the child's stdin/stdout.
 //!
-//! For profiling: `--rdma-bw-only`, `--rdma-lat-only` and `--rdma-events-only` run one
-//! figure alone; `SOFTRDMA_BENCH_SPIN_US=N` sets both sides' progress-thread spin
-//! (`ContextOptions::spin`, 50 by default), and `SOFTRDMA_BENCH_NO_GSO=1` turns GSO off.
+//! For profiling: `--rdma-bw-only`, `--rdma-lat-only`, `--rdma-events-only` and
+//! `--empty-poll-only` (an empty CQ polled, per poll) run one figure alone;
+//! `SOFTRDMA_BENCH_SPIN_US=N` sets both sides' progress-thread spin (`ContextOptions::spin`,
+//! 50 by default), and `SOFTRDMA_BENCH_NO_GSO=1` turns GSO off.
 
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
@@ -58,6 +60,12 @@ fn main() {
         println!("RDMA WRITE 8 B polled one way: median {:.2} us, p99 {:.2} us", polled.median, polled.p99);
         return;
     }
+    // `--empty-poll-only`: just what polling an empty CQ costs.
+    if std::env::args().any(|a| a == "--empty-poll-only") {
+        let (one, two) = empty_poll(if quick { 200_000 } else { 2_000_000 });
+        println!("empty CQ poll: {one:.0} ns with one socket, {two:.0} ns with two");
+        return;
+    }
     // `--rdma-events-only`: just the RDMA latency with completion channels (for profiling).
     if std::env::args().any(|a| a == "--rdma-events-only") {
         let n = if quick { 2_000 } else { 20_000 };
@@ -76,6 +84,7 @@ fn main() {
     let rdma_bw = rdma_bandwidth(bw_time);
     let idle = idle_cpu(100, if quick { Duration::from_millis(500) } else { Duration::from_secs(2) });
     let per_qp = memory_per_qp(1000);
+    let (poll_one, poll_two) = empty_poll(if quick { 200_000 } else { 2_000_000 });
 
     println!();
     println!("{:<52} {:>12} {:>12} {:>8}", "what", "softrdma", "baseline", "ratio");
@@ -101,10 +110,34 @@ fn main() {
     );
     println!("{:<52} {:>11.3}%", "idle CPU, 100 connected RC QPs (of one core)", idle * 100.0);
     println!("{:<52} {:>9.1} KiB", "memory per RC QP (default queue sizes)", per_qp / 1024.0);
+    println!("{:<52} {:>10.0} ns", "an empty CQ polled, device with one socket", poll_one);
+    println!("{:<52} {:>10.0} ns", "an empty CQ polled, device with two (IPv4, IPv6)", poll_two);
     println!(
         "latency detail (us, one way): UDP busy p99 {:.2}; RDMA polled min {:.2} p99 {:.2}; RDMA events p99 {:.2}; UDP blocking p99 {:.2}",
         udp_busy.p99, rdma_busy.min, rdma_busy.p99, rdma_event.p99, udp_block.p99
     );
+}
+
+/// Nanoseconds per poll of an empty CQ, `n` polls in a row, on an idle device with one
+/// socket (127.0.0.1) and with two (and ::1), kept off the same-host path: the cost of
+/// each turn of a polling application's wait, which bounds how soon it sees an answer.
+fn empty_poll(n: u32) -> (f64, f64) {
+    let per_poll = |addresses: Vec<IpAddr>| {
+        let options = ContextOptions { port: UDP_PORT + 1, same_host: false, ..ContextOptions::default() };
+        let ctx = Device::with_addresses("lo", addresses).open_with(&options).expect("open a loopback device");
+        let cq = ctx.create_cq(16, None).expect("a CQ");
+        let mut wc = [EMPTY_WC; 16];
+        for _ in 0..n / 10 {
+            std::hint::black_box(cq.poll(&mut wc));
+        }
+        let start = Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(cq.poll(&mut wc));
+        }
+        start.elapsed().as_secs_f64() * 1e9 / f64::from(n)
+    };
+    let v4 = IpAddr::from(A);
+    (per_poll(vec![v4]), per_poll(vec![v4, IpAddr::from(std::net::Ipv6Addr::LOCALHOST)]))
 }
 
 /// One-way latency statistics in microseconds.
