@@ -176,14 +176,7 @@ unsafe extern "C" fn open_device(dev: *mut IbvDevice) -> *mut IbvContext {
             errno::set(libc::EINVAL);
             return ptr::null_mut();
         };
-        match d.inner.open() {
-            Ok(c) => new_context(dev, c),
-            Err(e) => {
-                open_failed(&d.inner, &e);
-                errno::fail(&e);
-                ptr::null_mut()
-            }
-        }
+        errno::or_null(d.inner.open().inspect_err(|e| open_failed(&d.inner, e)), |c| new_context(dev, c))
     })
 }
 
