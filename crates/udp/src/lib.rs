@@ -633,13 +633,18 @@ impl RoceSocket {
         } else {
             None
         };
-        if let Some(seg) = out.segment_size {
-            if seg == 0 || out.payload.len().div_ceil(usize::from(seg)) > MAX_GSO_SEGMENTS {
-                return Err(invalid("GSO segment size 0, or more than MAX_GSO_SEGMENTS segments"));
+        let segment_size = match out.segment_size {
+            None => None,
+            Some(seg) => {
+                // Summed once: a gathered payload is a list of pieces.
+                let len = out.payload.len();
+                if seg == 0 || len.div_ceil(usize::from(seg)) > MAX_GSO_SEGMENTS {
+                    return Err(invalid("GSO segment size 0, or more than MAX_GSO_SEGMENTS segments"));
+                }
+                // A buffer that fits in one segment is simply one datagram.
+                (len > usize::from(seg)).then_some(seg)
             }
-        }
-        // A buffer that fits in one segment is simply one datagram.
-        let segment_size = out.segment_size.filter(|&seg| out.payload.len() > usize::from(seg));
+        };
         Ok(sys::SendMsg {
             dst: self.scoped(e.dst_ip(), e.dst_port()),
             payload: out.payload,
