@@ -950,9 +950,8 @@ impl Shared {
             st.quiet_at = Some(st.locks);
             return;
         }
-        let sent = st.flush(self, now);
-        let delivered = st.dispatch_events(self, now);
-        st.quiet_at = (!sent && !delivered && !st.same_host_backlog).then_some(st.locks);
+        let worked = self.app_flush_at(st, now);
+        st.quiet_at = (!worked && !st.same_host_backlog).then_some(st.locks);
     }
 
     /// A poll that received in the application's thread returns a completion. What that
@@ -976,10 +975,12 @@ impl Shared {
         self.app_flush_at(st, self.now());
     }
 
-    /// [`app_flush`](Self::app_flush) at `now`, read by the caller.
-    pub(crate) fn app_flush_at(&self, st: &mut State, now: Instant) {
-        st.flush(self, now);
-        st.dispatch_events(self, now);
+    /// [`app_flush`](Self::app_flush) at `now`, read by the caller. Returns whether it sent
+    /// or delivered anything.
+    pub(crate) fn app_flush_at(&self, st: &mut State, now: Instant) -> bool {
+        let sent = st.flush(self, now);
+        let delivered = st.dispatch_events(self, now);
+        sent || delivered
     }
 
     /// Blocks until `fd` (a completion channel) is readable or `timeout` passes, doing the
