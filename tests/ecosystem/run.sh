@@ -32,11 +32,26 @@ port=$((19600 + $$ % 1000))
 # expect_pair NAME SERVER CLIENT SERVER_SAYS CLIENT_SAYS: serve (the client retried while
 # its connection is refused), then both must exit 0 and print their line (regexes).
 refused() { [ "$1" -ne 0 ] && grep -Eqi "refused|Connection refused|rejected|-111|ECONNREFUSED" "$2"; }
+# rxm_teardown_crash NAME FILE SAYS: whether an RDM side that printed SAYS then died of
+# Debian's libfabric 1.17.0 rxm teardown bug, and of nothing else: rxm_close_conn closes a
+# connection's MSG endpoint before it drains the MSG CQ, and a receive completed in
+# between is reposted on the freed endpoint (SIGSEGV with the call through ep->msg in
+# rxm_post_recv, libfabric.so.1+0xb7882, on top). Fixed upstream by 697688386 ("prov/rxm:
+# fix the msg_ep use-after-free at connection teardown"). crates/ibverbs/tests/libfabric.rs
+# says more.
+rxm_teardown_crash() {
+    case $1 in *"-e rdm"*) ;; *) return 1 ;; esac
+    grep -Eq "$3" "$2" && grep -q 'terminated with signal 11' "$2" &&
+        grep -A1 'Backtrace:' "$2" | tail -n 1 | grep -qF 'libfabric.so.1(+0xb7882)'
+}
 expect_pair() {
     local name=$1 server_says=$4 client_says=$5 tag
     tag=$(echo "$name" | tr -c 'a-zA-Z0-9_\n' '_')
     out=$work/$tag
     serve "$out" refused "$2" "$3"
+    local forgiven=
+    if [ $src -ne 0 ] && rxm_teardown_crash "$name" "$out.server" "$server_says"; then src=0 forgiven=server; fi
+    if [ $crc -ne 0 ] && rxm_teardown_crash "$name" "$out.client" "$client_says"; then crc=0 forgiven=client; fi
     if [ $src -ne 0 ] || [ $crc -ne 0 ]; then
         local why="server exit $src, client exit $crc"
         if [ $src -eq 124 ] || [ $crc -eq 124 ]; then why="$why (timed out after ${TIMEOUT}s)"; fi
@@ -45,6 +60,8 @@ expect_pair() {
         fail "$name" "the server's output lacks /$server_says/: $(last_words "$out.server")"
     elif ! grep -Eq "$client_says" "$out.client"; then
         fail "$name" "the client's output lacks /$client_says/: $(last_words "$out.client")"
+    elif [ -n "$forgiven" ]; then
+        line "$name" "pass (then the $forgiven died in libfabric 1.17's rxm teardown, a libfabric bug)"
     else
         line "$name" pass
     fi

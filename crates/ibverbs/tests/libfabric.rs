@@ -62,8 +62,9 @@ fn pingpong(ns: &NetnsPair, lib: &Path, at: usize, prov: &str, ep: &str, size: &
     let client =
         client.unwrap_or_else(|| panic!("fi_pingpong -p {prov}: the server never listened: {}", text(&server)));
     let what = format!("fi_pingpong -p {prov} -e {ep} -S {size} {}", ADDRS[at]);
+    let passed = |out: &Output| out.status.success() || rxm_teardown_crash(&what, out);
     assert!(
-        client.status.success() && server.status.success(),
+        passed(&client) && passed(&server),
         "{what}: client {}:\n{}\nserver {}:\n{}",
         client.status,
         text(&client),
@@ -76,6 +77,32 @@ fn pingpong(ns: &NetnsPair, lib: &Path, at: usize, prov: &str, ep: &str, size: &
     assert!(out.lines().any(|l| l.starts_with(want) && l.contains("=100")), "{what}: no result line:\n{out}");
     eprintln!("{what}:\n{out}");
     out
+}
+
+/// Debian's libfabric 1.17.0 (`libfabric1` 1.17.0-3) has a use-after-free in `ofi_rxm`'s
+/// teardown: `rxm_close_conn` closes a connection's MSG endpoint and only then drains the
+/// MSG CQ, so a receive that completed after the process's last CQ read and before it
+/// handled the peer's disconnect is reposted on the freed endpoint (`rxm_flush_msg_cq` →
+/// `rxm_finish_recv` → `rxm_post_recv` → `ep->msg->recv`, a NULL `msg`), and the process
+/// dies of SIGSEGV after its test has passed. Any provider whose completions arrive while
+/// the application thread is off the CPU meets it (here under CI's load, about one run in
+/// fifty; the core dumps of a debug build of v1.17.0 show that path and the peer's "fin"
+/// message in the buffer). Fixed upstream by 697688386 ("prov/rxm: fix the msg_ep
+/// use-after-free at connection teardown", flush first, then close).
+///
+/// True only for that crash of that build: an RDM run whose side printed its whole result
+/// line and then died with the fault's own frame, `libfabric.so.1(+0xb7882)` (the call
+/// through `ep->msg` in `rxm_post_recv`), on top. Any other failure fails the test.
+fn rxm_teardown_crash(what: &str, out: &Output) -> bool {
+    let text = text(out);
+    let finished = text.lines().any(|l| l.contains("=100"));
+    let crashed = text.contains("terminated with signal 11");
+    let top = text.lines().skip_while(|l| !l.contains("Backtrace:")).nth(1).unwrap_or_default();
+    let known = what.contains("-e rdm") && finished && crashed && top.contains("libfabric.so.1(+0xb7882)");
+    if known {
+        eprintln!("{what}: passed, then died in libfabric 1.17's rxm teardown (a libfabric bug, not ours): {top}");
+    }
+    known
 }
 
 #[test]
@@ -120,4 +147,29 @@ fn libfabric_runs_over_softrdma() {
     // Two processes on one host, over its own (non-loopback) address.
     pingpong(&ns, &lib.path, 0, "verbs", "msg", "64");
     pingpong(&ns, &lib.path, 0, "verbs;ofi_rxm", "rdm", "64");
+}
+
+/// The tolerance above takes that one crash and nothing near it: the output is a server's
+/// from a CI run (trimmed), then the same with another frame on top, with the run
+/// unfinished, and on a MSG endpoint.
+#[test]
+fn only_libfabrics_own_teardown_crash_is_forgiven() {
+    use std::os::unix::process::ExitStatusExt;
+    let crash = |top: &str, result: &str| Output {
+        status: std::process::ExitStatus::from_raw(1 << 8),
+        stdout: format!("bytes   #sent   #ack     total       time     MB/sec    usec/xfer   Mxfers/sec\n{result}")
+            .into(),
+        stderr: format!(
+            "fi_pingpong:16341 terminated with signal 11 at PC=7f69cf180882 SP=7ffdf1de6430.  Backtrace:\n\
+             /lib/x86_64-linux-gnu/libfabric.so.1({top})[0x7f69cf180882]\n\
+             /lib/x86_64-linux-gnu/libfabric.so.1(+0xb8cae)[0x7f69cf181cae]\n"
+        )
+        .into(),
+    };
+    let done = "64      100     =100     12k         0.56s      0.02    2786.94       0.00\n";
+    let rdm = "fi_pingpong -p verbs;ofi_rxm -e rdm -S 64 10.78.0.1";
+    assert!(rxm_teardown_crash(rdm, &crash("+0xb7882", done)));
+    assert!(!rxm_teardown_crash(rdm, &crash("+0xb8cae", done)), "another frame on top");
+    assert!(!rxm_teardown_crash(rdm, &crash("+0xb7882", "")), "a run that did not finish");
+    assert!(!rxm_teardown_crash("fi_pingpong -p verbs -e msg -S 64 10.78.0.1", &crash("+0xb7882", done)));
 }
