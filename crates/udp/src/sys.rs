@@ -207,16 +207,6 @@ pub(crate) struct SendMsg<'a> {
     pub(crate) segment_size: Option<u16>,
 }
 
-impl SendMsg<'_> {
-    pub(crate) const EMPTY: SendMsg<'static> = SendMsg {
-        dst: SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0)),
-        payload: Payload::Bytes(&[]),
-        src_ip: None,
-        traffic_class: None,
-        segment_size: None,
-    };
-}
-
 /// Sends up to [`MAX_BATCH`] datagrams with one `sendmmsg`. Returns how many the kernel
 /// took; an error only when it took none.
 pub(crate) fn sendmmsg(fd: BorrowedFd<'_>, msgs: &[SendMsg<'_>]) -> io::Result<usize> {
