@@ -18,10 +18,13 @@ use common::*;
 
 const ADDRS: [&str; 2] = ["10.78.0.1", "10.78.0.2"];
 
-/// `fi_* args` in namespace `ns` over the libraries in `lib`, killed after 60 s.
+/// `fi_* args` in namespace `ns` over the libraries in `lib`, killed after 60 s, run in the
+/// temporary directory: libfabric's psm3 provider leaves a `<program>.<host>-<pid>,vm.btr`
+/// backtrace in the working directory of a process that crashes.
 fn fabric(ns: &str, lib: &Path, args: &[&str]) -> Command {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", ns, "timeout", "-s", "KILL", "60"]).args(args).env("LD_LIBRARY_PATH", lib);
+    c.current_dir(std::env::temp_dir());
     c
 }
 
