@@ -832,8 +832,23 @@ impl RecvBatch {
 
     /// The datagrams of the last receive, GRO messages split into their datagrams.
     pub fn iter(&self) -> Datagrams<'_> {
-        Datagrams { batch: self, message: 0, offset: 0, segment: 0 }
+        self.iter_from(RxPosition::default())
     }
+
+    /// The datagrams of the last receive from `at` on: where an earlier iteration stopped
+    /// ([`Datagrams::rest`]). Valid until the next receive into this batch.
+    pub fn iter_from(&self, at: RxPosition) -> Datagrams<'_> {
+        Datagrams { batch: self, message: at.message, offset: at.offset, segment: at.segment }
+    }
+}
+
+/// Where in a [`RecvBatch`] an iteration of its datagrams stands: the message, and the
+/// byte and segment index of the next datagram within a GRO message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RxPosition {
+    message: usize,
+    offset: usize,
+    segment: usize,
 }
 
 impl<'a> IntoIterator for &'a RecvBatch {
@@ -851,6 +866,18 @@ pub struct Datagrams<'a> {
     message: usize,
     offset: usize,
     segment: usize,
+}
+
+impl Datagrams<'_> {
+    /// Where the datagrams not yet yielded begin, or `None` if none is left: what
+    /// [`RecvBatch::iter_from`] takes to go on later.
+    pub fn rest(&self) -> Option<RxPosition> {
+        (self.message < self.batch.filled).then_some(RxPosition {
+            message: self.message,
+            offset: self.offset,
+            segment: self.segment,
+        })
+    }
 }
 
 impl<'a> Iterator for Datagrams<'a> {

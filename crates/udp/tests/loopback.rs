@@ -458,6 +458,38 @@ fn gso_with_gro_arrives_whole_and_splits_by_segment() {
     gso(lo4(), true);
 }
 
+/// An iteration stopped part way through a GRO message goes on from where it stopped, the
+/// segment indexes and what follows included, and says when nothing is left.
+#[test]
+fn a_batch_resumes_where_its_iteration_stopped() {
+    let ip = lo4();
+    let tx = RoceSocket::bind_with(ip, &config()).unwrap();
+    let rx = RoceSocket::bind_with(ip, &Config { gro: true, ..config() }).unwrap();
+    let envelope = tx.envelope_to(rx.local_addr()).unwrap();
+    let train: Vec<u8> = (0..3u8).flat_map(|i| [i; 100]).collect();
+    let gso = Outgoing { segment_size: Some(100), ..Outgoing::new(envelope, &train) };
+    if let Err(e) = tx.send_batch(&[gso, Outgoing::new(envelope, b"after")]) {
+        eprintln!("skipped: the kernel refuses UDP GSO here ({e})");
+        return;
+    }
+    let mut batch = RecvBatch::new(4, 65536);
+    assert!(rx.wait_readable(Some(Duration::from_secs(5))).unwrap());
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(rx.recv(&mut batch).unwrap(), 2, "the train and the datagram after it, in one receive");
+    let all: Vec<(Vec<u8>, usize)> = batch.iter().map(|d| (d.payload.to_vec(), d.segment_index)).collect();
+    assert_eq!(all.len(), 4);
+    for stop in 0..=all.len() {
+        let mut it = batch.iter();
+        let first: Vec<_> = it.by_ref().take(stop).map(|d| (d.payload.to_vec(), d.segment_index)).collect();
+        let Some(at) = it.rest() else {
+            assert_eq!(stop, all.len(), "rest() is None only once every datagram was yielded");
+            continue;
+        };
+        let rest: Vec<_> = batch.iter_from(at).map(|d| (d.payload.to_vec(), d.segment_index)).collect();
+        assert_eq!([first, rest].concat(), all, "stopped after {stop}");
+    }
+}
+
 #[test]
 fn gso_over_ipv6_needs_no_id() {
     gso(lo6(), false);
