@@ -1026,6 +1026,12 @@ impl Engine {
         Ok(())
     }
 
+    /// Whether `cq` holds a completion (what [`poll_cq`](Self::poll_cq) would return).
+    #[must_use]
+    pub fn cq_ready(&self, cq: CqId) -> bool {
+        self.shared.cqs.get(cq.0 as usize).is_some_and(|c| !c.entries.is_empty())
+    }
+
     /// `ibv_poll_cq` for one completion.
     #[must_use]
     pub fn poll_cq(&mut self, cq: CqId) -> Option<Wc> {
