@@ -35,11 +35,11 @@ use softrdma_cm::{Cm, CmConfig, CmEvent, CmId, Nic, NicEvent};
 use softrdma_engine::{AsyncEvent, CqId, DeviceConfig, Engine, Event, Instant, IpInfo, Transmit};
 use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::local::{Sleepers, drain_bell};
-use softrdma_udp::{Outgoing, RecvBatch, RoceSocket};
+use softrdma_udp::{Outgoing, RecvBatch, RoceSocket, RxPosition};
 use softrdma_wire::RocePacket;
 use softrdma_wire::icrc::{ICRC_LEN, IcrcPrefixCache, Ipv4IdentificationCache};
-use softrdma_wire::opcode::Transport;
-use softrdma_wire::{BthPacket, Envelope, Gid, Qpn};
+use softrdma_wire::opcode::{Operation, Transport};
+use softrdma_wire::{BthPacket, Envelope, Gid, Opcode, Qpn};
 
 use crate::capture::Capture;
 use crate::device::Device;
@@ -412,6 +412,15 @@ pub(crate) struct State {
     pub(crate) app_empty_polls: u32,
     /// Receive batches that held datagrams, since the device opened.
     rx_batches: u64,
+    /// Where the datagrams of [`rx`](Self::rx) that a poll left begin: the poll's CQ had
+    /// its completion, and the rest (the ACK that came with the answer, mostly) waits for
+    /// the next pass, which takes it before it receives anything new
+    /// ([`Shared::app_receive`]).
+    rx_rest: Option<RxPosition>,
+    /// While a poll of this CQ receives: the CQ whose first completion ends the receive.
+    rx_stop_at: Option<CqId>,
+    /// Receives a poll ended early so ([`rx_rest`](Self::rx_rest)).
+    acks_left: u64,
     /// The counters published for `softrdma stats`.
     stats: Publisher,
     /// The same-host path: this process's inbox and its routes to others'.
@@ -736,6 +745,9 @@ impl Driver {
             app_rx_last: None,
             app_empty_polls: 0,
             rx_batches: 0,
+            rx_rest: None,
+            rx_stop_at: None,
+            acks_left: 0,
             stats,
             same_host,
             same_host_backlog: false,
@@ -924,7 +936,16 @@ impl Shared {
             return None;
         }
         st.app_rx_last = Some((cq, now));
+        // The rest of a batch may wait for this thread's next call only as long as the
+        // progress thread would take it anyway: it finishes one in every pass, and makes
+        // one at least every APP_POLL_WINDOW unless it sleeps longer (it went to sleep
+        // before this thread polled).
+        let sleeping = self.sleeping_until.load(Ordering::Acquire);
+        if sleeping == 0 || sleeping <= now.saturating_add(APP_POLL_WINDOW).as_nanos() {
+            st.rx_stop_at = Some(CqId(cq));
+        }
         let worked = st.receive(self, now, true, true);
+        st.rx_stop_at = None;
         if st.same_host_backlog
             && let Some(local) = &mut st.same_host
         {
@@ -1284,7 +1305,17 @@ impl State {
             }
             worked |= got;
         }
-        let sockets = if sockets { shared.port.sockets() } else { &[] };
+        // What a poll left of the last batch goes before anything new, whoever receives
+        // (the progress thread too, while the application polls: so it is taken within
+        // APP_POLL_WINDOW even if the application makes no further call); and it is this
+        // pass's receive: the sockets wait for the next (a `recvmmsg` that would find
+        // nothing, mostly, made `ibv_rc_pingpong` 1 us slower one way).
+        let mut resumed = false;
+        if let Some(at) = self.rx_rest.take() {
+            (worked, resumed) = (true, true);
+            self.ingress_from(shared, now, None, at);
+        }
+        let sockets = if sockets && !resumed { shared.port.sockets() } else { &[] };
         let sweep = now - self.idle_asked >= IDLE_SOCKET_INTERVAL;
         if sweep && !sockets.is_empty() {
             self.idle_asked = now;
@@ -1318,7 +1349,7 @@ impl State {
                             self.nic.engine_mut().handle_receive_drops(now);
                         }
                         self.ingress(shared, now);
-                        if n < RX_BATCH {
+                        if n < RX_BATCH || self.rx_rest.is_some() {
                             break;
                         }
                     }
@@ -1330,8 +1361,11 @@ impl State {
             if got {
                 self.rx_last_socket = Some(i);
             }
+            if self.rx_rest.is_some() {
+                break; // the batch holds datagrams still: nothing new may overwrite them
+            }
         }
-        if !sockets.is_empty() {
+        if !sockets.is_empty() && self.rx_rest.is_none() {
             worked |= self.receive_groups(shared, now);
         }
         if let State { faults: Some(f), nic, capture, .. } = self {
@@ -1342,9 +1376,9 @@ impl State {
             worked = true;
         }
         let progress_thread = shared.thread_id.get().copied();
-        let State { stats, nic, send_errors, channel_waits, same_host, faults, .. } = self;
+        let State { stats, nic, send_errors, channel_waits, acks_left, same_host, faults, .. } = self;
         stats.after_receive(now, worked, progress_thread, || {
-            counters(nic, *send_errors, *channel_waits, same_host.as_ref(), faults.as_ref())
+            counters(nic, *send_errors, *channel_waits, *acks_left, same_host.as_ref(), faults.as_ref())
         });
         worked
     }
@@ -1361,7 +1395,7 @@ impl State {
                     Ok(n) if n > 0 => {
                         worked = true;
                         self.rx_batches += 1;
-                        self.ingress_from(shared, now, Some(shared.port.interface_index));
+                        self.ingress_from(shared, now, Some(shared.port.interface_index), RxPosition::default());
                         if n < RX_BATCH {
                             break;
                         }
@@ -1418,19 +1452,28 @@ impl State {
 
     /// The device's counters.
     pub(crate) fn counters(&self) -> Counters {
-        counters(&self.nic, self.send_errors, self.channel_waits, self.same_host.as_ref(), self.faults.as_ref())
+        counters(
+            &self.nic,
+            self.send_errors,
+            self.channel_waits,
+            self.acks_left,
+            self.same_host.as_ref(),
+            self.faults.as_ref(),
+        )
     }
 
     /// Hands the received batch to the NIC.
     fn ingress(&mut self, shared: &Shared, now: Instant) {
-        self.ingress_from(shared, now, None);
+        self.ingress_from(shared, now, None, RxPosition::default());
     }
 
-    /// [`ingress`](Self::ingress) of the datagrams that came in by interface `interface`
-    /// (`None`: all).
-    fn ingress_from(&mut self, shared: &Shared, now: Instant, interface: Option<u32>) {
-        let State { nic, rx, capture, same_host, faults, .. } = self;
-        for d in rx.iter() {
+    /// [`ingress`](Self::ingress) of the datagrams from `from` on that came in by interface
+    /// `interface` (`None`: all). A poll's receive ([`rx_stop_at`](Self::rx_stop_at)) stops
+    /// once its CQ has a completion, and leaves the rest in [`rx_rest`](Self::rx_rest).
+    fn ingress_from(&mut self, shared: &Shared, now: Instant, interface: Option<u32>, from: RxPosition) {
+        let State { nic, rx, capture, same_host, faults, rx_rest, rx_stop_at, acks_left, .. } = self;
+        let mut datagrams = rx.iter_from(from);
+        while let Some(d) = datagrams.next() {
             if interface.is_some_and(|i| d.ifindex != 0 && d.ifindex != i) {
                 continue;
             }
@@ -1458,6 +1501,20 @@ impl State {
             let ip = d.ip();
             let info = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
             deliver(nic, capture, faults, now, &guess, info, d.payload, Arrival::Socket);
+            // The answer a poll waits for came with the ACK of the poller's own message
+            // (one GSO datagram: `TxQueue::pair_answers`): the completion goes back now,
+            // and the ACK waits for the next pass. Only ACKs wait: whatever else the rest
+            // holds may change memory that the application watches without a verb.
+            if let Some(cq) = *rx_stop_at
+                && interface.is_none()
+                && nic.engine().cq_ready(cq)
+                && let Some(at) = datagrams.rest()
+                && rx.iter_from(at).all(|d| only_acknowledges(d.payload))
+            {
+                *rx_rest = Some(at);
+                *acks_left += 1;
+                break;
+            }
         }
     }
 
@@ -1738,6 +1795,16 @@ impl Arrival {
     }
 }
 
+/// Whether `datagram` is an RC or XRC ACK (or NAK): what a poll that has its completion
+/// may leave for its next call, as taking it later changes nothing the application sees
+/// without a verb (its send completions, its send queue's room). Everything else is taken
+/// at once: a request writes memory that the application may be watching (`ib_write_lat`
+/// spins on its buffer and calls no verb), a READ response or an atomic's ACK writes the
+/// requester's, and a CM MAD moves a connection on.
+fn only_acknowledges(datagram: &[u8]) -> bool {
+    datagram.first().and_then(|&op| Opcode(op).info()).is_some_and(|i| i.operation == Operation::Acknowledge)
+}
+
 /// One received datagram to the NIC, through the injected faults if any.
 #[allow(clippy::too_many_arguments)]
 fn deliver(
@@ -1873,6 +1940,7 @@ fn counters(
     nic: &Nic,
     send_errors: u64,
     waits: ChannelWaits,
+    acks_left: u64,
     same_host: Option<&SameHost>,
     faults: Option<&Faults>,
 ) -> Counters {
@@ -1885,6 +1953,7 @@ fn counters(
         same_host_rcvd: same_host.map_or(0, |l| l.received),
         channel_waits_polled: waits.polled,
         channel_waits_slept: waits.slept,
+        acks_left_for_next_poll: acks_left,
         faults: faults.map(Faults::counters).unwrap_or_default(),
         cm: nic.cm().counters(),
     }

@@ -365,6 +365,10 @@ pub struct Counters {
     /// Waits on a completion channel that slept (the polling window was closed, or the
     /// event came after it), or timed out.
     pub channel_waits_slept: u64,
+    /// Polls that returned the completion they found while receiving and left the ACKs that
+    /// came after it in the same receive (the ACK of the poller's own message, paired with
+    /// the peer's answer) for their next call, or the progress thread's next pass.
+    pub acks_left_for_next_poll: u64,
     /// What injected faults (`SOFTRDMA_FAULTS`) did to the datagrams the device received.
     pub faults: crate::faults::FaultCounters,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
@@ -374,10 +378,10 @@ pub struct Counters {
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
     /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`,
-    /// `channel_waits_polled`, `channel_waits_slept`, the injected faults'
+    /// `channel_waits_polled`, `channel_waits_slept`, `acks_left_for_next_poll`, the injected faults'
     /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 40] {
+    pub fn named(&self) -> [(&'static str, u64); 41] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -445,6 +449,7 @@ impl Counters {
             ("same_host_rcvd", self.same_host_rcvd),
             ("channel_waits_polled", self.channel_waits_polled),
             ("channel_waits_slept", self.channel_waits_slept),
+            ("acks_left_for_next_poll", self.acks_left_for_next_poll),
             ("faults_dropped", dropped),
             ("faults_duplicated", duplicated),
             ("faults_delayed", delayed),
