@@ -1503,10 +1503,13 @@ impl State {
             deliver(nic, capture, faults, now, &guess, info, d.payload, Arrival::Socket);
             // The answer a poll waits for came with the ACK of the poller's own message
             // (one GSO datagram: `TxQueue::pair_answers`): the completion goes back now,
-            // and the ACK waits for the next pass. Only ACKs wait: whatever else the rest
-            // holds may change memory that the application watches without a verb.
+            // and the ACK waits for the next pass. Only after an answer (a request: an
+            // ACK's completion is followed by more of them in a stream, as wanted as it),
+            // and only ACKs wait: whatever else the rest holds may change memory that the
+            // application watches without a verb.
             if let Some(cq) = *rx_stop_at
                 && interface.is_none()
+                && !only_acknowledges(d.payload)
                 && nic.engine().cq_ready(cq)
                 && let Some(at) = datagrams.rest()
                 && rx.iter_from(at).all(|d| only_acknowledges(d.payload))
