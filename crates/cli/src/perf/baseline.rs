@@ -10,7 +10,10 @@
 //! | bandwidth of any copy                 | `memcpy` of the same chunk size                |
 //!
 //! Every peer is a second process (this program again, with a hidden `--role`), on
-//! 127.0.0.1, as the RDMA peer is.
+//! 127.0.0.1, as the RDMA peer is. The two bandwidth limits that targets are read against
+//! (UDP GSO+GRO goodput, `process_vm_writev`) are the best of [`LIMIT_RUNS`] runs: the
+//! machine's noise only ever takes from a throughput, and one half-second run of the UDP
+//! goodput gave 1.6 to 4.9 GB/s within minutes on a 2-core VM (2026-11-29).
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
@@ -28,7 +31,8 @@ pub(crate) struct BaselineArgs {
     /// Round trips per ping-pong (the blocking one does a quarter as many).
     #[arg(short = 'n', long, default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(10..=10_000_000))]
     pub(crate) iters: u64,
-    /// Seconds each throughput figure is measured for.
+    /// Seconds each throughput figure is measured for (the UDP goodput and `process_vm_writev`
+    /// three times each, the best counting).
     #[arg(short = 'D', long, default_value_t = 1.0)]
     pub(crate) duration: f64,
     /// Chunk size of the copies (memcpy, process_vm_writev).
@@ -80,13 +84,21 @@ pub(crate) struct Baseline {
 const SEGMENT: usize = 4096 + 40; // an MTU-4096 RoCE packet: payload, BTH, RETH, ICRC
 const DEST_BYTES: usize = 8 << 20;
 
+/// Runs of a bandwidth limit, of which the best counts.
+pub(crate) const LIMIT_RUNS: usize = 3;
+
+/// The best of [`LIMIT_RUNS`] runs of `run`, or its first error.
+fn best_of(mut run: impl FnMut() -> Result<f64, PerfError>) -> Result<f64, PerfError> {
+    (0..LIMIT_RUNS).try_fold(0.0, |best: f64, _| Ok(best.max(run()?)))
+}
+
 /// Measures everything.
 pub(crate) fn measure(iters: u64, duration: Duration, chunk: u64) -> Result<Baseline, PerfError> {
     let udp_busy_one_way_us = udp_pingpong(true, iters)?;
     let udp_blocking_one_way_us = udp_pingpong(false, (iters / 4).max(10))?;
-    let udp_gso_gro_gbytes_per_sec = udp_goodput(duration)?;
+    let udp_gso_gro_gbytes_per_sec = best_of(|| udp_goodput(duration))?;
     let memcpy_gbytes_per_sec = memcpy(chunk as usize, duration);
-    let (pvm, why) = match process_vm_writev(chunk as usize, duration) {
+    let (pvm, why) = match best_of(|| process_vm_writev(chunk as usize, duration)) {
         Ok(v) => (Some(v), None),
         Err(e) => (None, Some(e.to_string())),
     };
@@ -112,10 +124,18 @@ pub(crate) fn text(b: &Baseline) -> String {
     o += "(shm: a page of shared memory between the two)\n";
     o += &format!("  UDP ping-pong 8 B, busy-polled, one way     {}\n", l(&b.udp_busy_one_way_us));
     o += &format!("  UDP ping-pong 8 B, blocking, one way        {}\n", l(&b.udp_blocking_one_way_us));
-    o += &format!("  UDP GSO+GRO goodput, 4136 B segments        {:.2} GB/s\n", b.udp_gso_gro_gbytes_per_sec);
+    o += &format!(
+        "  UDP GSO+GRO goodput, 4136 B segments        {:.2} GB/s (best of {LIMIT_RUNS} runs)\n",
+        b.udp_gso_gro_gbytes_per_sec
+    );
     o += &format!("  memcpy, {} B chunks                      {:.2} GB/s\n", b.chunk_bytes, b.memcpy_gbytes_per_sec);
     match (b.process_vm_writev_gbytes_per_sec, &b.process_vm_writev_unavailable) {
-        (Some(v), _) => o += &format!("  process_vm_writev, {} B chunks           {v:.2} GB/s\n", b.chunk_bytes),
+        (Some(v), _) => {
+            o += &format!(
+                "  process_vm_writev, {} B chunks           {v:.2} GB/s (best of {LIMIT_RUNS} runs)\n",
+                b.chunk_bytes
+            )
+        }
         (None, Some(why)) => o += &format!("  process_vm_writev: not measured: {why}\n"),
         (None, None) => {}
     }
