@@ -1027,6 +1027,28 @@ impl Shared {
         if self.watching.load(Ordering::SeqCst) {
             ring(&self.doorbell);
         }
+        // What a poll left for its next call (the ACKs after an answer, `rx_rest`) is this
+        // wait's to take first: it may hold what the wait is for (a send's completion), and
+        // no socket says it is there: a wait that may not spin slept until the progress
+        // thread's next look (up to APP_POLL_WINDOW) for an event that was already here.
+        {
+            let mut st = self.lock();
+            if st.rx_rest.is_some() {
+                let now = self.now();
+                st.receive(self, now, false, false);
+                self.app_flush_at(&mut st, now);
+            }
+        }
+        if ready() {
+            // No wait: its event was in what the poll left (or came meanwhile). The sockets
+            // go back to the progress thread at once unless it takes this thread for a
+            // polling application (which it then checks within APP_POLL_WINDOW).
+            let polling = self.app_polls_at(self.now());
+            if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 && !polling {
+                ring(&self.doorbell);
+            }
+            return;
+        }
         let spin = timeout.map_or(spin, |t| spin.min(t));
         let slept = !self.poll_until(spin, ready);
         if slept {
@@ -1046,6 +1068,13 @@ impl Shared {
         if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 && slept {
             ring(&self.doorbell);
         }
+    }
+
+    /// Whether the application polled within APP_POLL_WINDOW of `now` (and so receives
+    /// itself, the progress thread keeping to its timers).
+    fn app_polls_at(&self, now: Instant) -> bool {
+        let polled = self.app_polled.load(Ordering::Relaxed);
+        polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64
     }
 
     /// Receives, sends and delivers events in this thread, as a polling application does,
@@ -1186,8 +1215,7 @@ impl Shared {
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
-            let polled = self.app_polled.load(Ordering::Relaxed);
-            let app_polled = polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64;
+            let app_polled = self.app_polls_at(now);
             // An application that polls or waits on a completion channel receives itself.
             let app_polling = app_polled || self.app_waiting.load(Ordering::SeqCst) > 0;
             let timeout = {

@@ -593,3 +593,87 @@ fn a_poll_returns_its_answer_and_leaves_the_ack_that_came_with_it_for_the_next_c
     }
     assert_eq!(b_sent, (0..r).collect::<Vec<_>>());
 }
+
+/// A poll that returned its answer and left the ACK after it (as in the test above), then
+/// a wait on the completion channel for the SEND's completion that ACK brings, by a side
+/// whose waits may not poll first (`wait_spin` zero, as a program that sleeps at once):
+/// the wait takes what the poll left before it sleeps, and finds its event there. (It slept
+/// until the progress thread's next look, up to APP_POLL_WINDOW, for an event that was
+/// already in the device.)
+#[test]
+fn a_wait_on_the_channel_takes_the_ack_a_poll_left_before_it_sleeps() {
+    let port = test_port();
+    let side = |wait_spin: Duration, channel: bool| {
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let options = ContextOptions { port, wait_spin, same_host: false, ..ContextOptions::default() };
+        let ctx = device.open_with(&options).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = channel.then(|| ctx.create_comp_channel().unwrap());
+        let cq = ctx.create_cq(256, ch.as_ref()).unwrap();
+        let mut init = QpInit::new(QpType::Rc, &cq);
+        init.cap.max_recv_wr = 16;
+        let qp = pd.create_qp(&init).unwrap();
+        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+        (Side { ctx, pd, cq, qp, mr }, ch)
+    };
+    let (a, ch) = side(Duration::ZERO, true);
+    let ch = ch.unwrap();
+    let (b, _) = side(Duration::from_micros(50), false);
+    let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
+    a.qp.connect(100, &eb, &ConnectOptions::default()).unwrap();
+    b.qp.connect(200, &ea, &ConnectOptions::default()).unwrap();
+    let spin = |cq: &Cq| {
+        let until = std::time::Instant::now() + WAIT;
+        loop {
+            if let Some(wc) = cq.poll_one() {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                return wc;
+            }
+            assert!(std::time::Instant::now() < until, "no completion within {WAIT:?} of polling");
+        }
+    };
+    let (asge, bsge) = ([a.mr.sge(0..8).unwrap()], [b.mr.sge(0..8).unwrap()]);
+    const WANTED: u32 = 20;
+    let (mut waits, mut b_sent) = (0, 0);
+    let until = std::time::Instant::now() + WAIT;
+    let mut r = 0;
+    while waits < WANTED {
+        assert!(std::time::Instant::now() < until, "only {waits} of {r} polls left an ACK in {WAIT:?}");
+        b.qp.post_recv(&[RecvWr { wr_id: r, sg_list: &bsge }]).unwrap();
+        a.qp.post_recv(&[RecvWr { wr_id: r, sg_list: &asge }]).unwrap();
+        a.qp.post_send(&[wr(r, SendOp::Send, &asge)]).unwrap();
+        loop {
+            let wc = spin(&b.cq);
+            if wc.opcode == WcOpcode::Recv {
+                break;
+            }
+            b_sent += 1;
+        }
+        b.qp.post_send(&[wr(r, SendOp::Send, &bsge)]).unwrap();
+        let before = a.ctx.counters();
+        let wc = spin(&a.cq);
+        let after = a.ctx.counters();
+        if wc.opcode != WcOpcode::Recv || after.acks_left_for_next_poll == before.acks_left_for_next_poll {
+            let other = if wc.opcode == WcOpcode::Recv { WcOpcode::Send } else { WcOpcode::Recv };
+            assert_eq!(spin(&a.cq).opcode, other);
+        } else {
+            a.cq.req_notify(false).unwrap();
+            ch.get_cq_event(Some(WAIT)).unwrap().expect("the SEND's completion's event");
+            // (The first arm gives the sockets back to the progress thread, which may take
+            // what was left before the wait begins: then the wait finds its event at once.)
+            assert_eq!(
+                a.ctx.counters().channel_waits_slept,
+                after.channel_waits_slept,
+                "round {r}: the wait slept, though its event was in what the last poll left"
+            );
+            let wc = spin(&a.cq);
+            assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Send, r));
+            waits += 1;
+        }
+        r += 1;
+    }
+    while b_sent < r {
+        assert_eq!(spin(&b.cq).opcode, WcOpcode::Send);
+        b_sent += 1;
+    }
+}
