@@ -1079,6 +1079,16 @@ impl Shared {
         }
     }
 
+    /// The progress thread found the lock taken while the application polls (which does
+    /// its work meanwhile): it sleeps until the doorbell rings or APP_POLL_WINDOW passes,
+    /// published as the instant it wakes, as any sleep of it (`sleeping_until`).
+    fn sleep_while_app_polls(&self, now: Instant) {
+        self.sleeping_until.store(now.saturating_add(APP_POLL_WINDOW).as_nanos().max(1), Ordering::Release);
+        wait_readable(&self.doorbell, Some(APP_POLL_WINDOW));
+        self.sleeping_until.store(0, Ordering::Release);
+        drain(&self.doorbell);
+    }
+
     /// Whether the application polled within APP_POLL_WINDOW of `now` (and so receives
     /// itself, the progress thread keeping to its timers).
     fn app_polls_at(&self, now: Instant) -> bool {
@@ -1227,8 +1237,16 @@ impl Shared {
             let app_polled = self.app_polls_at(now);
             // An application that polls or waits on a completion channel receives itself.
             let app_polling = app_polled || self.app_waiting.load(Ordering::SeqCst) > 0;
+            // While the application polls it holds the lock for most of each pass, and does
+            // this thread's work too: this thread takes the lock only if it is free then.
+            // Waiting for it left the application a futex wake-up for each of this thread's
+            // looks (a 64 KiB WRITE stream's requester: 2.6 % of its samples in futex
+            // calls, and 3.5 % of this thread's time spent in the contended lock).
+            let Some(mut st) = (if app_polled { self.try_lock() } else { Some(self.lock()) }) else {
+                self.sleep_while_app_polls(now);
+                continue;
+            };
             let timeout = {
-                let mut st = self.lock();
                 // While the application polls, it receives: this thread keeps to the timers
                 // and sends what is queued. Receiving here as well only fought the
                 // application for the device lock and split its work across two threads
@@ -1268,6 +1286,7 @@ impl Shared {
                     Some(timeout)
                 }
             };
+            drop(st);
             let Some(timeout) = timeout else {
                 // A spin yields the CPU now and then, as a polling application does: on a
                 // host with more busy threads than cores, the process whose packets this
