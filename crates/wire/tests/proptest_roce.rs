@@ -436,6 +436,11 @@ fn exercise(bytes: &[u8], env: &Envelope) {
     let _ = unchecked.verify_icrc(env);
     let checked = RoceRepr::parse(&unchecked, env);
     let ignoring = RoceRepr::parse_ignoring_icrc(&unchecked);
+    // The parse does the view's length checks itself (each length worked out once): it
+    // fails as `check_len` does wherever that fails, with the same error.
+    if let Err(e) = unchecked.check_len() {
+        assert_eq!(ignoring, Err(e));
+    }
     if let Ok(r) = checked {
         // The ICRC is the only extra check `parse` makes.
         assert_eq!(ignoring, Ok(r));
