@@ -1040,18 +1040,22 @@ impl Shared {
         // wait's to take first: it may hold what the wait is for (a send's completion), and
         // no socket says it is there: a wait that may not spin slept until the progress
         // thread's next look (up to APP_POLL_WINDOW) for an event that was already here.
-        {
+        let took_left = {
             let mut st = self.lock();
-            if st.rx_rest.is_some() {
+            let left = st.rx_rest.is_some();
+            if left {
                 let now = self.now();
                 st.receive(self, now, false, false);
                 self.app_flush_at(&mut st, now);
             }
-        }
-        if ready() {
-            // No wait: its event was in what the poll left (or came meanwhile). The sockets
-            // go back to the progress thread at once unless it takes this thread for a
-            // polling application (which it then checks within APP_POLL_WINDOW).
+            left
+        };
+        if took_left && ready() {
+            // Its event was in what the poll left: a wait that polled (the device's work done
+            // in this thread), and no more. The sockets go back to the progress thread at
+            // once unless it takes this thread for a polling application (which it then
+            // checks within APP_POLL_WINDOW).
+            self.lock().channel_waits.polled += 1;
             let polling = self.app_polls_at(self.now());
             if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 && !polling {
                 ring(&self.doorbell);

@@ -631,7 +631,7 @@ fn a_wait_on_the_channel_takes_the_ack_a_poll_left_before_it_sleeps() {
     let spin = spin_for_success;
     let (asge, bsge) = ([a.mr.sge(0..8).unwrap()], [b.mr.sge(0..8).unwrap()]);
     const WANTED: u32 = 20;
-    let (mut waits, mut b_sent) = (0, 0);
+    let (mut waits, mut b_sent, mut slept) = (0, 0, 0);
     let until = std::time::Instant::now() + WAIT;
     let mut r = 0;
     while waits < WANTED {
@@ -670,19 +670,21 @@ fn a_wait_on_the_channel_takes_the_ack_a_poll_left_before_it_sleeps() {
                 continue;
             }
             ch.get_cq_event(Some(WAIT)).unwrap().expect("the SEND's completion's event");
-            // (The first arm gives the sockets back to the progress thread, which may take
-            // what was left before the wait begins: then the wait finds its event at once.)
-            assert_eq!(
-                a.ctx.counters().channel_waits_slept,
-                after.channel_waits_slept,
-                "round {r}: the wait slept, though its event was in what the last poll left"
-            );
+            slept += a.ctx.counters().channel_waits_slept - after.channel_waits_slept;
             let wc = spin(&a.cq);
             assert_eq!((wc.opcode, wc.wr_id), (WcOpcode::Send, r));
             waits += 1;
         }
         r += 1;
     }
+    // Each of those waits found its event in what the poll left, but for the rare one whose
+    // ACK the progress thread took between the test's look and the wait (then the event
+    // was on the channel already, and a wait that may not spin counts as one that slept).
+    // Without the wait taking what was left first, all of them slept.
+    assert!(
+        slept <= u64::from(WANTED) / 10,
+        "{slept} of {WANTED} waits slept, though their event was in what the last poll left"
+    );
     while b_sent < r {
         assert_eq!(spin(&b.cq).opcode, WcOpcode::Send);
         b_sent += 1;
