@@ -1040,30 +1040,21 @@ impl Shared {
         // wait's to take first: it may hold what the wait is for (a send's completion), and
         // no socket says it is there: a wait that may not spin slept until the progress
         // thread's next look (up to APP_POLL_WINDOW) for an event that was already here.
-        let took_left = {
+        // Such a wait polled (the device's work done in this thread), and no more.
+        let found_in_left = {
             let mut st = self.lock();
             let left = st.rx_rest.is_some();
             if left {
                 let now = self.now();
+                // As `poll_until`: the progress thread takes this thread for a polling one.
+                self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
                 st.receive(self, now, false, false);
                 self.app_flush_at(&mut st, now);
             }
             left
-        };
-        if took_left && ready() {
-            // Its event was in what the poll left: a wait that polled (the device's work done
-            // in this thread), and no more. The sockets go back to the progress thread at
-            // once unless it takes this thread for a polling application (which it then
-            // checks within APP_POLL_WINDOW).
-            self.lock().channel_waits.polled += 1;
-            let polling = self.app_polls_at(self.now());
-            if self.app_waiting.fetch_sub(1, Ordering::SeqCst) == 1 && !polling {
-                ring(&self.doorbell);
-            }
-            return;
-        }
+        } && ready();
         let spin = timeout.map_or(spin, |t| spin.min(t));
-        let slept = !self.poll_until(spin, ready);
+        let slept = !(found_in_left || self.poll_until(spin, &ready));
         if slept {
             self.wait_channel_inner(fd, timeout.map(|t| t - spin));
         }
@@ -1091,13 +1082,6 @@ impl Shared {
         wait_readable(&self.doorbell, Some(APP_POLL_WINDOW));
         self.sleeping_until.store(0, Ordering::Release);
         drain(&self.doorbell);
-    }
-
-    /// Whether the application polled within APP_POLL_WINDOW of `now` (and so receives
-    /// itself, the progress thread keeping to its timers).
-    fn app_polls_at(&self, now: Instant) -> bool {
-        let polled = self.app_polled.load(Ordering::Relaxed);
-        polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64
     }
 
     /// Receives, sends and delivers events in this thread, as a polling application does,
@@ -1238,7 +1222,8 @@ impl Shared {
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
-            let app_polled = self.app_polls_at(now);
+            let polled = self.app_polled.load(Ordering::Relaxed);
+            let app_polled = polled != 0 && now.as_nanos().saturating_sub(polled) < APP_POLL_WINDOW.as_nanos() as u64;
             // An application that polls or waits on a completion channel receives itself.
             let app_polling = app_polled || self.app_waiting.load(Ordering::SeqCst) > 0;
             // While the application polls it holds the lock for most of each pass, and does
