@@ -12,6 +12,27 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
+/// Two contexts on 127.0.0.1 with `options` (a port of their own, shared), each with an RC
+/// QP (16 receives) whose CQ has a completion channel, connected.
+fn channel_pair(options: [ContextOptions; 2]) -> ((Side, CompChannel), (Side, CompChannel)) {
+    let [a, b] = options.map(|o| {
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&o).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let cq = ctx.create_cq(512, Some(&ch)).unwrap();
+        let mut init = QpInit::new(QpType::Rc, &cq);
+        init.cap.max_recv_wr = 16;
+        let qp = pd.create_qp(&init).unwrap();
+        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+        (Side { ctx, pd, cq, qp, mr }, ch)
+    });
+    let (ea, eb) = (a.0.qp.endpoint(0, 100).unwrap(), b.0.qp.endpoint(0, 200).unwrap());
+    a.0.qp.connect(100, &eb, &ConnectOptions::default()).unwrap();
+    b.0.qp.connect(200, &ea, &ConnectOptions::default()).unwrap();
+    (a, b)
+}
+
 /// Polls `cq` (as a busy application does, calling no other verb) until it has a
 /// completion, which must be a success.
 fn spin_for_success(cq: &Cq) -> Wc {
@@ -231,23 +252,8 @@ fn a_send_the_receivers_poll_takes_is_acked_though_the_receiver_then_makes_no_ca
 fn an_event_driven_ping_pong_finds_its_events_while_polling_and_sleeps_where_told_not_to_poll() {
     const ROUNDS: u64 = 300;
     let port = test_port();
-    let side = |wait_spin: Duration| {
-        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
-        let ctx = device.open_with(&ContextOptions { port, wait_spin, ..ContextOptions::default() }).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let ch = ctx.create_comp_channel().unwrap();
-        let cq = ctx.create_cq(512, Some(&ch)).unwrap();
-        let mut init = QpInit::new(QpType::Rc, &cq);
-        init.cap.max_recv_wr = 16;
-        let qp = pd.create_qp(&init).unwrap();
-        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
-        (Side { ctx, pd, cq, qp, mr }, ch)
-    };
-    let (a, cha) = side(Duration::from_secs(1));
-    let (b, chb) = side(Duration::ZERO);
-    let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
-    a.qp.connect(100, &eb, &ConnectOptions::default()).unwrap();
-    b.qp.connect(200, &ea, &ConnectOptions::default()).unwrap();
+    let options = |wait_spin| ContextOptions { port, wait_spin, ..ContextOptions::default() };
+    let ((a, cha), (b, chb)) = channel_pair([options(Duration::from_secs(1)), options(Duration::ZERO)]);
     let play = |me: &Side, ch: &CompChannel, serve: bool| {
         let sge = [me.mr.sge(0..8).unwrap()];
         let rsge = [me.mr.sge(64..128).unwrap()];
@@ -609,25 +615,8 @@ fn a_poll_returns_its_answer_and_leaves_the_ack_that_came_with_it_for_the_next_c
 #[test]
 fn a_wait_on_the_channel_takes_the_ack_a_poll_left_before_it_sleeps() {
     let port = test_port();
-    let side = |wait_spin: Duration, channel: bool| {
-        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
-        let options = ContextOptions { port, wait_spin, same_host: false, ..ContextOptions::default() };
-        let ctx = device.open_with(&options).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let ch = channel.then(|| ctx.create_comp_channel().unwrap());
-        let cq = ctx.create_cq(256, ch.as_ref()).unwrap();
-        let mut init = QpInit::new(QpType::Rc, &cq);
-        init.cap.max_recv_wr = 16;
-        let qp = pd.create_qp(&init).unwrap();
-        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
-        (Side { ctx, pd, cq, qp, mr }, ch)
-    };
-    let (a, ch) = side(Duration::ZERO, true);
-    let ch = ch.unwrap();
-    let (b, _) = side(Duration::from_micros(50), false);
-    let (ea, eb) = (a.qp.endpoint(0, 100).unwrap(), b.qp.endpoint(0, 200).unwrap());
-    a.qp.connect(100, &eb, &ConnectOptions::default()).unwrap();
-    b.qp.connect(200, &ea, &ConnectOptions::default()).unwrap();
+    let options = |wait_spin| ContextOptions { port, wait_spin, same_host: false, ..ContextOptions::default() };
+    let ((a, ch), (b, _)) = channel_pair([options(Duration::ZERO), options(Duration::from_micros(50))]);
     let spin = spin_for_success;
     let (asge, bsge) = ([a.mr.sge(0..8).unwrap()], [b.mr.sge(0..8).unwrap()]);
     const WANTED: u32 = 20;
