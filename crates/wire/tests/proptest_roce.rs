@@ -436,8 +436,8 @@ fn exercise(bytes: &[u8], env: &Envelope) {
     let _ = unchecked.verify_icrc(env);
     let checked = RoceRepr::parse(&unchecked, env);
     let ignoring = RoceRepr::parse_ignoring_icrc(&unchecked);
-    // The parse does the view's length checks itself (each length worked out once): it
-    // fails as `check_len` does wherever that fails, with the same error.
+    // The parse fails as `check_len` does wherever that fails, with the same error (a guard
+    // for a parse that works the lengths out itself rather than through the view).
     if let Err(e) = unchecked.check_len() {
         assert_eq!(ignoring, Err(e));
     }
