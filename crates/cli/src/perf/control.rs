@@ -85,6 +85,11 @@ pub(crate) struct SideStats {
     pub(crate) channel_waits_polled: u64,
     #[serde(default)]
     pub(crate) channel_waits_slept: u64,
+    /// With `-e`: events it took from its completion channel, as `softrdma perf` counts
+    /// them. A wait counts only when the event was not there yet: one that the device
+    /// delivered before the side asked is an event taken and no wait.
+    #[serde(default)]
+    pub(crate) channel_events: u64,
 }
 
 /// The messages, in the order they come: `Hello` → `Accept` (or `Refuse`), then per size

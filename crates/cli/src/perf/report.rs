@@ -411,9 +411,10 @@ impl Report {
                 self.results.iter().map(|r| r.client.channel_waits_polled + r.server.channel_waits_polled).sum();
             let slept: u64 =
                 self.results.iter().map(|r| r.client.channel_waits_slept + r.server.channel_waits_slept).sum();
+            let events: u64 = self.results.iter().map(|r| r.client.channel_events + r.server.channel_events).sum();
             let _ = write!(
                 o,
-                "\n channel waits {}: {polled} found their event while polling, {slept} slept",
+                "\n channel events {events}, waits {}: {polled} found their event while polling, {slept} slept",
                 polled + slept
             );
         }

@@ -87,6 +87,8 @@ struct Packets {
     /// Waits on the completion channel that ended while polling, and that slept.
     waits_polled: u64,
     waits_slept: u64,
+    /// Events this side took from its completion channel (counted here, not by the device).
+    events: u64,
 }
 
 /// One side's verbs objects for a whole test.
@@ -104,6 +106,8 @@ pub(crate) struct Side {
     qkey: u32,
     /// The packet counters when the current run began.
     mark: Cell<Packets>,
+    /// Events taken from `channel` so far.
+    events: Cell<u64>,
     gid_index: u8,
     stride: u64,
     slots: u64,
@@ -148,6 +152,7 @@ impl Side {
             ah: None,
             qkey: QKEY,
             mark: Cell::new(Packets::default()),
+            events: Cell::new(0),
             gid_index,
             stride,
             slots,
@@ -412,6 +417,7 @@ impl Side {
         if let Some(channel) = &self.channel {
             // The event names this side's one CQ; what matters is that it came.
             if channel.get_cq_event(Some(EVENT_WAIT)).map_err(rdma("ibv_get_cq_event"))?.is_some() {
+                self.events.set(self.events.get() + 1);
                 self.cq.req_notify(false).map_err(rdma("ibv_req_notify_cq"))?;
             }
         }
@@ -442,6 +448,7 @@ impl Side {
             by_reference: c.engine.rcvd_by_reference,
             waits_polled: c.channel_waits_polled,
             waits_slept: c.channel_waits_slept,
+            events: self.events.get(),
         }
     }
 
@@ -740,6 +747,7 @@ impl Side {
             packets_by_reference: m1.by_reference - m0.by_reference,
             channel_waits_polled: m1.waits_polled - m0.waits_polled,
             channel_waits_slept: m1.waits_slept - m0.waits_slept,
+            channel_events: m1.events - m0.events,
         }
     }
 }
