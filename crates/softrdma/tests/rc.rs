@@ -606,6 +606,55 @@ fn a_poll_returns_its_answer_and_leaves_the_ack_that_came_with_it_for_the_next_c
     assert_eq!(b_sent, (0..r).collect::<Vec<_>>());
 }
 
+/// Through the same-host inbox a side takes its peer's packets in the order the peer made
+/// them, as from a NIC: the ACK of a SEND before the answer to it. A program that binds
+/// its send and receive CQs to one completion channel sees the two events in that order;
+/// Debian's `ib_send_lat -e` does so, takes one event, arms the CQ it names and polls the
+/// CQ it expects once, and stalled when the events came the other way round (the ACK put
+/// in the inbox after the answer; docs/architecture.md, "The answer first, its ACK's work
+/// after").
+#[test]
+fn one_channel_for_both_cqs_gets_the_send_event_before_the_answers() {
+    let port = test_port();
+    let [a, b] = [0, 1].map(|_| {
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let ch = ctx.create_comp_channel().unwrap();
+        let (send_cq, recv_cq) = (ctx.create_cq(16, Some(&ch)).unwrap(), ctx.create_cq(16, Some(&ch)).unwrap());
+        let mut init = QpInit::new(QpType::Rc, &send_cq);
+        init.recv_cq = &recv_cq;
+        let qp = pd.create_qp(&init).unwrap();
+        let mr = pd.reg_mr(4096, Access::ALL).unwrap();
+        (ctx, pd, ch, send_cq, recv_cq, qp, mr)
+    });
+    let (ea, eb) = (a.5.endpoint(0, 100).unwrap(), b.5.endpoint(0, 200).unwrap());
+    a.5.connect(100, &eb, &ConnectOptions::default()).unwrap();
+    b.5.connect(200, &ea, &ConnectOptions::default()).unwrap();
+    let (asge, bsge) = ([a.6.sge(0..8).unwrap()], [b.6.sge(0..8).unwrap()]);
+    a.3.req_notify(false).unwrap();
+    a.4.req_notify(false).unwrap();
+    for round in 0..20 {
+        a.5.post_recv(&[RecvWr { wr_id: round, sg_list: &asge }]).unwrap();
+        b.5.post_recv(&[RecvWr { wr_id: round, sg_list: &bsge }]).unwrap();
+        a.5.post_send(&[wr(round, SendOp::Send, &asge)]).unwrap();
+        // B answers as soon as the ping is there; its ACK of the ping is still to go.
+        assert_eq!(spin_for_success(&b.4).opcode, WcOpcode::Recv);
+        b.5.post_send(&[wr(round, SendOp::Send, &bsge)]).unwrap();
+        let mut order = Vec::new();
+        for _ in 0..2 {
+            let cq = a.2.get_cq_event(Some(WAIT)).unwrap().expect("an event within WAIT");
+            cq.req_notify(false).unwrap();
+            let wc = cq.poll_one().expect("the completion the event was for");
+            assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+            order.push(wc.opcode);
+        }
+        assert_eq!(order, [WcOpcode::Send, WcOpcode::Recv], "round {round}: the events' order");
+        assert_eq!(spin_for_success(&b.3).opcode, WcOpcode::Send);
+    }
+    assert!(a.0.counters().same_host_rcvd > 0, "the packets took the same-host path");
+}
+
 /// A poll that returned its answer and left the ACK after it (as in the test above), then
 /// a wait on the completion channel for the SEND's completion that ACK brings, by a side
 /// whose waits may not poll first (`wait_spin` zero, as a program that sleeps at once):
