@@ -711,6 +711,54 @@ fn retransmitted_counts_packets() {
 // ---------------------------------------------------------------------------------------
 // A server and a client as two commands.
 
+/// `--rounds N`: the test and its limits N times in turn; each ratio is the median of the
+/// rounds' and lists them, against a loopback server and against a server of its own
+/// (which serves one connection per round).
+#[test]
+fn rounds_give_each_ratio_as_the_median_of_its_rounds() {
+    let _serial = serial();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let mid = v.len() / 2;
+        if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
+    };
+    let check = |r: &Value, n: usize| {
+        let ratios = r["vs_baseline"].as_array().expect("vs_baseline");
+        assert!(!ratios.is_empty());
+        for x in ratios {
+            let rounds = x["rounds"].as_array().unwrap_or_else(|| panic!("{x}: no rounds"));
+            assert_eq!(rounds.len(), n, "{x}: one entry per round");
+            for round in rounds {
+                assert!(close(f(round, "ratio"), f(round, "value") / f(round, "baseline_value")), "{round}");
+            }
+            for key in ["value", "baseline_value", "ratio"] {
+                let each = rounds.iter().map(|round| f(round, key)).collect();
+                assert!(close(f(x, key), median(each)), "{x}: {key} is the rounds' median");
+            }
+            if let Some(target) = x["target"].as_str() {
+                let (cmp, bound) = target.split_once(' ').expect("`<= x` or `>= x`");
+                let bound: f64 = bound.parse().expect("a number");
+                let met = if cmp == "<=" { f(x, "ratio") <= bound } else { f(x, "ratio") >= bound };
+                assert_eq!(x["met"], met, "{x}: met is the median ratio's");
+            }
+        }
+    };
+    check(&perf(&["write", "lat", "--loopback", "-n", "300", "-s", "8", "--vs-baseline", "--rounds", "3"]), 3);
+    let port = free_port().to_string();
+    let mut server = Proc::spawn(&["perf", "write", "bw", "-p", &port]);
+    server.wait_for_stdout("waiting for a client", QUICK);
+    let args = ["perf", "write", "bw", "127.0.0.1", "-p", &port, "-n", "100", "--vs-baseline", "--rounds", "2"];
+    let client = softrdma(&args, RUN_LIMIT);
+    let served = server.finish(RUN_LIMIT);
+    assert!(client.status.success(), "client: {}\n{}", client.status, client.stderr);
+    assert!(served.status.success(), "the server served both rounds: {}\n{}", served.status, served.stderr);
+    assert!(client.stdout.contains("2 rounds of the test and its limits in turn"), "{}", client.stdout);
+    let bracketed = client.stdout.lines().filter(|l| l.contains(" x ") && l.trim_end().ends_with(']')).count();
+    assert!(bracketed > 0, "each ratio's rounds in brackets: {}", client.stdout);
+    let usage = softrdma(&["perf", "write", "lat", "--loopback", "--rounds", "2"], QUICK);
+    assert_eq!(usage.status.code(), Some(2), "--rounds without --vs-baseline: {}", usage.stderr);
+}
+
 #[test]
 fn separate_server_and_client() {
     let _serial = serial();

@@ -155,6 +155,9 @@ fn test(op: Op, a: &TestArgs) -> Result<(), PerfError> {
     if !a.qps_sweep.is_empty() && (a.loopback || a.host.is_some()) {
         return sweep(op, a, &spec);
     }
+    if a.rounds > 1 && (a.loopback || a.host.is_some()) {
+        return rounds(op, a, &spec);
+    }
     if a.loopback {
         return loopback(op, a, &spec);
     }
@@ -631,6 +634,57 @@ fn sweep(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
         return print(&out);
     }
     print(&report::sweep_text(&reports, baseline.as_ref()))
+}
+
+/// `--rounds N` (with `--vs-baseline`): the test, then this machine's limits, N times in
+/// turn, against one server (the loopback's, or `host`, which serves one connection per
+/// round); one report, the last round's results with each ratio the median of the rounds'.
+fn rounds(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
+    let n = a.rounds as usize;
+    let spec_for = |i: usize| Spec { more: i + 1 < n, ..spec.clone() };
+    let mut taken = Vec::with_capacity(n);
+    let mut run = |host: &str, args: &TestArgs| -> Result<(), PerfError> {
+        for i in 0..n {
+            let report = client(host, args, &spec_for(i))?;
+            let b = measure_baseline(&report.spec)?;
+            taken.push((report, b));
+        }
+        Ok(())
+    };
+    if a.loopback {
+        let (server, port) = loopback_server(op, a)?;
+        run("127.0.0.1", &TestArgs { port, ..a.clone() })?;
+        loopback_server_done(server)?;
+    } else if let Some(host) = &a.host {
+        run(host, a)?;
+    }
+    let report = over_rounds(taken).ok_or_else(|| PerfError::Usage("--rounds: no round ran".into()))?;
+    if let Some(path) = &a.plot {
+        plot::draw(&report, path)?;
+    }
+    print(&if a.json { json(&report)? } else { report.text() })
+}
+
+/// The last round's report, its baseline, and each of its ratios as the median over the
+/// rounds (matched by figure and limit: a round whose packets took another path has other
+/// ratios, and adds nothing to those it lacks).
+fn over_rounds(taken: Vec<(Report, baseline::Baseline)>) -> Option<Report> {
+    let per_round: Vec<Vec<Ratio>> = taken.iter().map(|(r, b)| ratios(r, b)).collect();
+    let (mut report, b) = taken.into_iter().next_back()?;
+    let last = per_round.last().cloned().unwrap_or_default();
+    report.vs_baseline = last
+        .into_iter()
+        .map(|ratio| {
+            let rounds = per_round
+                .iter()
+                .filter_map(|round| round.iter().find(|r| r.figure == ratio.figure && r.baseline == ratio.baseline))
+                .map(Ratio::round)
+                .collect();
+            ratio.over_rounds(rounds)
+        })
+        .collect();
+    report.baseline = Some(b);
+    Some(report)
 }
 
 /// Starts the loopback server: a child `softrdma perf` on an ephemeral port of 127.0.0.1.

@@ -253,6 +253,21 @@ pub(crate) struct Ratio {
     pub(crate) target: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) met: Option<bool>,
+    /// With `--rounds`: each round's figure, limit and ratio, in the order they ran; the
+    /// fields above are then their medians, and `met` says whether the median ratio met
+    /// the target.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub(crate) rounds: Vec<RoundRatio>,
+    #[serde(skip)]
+    aim: Option<Target>,
+}
+
+/// One round's figure, limit and ratio (`--rounds`).
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct RoundRatio {
+    pub(crate) value: f64,
+    pub(crate) baseline_value: f64,
+    pub(crate) ratio: f64,
 }
 
 /// A target for a ratio: at most or at least this much of the limit.
@@ -286,10 +301,44 @@ impl Ratio {
                 Target::AtMost(t) => format!("<= {t}"),
                 Target::AtLeast(t) => format!(">= {t}"),
             }),
-            met: target.map(|t| match t {
-                Target::AtMost(t) => ratio <= t,
-                Target::AtLeast(t) => ratio >= t,
-            }),
+            met: target.map(|t| t.met(ratio)),
+            rounds: Vec::new(),
+            aim: target,
+        }
+    }
+
+    /// This ratio over several rounds (`--rounds`): `rounds` holds each round's (this one
+    /// among them), and the figure, limit and ratio become their medians.
+    pub(crate) fn over_rounds(mut self, rounds: Vec<RoundRatio>) -> Ratio {
+        let median = |f: fn(&RoundRatio) -> f64| {
+            let mut v: Vec<f64> = rounds.iter().map(f).collect();
+            v.sort_by(f64::total_cmp);
+            let mid = v.len() / 2;
+            if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
+        };
+        if rounds.is_empty() {
+            return self;
+        }
+        self.value = median(|r| r.value);
+        self.baseline_value = median(|r| r.baseline_value);
+        self.ratio = median(|r| r.ratio);
+        self.met = self.aim.map(|t| t.met(self.ratio));
+        self.rounds = rounds;
+        self
+    }
+
+    /// This ratio as one round of several.
+    pub(crate) fn round(&self) -> RoundRatio {
+        RoundRatio { value: self.value, baseline_value: self.baseline_value, ratio: self.ratio }
+    }
+}
+
+impl Target {
+    /// Whether `ratio` meets the target.
+    fn met(self, ratio: f64) -> bool {
+        match self {
+            Target::AtMost(t) => ratio <= t,
+            Target::AtLeast(t) => ratio >= t,
         }
     }
 }
@@ -421,16 +470,31 @@ impl Report {
         o.push('\n');
         if !self.vs_baseline.is_empty() {
             let _ = writeln!(o, "{RULE}");
-            let _ = writeln!(o, " against this machine's limits, measured in this run (softrdma perf baseline):");
+            let rounds = self.vs_baseline.iter().map(|r| r.rounds.len()).max().unwrap_or(0);
+            if rounds > 1 {
+                let _ = writeln!(
+                    o,
+                    " against this machine's limits, {rounds} rounds of the test and its limits in turn (softrdma perf \
+                     baseline): medians, each round's ratio in brackets; the table above is the last round's:"
+                );
+            } else {
+                let _ = writeln!(o, " against this machine's limits, measured in this run (softrdma perf baseline):");
+            }
             for r in &self.vs_baseline {
                 let target = match (&r.target, r.met) {
                     (Some(t), Some(met)) => format!("; target {t}: {}", if met { "met" } else { "NOT met" }),
                     _ => String::new(),
                 };
                 let kind = if r.like_for_like { "" } else { ", for reference" };
+                let each = if r.rounds.len() > 1 {
+                    let list: Vec<String> = r.rounds.iter().map(|x| format!("{:.2}", x.ratio)).collect();
+                    format!(" [{}]", list.join(" "))
+                } else {
+                    String::new()
+                };
                 let _ = writeln!(
                     o,
-                    "   {:<34} {:>9.2} {:<5} = {:>5.2} x {} ({:.2} {}{kind}{target})",
+                    "   {:<34} {:>9.2} {:<5} = {:>5.2} x {} ({:.2} {}{kind}{target}){each}",
                     r.figure, r.value, r.unit, r.ratio, r.baseline, r.baseline_value, r.unit
                 );
             }

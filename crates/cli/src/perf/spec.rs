@@ -164,6 +164,14 @@ pub(crate) struct TestArgs {
     /// its limit (see `softrdma perf baseline`).
     #[arg(long)]
     pub(crate) vs_baseline: bool,
+    /// With --vs-baseline: run the test and measure the limits this many times in turn
+    /// (test, limits, test, limits, ...) and give each ratio as the median of the rounds',
+    /// with every round's beside it: on a machine whose own limits swing between minutes,
+    /// one round's ratio says little. Against a server, the server serves one connection
+    /// per round.
+    #[arg(long, default_value_t = 1, requires = "vs_baseline", conflicts_with = "qps_sweep",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(crate) rounds: u32,
     /// Server side: print `LISTENING <port>` once ready (`--loopback` uses it).
     #[arg(long, hide = true)]
     pub(crate) announce: bool,
