@@ -288,9 +288,8 @@ impl Member {
                     io::ErrorKind::TimedOut,
                     format!(
                         "not steered within 5 s: the coordinator of {} ({}) registered this process but its \
-                         probes did not reach its sockets; a process that bound the port without registering \
-                         takes an index in the group the coordinator does not know: `ss -uapn 'sport = :{}'` \
-                         lists the processes on the port",
+                         probes did not reach its sockets (they count every socket of its user on the port, \
+                         registered or not); `ss -uapn 'sport = :{}'` lists the processes on the port",
                         member.shared.port_name(),
                         process(coordinator),
                         member.shared.port,

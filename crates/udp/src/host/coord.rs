@@ -926,6 +926,19 @@ impl Server {
                 *n += 1;
             }
         }
+        // So do sockets of the group that nothing here accounts for: a guest's, made by a
+        // coordinator of this user that is gone, whose guest has not registered here (it
+        // may be founding the group again, which this process's sockets hold up). Unprobed,
+        // such a socket could hold an index this coordinator's own probes needed: a
+        // process that founded the group anew waited 5 s and failed to join, its probe for
+        // index 0 taken by the guest's socket there (CI, 2026-12-01 and 12-02). The port's
+        // sockets of this user, as the kernel lists them, are the group.
+        let ips: Vec<IpAddr> = expected.keys().map(SocketAddr::ip).collect();
+        let listed = super::port_sockets(&ips, self.port);
+        for (addr, n) in &mut expected {
+            let held = listed.iter().filter(|s| s.uid == self.uid && s.local == addr.ip()).count();
+            *n = (*n).max(held);
+        }
         // Probes reach the socket at the index they carry only through the probe rule of
         // the group's program. A group this coordinator has not programmed yet (new, or
         // found after a failover) may have no program: the kernel would hash every probe
