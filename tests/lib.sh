@@ -16,8 +16,10 @@ fail() {
 last_words() {
     local ours last
     ours=$(grep '^softrdma: ' "$1" | grep -v 'injecting faults' | tail -n 1)
-    last=$(grep -v '^[[:space:]]*$' "$1" | tail -n 1)
-    if [ -n "$ours" ] && [ "$ours" != "$last" ]; then echo "$ours; then: $last"; else echo "$last"; fi
+    # The program's last three lines: its last is mostly a summary ("Unable to init the
+    # socket connection"), the cause a line or two before it (which CM event came).
+    last=$(grep -v '^[[:space:]]*$' "$1" | tail -n 3 | sed 's/^[[:space:]]*//' | paste -sd '|' | sed 's/|/ | /g')
+    if [ -n "$ours" ] && [[ "$last" != *"$ours"* ]]; then echo "$ours; then: $last"; else echo "$last"; fi
 }
 # installed NAME PROGRAM PACKAGE: whether PROGRAM is there; if not, NAME's line says SKIP.
 installed() {
