@@ -316,7 +316,8 @@ impl Ratio {
             let mid = v.len() / 2;
             if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
         };
-        if rounds.is_empty() {
+        if rounds.len() < 2 {
+            // Only this round had the ratio (the others' packets took another path).
             return self;
         }
         self.value = median(|r| r.value);
@@ -596,5 +597,21 @@ mod tests {
         let half = LatStats::of(&samples, 0.5).expect("samples");
         assert_eq!(half.max, 500.0);
         assert!(LatStats::of(&[], 1.0).is_none());
+    }
+
+    #[test]
+    fn a_ratio_over_rounds_is_their_median_and_needs_two() {
+        let ratio = |value: f64, limit: f64| {
+            Ratio::new("8 B median latency".into(), value, "us", "x", limit, true, Some(Target::AtMost(3.0)))
+        };
+        let rounds: Vec<RoundRatio> = [(1.0, 0.5), (4.0, 0.5), (2.0, 1.0)].map(|(v, l)| ratio(v, l).round()).into();
+        let r = ratio(2.0, 1.0).over_rounds(rounds);
+        assert_eq!((r.value, r.baseline_value, r.ratio), (2.0, 0.5, 2.0), "each the median of its own");
+        assert_eq!((r.rounds.len(), r.met), (3, Some(true)), "met by the median ratio (2 <= 3), not the last");
+        // Two rounds: the mean of the middle two; a ratio only one round had stays that round's.
+        let two = ratio(2.0, 1.0).over_rounds(vec![ratio(8.0, 1.0).round(), ratio(2.0, 1.0).round()]);
+        assert_eq!((two.ratio, two.met), (5.0, Some(false)));
+        let alone = ratio(2.0, 1.0).over_rounds(vec![ratio(2.0, 1.0).round()]);
+        assert!(alone.rounds.is_empty(), "no rounds listed for one");
     }
 }
