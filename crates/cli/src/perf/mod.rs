@@ -603,20 +603,9 @@ fn unreachable(host: &str, port: u16, e: &std::io::Error) -> PerfError {
 /// count, and one plot.
 fn sweep(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
     let counts = &a.qps_sweep;
-    let spec_for = |i: usize| Spec { qps: counts[i], more: i + 1 < counts.len(), ..spec.clone() };
-    let mut reports = Vec::new();
-    if a.loopback {
-        let (server, port) = loopback_server(op, a)?;
-        let client_args = TestArgs { port, ..a.clone() };
-        for i in 0..counts.len() {
-            reports.push(client("127.0.0.1", &client_args, &spec_for(i))?);
-        }
-        loopback_server_done(server)?;
-    } else if let Some(host) = &a.host {
-        for i in 0..counts.len() {
-            reports.push(client(host, a, &spec_for(i))?);
-        }
-    }
+    let reports = clients_of_one_server(op, a, counts.len(), |host, args, i| {
+        client(host, args, &Spec { qps: counts[i], more: i + 1 < counts.len(), ..spec.clone() })
+    })?;
     let baseline = if a.vs_baseline { Some(measure_baseline(spec)?) } else { None };
     if let Some(path) = &a.plot {
         plot::draw_sweep(&reports, baseline.as_ref(), path)?;
@@ -641,23 +630,11 @@ fn sweep(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
 /// round); one report, the last round's results with each ratio the median of the rounds'.
 fn rounds(op: Op, a: &TestArgs, spec: &Spec) -> Result<(), PerfError> {
     let n = a.rounds as usize;
-    let spec_for = |i: usize| Spec { more: i + 1 < n, ..spec.clone() };
-    let mut taken = Vec::with_capacity(n);
-    let mut run = |host: &str, args: &TestArgs| -> Result<(), PerfError> {
-        for i in 0..n {
-            let report = client(host, args, &spec_for(i))?;
-            let b = measure_baseline(&report.spec)?;
-            taken.push((report, b));
-        }
-        Ok(())
-    };
-    if a.loopback {
-        let (server, port) = loopback_server(op, a)?;
-        run("127.0.0.1", &TestArgs { port, ..a.clone() })?;
-        loopback_server_done(server)?;
-    } else if let Some(host) = &a.host {
-        run(host, a)?;
-    }
+    let taken = clients_of_one_server(op, a, n, |host, args, i| {
+        let report = client(host, args, &Spec { more: i + 1 < n, ..spec.clone() })?;
+        let b = measure_baseline(&report.spec)?;
+        Ok((report, b))
+    })?;
     let report = over_rounds(taken).ok_or_else(|| PerfError::Usage("--rounds: no round ran".into()))?;
     if let Some(path) = &a.plot {
         plot::draw(&report, path)?;
@@ -685,6 +662,29 @@ fn over_rounds(taken: Vec<(Report, baseline::Baseline)>) -> Option<Report> {
         .collect();
     report.baseline = Some(b);
     Some(report)
+}
+
+/// `n` client connections, `each(host, args, i)` the `i`th, against one server: the
+/// loopback's (started here, and waited for once the last is done) or `host`'s. The spec
+/// each connection sends must say whether more follow (`Spec::more`), so that the server
+/// stays for them.
+fn clients_of_one_server<T>(
+    op: Op,
+    a: &TestArgs,
+    n: usize,
+    mut each: impl FnMut(&str, &TestArgs, usize) -> Result<T, PerfError>,
+) -> Result<Vec<T>, PerfError> {
+    if a.loopback {
+        let (server, port) = loopback_server(op, a)?;
+        let args = TestArgs { port, ..a.clone() };
+        let out = (0..n).map(|i| each("127.0.0.1", &args, i)).collect::<Result<Vec<T>, _>>()?;
+        loopback_server_done(server)?;
+        Ok(out)
+    } else if let Some(host) = &a.host {
+        (0..n).map(|i| each(host, a, i)).collect()
+    } else {
+        Ok(Vec::new())
+    }
 }
 
 /// Starts the loopback server: a child `softrdma perf` on an ephemeral port of 127.0.0.1.

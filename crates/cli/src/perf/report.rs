@@ -310,16 +310,16 @@ impl Ratio {
     /// This ratio over several rounds (`--rounds`): `rounds` holds each round's (this one
     /// among them), and the figure, limit and ratio become their medians.
     pub(crate) fn over_rounds(mut self, rounds: Vec<RoundRatio>) -> Ratio {
+        if rounds.len() < 2 {
+            // Only this round had the ratio (the others' packets took another path).
+            return self;
+        }
         let median = |f: fn(&RoundRatio) -> f64| {
             let mut v: Vec<f64> = rounds.iter().map(f).collect();
             v.sort_by(f64::total_cmp);
             let mid = v.len() / 2;
             if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
         };
-        if rounds.len() < 2 {
-            // Only this round had the ratio (the others' packets took another path).
-            return self;
-        }
         self.value = median(|r| r.value);
         self.baseline_value = median(|r| r.baseline_value);
         self.ratio = median(|r| r.ratio);
