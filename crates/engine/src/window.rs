@@ -57,6 +57,11 @@ pub(crate) struct Share {
     /// Packets left of its burst, and the peer whose room they hold.
     burst: u32,
     burst_peer: Option<PeerRef>,
+    /// The entry [`PeerWindows::entry`] last found for it, kept while its count is zero
+    /// (a ping-pong's count goes 1, 0, 1 with every message, and each time its peer was
+    /// looked up by address). Checked before use: an idle entry may have been tidied away
+    /// and its slot given to another peer.
+    home: Option<PeerRef>,
 }
 
 /// One peer's window.
@@ -109,23 +114,24 @@ impl PeerWindows {
         self.limit.map_or(BURST, |l| BURST.min(l.max(1)))
     }
 
-    /// `addr`'s entry, made if it has none: the one `share` names already if it is
-    /// `addr`'s (no lookup), else found by address.
+    /// `addr`'s entry, made if it has none: the one `share` found last if it is still
+    /// `addr`'s (no lookup), else found by address. A slot holds at most one entry of an
+    /// address, so a slot that holds `addr`'s holds the entry every share names for it.
     #[inline]
-    fn entry(&mut self, share: &Share, addr: IpAddr) -> PeerRef {
-        // The QP's own peer, almost always; by hand, as an iterator over the three took
-        // three times the instructions of the rest of a packet's window accounting.
-        for r in [&share.peer, &share.burst_peer, &share.waiting] {
-            if let Some(r) = r
-                && r.addr == addr
-            {
-                return *r;
-            }
+    fn entry(&mut self, share: &mut Share, addr: IpAddr) -> PeerRef {
+        if let Some(r) = share.home
+            && r.addr == addr
+            && self.peers.get(r.index).is_some_and(|p| p.addr == addr)
+        {
+            return r;
         }
-        self.entry_by_addr(addr)
+        let r = self.entry_by_addr(addr);
+        share.home = Some(r);
+        r
     }
 
-    /// [`entry`](Self::entry) for a peer no share names: a lookup, or a new entry. Apart
+    /// [`entry`](Self::entry) for a peer the share did not find last: a lookup, or a new
+    /// entry. Apart
     /// and cold, so that the common case inlines without this one's frame (`perf record`
     /// of a 64 B SEND stream put an eighth of the sender's samples in `entry`'s prologue).
     #[cold]
@@ -385,6 +391,37 @@ mod tests {
         }
         assert_eq!((w.outstanding(PEER), w.reserved(PEER)), (0, 0));
         assert!(w.peers.is_empty() && w.by_addr.is_empty(), "a peer nobody counts, holds or waits for is forgotten");
+    }
+
+    #[test]
+    fn a_qp_whose_peer_entry_was_forgotten_counts_on_the_new_one_not_on_whoever_took_its_slot() {
+        const OTHER: IpAddr = IpAddr::V4(core::net::Ipv4Addr::new(10, 0, 0, 3));
+        // A one-packet message to `peer` (AckReq), counted.
+        fn message(w: &mut PeerWindows, share: &mut Share, peer: IpAddr) {
+            assert!(w.admits(share, Some(peer)));
+            w.sent(share, true);
+            let counted = share.counted + 1;
+            w.recount(share, Some(peer), counted);
+        }
+        let mut w = PeerWindows::new(Some(40));
+        let (mut a, mut b, mut c) = (Share::default(), Share::default(), Share::default());
+        // A ping-pongs with PEER: its count goes 1, 0, 1, 0, on the same entry.
+        for _ in 0..2 {
+            message(&mut w, &mut a, PEER);
+            w.recount(&mut a, Some(PEER), 0);
+        }
+        assert_eq!(w.by_addr.len(), 1, "one entry, not one per message");
+        // A idles; B, the last QP counting on PEER, is destroyed: PEER's entry goes, and
+        // C's peer takes its slot.
+        message(&mut w, &mut b, PEER);
+        w.forget(qpn(0x20), &mut b);
+        assert!(w.by_addr.is_empty());
+        message(&mut w, &mut c, OTHER);
+        // A sends to PEER again: counted on a new entry of PEER's, OTHER's untouched.
+        message(&mut w, &mut a, PEER);
+        assert_eq!((w.outstanding(PEER), w.outstanding(OTHER)), (1, 1));
+        w.recount(&mut a, Some(PEER), 0);
+        assert_eq!((w.outstanding(PEER), w.outstanding(OTHER)), (0, 1));
     }
 
     #[test]
