@@ -8,7 +8,7 @@ use std::net::IpAddr;
 use rand_chacha::ChaCha12Rng;
 use rand_core::{Rng, SeedableRng};
 use slab::Slab;
-use softrdma_wire::{Envelope, Gid, Psn, Qpn, RKey};
+use softrdma_wire::{AethRepr, Envelope, Gid, Psn, Qpn, RKey};
 
 use crate::Instant;
 use crate::identification::Identifications;
@@ -173,6 +173,10 @@ pub struct Counters {
     /// Packets carried by reference whose data this device copied from the sending process
     /// ([`crate::reference`]): each once, a duplicate (taken, not executed again) not.
     pub rcvd_by_reference: u64,
+    /// ACKs taken that came beside a packet from a process of this host, not as packets of
+    /// their own ([`Engine::allow_acks_beside`]); they count in `rcvd_packets` too, as
+    /// the peer's count them in its `sent_packets`.
+    pub rcvd_acks_beside: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.
@@ -200,13 +204,40 @@ pub struct Transmit {
     pub by_reference: bool,
     /// Its QP may send by reference ([`Engine::allow_by_reference`]).
     pub qp_by_reference: bool,
+    /// Its QP may carry ACKs beside its requests ([`Engine::allow_acks_beside`]).
+    pub qp_acks_beside: bool,
+    /// The ACK its QP owed the peer, carried beside it instead of sent as a packet of its
+    /// own ([`Engine::allow_acks_beside`]): the receiving engine takes it, with
+    /// [`Engine::handle_ack_beside`], just before this packet.
+    pub ack_beside: Option<AckBeside>,
+}
+
+/// An ACK carried beside a packet to the QP it is for, in place of an ACK packet that
+/// would have gone just before it: what the AETH and BTH of that packet would have said
+/// ([`Engine::allow_acks_beside`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct AckBeside {
+    /// The PSN it acknowledges.
+    pub psn: Psn,
+    /// Its syndrome (an ACK: a NAK always goes as a packet) and MSN.
+    pub aeth: AethRepr,
 }
 
 impl Transmit {
     /// `len` bytes in `envelope` sent by `local_qp`, with their ICRC (`icrc_pending`
     /// false) or not yet; the device's traffic class, data by value.
     pub fn new(envelope: Envelope, len: usize, local_qp: Qpn, icrc_pending: bool) -> Self {
-        Self { envelope, len, traffic_class: 0, local_qp, icrc_pending, by_reference: false, qp_by_reference: false }
+        Self {
+            envelope,
+            len,
+            traffic_class: 0,
+            local_qp,
+            icrc_pending,
+            by_reference: false,
+            qp_by_reference: false,
+            qp_acks_beside: false,
+            ack_beside: None,
+        }
     }
 }
 
@@ -1555,8 +1586,10 @@ impl Engine {
                 qp.peer_port = None; // another peer (a path migration is the only legal case)
             }
             qp.set_av(attr.ah_attr);
-            // A new peer: the runtime decides again whether it copies from this process.
+            // A new peer: the runtime decides again whether it copies from this process,
+            // and whether it takes ACKs beside packets.
             qp.by_reference = false;
+            qp.acks_beside = false;
             qp.attr.ah_attr = attr.ah_attr;
         }
         if let Some(av) = qp.av() {
@@ -1619,6 +1652,7 @@ impl Engine {
                 qp.peer_port = None;
                 qp.keys = None;
                 qp.by_reference = false;
+                qp.acks_beside = false;
                 qp.cc = None;
                 self.shared.update_timer(qp);
             }
@@ -1681,6 +1715,19 @@ impl Engine {
     pub fn allow_by_reference(&mut self, qpn: Qpn, allow: bool) -> bool {
         let Some(qp) = self.qps.get_mut(&qpn.value()) else { return false };
         qp.by_reference = allow && qp.qp_type == QpType::Rc;
+        true
+    }
+
+    /// Lets RC QP `qpn` carry the plain ACK it owes its peer beside its next request, when
+    /// it sends one in the same call, rather than as a packet of its own
+    /// ([`Transmit::ack_beside`]), or stops it. The runtime allows it once it knows the
+    /// QP's peer is a process of this host whose inbox takes them (between processes a
+    /// request answered at once, as in a ping-pong, half the packets were such ACKs); an
+    /// authenticated QP never does. Moving to RESET or to another peer's AV stops it.
+    /// Returns whether the QP exists.
+    pub fn allow_acks_beside(&mut self, qpn: Qpn, allow: bool) -> bool {
+        let Some(qp) = self.qps.get_mut(&qpn.value()) else { return false };
+        qp.acks_beside = allow && qp.qp_type == QpType::Rc;
         true
     }
 

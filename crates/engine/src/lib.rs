@@ -26,7 +26,7 @@ pub mod verbs;
 pub mod window;
 
 pub use auth::PacketKeys;
-pub use engine::{Counters, DeviceConfig, Engine, Transmit, udp_source_port};
+pub use engine::{AckBeside, Counters, DeviceConfig, Engine, Transmit, udp_source_port};
 pub use identification::IcrcCheck;
 pub use inspect::{CqInfo, MrInfo, QpCounters, QpInfo, QpPeer, SrqInfo};
 pub use memory::{Memory, MemoryFault, VecMemory};

@@ -326,6 +326,9 @@ pub(crate) struct Qp {
     /// Its long SENDs and WRITEs may go by reference (the runtime found its peer in a
     /// process of the host that copies from this one: [`crate::reference`]).
     pub(crate) by_reference: bool,
+    /// It may carry the plain ACK it owes beside its next request
+    /// ([`Engine::allow_acks_beside`](crate::Engine::allow_acks_beside)).
+    pub(crate) acks_beside: bool,
     /// Congestion control's state, from the first congestion signal on (the engine's
     /// `DeviceConfig::congestion` on).
     pub(crate) cc: Option<Box<crate::congestion::QpCongestion>>,
@@ -377,6 +380,7 @@ impl Qp {
             peer_port: None,
             keys: None,
             by_reference: false,
+            acks_beside: false,
             cc: None,
             sq,
             rq,

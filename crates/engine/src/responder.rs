@@ -120,6 +120,41 @@ impl Engine {
         self.handle_packet(now, envelope, ip, payload, Some(origin), mem);
     }
 
+    /// Takes an ACK that came beside `packet` from a process of this host
+    /// ([`Transmit::ack_beside`](crate::Transmit::ack_beside)), before `packet` itself: as
+    /// the ACK packet it stands for would have been taken, by the RC QP `packet` is for,
+    /// from the same peer and port, in the same states. Anything else is dropped.
+    pub fn handle_ack_beside(&mut self, now: Instant, envelope: &Envelope, packet: &[u8], ack: crate::AckBeside) {
+        let sh = &mut self.shared;
+        sh.tick(now);
+        let Ok(packet) = softrdma_wire::BthPacket::new_checked(packet) else {
+            sh.counters.rcvd_malformed += 1;
+            return;
+        };
+        let qp = match self.qps.get_mut(&packet.dest_qp().value()) {
+            Some(qp) if sh.is_local(envelope.dst_ip()) && qp.qp_type == QpType::Rc && qp.keys.is_none() => qp,
+            _ => {
+                sh.counters.rcvd_dropped += 1;
+                return;
+            }
+        };
+        if !matches!(ack.aeth.syndrome, Syndrome::Ack { .. }) {
+            sh.counters.rcvd_malformed += 1; // a NAK always goes as a packet
+            return;
+        }
+        if !from_the_peer(qp, sh, envelope, ack.psn, true) || !takes_responses(qp, sh) {
+            return;
+        }
+        sh.counters.rcvd_acks_beside += 1;
+        completer::handle_ack(qp, sh, now, ack.psn, ack.aeth.syndrome);
+        sh.count_window(qp);
+        if !qp.resp.out.is_empty() {
+            sh.schedule(qp);
+        }
+        sh.update_timer(qp);
+        self.wake_window_waiters();
+    }
+
     fn handle_packet<M: Memory + ?Sized>(
         &mut self,
         now: Instant,
@@ -278,23 +313,8 @@ fn receive_for<M: Memory + ?Sized>(
         sh.counters.rcvd_dropped += 1;
         return;
     }
-    // RC/UC/XRC: only the connected peer may talk to the QP (rxe `check_addr`), and from
-    // the one UDP source port it uses (see `peer_port`).
-    if qp.qp_type.is_connected() {
-        let from_peer =
-            qp.peer_ip() == Some(envelope.src_ip()) && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
-        if !from_peer {
-            sh.counters.rcvd_dropped += 1;
-            return;
-        }
-        match qp.peer_port {
-            Some(port) if port != envelope.src_port() => {
-                sh.counters.rcvd_wrong_source += 1;
-                return;
-            }
-            None if proves_peer(qp, &repr, info.is_response()) => qp.peer_port = Some(envelope.src_port()),
-            _ => {}
-        }
+    if qp.qp_type.is_connected() && !from_the_peer(qp, sh, envelope, repr.bth.psn, info.is_response()) {
+        return;
     }
     if let Some(config) = sh.config.congestion {
         let cc = qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
@@ -320,11 +340,9 @@ fn receive_for<M: Memory + ?Sized>(
         },
     };
     if info.is_response() {
-        if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
-            sh.counters.rcvd_dropped += 1;
+        if !takes_responses(qp, sh) {
             return;
         }
-        sh.counters.rcvd_packets += 1;
         complete_response(qp, sh, mem, now, &repr, data, info.operation, info.position);
         sh.count_window(qp);
     } else {
@@ -351,6 +369,39 @@ fn receive_for<M: Memory + ?Sized>(
         sh.schedule(qp);
     }
     sh.update_timer(qp);
+}
+
+/// Whether a packet in `envelope` (its PSN `psn`, a response or not) may act on connected
+/// QP `qp`: only the connected peer may talk to it (rxe `check_addr`), and from the one
+/// UDP source port it uses (see `peer_port`), which the first packet that proves it is the
+/// peer teaches. Counts what it refuses.
+fn from_the_peer(qp: &mut Qp, sh: &mut Shared, envelope: &Envelope, psn: Psn, response: bool) -> bool {
+    let from_peer =
+        qp.peer_ip() == Some(envelope.src_ip()) && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip());
+    if !from_peer {
+        sh.counters.rcvd_dropped += 1;
+        return false;
+    }
+    match qp.peer_port {
+        Some(port) if port != envelope.src_port() => {
+            sh.counters.rcvd_wrong_source += 1;
+            return false;
+        }
+        None if proves_peer(qp, psn, response) => qp.peer_port = Some(envelope.src_port()),
+        _ => {}
+    }
+    true
+}
+
+/// Whether `qp` takes a response now (the requester works in RTS and SQD): counts it
+/// received, or dropped.
+fn takes_responses(qp: &Qp, sh: &mut Shared) -> bool {
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
+        sh.counters.rcvd_dropped += 1;
+        return false;
+    }
+    sh.counters.rcvd_packets += 1;
+    true
 }
 
 /// Whether a packet of this opcode is for a QP of `qp_type`: of its transport, and for XRC
@@ -1070,8 +1121,7 @@ pub(crate) fn cnp_peer(qp: &Qp) -> Option<(Envelope, softrdma_wire::Qpn)> {
 /// request at exactly the PSN the responder expects, or a response to a PSN the requester
 /// has sent and not seen acknowledged. (A blind forger must guess a 24-bit PSN; one that
 /// guesses wrong cannot make the QP deaf to its real peer.)
-fn proves_peer(qp: &Qp, repr: &RoceRepr<'_>, response: bool) -> bool {
-    let psn = repr.bth.psn;
+fn proves_peer(qp: &Qp, psn: Psn, response: bool) -> bool {
     if response {
         qp.comp.psn.distance_to(psn) >= 0 && psn.distance_to(qp.req.sent_end) > 0
     } else {

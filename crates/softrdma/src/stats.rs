@@ -353,9 +353,10 @@ pub struct Counters {
     /// Datagrams for QP1 that were not CM MADs in valid UD packets, dropped.
     pub gsi_dropped: u64,
     /// Packets sent to other processes of this host through shared memory (the same-host
-    /// path), not a socket; they count in `sent_packets` too.
+    /// path), not a socket, ACKs beside packets included; they count in `sent_packets` too.
     pub same_host_sent: u64,
-    /// Packets received through shared memory; they count in `rcvd_packets` too if accepted.
+    /// Packets received through shared memory, ACKs beside packets included; they count in
+    /// `rcvd_packets` too if accepted.
     /// Those whose data this process copied from the sender's memory (carried by reference:
     /// the same-host path's one copy) are the engine's `rcvd_by_reference`.
     pub same_host_rcvd: u64,
@@ -381,7 +382,7 @@ impl Counters {
     /// `channel_waits_polled`, `channel_waits_slept`, `acks_left_for_next_poll`, the injected faults'
     /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 41] {
+    pub fn named(&self) -> [(&'static str, u64); 42] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -408,6 +409,7 @@ impl Counters {
             cnps_sent,
             cnps_rcvd,
             rcvd_by_reference,
+            rcvd_acks_beside,
         } = self.engine;
         let softrdma_cm::CmCounters {
             mads_sent,
@@ -443,6 +445,7 @@ impl Counters {
             ("cnps_sent", cnps_sent),
             ("cnps_rcvd", cnps_rcvd),
             ("rcvd_by_reference", rcvd_by_reference),
+            ("rcvd_acks_beside", rcvd_acks_beside),
             ("send_errors", self.send_errors),
             ("gsi_dropped", self.gsi_dropped),
             ("same_host_sent", self.same_host_sent),

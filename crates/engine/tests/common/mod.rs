@@ -34,6 +34,8 @@ pub struct Pkt {
     /// Carried by reference: its receiver copies the data from its sender's memory
     /// (`softrdma_engine::reference`).
     pub by_reference: bool,
+    /// An ACK carried beside it, taken just before it (`Engine::allow_acks_beside`).
+    pub ack_beside: Option<AckBeside>,
 }
 
 /// A node's memory that copies from its peer's, as a process of the host pulls from
@@ -223,6 +225,7 @@ impl Pair {
                     bytes: buf[..t.len].to_vec(),
                     delivered: true,
                     by_reference: t.by_reference,
+                    ack_beside: t.ack_beside,
                 };
                 if let Some(f) = &mut self.filter {
                     pkt.delivered = f(&pkt);
@@ -253,6 +256,9 @@ impl Pair {
                 let p = self.wire.pop_front().unwrap();
                 let ip = self.ip_info.as_mut().map_or_else(IpInfo::default, |f| f(&p));
                 let (n, from) = if p.from_a { (&mut self.b, &self.a) } else { (&mut self.a, &self.b) };
+                if let Some(ack) = p.ack_beside {
+                    n.engine.handle_ack_beside(self.now, &p.envelope, &p.bytes, ack);
+                }
                 if p.by_reference {
                     let origin = if p.from_a { 1 } else { 2 };
                     let mut mem = Pulling { mine: &mut n.mem, theirs: &from.mem };
