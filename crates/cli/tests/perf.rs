@@ -614,6 +614,29 @@ fn vs_baseline_adds_the_limits_and_ratios() {
     validate(&r["baseline"], Some("baseline"), "the report's baseline");
 }
 
+/// A ping-pong between two processes of the host, whose answers carry the ACKs they owe
+/// beside them (in the inbox entry, not as datagrams of their own): its path is the
+/// same-host path, and each such ACK counts as a packet sent, there as on the wire.
+#[test]
+fn a_same_host_ping_pong_counts_the_acks_beside_its_answers_as_packets() {
+    let _serial = serial();
+    let n = 2000;
+    for wire in [false, true] {
+        let mut args = vec!["write", "lat", "--loopback", "-s", "8", "-n", "2000"];
+        if wire {
+            args.push("--wire");
+        }
+        let r = perf(&args);
+        let res = &r["results"][0];
+        assert_eq!(r["path"], if wire { "wire" } else { "same-host" }, "{res}");
+        for side in ["client", "server"] {
+            let packets = u(&res[side], "packets_sent");
+            assert!(packets >= 2 * n, "{side}: a request and an ACK a round: {res}");
+            assert_eq!(u(&res[side], "packets_same_host"), if wire { 0 } else { packets }, "{side}: {res}");
+        }
+    }
+}
+
 /// Loopback's two processes share a host and a device: their packets take the same-host
 /// path, unless `--wire` keeps them on the sockets.
 #[test]

@@ -45,7 +45,7 @@ use crate::capture::Capture;
 use crate::device::Device;
 use crate::faults::Faults;
 use crate::memory::{Hole, ProcessMemory, SendMemory};
-use crate::same_host::SameHost;
+use crate::same_host::{FromInbox, SameHost};
 use crate::stats::{Counters, Publisher};
 use crate::{ContextOptions, Error};
 
@@ -714,7 +714,10 @@ impl Driver {
             // own processes can, no copies (softrdma_udp::local::copying_adds_no_reach).
             .then(|| {
                 let pulls = capture.is_none() && softrdma_udp::local::copying_adds_no_reach();
-                SameHost::open(device.interface(), options.port, port.member.slot(), device.addresses(), pulls)
+                // An ACK beside a packet is no packet in a capture: none while capturing.
+                let acks_beside = capture.is_none();
+                let (interface, slot) = (device.interface(), port.member.slot());
+                SameHost::open(interface, options.port, slot, device.addresses(), pulls, acks_beside)
             })
             .flatten();
         let inbox_bell = match same_host.as_ref().map(SameHost::bell) {
@@ -1530,8 +1533,8 @@ impl State {
             // it put in the inbox before it sent the MAD is there now, and goes first (an ACK
             // before the DREQ that follows it, or the DREQ would flush the send it acknowledges).
             if let Some(local) = same_host.as_mut().filter(|_| is_gsi(d.payload)) {
-                while local.receive(RX_BATCH, |e, ip, d, origin| {
-                    deliver(nic, capture, faults, now, e, ip, d, Arrival::Inbox(origin));
+                while local.receive(RX_BATCH, |e, ip, d, how| {
+                    deliver(nic, capture, faults, now, e, ip, d, Arrival::Inbox(how));
                 }) > 0
                 {}
             }
@@ -1574,8 +1577,8 @@ impl State {
         // (4 batches) before answering made the two processes take turns, each idle while
         // the other worked (64 KiB WRITE: 1.1 GB/s, against 1.7-1.8 so).
         let max = RX_BATCH;
-        local.receive(max, |envelope, ip, datagram, origin| {
-            deliver(nic, capture, faults, now, envelope, ip, datagram, Arrival::Inbox(origin));
+        local.receive(max, |envelope, ip, datagram, how| {
+            deliver(nic, capture, faults, now, envelope, ip, datagram, Arrival::Inbox(how));
         }) > 0
     }
 
@@ -1623,17 +1626,23 @@ impl State {
                             complete_icrc(&mut t, datagram, &mut tx.prefixes);
                         }
                         match same_host.as_mut().and_then(|l| l.send(now, &t, ecn, datagram)) {
-                            Some(pulls) => {
+                            Some(receiver) => {
                                 if let Some(c) = capture {
                                     c.write_sent(t.local_qp, &t.envelope, datagram);
                                 }
                                 // The receiver copies from this process or not: an RC QP's
-                                // long messages go by reference or not (never under a
-                                // capture, which must show the data).
+                                // long messages go by reference or not; and it takes ACKs
+                                // beside packets or not (neither under a capture, which must
+                                // show the data, and every packet).
                                 let opcode = BthPacket::new_unchecked(&*datagram).opcode();
                                 let rc = opcode.info().is_some_and(|i| i.transport == Transport::Rc);
-                                if pulls != t.qp_by_reference && capture.is_none() && rc {
-                                    nic.engine_mut().allow_by_reference(t.local_qp, pulls);
+                                if capture.is_none() && rc {
+                                    if receiver.mutual != t.qp_by_reference {
+                                        nic.engine_mut().allow_by_reference(t.local_qp, receiver.mutual);
+                                    }
+                                    if receiver.acks_beside != t.qp_acks_beside {
+                                        nic.engine_mut().allow_acks_beside(t.local_qp, receiver.acks_beside);
+                                    }
                                 }
                                 any = true;
                                 continue;
@@ -1647,7 +1656,15 @@ impl State {
                                 tx.holes.truncate(mark);
                                 continue;
                             }
-                            None => {}
+                            None => {
+                                if t.qp_acks_beside {
+                                    // Its peer is not (or no longer) a process that takes
+                                    // them: its ACKs go as packets from now on. One that
+                                    // rode this packet is lost, as a dropped ACK is: the
+                                    // peer's retry brings it again.
+                                    nic.engine_mut().allow_acks_beside(t.local_qp, false);
+                                }
+                            }
                         }
                         complete_icrc_gathered(&mut t, &mut tx.arena, at, &tx.holes[mark..], &mut tx.prefixes);
                         tx.meta.push((at, t));
@@ -1832,8 +1849,8 @@ pub(crate) enum Arrival {
     /// By a socket: its ICRC is checked ([`deliver_now`]).
     Socket,
     /// Through the same-host inbox, unchecked ([`deliver_from_inbox`]); with its data
-    /// carried by reference, the process to copy it from.
-    Inbox(Option<u32>),
+    /// carried by reference, the process to copy it from, and an ACK to take before it.
+    Inbox(FromInbox),
 }
 
 impl Arrival {
@@ -1885,7 +1902,7 @@ fn to_nic(
 ) {
     match arrival {
         Arrival::Socket => deliver_now(nic, capture, now, guess, ip, datagram),
-        Arrival::Inbox(origin) => deliver_from_inbox(nic, capture, now, guess, ip, datagram, origin),
+        Arrival::Inbox(how) => deliver_from_inbox(nic, capture, now, guess, ip, datagram, how),
     }
 }
 
@@ -1904,7 +1921,8 @@ fn announce_faults(device: &Device, spec: &softrdma_sim::FaultSpec) {
 /// A packet from another process's engine on this host, through the shared-memory inbox:
 /// made by an engine, through memory only this user's processes can write, and sent without
 /// its ICRC (it crosses no wire: `Transmit::icrc_pending`), so there is nothing to check. A
-/// capture gets it with its ICRC.
+/// capture gets it with its ICRC. An ACK beside it is taken first, where its packet would
+/// have come (a process that captures takes none: its inbox says so).
 fn deliver_from_inbox(
     nic: &mut Nic,
     capture: &mut Option<Capture>,
@@ -1912,8 +1930,11 @@ fn deliver_from_inbox(
     envelope: &Envelope,
     ip: IpInfo,
     datagram: &[u8],
-    origin: Option<u32>,
+    FromInbox { origin, ack }: FromInbox,
 ) {
+    if let Some(ack) = ack {
+        nic.engine_mut().handle_ack_beside(now, envelope, datagram, ack);
+    }
     if let Some(c) = capture {
         let mut complete = datagram.to_vec();
         RocePacket::new_unchecked(&mut complete[..]).fill_icrc(envelope);

@@ -66,6 +66,86 @@ fn contexts_on_one_host_exchange_packets_through_shared_memory() {
     assert_eq!(ca.engine.rcvd_icrc_exact + ca.engine.rcvd_icrc_errors, 0, "no ICRC checked: {ca:?}");
 }
 
+/// A ping-pong: `b` answers each SEND of `a` at once with a SEND of its own. The ACK `b`
+/// owes for the ping rides beside its answer (`Engine::allow_acks_beside`) once `b`'s
+/// driver knows `a`'s inbox takes them, and `a` takes it before the answer: `a`'s send
+/// completes before its receive, as after an ACK packet (`in_order`; on the sockets a poll
+/// may return the answer first and leave the ACK paired with it for its next call).
+/// Returns the ACKs each side took beside packets.
+fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool) -> (u64, u64) {
+    // Busy polls, as a latency-bound program's: the application's thread takes what comes,
+    // so its answer follows at once (a waiting thread lets the progress thread take the
+    // ping, which sends the ACK then).
+    let next = |s: &Side| {
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut wc = [EMPTY_WC];
+        while s.cq.poll(&mut wc) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
+        }
+        wc[0]
+    };
+    let before = (a.ctx.counters().engine.rcvd_acks_beside, b.ctx.counters().engine.rcvd_acks_beside);
+    for side in [a, b] {
+        for i in 0..4 {
+            let rsge = [side.mr.sge(4096 * (i + 1)..4096 * (i + 1) + 64).unwrap()];
+            side.qp.post_recv(&[RecvWr { wr_id: 100 + i as u64, sg_list: &rsge }]).unwrap();
+        }
+    }
+    let sge = |s: &Side| [s.mr.sge(0..64).unwrap()];
+    let repost = |s: &Side, wr_id: u64| {
+        let i = (wr_id - 100) as usize;
+        let rsge = [s.mr.sge(4096 * (i + 1)..4096 * (i + 1) + 64).unwrap()];
+        s.qp.post_recv(&[RecvWr { wr_id, sg_list: &rsge }]).unwrap();
+    };
+    let mut answered = 0;
+    for round in 0..rounds {
+        a.qp.post_send(&[wr(round, SendOp::Send, &sge(a))]).unwrap();
+        // b: its answers' completions, in order, then the ping; in order, every answer
+        // before this ping completed before it (by the ACK beside it).
+        let ping = loop {
+            let wc = next(b);
+            if wc.opcode != WcOpcode::Send {
+                break wc;
+            }
+            assert_eq!((wc.wr_id, wc.status), (1000 + answered, WcStatus::Success), "round {round}");
+            answered += 1;
+        };
+        assert_eq!((ping.opcode, ping.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        if in_order {
+            assert_eq!(answered, round, "the answers before this ping completed before it, round {round}");
+        }
+        repost(b, ping.wr_id);
+        b.qp.post_send(&[wr(1000 + round, SendOp::Send, &sge(b))]).unwrap();
+        // a: its ping's completion first, then the answer.
+        let (first, second) = (next(a), next(a));
+        let (sent, answer) = if in_order || first.opcode == WcOpcode::Send { (first, second) } else { (second, first) };
+        assert_eq!((sent.opcode, sent.wr_id, sent.status), (WcOpcode::Send, round, WcStatus::Success), "{round}");
+        assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        repost(a, answer.wr_id);
+    }
+    (a.ctx.counters().engine.rcvd_acks_beside - before.0, b.ctx.counters().engine.rcvd_acks_beside - before.1)
+}
+
+#[test]
+fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
+    let (a, b) = rc_pair(64 << 10);
+    let (at_a, at_b) = ping_pong(&a, &b, 200, true);
+    // The first of each side's ACKs tells its driver the peer takes them; a loaded machine
+    // may let a progress thread send an ACK before its answer is posted (then a packet).
+    assert!(at_a >= 100 && at_b >= 100, "ACKs taken beside answers: at a {at_a}, at b {at_b} of 200");
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert_eq!(ca.same_host_sent, ca.engine.sent_packets, "an ACK beside counts as a packet: {ca:?}");
+    assert_eq!(cb.same_host_sent, cb.engine.sent_packets, "{cb:?}");
+
+    // Either side off the path: every ACK a packet, the same completions in the same order.
+    for off in [0, 1] {
+        let mut options = [ContextOptions::default(), ContextOptions::default()];
+        options[off].same_host = false;
+        let (a, b) = pair_with(QpType::Rc, 64 << 10, options);
+        assert_eq!(ping_pong(&a, &b, 20, false), (0, 0), "side {off} off");
+    }
+}
+
 #[test]
 fn either_side_turning_the_path_off_keeps_both_on_the_sockets() {
     for off in [0, 1] {

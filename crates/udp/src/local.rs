@@ -113,6 +113,8 @@ const H_FEATURES: usize = 40;
 /// The receiver copies data carried by reference from its senders' memory, where it can
 /// ([`Outbox::pulls`]).
 const FEATURE_PULLS: u32 = 1;
+/// The receiver takes an ACK beside a packet ([`AckBeside`], [`Outbox::acks_beside`]).
+const FEATURE_ACKS_BESIDE: u32 = 2;
 /// Bumped by a sender after each batch it published ([`Outbox::wake`]): a receiver that
 /// finds it unchanged need not look at the lanes (one load per poll, not sixteen).
 const H_SEQ: usize = 64;
@@ -363,11 +365,52 @@ impl Drop for Mapping {
     }
 }
 
-/// An entry's header: the datagram's length, what the socket would have told, and whether
-/// its data is carried by reference (byte 52).
-fn encode(envelope: &Envelope, ip: IpInfo, len: usize, by_reference: bool) -> [u8; ENTRY_HEADER] {
+/// An ACK that a sender put beside a packet to the QP the ACK is for, instead of sending it
+/// as a packet of its own (a responder that answers a request at once owes the request's
+/// ACK and sends its answer in the same batch): its PSN and its AETH's syndrome and MSN.
+/// The receiver takes it just before the packet, where the ACK packet would have been.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckBeside {
+    /// The PSN it acknowledges (24 bits).
+    pub psn: u32,
+    /// The AETH's syndrome byte.
+    pub syndrome: u8,
+    /// The AETH's MSN (24 bits).
+    pub msn: u32,
+}
+
+/// What an entry says beside its datagram, which a socket could not have carried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Beside {
+    /// Its data is carried by reference, for the receiver to copy from the sender (only
+    /// where the receiver [`pulls`](Outbox::pulls)).
+    pub by_reference: bool,
+    /// An ACK to take before it (only where the receiver takes them,
+    /// [`Outbox::acks_beside`]).
+    pub ack: Option<AckBeside>,
+}
+
+/// How a datagram came, beside what a socket would have told ([`Inbox::receive`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Arrived {
+    /// For a datagram whose data is carried by reference: the process to copy it from.
+    pub origin: Option<u32>,
+    /// An ACK to take before the datagram.
+    pub ack: Option<AckBeside>,
+}
+
+/// An entry's header: the datagram's length, what the socket would have told, whether its
+/// data is carried by reference (byte 52), and an ACK beside it (byte 53 says there is
+/// one, 54 is its syndrome, 56..60 its PSN and 60..64 its MSN).
+fn encode(envelope: &Envelope, ip: IpInfo, len: usize, beside: Beside) -> [u8; ENTRY_HEADER] {
     let mut h = [0u8; ENTRY_HEADER];
-    h[52] = u8::from(by_reference);
+    h[52] = u8::from(beside.by_reference);
+    if let Some(ack) = beside.ack {
+        h[53] = 1;
+        h[54] = ack.syndrome;
+        h[56..60].copy_from_slice(&(ack.psn & 0xff_ffff).to_le_bytes());
+        h[60..64].copy_from_slice(&(ack.msn & 0xff_ffff).to_le_bytes());
+    }
     h[0..4].copy_from_slice(&(len as u32).to_le_bytes());
     h[5] = ip.traffic_class;
     h[6] = ip.hop_limit;
@@ -391,7 +434,7 @@ fn encode(envelope: &Envelope, ip: IpInfo, len: usize, by_reference: bool) -> [u
     h
 }
 
-fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, bool)> {
+fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, Beside)> {
     let u16_at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]);
     let len = u32::from_le_bytes(h[0..4].try_into().ok()?) as usize;
     let (src, dst): (IpAddr, IpAddr) = match h[4] {
@@ -416,7 +459,9 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, bool)> {
     }
     let ip =
         IpInfo { hop_limit: h[6], traffic_class: h[5], flow_label: u32::from_le_bytes(h[12..16].try_into().ok()?) };
-    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, h[52] != 0))
+    let u24_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) & 0xff_ffff;
+    let ack = (h[53] != 0).then(|| AckBeside { psn: u24_at(56), syndrome: h[54], msn: u24_at(60) });
+    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, Beside { by_reference: h[52] != 0, ack }))
 }
 
 /// This process's inbox on one device: datagrams from other processes of the host.
@@ -452,10 +497,11 @@ impl std::fmt::Debug for Inbox {
 
 impl Inbox {
     /// Makes the inbox `name` ([`inbox_name`]) and its bell; with `pulls`, it takes data
-    /// carried by reference, from senders it can copy from ([`Outbox::pulls`]). An inbox
-    /// left under that name by a process that held the slot before is closed (its senders
-    /// see it and open the new one) and replaced.
-    pub fn create(name: &str, pulls: bool) -> io::Result<Inbox> {
+    /// carried by reference, from senders it can copy from ([`Outbox::pulls`]); with
+    /// `acks_beside`, ACKs beside packets ([`Outbox::acks_beside`]). An inbox left under
+    /// that name by a process that held the slot before is closed (its senders see it and
+    /// open the new one) and replaced.
+    pub fn create(name: &str, pulls: bool, acks_beside: bool) -> io::Result<Inbox> {
         sweep();
         let path = path_of(name);
         let bell_path = bell_of(name);
@@ -486,7 +532,8 @@ impl Inbox {
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
         map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
-        map.u32(H_FEATURES).store(if pulls { FEATURE_PULLS } else { 0 }, Ordering::Relaxed);
+        let features = if pulls { FEATURE_PULLS } else { 0 } | if acks_beside { FEATURE_ACKS_BESIDE } else { 0 };
+        map.u32(H_FEATURES).store(features, Ordering::Relaxed);
         map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Inbox {
             map,
@@ -505,10 +552,10 @@ impl Inbox {
         })
     }
 
-    /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet, and for a
-    /// packet whose data is carried by reference the process to copy it from: the lane's
-    /// owner), lanes in turn. Returns how many.
-    pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Option<u32>)) -> usize {
+    /// Hands up to `max` datagrams to `deliver` (envelope, IP fields, the packet, and how
+    /// it came: for a packet whose data is carried by reference the process to copy it
+    /// from, the lane's owner; an ACK to take before it), lanes in turn. Returns how many.
+    pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Arrived)) -> usize {
         // Nothing published since the last look, which took all there was: done. Every
         // 64th look reads the lanes anyway: a sender that died between publishing and
         // bumping the number must not leave its datagrams unseen (and a thread that finds
@@ -549,14 +596,15 @@ impl Inbox {
             for k in 0..run {
                 let entry = Mapping::entry(lane, tail.wrapping_add(k));
                 self.map.get(entry, &mut self.scratch[..ENTRY_HEADER]);
-                if let Some((envelope, ip, len, by_reference)) = decode(&self.scratch[..ENTRY_HEADER]) {
-                    let origin = match (by_reference, owner) {
+                if let Some((envelope, ip, len, beside)) = decode(&self.scratch[..ENTRY_HEADER]) {
+                    let origin = match (beside.by_reference, owner) {
                         (false, _) => None,
                         (true, Some(owner)) => Some(owner),
                         (true, None) => continue,
                     };
                     self.map.get(entry + ENTRY_HEADER, &mut self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
-                    deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], origin);
+                    let arrived = Arrived { origin, ack: beside.ack };
+                    deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], arrived);
                 }
             }
             // The run's slots are free again.
@@ -735,6 +783,12 @@ impl Outbox {
             && self.map.u32(Mapping::lane(self.lane) + L_PULLS).load(Ordering::Acquire) == PULLS_YES
     }
 
+    /// Whether the receiver takes an ACK beside a packet ([`Beside::ack`]); an inbox of an
+    /// earlier build does not, and would lose it.
+    pub fn acks_beside(&self) -> bool {
+        self.map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_ACKS_BESIDE != 0
+    }
+
     /// The process that owns the inbox.
     pub fn receiver(&self) -> u32 {
         self.map.u32(H_PID).load(Ordering::Relaxed)
@@ -745,14 +799,13 @@ impl Outbox {
         self.backlog.len()
     }
 
-    /// Queues one datagram: into the lane, or behind the backlog. `by_reference`: its data
-    /// is carried by reference, for the receiver to copy from this process (only where it
-    /// [`pulls`](Self::pulls)). Fails only for a datagram over [`DATAGRAM_MAX`] bytes.
-    pub fn send(&mut self, envelope: &Envelope, ip: IpInfo, datagram: &[u8], by_reference: bool) -> io::Result<()> {
+    /// Queues one datagram: into the lane, or behind the backlog, with what is said
+    /// `beside` it. Fails only for a datagram over [`DATAGRAM_MAX`] bytes.
+    pub fn send(&mut self, envelope: &Envelope, ip: IpInfo, datagram: &[u8], beside: Beside) -> io::Result<()> {
         if datagram.len() > DATAGRAM_MAX {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
-        let header = encode(envelope, ip, datagram.len(), by_reference);
+        let header = encode(envelope, ip, datagram.len(), beside);
         if self.flush() && put(&self.map, self.lane, &mut self.tail, &header, datagram) {
             self.published = true;
             return Ok(());
@@ -864,10 +917,18 @@ mod tests {
     fn entry_header_round_trips_both_families() {
         let ip = IpInfo { hop_limit: 63, traffic_class: 0x2a, flow_label: 0xabcde };
         let v4 = envelope_v4(7);
-        assert_eq!(decode(&encode(&v4, ip, 100, false)), Some((v4, ip, 100, false)));
+        let plain = Beside::default();
+        assert_eq!(decode(&encode(&v4, ip, 100, plain)), Some((v4, ip, 100, plain)));
         let v6 = Envelope::rocev2("fe80::1".parse().unwrap(), 51000, "::1".parse().unwrap()).unwrap();
-        assert_eq!(decode(&encode(&v6, ip, 4096, true)), Some((v6, ip, 4096, true)));
-        let mut bad = encode(&v4, ip, DATAGRAM_MAX + 1, false);
+        let by_reference = Beside { by_reference: true, ack: None };
+        assert_eq!(decode(&encode(&v6, ip, 4096, by_reference)), Some((v6, ip, 4096, by_reference)));
+        let ack = AckBeside { psn: 0xfe_dcba, syndrome: 0x1f, msn: 0x12_3456 };
+        let both = Beside { by_reference: true, ack: Some(ack) };
+        assert_eq!(decode(&encode(&v4, ip, 44, both)), Some((v4, ip, 44, both)));
+        let wide = Beside { by_reference: false, ack: Some(AckBeside { psn: 0x1ff_ffff, msn: 0xff00_0001, ..ack }) };
+        let narrowed = Beside { ack: Some(AckBeside { psn: 0xff_ffff, msn: 1, ..ack }), ..wide };
+        assert_eq!(decode(&encode(&v4, ip, 44, wide)), Some((v4, ip, 44, narrowed)), "PSN and MSN are 24 bits");
+        let mut bad = encode(&v4, ip, DATAGRAM_MAX + 1, plain);
         assert_eq!(decode(&bad), None, "an entry longer than its slot is refused");
         bad[4] = 5;
         assert_eq!(decode(&bad), None, "an unknown family is refused");
@@ -876,12 +937,12 @@ mod tests {
     #[test]
     fn datagrams_arrive_in_order_through_a_full_lane_and_its_backlog() {
         let name = unique("order");
-        let mut inbox = Inbox::create(&name, true).unwrap();
+        let mut inbox = Inbox::create(&name, true, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
         let total = SLOTS * 3 + 5;
         for i in 0..total {
             let payload = vec![(i % 251) as u8; 1 + i % 4096];
-            out.send(&envelope_v4(i as u16), IpInfo::default(), &payload, false).unwrap();
+            out.send(&envelope_v4(i as u16), IpInfo::default(), &payload, Beside::default()).unwrap();
         }
         assert_eq!(out.backlog(), total - SLOTS, "the lane holds SLOTS, the rest waits in order");
         let mut got = Vec::new();
@@ -913,9 +974,9 @@ mod tests {
         // A misbehaving producer of the user sets its lane's head far ahead: each receive
         // takes `max` entries, round the lane, skipping those that do not decode.
         let name = unique("head");
-        let mut inbox = Inbox::create(&name, true).unwrap();
+        let mut inbox = Inbox::create(&name, true, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
-        out.send(&envelope_v4(9), IpInfo::default(), &[1, 2, 3], false).unwrap();
+        out.send(&envelope_v4(9), IpInfo::default(), &[1, 2, 3], Beside::default()).unwrap();
         let at = Mapping::lane(out.lane);
         out.map.u64(at + L_HEAD).store(1 << 40, Ordering::Release);
         out.wake();
@@ -930,14 +991,14 @@ mod tests {
     #[test]
     fn a_sleeping_receiver_is_rung_once_per_batch_and_an_awake_one_not_at_all() {
         let name = unique("wake");
-        let mut inbox = Inbox::create(&name, true).unwrap();
+        let mut inbox = Inbox::create(&name, true, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
         let bell = inbox.bell().try_clone_to_owned().unwrap();
         let rung = || {
             let mut b = [0u8; 16];
             rustix::io::read(&bell, &mut b).unwrap_or(0)
         };
-        out.send(&envelope_v4(0), IpInfo::default(), b"awake", false).unwrap();
+        out.send(&envelope_v4(0), IpInfo::default(), b"awake", Beside::default()).unwrap();
         out.wake();
         assert_eq!(rung(), 0, "an awake receiver is not rung");
         let sleepers = inbox.sleepers();
@@ -946,12 +1007,12 @@ mod tests {
         assert!(sleepers.sleep_if_empty());
         assert!(inbox.sleepers().sleep_if_empty(), "a second thread sleeps too");
         sleepers.awake();
-        out.send(&envelope_v4(3), IpInfo::default(), b"zero", false).unwrap();
+        out.send(&envelope_v4(3), IpInfo::default(), b"zero", Beside::default()).unwrap();
         out.wake();
         assert_eq!(rung(), 1, "one thread woke; the other still sleeps and is rung");
         inbox.receive(8, |_, _, _, _| {});
-        out.send(&envelope_v4(1), IpInfo::default(), b"one", false).unwrap();
-        out.send(&envelope_v4(2), IpInfo::default(), b"two", false).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"one", Beside::default()).unwrap();
+        out.send(&envelope_v4(2), IpInfo::default(), b"two", Beside::default()).unwrap();
         out.wake();
         out.wake();
         assert_eq!(rung(), 1, "one ring for the batch");
@@ -960,16 +1021,37 @@ mod tests {
     }
 
     #[test]
-    fn a_receiver_that_can_copy_from_a_sender_says_so_and_names_it() {
-        let name = unique("pulls");
-        let mut inbox = Inbox::create(&name, true).unwrap();
+    fn an_ack_beside_a_datagram_arrives_with_it_and_only_with_it() {
+        let name = unique("ack");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
-        assert!(!out.pulls(), "not before the receiver tried");
-        out.send(&envelope_v4(0), IpInfo::default(), b"by value", false).unwrap();
-        out.send(&envelope_v4(1), IpInfo::default(), b"by reference", true).unwrap();
+        assert!(out.acks_beside(), "an inbox that takes them says so, pulling or not");
+        let refusing = unique("no-acks");
+        let _no = Inbox::create(&refusing, true, false).unwrap();
+        assert!(!Outbox::open(&refusing).unwrap().acks_beside(), "one that does not (its process captures)");
+        let ack = AckBeside { psn: 0x00_0102, syndrome: 0x1f, msn: 7 };
+        out.send(&envelope_v4(0), IpInfo::default(), b"answer", Beside { by_reference: false, ack: Some(ack) })
+            .unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"next", Beside::default()).unwrap();
         out.wake();
         let mut got = Vec::new();
-        assert_eq!(inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin))), 2);
+        assert_eq!(inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived))), 2);
+        let arrived = Arrived { origin: None, ack: Some(ack) };
+        assert_eq!(got, [(b"answer".to_vec(), arrived), (b"next".to_vec(), Arrived::default())]);
+    }
+
+    #[test]
+    fn a_receiver_that_can_copy_from_a_sender_says_so_and_names_it() {
+        let name = unique("pulls");
+        let mut inbox = Inbox::create(&name, true, true).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        assert!(!out.pulls(), "not before the receiver tried");
+        out.send(&envelope_v4(0), IpInfo::default(), b"by value", Beside::default()).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"by reference", Beside { by_reference: true, ack: None })
+            .unwrap();
+        out.wake();
+        let mut got = Vec::new();
+        assert_eq!(inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.origin))), 2);
         assert_eq!(got, [(b"by value".to_vec(), None), (b"by reference".to_vec(), Some(my_pid()))]);
         assert!(out.pulls(), "this process can read its own probe word");
         assert_eq!(out.receiver(), my_pid());
@@ -981,11 +1063,11 @@ mod tests {
         // reference in it is dropped.
         let mut other = Outbox::open(&name).unwrap();
         other.map.u64(Mapping::lane(other.lane) + L_TOKEN).store(probe_token() ^ 1, Ordering::Release);
-        other.send(&envelope_v4(2), IpInfo::default(), b"x", false).unwrap();
-        other.send(&envelope_v4(3), IpInfo::default(), b"flagged", true).unwrap();
+        other.send(&envelope_v4(2), IpInfo::default(), b"x", Beside::default()).unwrap();
+        other.send(&envelope_v4(3), IpInfo::default(), b"flagged", Beside { by_reference: true, ack: None }).unwrap();
         other.wake();
         let mut got = Vec::new();
-        inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin)));
+        inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.origin)));
         assert_eq!(got, [(b"x".to_vec(), None)]);
         assert!(!other.pulls());
         assert!(out.pulls(), "each lane for itself");
@@ -994,13 +1076,13 @@ mod tests {
         // their data): no sender is told yes, nothing flagged goes in, and it copies from
         // nobody.
         let plain = unique("plain");
-        let mut inbox = Inbox::create(&plain, false).unwrap();
+        let mut inbox = Inbox::create(&plain, false, true).unwrap();
         let mut out = Outbox::open(&plain).unwrap();
-        out.send(&envelope_v4(0), IpInfo::default(), b"x", false).unwrap();
-        out.send(&envelope_v4(1), IpInfo::default(), b"flagged", true).unwrap();
+        out.send(&envelope_v4(0), IpInfo::default(), b"x", Beside::default()).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"flagged", Beside { by_reference: true, ack: None }).unwrap();
         out.wake();
         let mut got = Vec::new();
-        inbox.receive(8, |_, _, d, origin| got.push((d.to_vec(), origin)));
+        inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.origin)));
         assert_eq!(got, [(b"x".to_vec(), None)]);
         assert!(!out.pulls());
         assert!(!inbox.pulls_from(my_pid()));
@@ -1027,11 +1109,11 @@ mod tests {
     #[test]
     fn a_new_inbox_removes_those_of_processes_that_are_gone() {
         let (dead, alive) = (unique("dead"), unique("alive"));
-        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap()), true).unwrap();
-        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap()), true).unwrap();
+        let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap()), true, true).unwrap();
+        let live = Inbox::create(&format!("{}{alive}", prefix().unwrap()), true, true).unwrap();
         // As if its process had been killed: PID 0x7fff_fff0 is above any pid_max.
         killed.map.u32(H_PID).store(0x7fff_fff0, Ordering::Relaxed);
-        let _new = Inbox::create(&unique("sweeper"), true).unwrap();
+        let _new = Inbox::create(&unique("sweeper"), true, true).unwrap();
         assert!(!killed.path.exists(), "the dead process's inbox is gone");
         assert!(!killed.bell_path.exists(), "and its bell");
         assert!(killed.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0, "and closed for its senders");
@@ -1041,7 +1123,7 @@ mod tests {
     #[test]
     fn a_replaced_inbox_is_closed_and_lanes_of_dead_or_departed_senders_are_taken_again() {
         let name = unique("replace");
-        let old = Inbox::create(&name, true).unwrap();
+        let old = Inbox::create(&name, true, true).unwrap();
         let first = Outbox::open(&name).unwrap();
         let second = Outbox::open(&name).unwrap();
         assert_ne!(first.lane, second.lane, "one lane per producer");
@@ -1059,7 +1141,7 @@ mod tests {
             );
         }
         assert!(Outbox::open(&name).is_ok(), "a dead owner's lane is taken back");
-        let new = Inbox::create(&name, true).unwrap();
+        let new = Inbox::create(&name, true, true).unwrap();
         assert!(third.is_closed(), "the old inbox tells its senders it is gone");
         drop(old); // must not remove the new inbox's name
         assert!(Outbox::open(&name).is_ok());
