@@ -632,10 +632,13 @@ fn execute<M: Memory + ?Sized>(
             }
         }
         Operation::RdmaWrite | Operation::RdmaWriteWithImm => {
+            // Where a FIRST or ONLY packet's message lands, its R_Key checked for all of it.
+            let mut message_at = None;
             if position.starts_message() {
                 let reth = repr.ext.reth.ok_or(Refusal::Fatal(NakCode::InvalidRequest))?;
                 let length = u64::from(reth.dma_length);
-                remote_access(qp, sh, reth.rkey, reth.virtual_address, length, Access::REMOTE_WRITE)?;
+                message_at =
+                    Some(remote_access(qp, sh, reth.rkey, reth.virtual_address, length, Access::REMOTE_WRITE)?);
                 qp.resp.current = InMessage::Write {
                     va: reth.virtual_address,
                     remaining: reth.dma_length,
@@ -660,8 +663,10 @@ fn execute<M: Memory + ?Sized>(
             // Every packet is checked against the R_Key again: once dereg_mr returns (or a
             // window is invalidated or deallocated), no packet still in flight reaches the
             // region.
-            let local = match len {
-                0 => Ok(va),
+            let local = match (len, message_at) {
+                (0, _) => Ok(va),
+                // An ONLY packet is its whole message, checked just now: not twice.
+                (_, Some(at)) if position.ends_message() => Ok(at),
                 _ => sh.resolve_rkey(qp.pd, qp.qpn, rkey, va, u64::from(len), Access::REMOTE_WRITE),
             };
             let Ok(local) = local else {
