@@ -148,10 +148,7 @@ impl Engine {
         sh.counters.rcvd_acks_beside += 1;
         completer::handle_ack(qp, sh, now, ack.psn, ack.aeth.syndrome);
         sh.count_window(qp);
-        if !qp.resp.out.is_empty() {
-            sh.schedule(qp);
-        }
-        sh.update_timer(qp);
+        settle(qp, sh);
         self.wake_window_waiters();
     }
 
@@ -365,6 +362,12 @@ fn receive_for<M: Memory + ?Sized>(
             QpType::XrcIni => sh.counters.rcvd_dropped += 1, // transport_matches keeps requests away
         }
     }
+    settle(qp, sh);
+}
+
+/// What a packet taken by `qp` leaves to do: send what the QP owes, at its next chance, and
+/// keep its timer.
+fn settle(qp: &mut Qp, sh: &mut Shared) {
     if !qp.resp.out.is_empty() {
         sh.schedule(qp);
     }

@@ -131,9 +131,9 @@ impl PeerWindows {
     }
 
     /// [`entry`](Self::entry) for a peer the share did not find last: a lookup, or a new
-    /// entry. Apart
-    /// and cold, so that the common case inlines without this one's frame (`perf record`
-    /// of a 64 B SEND stream put an eighth of the sender's samples in `entry`'s prologue).
+    /// entry. Apart and cold, so that the common case inlines without this one's frame
+    /// (`perf record` of a 64 B SEND stream put an eighth of the sender's samples in
+    /// `entry`'s prologue).
     #[cold]
     fn entry_by_addr(&mut self, addr: IpAddr) -> PeerRef {
         let index = match self.by_addr.get(&addr) {
