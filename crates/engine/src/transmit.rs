@@ -418,7 +418,20 @@ fn request<M: Memory + ?Sized>(
             completer::fail_at(qp, sh, pos, WcStatus::LocQpOpErr);
             return None;
         }
-        if !w.is_inline {
+        // A message of one packet whose every SGE has bytes has each checked by its gather
+        // below, which fails it the same way before anything leaves: not looked up twice.
+        let gathered_whole = || {
+            matches!(
+                op,
+                SendOp::Send
+                    | SendOp::SendWithImm { .. }
+                    | SendOp::SendWithInv { .. }
+                    | SendOp::RdmaWrite { .. }
+                    | SendOp::RdmaWriteWithImm { .. }
+            ) && w.length <= mtu
+                && w.sges.iter().all(|s| s.length > 0)
+        };
+        if !w.is_inline && !gathered_whole() {
             let need = if op.is_read_or_atomic() { Access::LOCAL_WRITE } else { Access(0) };
             for sge in &w.sges {
                 if let Err(e) = sh.check_lkey(qp.pd, sge.lkey, sge.addr, u64::from(sge.length), need) {
