@@ -465,7 +465,9 @@ impl std::ops::DerefMut for Locked<'_> {
 
 impl Drop for Locked<'_> {
     fn drop(&mut self) {
-        let later = self.guard.as_mut().map(|g| std::mem::take(&mut g.drop_later));
+        // Mostly there is nothing to drop: no empty list is taken and dropped then (every
+        // poll takes the lock, and that was a call of its own, 1.8 % of a ping-pong's time).
+        let later = self.guard.as_mut().filter(|g| !g.drop_later.is_empty()).map(|g| std::mem::take(&mut g.drop_later));
         self.guard = None; // unlock first
         drop(later);
     }
