@@ -471,21 +471,22 @@ fn request<M: Memory + ?Sized>(
         _ => (qp.envelope?, qp.attr.dest_qp_num, 0),
     };
     let psn = qp.req.psn;
-    let mut ext = ExtHeaders::default();
+    // Built in place, headers as they are decided: no copy of the 128-byte set of extended
+    // headers into a packet's representation at the end.
+    let mut repr = RoceRepr { bth: bth(Opcode(0), dest_qp, psn), ext: ExtHeaders::default(), payload: &[] };
     if qp.qp_type == QpType::XrcIni {
         // Every XRC request names the SRQ that serves its message (IBA 9.2.2.2).
-        ext.xrceth = Some(XrcEthRepr { srqn: w.xrc_srqn });
+        repr.ext.xrceth = Some(XrcEthRepr { srqn: w.xrc_srqn });
     }
-    let mut header = bth(Opcode(0), dest_qp, psn);
     let mut payload_len = 0u32;
     let mut by_reference = false;
     let message_done;
     match op {
         SendOp::RdmaRead { remote_addr, rkey } => {
             let remaining = w.length - w.read_done;
-            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
-            header.ack_req = true;
-            ext.reth = Some(RethRepr {
+            repr.bth.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            repr.bth.ack_req = true;
+            repr.ext.reth = Some(RethRepr {
                 virtual_address: remote_addr.wrapping_add(u64::from(w.read_done)),
                 rkey,
                 dma_length: remaining,
@@ -496,34 +497,34 @@ fn request<M: Memory + ?Sized>(
             message_done = true;
         }
         SendOp::CompareSwap { remote_addr, rkey, compare, swap } => {
-            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
-            header.ack_req = true;
-            ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: swap, compare });
+            repr.bth.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            repr.bth.ack_req = true;
+            repr.ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: swap, compare });
             qp.req.psn = psn.next();
             message_done = true;
         }
         SendOp::FetchAdd { remote_addr, rkey, add } => {
-            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
-            header.ack_req = true;
-            ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: add, compare: 0 });
+            repr.bth.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            repr.bth.ack_req = true;
+            repr.ext.atomic_eth = Some(AtomicEthRepr { virtual_address: remote_addr, rkey, swap_add: add, compare: 0 });
             qp.req.psn = psn.next();
             message_done = true;
         }
         SendOp::AtomicWrite { remote_addr, rkey, value } => {
-            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
-            header.ack_req = true;
-            ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: 8 });
-            let at = RoceRepr { bth: header, ext, payload: &[] }.header_len();
+            repr.bth.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            repr.bth.ack_req = true;
+            repr.ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: 8 });
+            let at = repr.header_len();
             buf.get_mut(at..at + 8)?.copy_from_slice(&value);
             payload_len = 8;
             qp.req.psn = psn.next();
             message_done = true;
         }
         SendOp::Flush { remote_addr, rkey, length, placement, level } => {
-            header.opcode = request_opcode(qp.qp_type, op, Position::Only);
-            header.ack_req = true;
-            ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: length });
-            ext.feth = Some(FethRepr { selectivity: level, placement_type: placement });
+            repr.bth.opcode = request_opcode(qp.qp_type, op, Position::Only);
+            repr.bth.ack_req = true;
+            repr.ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: length });
+            repr.ext.feth = Some(FethRepr { selectivity: level, placement_type: placement });
             qp.req.psn = psn.next();
             message_done = true;
         }
@@ -543,30 +544,30 @@ fn request<M: Memory + ?Sized>(
                 (false, false) => Position::Middle,
                 (false, true) => Position::Last,
             };
-            header.opcode = request_opcode(qp.qp_type, op, position);
-            header.solicited_event = last && w.solicited;
+            repr.bth.opcode = request_opcode(qp.qp_type, op, position);
+            repr.bth.solicited_event = last && w.solicited;
             if first {
                 if let SendOp::RdmaWrite { remote_addr, rkey } | SendOp::RdmaWriteWithImm { remote_addr, rkey, .. } = op
                 {
-                    ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: w.length });
+                    repr.ext.reth = Some(RethRepr { virtual_address: remote_addr, rkey, dma_length: w.length });
                 }
             }
             if last {
                 if let SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } = op {
-                    ext.imm_dt = Some(ImmDtRepr(imm));
+                    repr.ext.imm_dt = Some(ImmDtRepr(imm));
                 }
                 if let SendOp::SendWithInv { rkey } = op {
-                    ext.ieth = Some(IethRepr { rkey });
+                    repr.ext.ieth = Some(IethRepr { rkey });
                 }
             }
             if let Some(dest) = w.ud {
-                ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
+                repr.ext.deth = Some(DethRepr { qkey: dest.remote_qkey, src_qp: qp.qpn });
             }
-            header.ack_req =
+            repr.bth.ack_req =
                 rc && (last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.ends_burst(&qp.window));
             // The opcode's header length, from the table (the headers just set are the
             // opcode's, which emit checks).
-            let at = header.opcode.info().map_or(bth::HEADER_LEN, OpcodeInfo::header_len);
+            let at = repr.bth.opcode.info().map_or(bth::HEADER_LEN, OpcodeInfo::header_len);
             let gathered = if w.carriage == Carriage::Reference {
                 // Where the bytes are, for the peer to copy them from (crate::reference).
                 by_reference = true;
@@ -591,9 +592,9 @@ fn request<M: Memory + ?Sized>(
             message_done = last;
         }
     }
-    qp.req.since_ack_req = if header.ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    qp.req.since_ack_req = if repr.bth.ack_req { 0 } else { qp.req.since_ack_req + 1 };
     if rc {
-        sh.windows.sent(&mut qp.window, header.ack_req);
+        sh.windows.sent(&mut qp.window, repr.bth.ack_req);
     }
     if psn.distance_to(qp.req.sent_end) > 0 {
         sh.counters.retransmitted_packets += 1;
@@ -605,8 +606,7 @@ fn request<M: Memory + ?Sized>(
         qp.req.next = pos + 1;
         qp.req.offset = 0;
     }
-    let sent = emit(&RoceRepr { bth: header, ext, payload: &[] }, envelope, payload_len as usize, buf)
-        .map(|t| Transmit { traffic_class, by_reference, ..t });
+    let sent = emit(&repr, envelope, payload_len as usize, buf).map(|t| Transmit { traffic_class, by_reference, ..t });
     if rc {
         if qp.comp.retransmit_at.is_none() {
             completer::rearm(qp, now);
