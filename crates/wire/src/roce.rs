@@ -286,7 +286,8 @@ impl<'a> RoceRepr<'a> {
         let bytes: &'a [u8] = packet.buffer.as_ref();
         let view = RocePacket::new_unchecked(bytes);
         let payload = &bytes[view.header_len()..view.payload_end()];
-        let mut ext = ExtHeaders::default();
+        // Filled in place: no copy of the 128-byte set of extended headers at the end.
+        let mut repr = Self { bth, ext: ExtHeaders::default(), payload };
         if let Some(info) = view.info() {
             if !info.payload.allows(payload.len()) {
                 return Err(Error::BadPayloadLength);
@@ -300,9 +301,9 @@ impl<'a> RoceRepr<'a> {
             let present = info.headers;
             let mut at = bth::HEADER_LEN;
             macro_rules! take {
-                ($header:expr, $field:ident, $repr:ident, $packet:ident) => {
+                ($header:expr, $field:ident, $ty:ident, $packet:ident) => {
                     if present.contains($header) {
-                        ext.$field = Some($repr::parse(&$packet::new_unchecked(&bytes[at..]))?);
+                        repr.ext.$field = Some($ty::parse(&$packet::new_unchecked(&bytes[at..]))?);
                         at += $header.len();
                     }
                 };
@@ -318,7 +319,7 @@ impl<'a> RoceRepr<'a> {
             take!(Headers::IETH, ieth, IethRepr, IethPacket);
             debug_assert_eq!(at, view.header_len(), "Headers::ORDER is the wire order");
         }
-        Ok(Self { bth, ext, payload })
+        Ok(repr)
     }
 
     /// Pad bytes needed after the payload.
