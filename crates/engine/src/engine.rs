@@ -77,6 +77,12 @@ pub struct DeviceConfig {
     /// NIC computes it last, on the way out: a packet that crosses no wire (softrdma's
     /// same-host path) needs none. `false` (the default): every packet leaves complete.
     pub defer_icrc: bool,
+    /// Build a new RC SEND or RDMA WRITE of one packet by the requester's short path
+    /// (`true`, the default), which leaves out the checks and the general construction of
+    /// headers that only other messages need, or by the general path as every other packet
+    /// (`false`). Both make the same packets and leave the same state (a test runs every
+    /// scenario it draws through both); `false` tells them apart when one is suspected.
+    pub one_packet_short_path: bool,
 }
 
 impl Default for DeviceConfig {
@@ -104,6 +110,7 @@ impl Default for DeviceConfig {
             max_total_mcast_qp_attach: 0x70000,
             max_xrcds: 1 << 16,
             defer_icrc: false,
+            one_packet_short_path: true,
         }
     }
 }
@@ -177,6 +184,9 @@ pub struct Counters {
     /// their own ([`Engine::allow_acks_beside`]); they count in `rcvd_packets` too, as
     /// the peer's count them in its `sent_packets`.
     pub rcvd_acks_beside: u64,
+    /// Requests the requester built by its short path for a new message of one packet
+    /// ([`DeviceConfig::one_packet_short_path`]); they count in `sent_packets` too.
+    pub sent_by_short_path: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.

@@ -5,10 +5,12 @@
 //! READ response, or the peer would take the READ for lost.
 
 use softrdma_wire::bth;
+use softrdma_wire::icrc::ICRC_LEN;
 use softrdma_wire::opcode::{OpcodeInfo, Position};
 use softrdma_wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, IethRepr, ImmDtRepr,
-    Msn, NakCode, Opcode, PKey, Psn, RethRepr, RocePacket, RoceRepr, Syndrome, XrcEthRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthPacket, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, IethRepr,
+    ImmDtPacket, ImmDtRepr, Msn, NakCode, Opcode, PKey, Psn, RethPacket, RethRepr, RocePacket, RoceRepr, Syndrome,
+    XrcEthRepr,
 };
 
 use crate::completer::{self, local_key_status};
@@ -154,7 +156,11 @@ fn next_packet<M: Memory + ?Sized>(
             {
                 return Some(t);
             }
-            match request(qp, sh, mem, now, buf) {
+            let sent = match one_packet_request(qp, sh, mem, now, buf) {
+                Some(sent) => sent,
+                None => request(qp, sh, mem, now, buf),
+            };
+            match sent {
                 Some(mut t) => {
                     if carry.is_some() {
                         qp.resp.out.pop_front();
@@ -616,6 +622,107 @@ fn request<M: Memory + ?Sized>(
         completer::complete_head(qp, sh, WcStatus::Success);
     }
     sent
+}
+
+/// [`request`] for its most common case, a new message of one packet: an RC SEND or RDMA
+/// WRITE, with or without immediate, of at most a path MTU, on an RTS QP that waits for
+/// nothing else. The same packet and the same state as `request`, without the checks and
+/// the general construction of headers only the other cases need. `None`: not that case,
+/// nothing changed (`request` builds it).
+#[inline]
+fn one_packet_request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    buf: &mut [u8],
+) -> Option<Option<Transmit>> {
+    let pos = qp.req.next;
+    if !sh.config.one_packet_short_path
+        || qp.state != QpState::Rts
+        || qp.qp_type != QpType::Rc
+        || qp.comp.rnr_wait_until.is_some()
+        || pos >= qp.sq.tail()
+    {
+        return None;
+    }
+    let envelope = qp.envelope?;
+    let mtu = qp.mtu();
+    let w = qp.sq.get(pos);
+    let op = w.op();
+    let (reth, imm) = match op {
+        SendOp::Send => (None, None),
+        SendOp::SendWithImm { imm } => (None, Some(imm)),
+        SendOp::RdmaWrite { remote_addr, rkey } => (Some((remote_addr, rkey)), None),
+        SendOp::RdmaWriteWithImm { remote_addr, rkey, imm } => (Some((remote_addr, rkey)), Some(imm)),
+        _ => return None,
+    };
+    let len = w.length;
+    if w.started
+        || w.status.is_some()
+        || len > mtu
+        || (w.fence && qp.req.rd_atomic_outstanding > 0)
+        || (!w.is_inline && w.sges.iter().any(|s| s.length == 0))
+        || qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS
+    {
+        return None;
+    }
+    let solicited = w.solicited;
+    let peer = qp.peer_ip();
+    if !sh.windows.admits(&mut qp.window, peer) {
+        sh.windows.wait(qp.qpn, &mut qp.window, peer);
+        return Some(None); // wait for room in the peer's window (crate::window)
+    }
+    let psn = qp.req.psn;
+    let w = qp.sq.get_mut(pos);
+    debug_assert!(w.carriage != Carriage::Reference, "a message of one packet goes by value");
+    w.carriage = Carriage::Bytes;
+    w.started = true;
+    w.first_psn = psn;
+    w.npkts = 1;
+    w.read_done = 0;
+    qp.req.offset = 0;
+    let at = bth::HEADER_LEN + if reth.is_some() { 16 } else { 0 } + if imm.is_some() { 4 } else { 0 };
+    let end = at + len as usize;
+    let pad = len.wrapping_neg() as usize & 3;
+    let Some(out) = buf.get_mut(at..end) else { return Some(None) };
+    if let Err(status) = gather(qp, sh, mem, pos, 0, out) {
+        completer::fail_at(qp, sh, pos, status);
+        return Some(None);
+    }
+    qp.req.psn = psn.next();
+    qp.req.since_ack_req = 0;
+    sh.windows.sent(&mut qp.window, true);
+    if psn.distance_to(qp.req.sent_end) > 0 {
+        sh.counters.retransmitted_packets += 1;
+        qp.counters.retransmitted_packets += 1;
+    } else {
+        qp.req.sent_end = qp.req.psn;
+    }
+    qp.req.next = pos + 1;
+    let header = BthRepr {
+        opcode: request_opcode(QpType::Rc, op, Position::Only),
+        solicited_event: solicited,
+        ack_req: true,
+        ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
+    };
+    let mut packet = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
+    header.emit(&mut packet);
+    packet.set_pad_count(pad as u8);
+    let mut h = bth::HEADER_LEN;
+    if let Some((virtual_address, rkey)) = reth {
+        RethRepr { virtual_address, rkey, dma_length: len }.emit(&mut RethPacket::new_unchecked(&mut buf[h..h + 16]));
+        h += 16;
+    }
+    if let Some(imm) = imm {
+        ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[h..h + 4]));
+    }
+    buf[end..end + pad].fill(0);
+    if qp.comp.retransmit_at.is_none() {
+        completer::rearm(qp, now);
+    }
+    sh.counters.sent_by_short_path += 1;
+    Some(Some(Transmit::new(envelope, end + pad + ICRC_LEN, softrdma_wire::Qpn::default(), true)))
 }
 
 /// Does the local operations (BIND_MW, LOCAL_INV) at the requester's cursor, as rxe's
