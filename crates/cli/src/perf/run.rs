@@ -499,11 +499,13 @@ impl Side {
             if passive {
                 break; // it waited for the peer's run above
             }
-            // A receiver reads the clock only for the stall deadline, every 256 turns (a
-            // turn takes under a microsecond): a read on every turn was a twentieth of a 64 B
-            // SEND receiver's time (`perf record`), the harness's and not softrdma's.
+            // The clock is read for the stall deadline every 256 turns (a turn takes under a
+            // microsecond), and on every turn only by a sender that runs for a duration: a
+            // read on every turn was a twentieth of a 64 B SEND receiver's time, and as much
+            // of its sender's (`perf record`), the harness's and not softrdma's.
             turns = turns.wrapping_add(1);
-            let now = if sending || turns % 256 == 0 { Instant::now() } else { start };
+            let timed = sending && duration.is_some();
+            let now = if timed || turns % 256 == 0 { Instant::now() } else { start };
             if sending && !stopped {
                 if let Some(d) = duration {
                     if now - start >= d {
