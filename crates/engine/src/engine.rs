@@ -77,11 +77,12 @@ pub struct DeviceConfig {
     /// NIC computes it last, on the way out: a packet that crosses no wire (softrdma's
     /// same-host path) needs none. `false` (the default): every packet leaves complete.
     pub defer_icrc: bool,
-    /// Build a new RC SEND or RDMA WRITE of one packet by the requester's short path
-    /// (`true`, the default), which leaves out the checks and the general construction of
-    /// headers that only other messages need, or by the general path as every other packet
-    /// (`false`). Both make the same packets and leave the same state (a test runs every
-    /// scenario it draws through both); `false` tells them apart when one is suspected.
+    /// Build a new RC SEND or RDMA WRITE of one packet by the requester's short path, and
+    /// take one by the responder's (`true`, the default), which leave out the checks, the
+    /// parsing and the construction of headers that only other messages need; or by the
+    /// general paths, as every other packet (`false`). Both make the same packets, answers
+    /// and completions and leave the same state (a test runs every scenario it draws
+    /// through both); `false` tells them apart when one is suspected.
     pub one_packet_short_path: bool,
 }
 
@@ -187,6 +188,9 @@ pub struct Counters {
     /// Requests the requester built by its short path for a new message of one packet
     /// ([`DeviceConfig::one_packet_short_path`]); they count in `sent_packets` too.
     pub sent_by_short_path: u64,
+    /// Requests the responder took by its short path for a message of one packet
+    /// ([`DeviceConfig::one_packet_short_path`]); they count in `rcvd_packets` too.
+    pub rcvd_by_short_path: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.

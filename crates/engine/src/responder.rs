@@ -4,7 +4,9 @@
 
 use softrdma_wire::datagram::ip_udp_headers_with;
 use softrdma_wire::grh::{GRH_LEN, GrhRepr};
-use softrdma_wire::opcode::{Operation, Position, Transport};
+use softrdma_wire::icrc::ICRC_LEN;
+use softrdma_wire::opcode::{Operation, PayloadRule, Position, Transport};
+use softrdma_wire::{BthPacket, BthRepr, DethRepr, ImmDtPacket, ImmDtRepr, RethPacket, RethRepr, bth};
 use softrdma_wire::{Envelope, NakCode, Psn, Qpn, RKey, RnrTimer, RocePacket, RoceRepr, Syndrome};
 
 use crate::completer;
@@ -273,6 +275,9 @@ fn receive_for<M: Memory + ?Sized>(
     info: &softrdma_wire::opcode::OpcodeInfo,
     mem: &mut M,
 ) {
+    if one_packet_request_received(qp, sh, now, envelope, ip, payload, origin, info, mem) {
+        return;
+    }
     // Only an RC QP's SENDs, WRITEs and READs go by reference (crate::reference).
     let by_reference_kind = matches!(
         info.operation,
@@ -323,7 +328,7 @@ fn receive_for<M: Memory + ?Sized>(
             sh.update_timer(qp);
             return;
         }
-        congestion_seen(qp, sh, now, envelope, ip, repr);
+        congestion_seen(qp, sh, now, envelope, ip, repr.ext.deth);
     } else if info.operation == Operation::Cnp {
         sh.counters.rcvd_dropped += 1;
         return;
@@ -365,6 +370,176 @@ fn receive_for<M: Memory + ?Sized>(
         }
     }
     settle(qp, sh);
+}
+
+/// [`receive_for`] for its most common case, the next request of an RC QP that is a whole
+/// message of one packet: a SEND or RDMA WRITE ONLY, with or without immediate, from the
+/// peer, in sequence, for a QP that is in no message and has its own receive queue. The
+/// same checks in the same order as the general path (the parse, the P_Key, the peer, the
+/// PSN, the R_Key or the receive), but only this case's, and the same outcome, without the
+/// general parse and dispatch. Returns whether it took the packet: `false` (not that case,
+/// or a check failed) changes nothing, and the general path takes the packet, and tells
+/// what is wrong with it.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn one_packet_request_received<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    now: Instant,
+    envelope: &Envelope,
+    ip: IpInfo,
+    packet: &[u8],
+    origin: Option<u32>,
+    info: &softrdma_wire::opcode::OpcodeInfo,
+    mem: &mut M,
+) -> bool {
+    let (write, imm) = match (info.operation, info.position) {
+        (Operation::Send, Position::Only) => (false, false),
+        (Operation::SendWithImm, Position::Only) => (false, true),
+        (Operation::RdmaWrite, Position::Only) => (true, false),
+        (Operation::RdmaWriteWithImm, Position::Only) => (true, true),
+        _ => return false,
+    };
+    let working = match qp.state {
+        QpState::Rts | QpState::Sqd | QpState::Sqe => true,
+        QpState::Rtr => qp.resp.established, // the first packet raises COMM_EST: general
+        _ => false,
+    };
+    if !sh.config.one_packet_short_path
+        || !working
+        || origin.is_some()
+        || qp.keys.is_some()
+        || qp.qp_type != QpType::Rc
+        || qp.srq.is_some()
+        || !matches!(qp.resp.current, InMessage::None)
+    {
+        return false;
+    }
+    // The packet, as `RoceRepr::parse_ignoring_icrc` takes it: lengths, pad, TVer, payload
+    // rule, and this opcode's headers.
+    let len = packet.len();
+    let header_len = info.header_len();
+    let view = BthPacket::new_unchecked(packet);
+    let pad = usize::from(view.pad_count());
+    if len < header_len + ICRC_LEN + pad || len % 4 != 0 {
+        return false;
+    }
+    let Ok(bth) = BthRepr::parse(&view) else { return false };
+    let payload = &packet[header_len..len - ICRC_LEN - pad];
+    if !info.payload.allows(payload.len()) || (info.payload == PayloadRule::PathMtu && pad != 0) {
+        return false;
+    }
+    let reth = match write {
+        true => match RethRepr::parse(&RethPacket::new_unchecked(&packet[bth::HEADER_LEN..])) {
+            Ok(reth) => Some(reth),
+            Err(_) => return false,
+        },
+        false => None,
+    };
+    let imm_data = match imm {
+        true => match ImmDtRepr::parse(&ImmDtPacket::new_unchecked(&packet[header_len - 4..])) {
+            Ok(imm) => Some(imm.0),
+            Err(_) => return false,
+        },
+        false => None,
+    };
+    // The P_Key, the peer (whose port the QP knows already), the sequence.
+    let psn = bth.psn;
+    let from_peer = qp.peer_ip() == Some(envelope.src_ip())
+        && qp.envelope.is_some_and(|e| e.src_ip() == envelope.dst_ip())
+        && qp.peer_port == Some(envelope.src_port());
+    let plen = payload.len() as u32;
+    if bth.pkey.0 & 0x7fff != 0x7fff || !from_peer || psn != qp.resp.psn || plen > qp.mtu() {
+        return false;
+    }
+    // Where it goes: a WRITE's R_Key, checked for the whole message; a receive.
+    let at = match reth {
+        Some(reth) => {
+            if reth.dma_length != plen {
+                return false;
+            }
+            match remote_access(qp, sh, reth.rkey, reth.virtual_address, u64::from(plen), Access::REMOTE_WRITE) {
+                Ok(at) => at,
+                Err(_) => return false,
+            }
+        }
+        None => 0,
+    };
+    if (!write || imm) && qp.rq.is_empty() {
+        return false; // RNR NAK
+    }
+
+    // Taken: from here on as the general path, errors included.
+    if let Some(config) = sh.config.congestion {
+        qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
+        congestion_seen(qp, sh, now, envelope, ip, None);
+    }
+    sh.counters.rcvd_packets += 1;
+    sh.counters.rcvd_by_short_path += 1;
+    qp.resp.nak_sent = false;
+    let data = Payload::Bytes(payload);
+    let wc = |qp: &Qp, wr_id: u64, opcode: WcOpcode, byte_len: u32| Wc {
+        wr_id,
+        status: WcStatus::Success,
+        opcode,
+        byte_len,
+        imm_data,
+        invalidated_rkey: None,
+        qp_num: qp.qpn,
+        src_qp: Qpn::from_u24_truncating(qp.attr.dest_qp_num),
+        grh: None,
+        solicited: bth.solicited_event,
+        completed_at: None,
+    };
+    let (wqe, _) = match (write, imm) {
+        (true, false) => (None, false),
+        _ => match sh.take_recv(qp) {
+            Some((wqe, from_srq)) => (Some(wqe), from_srq),
+            None => unreachable!("a receive was found above"),
+        },
+    };
+    let done = if write {
+        if plen > 0 && data.copy_to(mem, at, 0, plen).is_err() {
+            Err(NakCode::RemoteAccessError) // as `execute`: an R_Key violation
+        } else {
+            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+            if let Some(wqe) = wqe {
+                sh.push_cqe(qp.recv_cq, wc(qp, wqe.wr_id, WcOpcode::RecvRdmaWithImm, plen));
+                sh.recycle(wqe);
+            }
+            Ok(())
+        }
+    } else {
+        let wqe = wqe.expect("a SEND takes a receive");
+        match scatter_recv(sh, qp.pd, mem, &wqe, 0, data) {
+            Ok(()) => {
+                sh.push_cqe(qp.recv_cq, wc(qp, wqe.wr_id, WcOpcode::Recv, plen));
+                sh.recycle(wqe);
+                qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+                Ok(())
+            }
+            Err(status) => {
+                let error = Wc { status, ..wc(qp, wqe.wr_id, WcOpcode::Recv, 0) };
+                sh.push_cqe(qp.recv_cq, error);
+                Err(if status == WcStatus::LocLenErr {
+                    NakCode::InvalidRequest
+                } else {
+                    NakCode::RemoteOperationalError
+                })
+            }
+        }
+    };
+    match done {
+        Ok(()) => {
+            qp.resp.psn = psn.next();
+            if bth.ack_req {
+                queue_ack(qp, psn, Syndrome::ACK_NO_CREDITS);
+            }
+        }
+        Err(code) => nak_fatal(qp, sh, psn, code),
+    }
+    settle(qp, sh);
+    true
 }
 
 /// What a packet taken by `qp` leaves to do: send what the QP owes, at its next chance, and
@@ -1096,14 +1271,21 @@ fn ud_request<M: Memory + ?Sized>(
 /// Congestion control's notification point for a packet `qp` accepted: remembers the
 /// sender (for [`Engine::handle_receive_drops`]) and answers an ECN CE mark with a CNP, at
 /// most one per [`CNP_INTERVAL`](crate::congestion::CNP_INTERVAL).
-fn congestion_seen(qp: &mut Qp, sh: &mut Shared, now: Instant, envelope: &Envelope, ip: IpInfo, repr: &RoceRepr<'_>) {
+fn congestion_seen(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    now: Instant,
+    envelope: &Envelope,
+    ip: IpInfo,
+    deth: Option<DethRepr>,
+) {
     let connected = qp.qp_type.is_connected();
     let Some(cc) = qp.cc.as_deref_mut() else { return };
     cc.last_rx = Some(now);
     if !connected {
         // A UD QP's CNPs go to the last sender heard from (a connected QP's to its peer:
         // nothing to note on each packet).
-        if let Some(peer) = repr.ext.deth.and_then(|d| Some((sh.reply_envelope(envelope)?, d.src_qp))) {
+        if let Some(peer) = deth.and_then(|d| Some((sh.reply_envelope(envelope)?, d.src_qp))) {
             cc.last_peer = Some(peer);
         }
     }

@@ -37,6 +37,8 @@ struct Step {
     solicited: bool,
     fence: bool,
     bad_key: bool,
+    /// A WRITE, READ or atomic with a wrong R_Key.
+    bad_remote: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -47,6 +49,11 @@ struct Scenario {
     b: Vec<Step>,
     /// Indices of packets the wire loses (counted over both directions).
     lost: Vec<usize>,
+    /// Receives each side posts (fewer than the SENDs coming: RNR NAKs), and which of them
+    /// have a wrong local key or room for only 16 bytes.
+    recvs: u64,
+    bad_recvs: Vec<u64>,
+    short_recvs: Vec<u64>,
 }
 
 fn step(mtu: u32) -> impl Strategy<Value = Step> {
@@ -60,8 +67,8 @@ fn step(mtu: u32) -> impl Strategy<Value = Step> {
     ];
     // Lengths around what the short path takes: none, a few bytes, the MTU and past it.
     let piece = prop_oneof![Just(0u32), 1u32..64, Just(mtu - 1), Just(mtu), Just(mtu + 1), 1u32..2 * mtu + 8];
-    (kind, prop::collection::vec(piece, 1..4), any::<[bool; 4]>(), 0u8..40).prop_map(
-        |(kind, pieces, [inline, signaled, solicited, fence], bad)| Step {
+    (kind, prop::collection::vec(piece, 1..4), any::<[bool; 4]>(), 0u8..40, 0u8..40).prop_map(
+        |(kind, pieces, [inline, signaled, solicited, fence], bad, bad_remote)| Step {
             kind,
             pieces,
             inline,
@@ -69,6 +76,7 @@ fn step(mtu: u32) -> impl Strategy<Value = Step> {
             solicited,
             fence,
             bad_key: bad == 0,
+            bad_remote: bad_remote == 0,
         },
     )
 }
@@ -81,8 +89,20 @@ fn scenario() -> impl Strategy<Value = Scenario> {
             prop::collection::vec(step(bytes), 1..20),
             prop::collection::vec(step(bytes), 0..8),
             prop::collection::vec(0usize..80, 0..4),
+            prop_oneof![Just(32u64), 0u64..32],
+            prop::collection::vec(0u64..32, 0..2),
+            prop::collection::vec(0u64..32, 0..2),
         )
-            .prop_map(move |(window, a, b, lost)| Scenario { mtu, window, a, b, lost })
+            .prop_map(move |(window, a, b, lost, recvs, bad_recvs, short_recvs)| Scenario {
+                mtu,
+                window,
+                a,
+                b,
+                lost,
+                recvs,
+                bad_recvs,
+                short_recvs,
+            })
     })
 }
 
@@ -103,6 +123,8 @@ struct Outcome {
     counters: [Counters; 2],
     /// Packets each side built by the short path (`Counters::sent_by_short_path`).
     short_path: [u64; 2],
+    /// Requests each side took by the short path (`Counters::rcvd_by_short_path`).
+    short_path_received: [u64; 2],
 }
 
 fn post(n: &mut Node, peer_rkey: RKey, steps: &[Step], first_id: u64) {
@@ -117,6 +139,7 @@ fn post(n: &mut Node, peer_rkey: RKey, steps: &[Step], first_id: u64) {
         }
         let id = first_id + i as u64;
         let remote = |base: u64| BASE + base + (id % 8) * 0x2000;
+        let peer_rkey = if s.bad_remote { RKey(peer_rkey.0 ^ 0x100) } else { peer_rkey };
         let op = match s.kind {
             Kind::Send => SendOp::Send,
             Kind::SendImm => SendOp::SendWithImm { imm: (id as u32).to_be_bytes() },
@@ -165,11 +188,19 @@ fn run(s: &Scenario, short_path: bool) -> Outcome {
     a.fill(SOURCE, &pattern(0x9_0000, 1));
     b.fill(SOURCE, &pattern(0x9_0000, 2));
     let mut pair = pair_of(a, b, QpType::Rc, s.mtu);
+    let post_recvs = |n: &mut Node, ids: std::ops::Range<u64>| {
+        for i in ids {
+            let len = if s.short_recvs.contains(&i) { 16 } else { RECV_LEN };
+            let mut sge = n.sge(RECV + i * u64::from(RECV_LEN), len);
+            if s.bad_recvs.contains(&i) {
+                sge.lkey = LKey(sge.lkey.0 ^ 0x100);
+            }
+            n.engine.post_recv(n.qp, &[RecvWr { wr_id: 1000 + i, sg_list: &[sge] }]).unwrap();
+        }
+    };
     for n in [&mut pair.a, &mut pair.b] {
         n.engine.allow_acks_beside(n.qp, true);
-        for i in 0..32 {
-            n.post_recv(1000 + i, RECV + i * u64::from(RECV_LEN), RECV_LEN);
-        }
+        post_recvs(n, 0..s.recvs);
     }
     let lost = s.lost.clone();
     let mut seen = 0usize;
@@ -180,6 +211,12 @@ fn run(s: &Scenario, short_path: bool) -> Outcome {
     let (a_rkey, b_rkey) = (pair.a.mr.rkey, pair.b.mr.rkey);
     post(&mut pair.a, b_rkey, &s.a, 0);
     post(&mut pair.b, a_rkey, &s.b, 100);
+    // SENDs past the receives posted are RNR NAKed and retried (rnr_retry 7: for ever)
+    // until the rest are posted.
+    pair.drive_for(std::time::Duration::from_millis(1));
+    for n in [&mut pair.a, &mut pair.b] {
+        post_recvs(n, s.recvs..32);
+    }
     pair.drive();
     let region = |n: &Node| n.read(0, 0x40_0000 - 1).to_vec();
     Outcome {
@@ -187,8 +224,13 @@ fn run(s: &Scenario, short_path: bool) -> Outcome {
         completions: [pair.a.poll_all(), pair.b.poll_all()],
         memory: [region(&pair.a), region(&pair.b)],
         // Which path built a packet is the one thing the runs differ in.
-        counters: [&pair.a, &pair.b].map(|n| Counters { sent_by_short_path: 0, ..n.engine.counters() }),
+        counters: [&pair.a, &pair.b].map(|n| Counters {
+            sent_by_short_path: 0,
+            rcvd_by_short_path: 0,
+            ..n.engine.counters()
+        }),
         short_path: [pair.a.engine.counters().sent_by_short_path, pair.b.engine.counters().sent_by_short_path],
+        short_path_received: [pair.a.engine.counters().rcvd_by_short_path, pair.b.engine.counters().rcvd_by_short_path],
     }
 }
 
@@ -204,6 +246,7 @@ proptest! {
         prop_assert!(short.memory == general.memory, "the memory differs");
         prop_assert_eq!(short.counters, general.counters);
         prop_assert_eq!(general.short_path, [0, 0]);
+        prop_assert_eq!(general.short_path_received, [0, 0]);
     }
 }
 
@@ -227,14 +270,27 @@ fn plain_one_packet_messages_take_the_short_path() {
             solicited: false,
             fence: false,
             bad_key: false,
+            bad_remote: false,
         })
         .collect();
-    let s = Scenario { mtu: Mtu::Mtu1024, window: Some(512), a: steps, b: Vec::new(), lost: Vec::new() };
+    let s = Scenario {
+        mtu: Mtu::Mtu1024,
+        window: Some(512),
+        a: steps,
+        b: Vec::new(),
+        lost: Vec::new(),
+        recvs: 32,
+        bad_recvs: Vec::new(),
+        short_recvs: Vec::new(),
+    };
     let (short, general) = (run(&s, true), run(&s, false));
     assert_eq!(short.wire, general.wire);
     assert_eq!(short.wire.iter().filter(|p| p.0).count(), 12, "one packet per message");
     assert_eq!(short.short_path, [12, 0]);
+    // The first packet teaches the responder its peer's UDP port: the general path's.
+    assert_eq!(short.short_path_received, [0, 11]);
     assert_eq!(general.short_path, [0, 0]);
+    assert_eq!(general.short_path_received, [0, 0]);
     assert!(short.completions[0].iter().all(|wc| wc.status == WcStatus::Success));
     assert_eq!(short.completions[0].len(), 12);
 }
