@@ -500,11 +500,12 @@ impl Side {
                 break; // it waited for the peer's run above
             }
             // The clock is read for the stall deadline every 256 turns (a turn takes under a
-            // microsecond), and on every turn only by a sender that runs for a duration: a
-            // read on every turn was a twentieth of a 64 B SEND receiver's time, and as much
-            // of its sender's (`perf record`), the harness's and not softrdma's.
+            // microsecond), and for a sender's duration every 16 (it ends the run a few
+            // microseconds late at most): a read on every turn was a twentieth of a 64 B SEND
+            // receiver's time, and as much of its sender's (`perf record`), the harness's and
+            // not softrdma's.
             turns = turns.wrapping_add(1);
-            let timed = sending && duration.is_some();
+            let timed = sending && duration.is_some() && turns % 16 == 0;
             let now = if timed || turns % 256 == 0 { Instant::now() } else { start };
             if sending && !stopped {
                 if let Some(d) = duration {
