@@ -8,9 +8,9 @@ use softrdma_wire::bth;
 use softrdma_wire::icrc::ICRC_LEN;
 use softrdma_wire::opcode::{OpcodeInfo, Position};
 use softrdma_wire::{
-    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthPacket, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, IethRepr,
-    ImmDtPacket, ImmDtRepr, Msn, NakCode, Opcode, PKey, Psn, RethPacket, RethRepr, RocePacket, RoceRepr, Syndrome,
-    XrcEthRepr,
+    AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthPacket, BthRepr, DethRepr, Envelope, ExtHeaders, FethRepr, Headers,
+    IethRepr, ImmDtPacket, ImmDtRepr, Msn, NakCode, Opcode, PKey, Psn, RethPacket, RethRepr, RocePacket, RoceRepr,
+    Syndrome, XrcEthRepr,
 };
 
 use crate::completer::{self, local_key_status};
@@ -602,12 +602,7 @@ fn request<M: Memory + ?Sized>(
     if rc {
         sh.windows.sent(&mut qp.window, repr.bth.ack_req);
     }
-    if psn.distance_to(qp.req.sent_end) > 0 {
-        sh.counters.retransmitted_packets += 1;
-        qp.counters.retransmitted_packets += 1;
-    } else {
-        qp.req.sent_end = qp.req.psn;
-    }
+    count_sent(qp, sh, psn);
     if message_done {
         qp.req.next = pos + 1;
         qp.req.offset = 0;
@@ -622,6 +617,17 @@ fn request<M: Memory + ?Sized>(
         completer::complete_head(qp, sh, WcStatus::Success);
     }
     sent
+}
+
+/// Counts a request packet at `psn` just built, the requester's PSN already past it: a
+/// retransmission if `psn` is before the furthest PSN ever sent, else that one moves on.
+fn count_sent(qp: &mut Qp, sh: &mut Shared, psn: Psn) {
+    if psn.distance_to(qp.req.sent_end) > 0 {
+        sh.counters.retransmitted_packets += 1;
+        qp.counters.retransmitted_packets += 1;
+    } else {
+        qp.req.sent_end = qp.req.psn;
+    }
 }
 
 /// [`request`] for its most common case, a new message of one packet: an RC SEND or RDMA
@@ -682,7 +688,8 @@ fn one_packet_request<M: Memory + ?Sized>(
     w.npkts = 1;
     w.read_done = 0;
     qp.req.offset = 0;
-    let at = bth::HEADER_LEN + if reth.is_some() { 16 } else { 0 } + if imm.is_some() { 4 } else { 0 };
+    let (reth_len, imm_len) = (Headers::RETH.len(), Headers::IMM_DT.len());
+    let at = bth::HEADER_LEN + if reth.is_some() { reth_len } else { 0 } + if imm.is_some() { imm_len } else { 0 };
     let end = at + len as usize;
     let pad = len.wrapping_neg() as usize & 3;
     let Some(out) = buf.get_mut(at..end) else { return Some(None) };
@@ -693,12 +700,7 @@ fn one_packet_request<M: Memory + ?Sized>(
     qp.req.psn = psn.next();
     qp.req.since_ack_req = 0;
     sh.windows.sent(&mut qp.window, true);
-    if psn.distance_to(qp.req.sent_end) > 0 {
-        sh.counters.retransmitted_packets += 1;
-        qp.counters.retransmitted_packets += 1;
-    } else {
-        qp.req.sent_end = qp.req.psn;
-    }
+    count_sent(qp, sh, psn);
     qp.req.next = pos + 1;
     let header = BthRepr {
         opcode: request_opcode(QpType::Rc, op, Position::Only),
@@ -711,11 +713,12 @@ fn one_packet_request<M: Memory + ?Sized>(
     packet.set_pad_count(pad as u8);
     let mut h = bth::HEADER_LEN;
     if let Some((virtual_address, rkey)) = reth {
-        RethRepr { virtual_address, rkey, dma_length: len }.emit(&mut RethPacket::new_unchecked(&mut buf[h..h + 16]));
-        h += 16;
+        RethRepr { virtual_address, rkey, dma_length: len }
+            .emit(&mut RethPacket::new_unchecked(&mut buf[h..h + reth_len]));
+        h += reth_len;
     }
     if let Some(imm) = imm {
-        ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[h..h + 4]));
+        ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[h..h + imm_len]));
     }
     buf[end..end + pad].fill(0);
     if qp.comp.retransmit_at.is_none() {

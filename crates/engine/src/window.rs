@@ -36,7 +36,7 @@ pub(crate) const BURST: u32 = 16;
 /// A peer's address as the windows key it: 16 bytes, IPv4 mapped into IPv6. `IpAddr` (17
 /// bytes, its tag first) made every copy of a [`PeerRef`] a set of odd-sized moves that the
 /// next wider load could not take from the store buffer (`perf annotate` of a 64 B SEND
-/// stream's sender: two thirds of `admits`' samples on such a load and the store before).
+/// stream's sender: a quarter of `admits`' samples on the load that read such a copy back).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 struct Addr(u128);
 
