@@ -722,13 +722,13 @@ impl RoceSocket {
         sys::sendmmsg(self.socket.as_fd(), std::slice::from_ref(&msg)).map(|_| ())
     }
 
-    /// Receives what is queued, up to the batch's capacity, with one `recvmmsg`, replacing
+    /// Receives what is queued, up to the batch's [`limit`](RecvBatch::limit), with one `recvmmsg`, replacing
     /// the batch's contents. Non-blocking: `WouldBlock` when nothing is queued. Returns the
     /// number of messages (a GRO message may hold several datagrams; [`RecvBatch::iter`]
     /// yields each).
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.filled = 0;
-        let n = batch.slots.recvmmsg(self.socket.as_fd(), &mut batch.meta)?;
+        let n = batch.slots.recvmmsg(self.socket.as_fd(), &mut batch.meta[..batch.limit])?;
         batch.filled = n;
         batch.local = self.local;
         Ok(n)
@@ -785,6 +785,8 @@ pub struct RecvBatch {
     slots: sys::RecvSlots,
     meta: Vec<sys::RawMeta>,
     filled: usize,
+    /// Messages the next receive may take (1 to the capacity).
+    limit: usize,
     local: SocketAddr,
 }
 
@@ -794,6 +796,7 @@ impl RecvBatch {
         let slots = sys::RecvSlots::new(count, slot_len);
         Self {
             meta: vec![sys::RawMeta::EMPTY; slots.count()],
+            limit: slots.count(),
             slots,
             filled: 0,
             local: SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0),
@@ -803,6 +806,30 @@ impl RecvBatch {
     /// Messages one receive can take.
     pub fn capacity(&self) -> usize {
         self.meta.len()
+    }
+
+    /// Messages the next [`RoceSocket::recv`] may take: the capacity unless
+    /// [`set_limit`](Self::set_limit) said fewer.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Lets the next receives take at most `messages` (clamped to 1 through the capacity):
+    /// with GRO slots of 64 KiB, a receive of the whole capacity may take megabytes before
+    /// the receiver can answer any of it.
+    pub fn set_limit(&mut self, messages: usize) {
+        self.limit = messages.clamp(1, self.meta.len());
+    }
+
+    /// The bytes the last receive took, all its messages together (a GRO message counts
+    /// whole).
+    pub fn bytes(&self) -> usize {
+        self.meta[..self.filled].iter().map(|m| m.len).sum()
+    }
+
+    /// The longest message the last receive took, in bytes (0 if none).
+    pub fn longest(&self) -> usize {
+        self.meta[..self.filled].iter().map(|m| m.len).max().unwrap_or(0)
     }
 
     /// Messages received by the last [`RoceSocket::recv`].

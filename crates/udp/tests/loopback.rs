@@ -490,6 +490,43 @@ fn a_batch_resumes_where_its_iteration_stopped() {
     }
 }
 
+/// A batch's limit bounds what one receive takes, whatever its capacity, and the receive
+/// says how many bytes it took and its longest message (a GRO train counts whole).
+#[test]
+fn a_limit_bounds_a_receive_and_the_batch_says_its_bytes() {
+    let ip = lo4();
+    let tx = RoceSocket::bind_with(ip, &config()).unwrap();
+    let rx = RoceSocket::bind_with(ip, &Config { gro: true, ..config() }).unwrap();
+    let envelope = tx.envelope_to(rx.local_addr()).unwrap();
+    let train = [7u8; 300];
+    let gso = Outgoing { segment_size: Some(100), ..Outgoing::new(envelope, &train) };
+    let singles: Vec<Vec<u8>> = (1..=4).map(|n| vec![n; 10 * usize::from(n)]).collect();
+    let mut out = vec![gso];
+    out.extend(singles.iter().map(|p| Outgoing::new(envelope, p)));
+    if let Err(e) = tx.send_batch(&out) {
+        eprintln!("skipped: the kernel refuses UDP GSO here ({e})");
+        return;
+    }
+    let mut batch = RecvBatch::new(8, 65536);
+    assert_eq!(batch.limit(), 8, "the capacity until told otherwise");
+    assert!(rx.wait_readable(Some(Duration::from_secs(5))).unwrap());
+    std::thread::sleep(Duration::from_millis(20));
+    batch.set_limit(2);
+    assert_eq!(rx.recv(&mut batch).unwrap(), 2, "two messages of the five queued");
+    assert_eq!((batch.bytes(), batch.longest()), (300 + 10, 300), "the train whole and the first single");
+    assert_eq!(batch.iter().count(), 4, "the train's three datagrams and the single");
+    batch.set_limit(0);
+    assert_eq!(batch.limit(), 1, "at least one");
+    assert_eq!(rx.recv(&mut batch).unwrap(), 1);
+    assert_eq!((batch.bytes(), batch.longest()), (20, 20));
+    batch.set_limit(100);
+    assert_eq!(batch.limit(), 8, "at most the capacity");
+    assert_eq!(rx.recv(&mut batch).unwrap(), 2, "what was left");
+    assert_eq!((batch.bytes(), batch.longest()), (30 + 40, 40));
+    assert_eq!(rx.recv(&mut batch).unwrap_err().kind(), io::ErrorKind::WouldBlock);
+    assert_eq!((batch.bytes(), batch.longest()), (0, 0), "an empty receive took nothing");
+}
+
 #[test]
 fn gso_over_ipv6_needs_no_id() {
     gso(lo6(), false);
