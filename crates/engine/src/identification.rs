@@ -37,7 +37,7 @@
 
 use core::net::Ipv4Addr;
 
-use softrdma_wire::icrc::{IcrcPrefixCache, Ipv4IdentificationCache};
+use softrdma_wire::icrc::{IcrcPrefixCache, Ipv4Envelope, Ipv4IdentificationCache};
 use softrdma_wire::{Envelope, RocePacket};
 
 use crate::Instant;
@@ -111,15 +111,21 @@ impl Identifications {
         packet: &RocePacket<&[u8]>,
     ) -> (IcrcCheck, Envelope) {
         let covered = packet.icrc_covered();
-        let computed = self.prefixes.compute(envelope, covered);
         let Envelope::V4(e) = envelope else {
+            let computed = self.prefixes.compute(envelope, covered);
             let verdict = if computed == packet.icrc() { IcrcCheck::Exact } else { IcrcCheck::Bad };
             return (verdict, *envelope);
         };
+        // The ICRC for identification 0, and the guess's part XORed in after (the CRC is
+        // affine in the identification): the prefix cache then holds one entry per flow
+        // and length, where one per identification missed on every segment of a GSO train
+        // after the fourth (each segment has its own).
+        let zero = Envelope::V4(Ipv4Envelope { identification: 0, ..*e });
+        let syndrome = self.prefixes.compute(&zero, covered) ^ packet.icrc();
+        let guessed = if e.identification == 0 { 0 } else { self.maps.get(covered.len()).delta(e.identification) };
         let slot = &mut self.peers[slot_of(e.src, e.dst)];
         let peer = slot.filter(|p| p.src == e.src && p.dst == e.dst);
-        let syndrome = computed ^ packet.icrc();
-        if syndrome == 0 {
+        if syndrome == guessed {
             // An exact match is the sender's own identification (2^-32 for a corrupted
             // packet): a softrdma peer, which sends exact packets only, is trusted at once,
             // so that its corrupted packets never meet the solved path's 2^-16 after its
@@ -128,12 +134,10 @@ impl Identifications {
                 Some(Peer { src: e.src, dst: e.dst, last: e.identification, at: now, streak: TRUST, pending: None });
             return (IcrcCheck::Exact, *envelope);
         }
-        // `computed` holds the envelope's own identification's delta: take it out.
-        let map = self.maps.get(covered.len());
-        let Some(id) = map.solve(syndrome ^ map.delta(e.identification)) else {
+        let Some(id) = self.maps.get(covered.len()).solve(syndrome) else {
             return (IcrcCheck::Bad, *envelope);
         };
-        let found = Envelope::V4(softrdma_wire::icrc::Ipv4Envelope { identification: id, ..*e });
+        let found = Envelope::V4(Ipv4Envelope { identification: id, ..*e });
         let fresh = |streak| Some(Peer { src: e.src, dst: e.dst, last: id, at: now, streak, pending: None });
         match peer {
             Some(p) if follows(id, p.last, p.at, now) => {
@@ -165,8 +169,6 @@ fn slot_of(src: Ipv4Addr, dst: Ipv4Addr) -> usize {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
-
-    use softrdma_wire::icrc::Ipv4Envelope;
 
     use super::*;
 
