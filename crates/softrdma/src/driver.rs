@@ -2255,6 +2255,60 @@ mod tests {
         assert_eq!(units[..3], [(0, 1, 0), (1, 1, 0), (2, 1, 0)]);
     }
 
+    /// A pass takes about `RX_PASS_BYTES` from the sockets once it has seen trains of 64 KiB
+    /// (and then answers what it took), but small datagrams still 32 to a receive.
+    #[test]
+    fn a_pass_takes_about_its_fill_of_trains_and_small_datagrams_by_the_batch() {
+        use softrdma_udp::{Config, Outgoing, RoceSocket};
+        let port = 56_000 + (std::process::id() % 4000) as u16;
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
+        let shared = std::sync::Arc::clone(&ctx.drv.shared);
+        // Held throughout: the progress thread receives nothing meanwhile.
+        let mut st = shared.lock();
+        let to = st_socket_addr(&shared);
+        let tx = RoceSocket::bind_with(to.ip(), &Config { port: 0, ..Config::default() }).unwrap();
+        let envelope = tx.envelope_to(to).unwrap();
+        let queued = |st: &super::State| st.rx_batches;
+        let settle = || std::thread::sleep(Duration::from_millis(30));
+
+        // 64 small datagrams: two receives of 32, the budget far off.
+        let small = vec![0u8; 100];
+        let out: Vec<Outgoing<'_>> = (0..64).map(|_| Outgoing::new(envelope, &small)).collect();
+        assert_eq!(tx.send_batch(&out).unwrap(), 64);
+        settle();
+        let before = queued(&st);
+        st.receive(&shared, shared.now(), true, false);
+        assert_eq!(queued(&st) - before, 2, "64 small datagrams in two receives of 32");
+        assert_eq!(st.rx_longest, 100, "the longest of late");
+
+        // Trains of 14 segments of 4 112 bytes (57 568, a 64 KiB WRITE's bulk).
+        let train = vec![0u8; 14 * 4112];
+        let gso = Outgoing { segment_size: Some(4112), ..Outgoing::new(envelope, &train) };
+        if let Err(e) = tx.send_batch(&[gso]) {
+            eprintln!("skipped: the kernel refuses UDP GSO here ({e})");
+            return;
+        }
+        settle();
+        st.receive(&shared, shared.now(), true, false);
+        assert_eq!(st.rx_longest, train.len(), "GRO kept the train whole, and the longest of late is it");
+        // Eight trains (460 KiB): the next pass takes four (230 KiB), the one after the rest.
+        let out: Vec<Outgoing<'_>> = (0..8).map(|_| gso).collect();
+        assert_eq!(tx.send_batch(&out).unwrap(), 8);
+        settle();
+        let before = queued(&st);
+        st.receive(&shared, shared.now(), true, false);
+        assert_eq!((queued(&st) - before, st.rx.len()), (1, 4), "one receive of four trains");
+        st.receive(&shared, shared.now(), true, false);
+        assert_eq!(st.rx.len(), 4, "the next pass took the other four");
+    }
+
+    /// The address the device's IPv4 socket is bound to.
+    fn st_socket_addr(shared: &super::Shared) -> std::net::SocketAddr {
+        let socket = shared.port.sockets().iter().find(|s| s.local_addr().is_ipv4()).expect("an IPv4 socket");
+        socket.local_addr()
+    }
+
     /// A thread blocked on a completion channel receives the device's datagrams itself;
     /// meanwhile the progress thread keeps off the sockets (both waking for every datagram
     /// would fight over the lock).
