@@ -2266,7 +2266,7 @@ mod tests {
         let shared = std::sync::Arc::clone(&ctx.drv.shared);
         // Held throughout: the progress thread receives nothing meanwhile.
         let mut st = shared.lock();
-        let to = st_socket_addr(&shared);
+        let to = ipv4_socket_addr(&shared);
         let tx = RoceSocket::bind_with(to.ip(), &Config { port: 0, ..Config::default() }).unwrap();
         let envelope = tx.envelope_to(to).unwrap();
         let queued = |st: &super::State| st.rx_batches;
@@ -2304,7 +2304,7 @@ mod tests {
     }
 
     /// The address the device's IPv4 socket is bound to.
-    fn st_socket_addr(shared: &super::Shared) -> std::net::SocketAddr {
+    fn ipv4_socket_addr(shared: &super::Shared) -> std::net::SocketAddr {
         let socket = shared.port.sockets().iter().find(|s| s.local_addr().is_ipv4()).expect("an IPv4 socket");
         socket.local_addr()
     }
