@@ -95,11 +95,6 @@ const LANE_HEADER: usize = 192;
 /// An entry: its header (length, envelope, IP fields), then the datagram.
 const ENTRY_HEADER: usize = 64;
 const ENTRY: usize = ENTRY_HEADER + DATAGRAM_MAX;
-/// The bytes of an entry's datagram a receiver copies with its header, before it knows the
-/// datagram's length: one cache line (measured: a 64 B SEND stream 4.06–4.22 → 5.01–5.34 M
-/// messages a second; two lines, no more).
-const FIRST_LINE: usize = 64;
-const _: () = assert!(FIRST_LINE <= DATAGRAM_MAX, "the first copy stays in its entry");
 const ENTRIES_AT: usize = (HEADER + LANES * LANE_HEADER).next_multiple_of(4096);
 /// The file's size.
 pub const INBOX_BYTES: usize = ENTRIES_AT + LANES * SLOTS * ENTRY;
@@ -600,20 +595,14 @@ impl Inbox {
                 (self.pulls && verdict == PULLS_YES).then(|| self.map.u32(at + L_OWNER).load(Ordering::Acquire));
             for k in 0..run {
                 let entry = Mapping::entry(lane, tail.wrapping_add(k));
-                // The header and the datagram's first line in one copy, the two cache lines
-                // fetched at once rather than the second after the header told the length;
-                // the rest, if any, after.
-                self.map.get(entry, &mut self.scratch[..ENTRY_HEADER + FIRST_LINE]);
+                self.map.get(entry, &mut self.scratch[..ENTRY_HEADER]);
                 if let Some((envelope, ip, len, beside)) = decode(&self.scratch[..ENTRY_HEADER]) {
                     let origin = match (beside.by_reference, owner) {
                         (false, _) => None,
                         (true, Some(owner)) => Some(owner),
                         (true, None) => continue,
                     };
-                    if len > FIRST_LINE {
-                        let rest = ENTRY_HEADER + FIRST_LINE..ENTRY_HEADER + len;
-                        self.map.get(entry + rest.start, &mut self.scratch[rest]);
-                    }
+                    self.map.get(entry + ENTRY_HEADER, &mut self.scratch[ENTRY_HEADER..ENTRY_HEADER + len]);
                     let arrived = Arrived { origin, ack: beside.ack };
                     deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], arrived);
                 }
@@ -943,31 +932,6 @@ mod tests {
         assert_eq!(decode(&bad), None, "an entry longer than its slot is refused");
         bad[4] = 5;
         assert_eq!(decode(&bad), None, "an unknown family is refused");
-    }
-
-    /// A datagram arrives whole at every length, in particular either side of the first
-    /// line the receiver copies with the header before it knows the length.
-    #[test]
-    fn datagrams_of_every_length_around_the_first_line_arrive_whole() {
-        let name = unique("lengths");
-        let mut inbox = Inbox::create(&name, true, true).unwrap();
-        let mut out = Outbox::open(&name).unwrap();
-        let lengths = [0, 1, FIRST_LINE - 1, FIRST_LINE, FIRST_LINE + 1, 2 * FIRST_LINE + 1, 1000, DATAGRAM_MAX];
-        let sent: Vec<Vec<u8>> =
-            lengths.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j * 7) as u8).collect()).collect();
-        // Stale bytes in the slots first: a longer datagram through every slot the test uses.
-        for _ in 0..lengths.len() {
-            out.send(&envelope_v4(0), IpInfo::default(), &[0xee; DATAGRAM_MAX], Beside::default()).unwrap();
-        }
-        out.wake();
-        assert_eq!(inbox.receive(64, |_, _, _, _| {}), lengths.len());
-        for d in &sent {
-            out.send(&envelope_v4(1), IpInfo::default(), d, Beside::default()).unwrap();
-        }
-        out.wake();
-        let mut got = Vec::new();
-        inbox.receive(64, |_, _, d, _| got.push(d.to_vec()));
-        assert_eq!(got, sent);
     }
 
     #[test]
