@@ -934,6 +934,30 @@ mod tests {
         assert_eq!(decode(&bad), None, "an unknown family is refused");
     }
 
+    /// A datagram arrives whole at every length, through slots that held longer ones.
+    #[test]
+    fn datagrams_of_every_length_arrive_whole() {
+        let name = unique("lengths");
+        let mut inbox = Inbox::create(&name, true, true).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        let lengths = [0, 1, 63, 64, 65, 129, 1000, DATAGRAM_MAX];
+        let sent: Vec<Vec<u8>> =
+            lengths.iter().enumerate().map(|(i, &n)| (0..n).map(|j| (i * 31 + j * 7) as u8).collect()).collect();
+        // Stale bytes in the slots first: a longer datagram through every slot the test uses.
+        for _ in 0..lengths.len() {
+            out.send(&envelope_v4(0), IpInfo::default(), &[0xee; DATAGRAM_MAX], Beside::default()).unwrap();
+        }
+        out.wake();
+        assert_eq!(inbox.receive(64, |_, _, _, _| {}), lengths.len());
+        for d in &sent {
+            out.send(&envelope_v4(1), IpInfo::default(), d, Beside::default()).unwrap();
+        }
+        out.wake();
+        let mut got = Vec::new();
+        inbox.receive(64, |_, _, d, _| got.push(d.to_vec()));
+        assert_eq!(got, sent);
+    }
+
     #[test]
     fn datagrams_arrive_in_order_through_a_full_lane_and_its_backlog() {
         let name = unique("order");
