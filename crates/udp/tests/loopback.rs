@@ -400,12 +400,19 @@ fn envelopes_the_kernel_would_not_honour_are_refused() {
 }
 
 /// GSO: one send of `SEGMENTS` RoCE packets; segment i's ICRC computed with IPv4 ID i.
-fn gso(ip: IpAddr, gro: bool) {
-    const SEGMENTS: usize = 8;
-    const PAYLOAD: usize = 1000;
+/// A sending socket, a receiving one on `ip` (with `UDP_GRO` if `gro`), and the envelope
+/// from the first to the second.
+fn sender_and_receiver(ip: IpAddr, gro: bool) -> (RoceSocket, RoceSocket, Envelope) {
     let tx = RoceSocket::bind_with(ip, &config()).unwrap();
     let rx = RoceSocket::bind_with(ip, &Config { gro, ..config() }).unwrap();
     let envelope = tx.envelope_to(rx.local_addr()).unwrap();
+    (tx, rx, envelope)
+}
+
+fn gso(ip: IpAddr, gro: bool) {
+    const SEGMENTS: usize = 8;
+    const PAYLOAD: usize = 1000;
+    let (tx, rx, envelope) = sender_and_receiver(ip, gro);
     let data = vec![0x5a; PAYLOAD];
     let seg = send_only(0, &data).buffer_len();
     let mut buf = vec![0u8; seg * SEGMENTS];
@@ -462,10 +469,7 @@ fn gso_with_gro_arrives_whole_and_splits_by_segment() {
 /// segment indexes and what follows included, and says when nothing is left.
 #[test]
 fn a_batch_resumes_where_its_iteration_stopped() {
-    let ip = lo4();
-    let tx = RoceSocket::bind_with(ip, &config()).unwrap();
-    let rx = RoceSocket::bind_with(ip, &Config { gro: true, ..config() }).unwrap();
-    let envelope = tx.envelope_to(rx.local_addr()).unwrap();
+    let (tx, rx, envelope) = sender_and_receiver(lo4(), true);
     let train: Vec<u8> = (0..3u8).flat_map(|i| [i; 100]).collect();
     let gso = Outgoing { segment_size: Some(100), ..Outgoing::new(envelope, &train) };
     if let Err(e) = tx.send_batch(&[gso, Outgoing::new(envelope, b"after")]) {
@@ -494,10 +498,7 @@ fn a_batch_resumes_where_its_iteration_stopped() {
 /// says how many bytes it took and its longest message (a GRO train counts whole).
 #[test]
 fn a_limit_bounds_a_receive_and_the_batch_says_its_bytes() {
-    let ip = lo4();
-    let tx = RoceSocket::bind_with(ip, &config()).unwrap();
-    let rx = RoceSocket::bind_with(ip, &Config { gro: true, ..config() }).unwrap();
-    let envelope = tx.envelope_to(rx.local_addr()).unwrap();
+    let (tx, rx, envelope) = sender_and_receiver(lo4(), true);
     let train = [7u8; 300];
     let gso = Outgoing { segment_size: Some(100), ..Outgoing::new(envelope, &train) };
     let singles: Vec<Vec<u8>> = (1..=4).map(|n| vec![n; 10 * usize::from(n)]).collect();
