@@ -1404,9 +1404,9 @@ impl State {
             let mut got = false;
             for _ in 0..RX_ROUNDS {
                 // As many messages as the pass has room for, were each as long as the
-                // longest of late.
+                // longest of late (the first round has room: checked above).
                 let room = RX_PASS_BYTES.saturating_sub(taken);
-                if got && room < self.rx_longest {
+                if room < self.rx_longest {
                     break;
                 }
                 self.rx.set_limit(room.checked_div(self.rx_longest).unwrap_or(RX_BATCH));
