@@ -25,6 +25,17 @@
 //! sees the other: no wake-up is lost. A count, not a flag: two threads of the receiver may
 //! take turns watching the bell, and one waking must not unregister the other.
 //!
+//! **Seeing a datagram.** A sender writes its entries, then publishes them with one store of
+//! its lane's head per batch ([`Outbox::wake`]); a polling receiver reads the heads of the
+//! lanes that have an owner, a line each that only a batch changes. The file's sequence
+//! number is bumped only when a sender claims a lane (the receiver then reads the owners
+//! again), not per batch as in earlier builds, where every post of a one-WR-at-a-time
+//! program moved that line between the two cores as well as the head's (a third of a
+//! `ib_send_bw -s 64` sender's time went there). A receiver of an earlier build, which
+//! looks at the lanes only when the number moves, says so by lacking [`FEATURE_HEADS`],
+//! and its senders bump it after every batch; a sender of an earlier build bumps it after
+//! every batch anyway, and the receiver reads the owners then.
+//!
 //! **Memory.** An inbox file is 18 MB, sparse: its headers' pages are allocated when it is
 //! made, a lane's (1.1 MB) when a sender claims it (`fallocate`, so that a full `/dev/shm`
 //! refuses the lane, and the sender stays on the sockets, instead of killing a process with
@@ -115,8 +126,12 @@ const H_FEATURES: usize = 40;
 const FEATURE_PULLS: u32 = 1;
 /// The receiver takes an ACK beside a packet ([`AckBeside`], [`Outbox::acks_beside`]).
 const FEATURE_ACKS_BESIDE: u32 = 2;
-/// Bumped by a sender after each batch it published ([`Outbox::wake`]): a receiver that
-/// finds it unchanged need not look at the lanes (one load per poll, not sixteen).
+/// The receiver reads the heads of the lanes that have owners on every look: a sender
+/// bumps [`H_SEQ`] when it claims a lane, not after every batch.
+const FEATURE_HEADS: u32 = 4;
+/// Bumped by a sender when it claims a lane (and, for a receiver without
+/// [`FEATURE_HEADS`], after each batch it published): a receiver that finds it changed
+/// reads the lanes' owners again.
 const H_SEQ: usize = 64;
 // Lane fields (from the lane header).
 const L_OWNER: usize = 0;
@@ -350,6 +365,16 @@ impl Mapping {
         ENTRIES_AT + (lane * SLOTS + (index % SLOTS as u64) as usize) * ENTRY
     }
 
+    /// The lanes (bit `l`: lane `l`) that have an owner or hold datagrams.
+    fn lanes_in_use(&self) -> u16 {
+        (0..LANES).fold(0, |mask, l| {
+            let at = Self::lane(l);
+            let owned = self.u32(at + L_OWNER).load(Ordering::Acquire) != 0;
+            let held = self.u64(at + L_HEAD).load(Ordering::Acquire) != self.u64(at + L_TAIL).load(Ordering::Relaxed);
+            if owned || held { mask | 1 << l } else { mask }
+        })
+    }
+
     fn pending(&self) -> bool {
         (0..LANES).any(|l| {
             let at = Self::lane(l);
@@ -479,10 +504,11 @@ pub struct Inbox {
     scratch: Box<[u8]>,
     /// The lane the next receive starts with (lanes take turns).
     next_lane: usize,
-    /// The senders' sequence number when the lanes were last looked at.
+    /// The senders' sequence number when the lanes' owners were last read.
     seen: u64,
-    /// The last look stopped at its `max` with lanes perhaps not empty.
-    more: bool,
+    /// The lanes a look reads (bit `l`: lane `l`): those with an owner or datagrams when
+    /// the owners were last read.
+    lanes: u16,
     /// Calls to [`Inbox::receive`].
     looks: u32,
     /// It takes data by reference ([`Inbox::create`]).
@@ -532,7 +558,8 @@ impl Inbox {
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
         map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
-        let features = if pulls { FEATURE_PULLS } else { 0 } | if acks_beside { FEATURE_ACKS_BESIDE } else { 0 };
+        let features =
+            FEATURE_HEADS | if pulls { FEATURE_PULLS } else { 0 } | if acks_beside { FEATURE_ACKS_BESIDE } else { 0 };
         map.u32(H_FEATURES).store(features, Ordering::Relaxed);
         map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Inbox {
@@ -546,7 +573,7 @@ impl Inbox {
             scratch: vec![0; ENTRY].into_boxed_slice(),
             next_lane: 0,
             seen: 0,
-            more: false,
+            lanes: 0,
             looks: 0,
             pulls,
         })
@@ -556,20 +583,24 @@ impl Inbox {
     /// it came: for a packet whose data is carried by reference the process to copy it
     /// from, the lane's owner; an ACK to take before it), lanes in turn. Returns how many.
     pub fn receive(&mut self, max: usize, mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], Arrived)) -> usize {
-        // Nothing published since the last look, which took all there was: done. Every
-        // 64th look reads the lanes anyway: a sender that died between publishing and
-        // bumping the number must not leave its datagrams unseen (and a thread that finds
-        // them pending awake forever).
+        // A lane claimed (or, by a sender of an earlier build, a batch published) since the
+        // last look: read which lanes to look at. The number's line stays in this core's
+        // cache otherwise: senders of this build write it only when they claim a lane.
+        // Every 64th look reads them anyway: a sender of an earlier build that died between
+        // its first batch and its first bump must not leave datagrams unseen (and a thread
+        // that finds them pending, in `Sleepers::sleep_if_empty`, awake forever).
         let seq = self.map.u64(H_SEQ).load(Ordering::Acquire);
         self.looks = self.looks.wrapping_add(1);
-        if seq == self.seen && !self.more && self.looks % 64 != 0 {
-            return 0;
+        if seq != self.seen || self.looks % 64 == 0 {
+            self.seen = seq;
+            self.lanes = self.map.lanes_in_use();
         }
-        self.seen = seq;
+        let lanes = self.lanes;
         let mut n = 0;
         let mut idle = 0;
-        while n < max && idle < LANES {
-            let lane = self.next_lane;
+        while n < max && idle < lanes.count_ones() {
+            // The next lane in `lanes`, from `next_lane` on, round.
+            let lane = (self.next_lane + lanes.rotate_right(self.next_lane as u32).trailing_zeros() as usize) % LANES;
             self.next_lane = (lane + 1) % LANES;
             let at = Mapping::lane(lane);
             let tail = self.map.u64(at + L_TAIL).load(Ordering::Relaxed);
@@ -611,8 +642,6 @@ impl Inbox {
             self.map.u64(at + L_TAIL).store(tail.wrapping_add(run), Ordering::Release);
             n += run as usize;
         }
-        // Stopped at `max`: the next look must not trust the sequence number.
-        self.more = n == max;
         n
     }
 
@@ -663,6 +692,9 @@ impl Sleepers {
     pub fn sleep_if_empty(&self) -> bool {
         let count = self.map.u32(H_SLEEPERS);
         count.fetch_add(1, Ordering::SeqCst);
+        // Against the sender's fence between its head and its look at the sleepers
+        // (`Outbox::wake`): one of the two sees the other's write.
+        std::sync::atomic::fence(Ordering::SeqCst);
         if self.map.pending() {
             count.fetch_sub(1, Ordering::SeqCst);
             return false;
@@ -701,10 +733,14 @@ pub struct Outbox {
     bell: OwnedFd,
     /// Datagrams that found the lane full, in order, entry header first.
     backlog: VecDeque<Vec<u8>>,
-    /// Whether anything was published since the last [`Outbox::wake`].
-    published: bool,
+    /// The lane's head: entries up to here are written, those from the head in the lane
+    /// on are published at the next [`Outbox::wake`].
+    head: u64,
     /// The lane's tail as last read.
     tail: u64,
+    /// The receiver reads the heads ([`FEATURE_HEADS`]); else it looks at the lanes only
+    /// when the sequence number moves, and each batch bumps it.
+    heads: bool,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -766,8 +802,12 @@ impl Outbox {
         map.u64(at + L_PROBE).store(std::ptr::from_ref(&PROBE) as u64, Ordering::Release);
         map.u64(at + L_TOKEN).store(probe_token(), Ordering::Release);
         map.u32(at + L_PULLS).store(PULLS_UNKNOWN, Ordering::Release);
-        let tail = map.u64(Mapping::lane(lane) + L_TAIL).load(Ordering::Acquire);
-        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), published: false, tail })
+        let tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
+        let head = map.u64(at + L_HEAD).load(Ordering::Acquire);
+        let heads = map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_HEADS != 0;
+        // The receiver reads the owners again, and looks at this lane from now on.
+        map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
+        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), head, tail, heads })
     }
 
     /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
@@ -806,8 +846,7 @@ impl Outbox {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
         let header = encode(envelope, ip, datagram.len(), beside);
-        if self.flush() && put(&self.map, self.lane, &mut self.tail, &header, datagram) {
-            self.published = true;
+        if self.flush() && put(&self.map, self.lane, &mut self.head, &mut self.tail, &header, datagram) {
             return Ok(());
         }
         let mut entry = Vec::with_capacity(ENTRY_HEADER + datagram.len());
@@ -823,25 +862,31 @@ impl Outbox {
         while let Some(entry) = self.backlog.front() {
             let (header, datagram) = entry.split_at(ENTRY_HEADER);
             let header: [u8; ENTRY_HEADER] = header.try_into().expect("an entry starts with its header");
-            if !put(&self.map, self.lane, &mut self.tail, &header, datagram) {
+            if !put(&self.map, self.lane, &mut self.head, &mut self.tail, &header, datagram) {
                 return false;
             }
-            self.published = true;
             self.backlog.pop_front();
         }
         true
     }
 
-    /// After a batch: tells the receiver (the sequence number it polls) and rings its bell
-    /// if it sleeps, when something was published since the last call. Datagrams sent
-    /// but not yet followed by this may wait unseen.
+    /// After a batch: publishes what was sent since the last call (the lane's head) and
+    /// rings the receiver's bell if it sleeps. Datagrams sent but not yet followed by this
+    /// are not seen.
     pub fn wake(&mut self) {
-        if !std::mem::take(&mut self.published) {
+        let at = Mapping::lane(self.lane);
+        let head = self.map.u64(at + L_HEAD);
+        if head.load(Ordering::Relaxed) == self.head {
             return;
         }
-        // Sequentially consistent, so that it orders the heads written before it against
+        head.store(self.head, Ordering::Release);
+        // Sequentially consistent, so that it orders the head written before it against
         // the sleepers read after it (the receiver counts itself in, then looks).
-        self.map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
+        if self.heads {
+            std::sync::atomic::fence(Ordering::SeqCst);
+        } else {
+            self.map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
+        }
         if self.map.u32(H_SLEEPERS).load(Ordering::SeqCst) != 0 {
             // A write fails only when the FIFO is full, and then the receiver has a wake-up
             // pending anyway.
@@ -850,22 +895,28 @@ impl Outbox {
     }
 }
 
-/// Publishes one entry in `lane` if it has room.
-/// `tail` is the consumer's tail as last read: read again only when the lane looks full
-/// (the consumer writes it, so each read is a cache miss).
-fn put(map: &Mapping, lane: usize, tail: &mut u64, header: &[u8; ENTRY_HEADER], datagram: &[u8]) -> bool {
-    let at = Mapping::lane(lane);
-    let head = map.u64(at + L_HEAD).load(Ordering::Relaxed);
+/// Writes one entry in `lane` at `head` if it has room, and moves `head` past it (the
+/// producer's head, published by [`Outbox::wake`]). `tail` is the consumer's tail as last
+/// read: read again only when the lane looks full (the consumer writes it, so each read is
+/// a cache miss).
+fn put(
+    map: &Mapping,
+    lane: usize,
+    head: &mut u64,
+    tail: &mut u64,
+    header: &[u8; ENTRY_HEADER],
+    datagram: &[u8],
+) -> bool {
     if head.wrapping_sub(*tail) >= SLOTS as u64 {
-        *tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
+        *tail = map.u64(Mapping::lane(lane) + L_TAIL).load(Ordering::Acquire);
         if head.wrapping_sub(*tail) >= SLOTS as u64 {
             return false;
         }
     }
-    let entry = Mapping::entry(lane, head);
+    let entry = Mapping::entry(lane, *head);
     map.put(entry, header);
     map.put(entry + ENTRY_HEADER, datagram);
-    map.u64(at + L_HEAD).store(head.wrapping_add(1), Ordering::Release);
+    *head = head.wrapping_add(1);
     true
 }
 
@@ -892,7 +943,9 @@ impl Drop for Outbox {
         if my_pid() != self.pid {
             return;
         }
-        // What the lane holds stays for the receiver; a later producer continues at the head.
+        // What the lane holds stays for the receiver (published now if it was not); a later
+        // producer continues at the head.
+        self.wake();
         self.map.u32(Mapping::lane(self.lane) + L_OWNER).store(0, Ordering::Release);
     }
 }
@@ -970,13 +1023,10 @@ mod tests {
         }
         assert_eq!(out.backlog(), total - SLOTS, "the lane holds SLOTS, the rest waits in order");
         let mut got = Vec::new();
-        assert_eq!(inbox.receive(64, |_, _, _, _| {}), 0, "nothing is seen before the batch ends");
-        let mut looks = 2;
-        while inbox.receive(1, |_, _, _, _| {}) == 0 {
-            looks += 1;
+        for _ in 0..200 {
+            assert_eq!(inbox.receive(64, |_, _, _, _| {}), 0, "nothing is seen before the batch is published");
         }
-        assert_eq!(looks, 64, "but the 64th look reads the lanes");
-        got.push((0, 1, 0));
+        assert!(!inbox.pending());
         out.wake();
         while got.len() < total {
             let n = inbox.receive(64, |e, _, d, _| {
@@ -1001,8 +1051,7 @@ mod tests {
         let mut inbox = Inbox::create(&name, true, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
         out.send(&envelope_v4(9), IpInfo::default(), &[1, 2, 3], Beside::default()).unwrap();
-        let at = Mapping::lane(out.lane);
-        out.map.u64(at + L_HEAD).store(1 << 40, Ordering::Release);
+        out.head = 1 << 40;
         out.wake();
         let mut got = Vec::new();
         assert_eq!(inbox.receive(1000, |e, _, d, _| got.push((*e, d.to_vec()))), 1000);
@@ -1010,6 +1059,82 @@ mod tests {
         // Slot 0 was written once and read on each of the 5 rounds the calls made (1064
         // entries); no other slot was ever written.
         assert_eq!(got, vec![(envelope_v4(9), vec![1, 2, 3]); 5]);
+    }
+
+    #[test]
+    fn a_batch_moves_its_lanes_head_and_the_sequence_number_only_for_a_receiver_of_an_earlier_build() {
+        let name = unique("seq");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        let seq = |inbox: &Inbox| inbox.map.u64(H_SEQ).load(Ordering::Acquire);
+        let mut first = Outbox::open(&name).unwrap();
+        assert_eq!(seq(&inbox), 1, "a claim moves it: the receiver reads the owners again");
+        let mut got = Vec::new();
+        for i in 0..10u8 {
+            first.send(&envelope_v4(0), IpInfo::default(), &[i], Beside::default()).unwrap();
+            first.wake();
+            inbox.receive(8, |_, _, d, _| got.push(d[0]));
+        }
+        assert_eq!(got, (0..10).collect::<Vec<_>>());
+        assert_eq!(seq(&inbox), 1, "batches leave it alone");
+        // A lane claimed after the receiver read the owners is looked at too.
+        let mut second = Outbox::open(&name).unwrap();
+        assert_ne!(first.lane, second.lane);
+        second.send(&envelope_v4(0), IpInfo::default(), &[20], Beside::default()).unwrap();
+        second.wake();
+        first.send(&envelope_v4(0), IpInfo::default(), &[10], Beside::default()).unwrap();
+        first.wake();
+        got.clear();
+        inbox.receive(8, |_, _, d, _| got.push(d[0]));
+        got.sort();
+        assert_eq!(got, [10, 20]);
+
+        // A receiver of an earlier build (no FEATURE_HEADS) looks at the lanes only when
+        // the number moves: its senders move it after every batch.
+        let old = unique("seq-old");
+        let inbox = Inbox::create(&old, false, true).unwrap();
+        inbox.map.u32(H_FEATURES).fetch_and(!FEATURE_HEADS, Ordering::Relaxed);
+        let mut out = Outbox::open(&old).unwrap();
+        let before = seq(&inbox);
+        for i in 0..3u8 {
+            out.send(&envelope_v4(0), IpInfo::default(), &[i], Beside::default()).unwrap();
+            out.wake();
+        }
+        out.wake();
+        assert_eq!(seq(&inbox), before + 3, "one bump per batch that published");
+    }
+
+    #[test]
+    fn a_sender_of_an_earlier_build_is_heard() {
+        // It claims its lane without moving the sequence number, and moves it after every
+        // batch (a receiver of its build looks at the lanes only then).
+        let name = unique("old-sender");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
+        let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
+        let mut out = Outbox::open(&name).unwrap();
+        inbox.map.u64(H_SEQ).store(before, Ordering::Release);
+        out.heads = false;
+        out.send(&envelope_v4(0), IpInfo::default(), b"old", Beside::default()).unwrap();
+        out.wake();
+        let mut got = Vec::new();
+        assert_eq!(inbox.receive(8, |_, _, d, _| got.push(d.to_vec())), 1);
+        assert_eq!(got, [b"old".to_vec()]);
+
+        // One that died between its first batch (its entries and head written) and its
+        // first bump: seen within 64 looks all the same.
+        let name = unique("old-dead");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
+        let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
+        let mut out = Outbox::open(&name).unwrap();
+        inbox.map.u64(H_SEQ).store(before, Ordering::Release);
+        out.send(&envelope_v4(0), IpInfo::default(), b"last", Beside::default()).unwrap();
+        out.map.u64(Mapping::lane(out.lane) + L_HEAD).store(out.head, Ordering::Release);
+        let mut looks = 1;
+        while inbox.receive(8, |_, _, _, _| {}) == 0 {
+            looks += 1;
+            assert!(looks <= 64, "not seen in 64 looks");
+        }
     }
 
     #[test]
