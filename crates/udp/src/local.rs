@@ -736,6 +736,9 @@ pub struct Outbox {
     /// The lane's head: entries up to here are written, those from the head in the lane
     /// on are published at the next [`Outbox::wake`].
     head: u64,
+    /// The head as last published (the lane's head word, which the receiver's reads take
+    /// from this core's cache: read there, it was a miss per batch).
+    published: u64,
     /// The lane's tail as last read.
     tail: u64,
     /// The receiver reads the heads ([`FEATURE_HEADS`]); else it looks at the lanes only
@@ -807,7 +810,7 @@ impl Outbox {
         let heads = map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_HEADS != 0;
         // The receiver reads the owners again, and looks at this lane from now on.
         map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
-        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), head, tail, heads })
+        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), head, published: head, tail, heads })
     }
 
     /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
@@ -874,12 +877,11 @@ impl Outbox {
     /// rings the receiver's bell if it sleeps. Datagrams sent but not yet followed by this
     /// are not seen.
     pub fn wake(&mut self) {
-        let at = Mapping::lane(self.lane);
-        let head = self.map.u64(at + L_HEAD);
-        if head.load(Ordering::Relaxed) == self.head {
+        if self.published == self.head {
             return;
         }
-        head.store(self.head, Ordering::Release);
+        self.published = self.head;
+        self.map.u64(Mapping::lane(self.lane) + L_HEAD).store(self.head, Ordering::Release);
         // Sequentially consistent, so that it orders the head written before it against
         // the sleepers read after it (the receiver counts itself in, then looks).
         if self.heads {
