@@ -79,7 +79,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use rustix::mm::{MapFlags, ProtFlags};
 use rustix::process::Pid;
@@ -148,8 +148,22 @@ const L_TOKEN: usize = 24;
 const PULLS_UNKNOWN: u32 = 0;
 const PULLS_YES: u32 = 1;
 const PULLS_NO: u32 = 2;
+/// The process that stamps the lane's entries ([`E_STAMP`]): the owner, if it is of a build
+/// that does (an owner of an earlier build leaves the last one's PID here).
+const L_STAMPS: usize = 32;
 const L_HEAD: usize = 64;
 const L_TAIL: usize = 128;
+/// An entry's stamp: [`stamp_of`] its index once it is published, written by the sender
+/// after the lane's head ([`Outbox::wake`]). A receiver that polls the entry after its tail
+/// (its header line, which it reads anyway) sees a new datagram with one line from the
+/// sender's core, not two (the head's, then the entry's).
+const E_STAMP: usize = 18;
+
+/// The stamp of the entry with index `index`: never 0 (what `put` writes, and an earlier
+/// build's senders leave), and different from the stamp the slot held a lap before.
+fn stamp_of(index: u64) -> u16 {
+    (index % 32767) as u16 + 1
+}
 
 /// The inbox of `slot` on `device`/`port`, for this user and network namespace.
 pub fn inbox_name(device: &str, port: u16, slot: u32) -> io::Result<String> {
@@ -338,6 +352,13 @@ impl Mapping {
     }
 
     #[inline]
+    fn u16(&self, off: usize) -> &AtomicU16 {
+        assert!(off + 2 <= INBOX_BYTES && off % 2 == 0);
+        // SAFETY: as for `u32`.
+        unsafe { &*self.base.as_ptr().add(off).cast::<AtomicU16>() }
+    }
+
+    #[inline]
     fn u64(&self, off: usize) -> &AtomicU64 {
         assert!(off + 8 <= INBOX_BYTES && off % 8 == 0);
         // SAFETY: as for `u32`.
@@ -369,14 +390,33 @@ impl Mapping {
         ENTRIES_AT + (lane * SLOTS + (index % SLOTS as u64) as usize) * ENTRY
     }
 
-    /// The lanes (bit `l`: lane `l`) that have an owner or hold datagrams.
-    fn lanes_in_use(&self) -> u16 {
-        (0..LANES).fold(0, |mask, l| {
+    /// The lanes (bit `l`: lane `l`) that have an owner or hold datagrams, and of those the
+    /// ones whose owner stamps its entries.
+    fn lanes_in_use(&self) -> (u16, u16) {
+        (0..LANES).fold((0, 0), |(lanes, stamped), l| {
             let at = Self::lane(l);
-            let owned = self.u32(at + L_OWNER).load(Ordering::Acquire) != 0;
+            let owner = self.u32(at + L_OWNER).load(Ordering::Acquire);
+            let stamps = owner != 0 && self.u32(at + L_STAMPS).load(Ordering::Acquire) == owner;
             let held = self.u64(at + L_HEAD).load(Ordering::Acquire) != self.u64(at + L_TAIL).load(Ordering::Relaxed);
-            if owned || held { mask | 1 << l } else { mask }
+            let bit = 1 << l;
+            (if owner != 0 || held { lanes | bit } else { lanes }, if stamps { stamped | bit } else { stamped })
         })
+    }
+
+    /// Asks the CPU to fetch the line at `off` (a hint: it reads nothing).
+    #[inline]
+    fn prefetch(&self, off: usize) {
+        #[cfg(target_arch = "x86_64")]
+        if off < INBOX_BYTES {
+            // SAFETY: a prefetch of an address inside the mapping; it has no effect on memory.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    self.base.as_ptr().add(off).cast(),
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = off;
     }
 
     fn pending(&self) -> bool {
@@ -513,6 +553,9 @@ pub struct Inbox {
     /// The lanes a look reads (bit `l`: lane `l`): those with an owner or datagrams when
     /// the owners were last read.
     lanes: u16,
+    /// Of those, the lanes whose owner stamps its entries ([`E_STAMP`]): a look reads the
+    /// entry after the tail, not the head.
+    stamped: u16,
     /// Calls to [`Inbox::receive`].
     looks: u32,
     /// It takes data by reference ([`Inbox::create`]).
@@ -578,6 +621,7 @@ impl Inbox {
             next_lane: 0,
             seen: 0,
             lanes: 0,
+            stamped: 0,
             looks: 0,
             pulls,
         })
@@ -595,11 +639,16 @@ impl Inbox {
         // that finds them pending, in `Sleepers::sleep_if_empty`, awake forever).
         let seq = self.map.u64(H_SEQ).load(Ordering::Acquire);
         self.looks = self.looks.wrapping_add(1);
-        if seq != self.seen || self.looks % 64 == 0 {
+        // Such a look reads every lane's head, stamps or not: a lane taken over by a sender
+        // of an earlier build from one of this build with the same PID, or left holding an
+        // earlier build's unstamped datagrams, is read so at least every 64th look.
+        let refresh = seq != self.seen || self.looks % 64 == 0;
+        if refresh {
             self.seen = seq;
-            self.lanes = self.map.lanes_in_use();
+            (self.lanes, self.stamped) = self.map.lanes_in_use();
         }
         let lanes = self.lanes;
+        let stamped = if refresh { 0 } else { self.stamped };
         let mut n = 0;
         let mut idle = 0;
         while n < max && idle < lanes.count_ones() {
@@ -608,17 +657,28 @@ impl Inbox {
             self.next_lane = (lane + 1) % LANES;
             let at = Mapping::lane(lane);
             let tail = self.map.u64(at + L_TAIL).load(Ordering::Relaxed);
-            let head = self.map.u64(at + L_HEAD).load(Ordering::Acquire);
-            let ready = head.wrapping_sub(tail);
-            if ready == 0 {
+            // What the lane holds, up to `max`, in one run: the tail written once (a cache
+            // line the producer reads), not per datagram with every other lane looked at in
+            // between; counted by the entries' stamps where the owner stamps them, else by
+            // the head.
+            let room = (max - n) as u64;
+            let run = if stamped & 1 << lane != 0 {
+                let stamp = |k: u64| {
+                    let entry = Mapping::entry(lane, tail.wrapping_add(k));
+                    self.map.u16(entry + E_STAMP).load(Ordering::Acquire) == stamp_of(tail.wrapping_add(k))
+                };
+                // The first entry's datagram line on its way while its header is read (a
+                // no-op while the lane is idle: this core holds it).
+                self.map.prefetch(Mapping::entry(lane, tail) + ENTRY_HEADER);
+                (0..room.min(SLOTS as u64)).find(|&k| !stamp(k)).unwrap_or(room.min(SLOTS as u64))
+            } else {
+                self.map.u64(at + L_HEAD).load(Ordering::Acquire).wrapping_sub(tail).min(room)
+            };
+            if run == 0 {
                 idle += 1;
                 continue;
             }
             idle = 0;
-            // What the lane holds, up to `max`, in one run: the head read once and the tail
-            // written once (each a cache line the producer writes or reads), not per
-            // datagram with every other lane looked at in between.
-            let run = ready.min((max - n) as u64);
             // A new sender: can its data be copied from where it is? Data by reference
             // goes in only from a lane that said so, into an inbox that takes it; anything
             // else so flagged is dropped, as a lost packet.
@@ -815,6 +875,8 @@ impl Outbox {
         map.u64(at + L_PROBE).store(std::ptr::from_ref(&PROBE) as u64, Ordering::Release);
         map.u64(at + L_TOKEN).store(probe_token(), Ordering::Release);
         map.u32(at + L_PULLS).store(PULLS_UNKNOWN, Ordering::Release);
+        // This process stamps its entries (before the bump that has the receiver read it).
+        map.u32(at + L_STAMPS).store(me, Ordering::Release);
         let tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
         let head = map.u64(at + L_HEAD).load(Ordering::Acquire);
         let heads = map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_HEADS != 0;
@@ -890,8 +952,17 @@ impl Outbox {
         if self.published == self.head {
             return;
         }
-        self.published = self.head;
+        // The head first, then the stamps: a receiver that saw a stamp sees the head past
+        // it. (At most a lane's worth: a head moved further by hand stamps no more.)
         self.map.u64(Mapping::lane(self.lane) + L_HEAD).store(self.head, Ordering::Release);
+        let count = self.head.wrapping_sub(self.published).min(SLOTS as u64);
+        let mut index = self.head.wrapping_sub(count);
+        while index != self.head {
+            let stamp = self.map.u16(Mapping::entry(self.lane, index) + E_STAMP);
+            stamp.store(stamp_of(index), Ordering::Release);
+            index = index.wrapping_add(1);
+        }
+        self.published = self.head;
         // Sequentially consistent, so that it orders the head written before it against
         // the sleepers read after it (the receiver counts itself in, then looks).
         if self.heads {
@@ -926,7 +997,11 @@ fn put(
         }
     }
     let entry = Mapping::entry(lane, *head);
-    map.put(entry, header);
+    // Unpublished until `wake` stamps it: the stamp is written only atomically (a receiver
+    // may be reading it), the rest of the header around it.
+    map.u16(entry + E_STAMP).store(0, Ordering::Relaxed);
+    map.put(entry, &header[..E_STAMP]);
+    map.put(entry + E_STAMP + 2, &header[E_STAMP + 2..]);
     map.put(entry + ENTRY_HEADER, datagram);
     *head = head.wrapping_add(1);
     true
@@ -1059,8 +1134,9 @@ mod tests {
 
     #[test]
     fn a_head_moved_past_what_a_lane_holds_costs_a_receive_no_more_than_max() {
-        // A misbehaving producer of the user sets its lane's head far ahead: each receive
-        // takes `max` entries, round the lane, skipping those that do not decode.
+        // A misbehaving producer of the user sets its lane's head far ahead: a look that
+        // reads the head takes `max` entries, round the lane, skipping those that do not
+        // decode; the others read the stamps, which it did not write.
         let name = unique("head");
         let mut inbox = Inbox::create(&name, true, true).unwrap();
         let mut out = Outbox::open(&name).unwrap();
@@ -1069,10 +1145,16 @@ mod tests {
         out.wake();
         let mut got = Vec::new();
         assert_eq!(inbox.receive(1000, |e, _, d, _| got.push((*e, d.to_vec()))), 1000);
-        assert_eq!(inbox.receive(64, |e, _, d, _| got.push((*e, d.to_vec()))), 64);
-        // Slot 0 was written once and read on each of the 5 rounds the calls made (1064
-        // entries); no other slot was ever written.
-        assert_eq!(got, vec![(envelope_v4(9), vec![1, 2, 3]); 5]);
+        let mut taken = 1000;
+        for _ in 0..63 {
+            let n = inbox.receive(64, |e, _, d, _| got.push((*e, d.to_vec())));
+            assert!(n <= 64);
+            taken += n;
+        }
+        assert!(taken >= 1064, "the 64th look reads the head: {taken}");
+        // Slot 0 was written once and read on each round the calls made; no other slot was
+        // ever written.
+        assert_eq!(got, vec![(envelope_v4(9), vec![1, 2, 3]); taken.div_ceil(SLOTS)]);
     }
 
     #[test]
@@ -1117,22 +1199,38 @@ mod tests {
         assert_eq!(seq(&inbox), before + 3, "one bump per batch that published");
     }
 
+    /// Makes `out` act as a sender of an earlier build as far as the receiver can tell: its
+    /// claim moved no sequence number (put back to `seq`), the lane names no stamping
+    /// process (an earlier owner's PID, left there), and it bumps the number per batch.
+    fn as_earlier_build(out: &mut Outbox, seq: u64) {
+        out.map.u64(H_SEQ).store(seq, Ordering::Release);
+        out.map.u32(Mapping::lane(out.lane) + L_STAMPS).store(my_pid() + 1, Ordering::Release);
+        out.heads = false;
+    }
+
+    /// `out`'s last published entry as an earlier build leaves it: unstamped.
+    fn unstamp_last(out: &Outbox) {
+        out.map.u16(Mapping::entry(out.lane, out.head.wrapping_sub(1)) + E_STAMP).store(0, Ordering::Release);
+    }
+
     #[test]
     fn a_sender_of_an_earlier_build_is_heard() {
-        // It claims its lane without moving the sequence number, and moves it after every
-        // batch (a receiver of its build looks at the lanes only then).
+        // It claims its lane without moving the sequence number, stamps nothing, and moves
+        // the number after every batch (a receiver of its build looks at the lanes only then).
         let name = unique("old-sender");
         let mut inbox = Inbox::create(&name, false, true).unwrap();
         assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
         let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
         let mut out = Outbox::open(&name).unwrap();
-        inbox.map.u64(H_SEQ).store(before, Ordering::Release);
-        out.heads = false;
-        out.send(&envelope_v4(0), IpInfo::default(), b"old", Beside::default()).unwrap();
-        out.wake();
-        let mut got = Vec::new();
-        assert_eq!(inbox.receive(8, |_, _, d, _| got.push(d.to_vec())), 1);
-        assert_eq!(got, [b"old".to_vec()]);
+        as_earlier_build(&mut out, before);
+        for i in 0..3u8 {
+            out.send(&envelope_v4(0), IpInfo::default(), &[i], Beside::default()).unwrap();
+            out.wake();
+            unstamp_last(&out);
+            let mut got = Vec::new();
+            assert_eq!(inbox.receive(8, |_, _, d, _| got.push(d.to_vec())), 1);
+            assert_eq!(got, [vec![i]]);
+        }
 
         // One that died between its first batch (its entries and head written) and its
         // first bump: seen within 64 looks all the same.
@@ -1141,7 +1239,7 @@ mod tests {
         assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
         let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
         let mut out = Outbox::open(&name).unwrap();
-        inbox.map.u64(H_SEQ).store(before, Ordering::Release);
+        as_earlier_build(&mut out, before);
         out.send(&envelope_v4(0), IpInfo::default(), b"last", Beside::default()).unwrap();
         out.map.u64(Mapping::lane(out.lane) + L_HEAD).store(out.head, Ordering::Release);
         let mut looks = 1;
@@ -1149,6 +1247,35 @@ mod tests {
             looks += 1;
             assert!(looks <= 64, "not seen in 64 looks");
         }
+    }
+
+    #[test]
+    fn a_receiver_takes_a_stamped_lanes_datagrams_by_their_stamps() {
+        let name = unique("stamps");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0, "reads the owners: the lane stamps");
+        let map = Arc::clone(&inbox.map);
+        let head = map.u64(Mapping::lane(out.lane) + L_HEAD);
+        for i in 0..300u16 {
+            // Every 64th look reads the heads: the others see each datagram by its stamp
+            // alone (the head word put back for the look).
+            let batch = 1 + usize::from(i % 3);
+            for _ in 0..batch {
+                out.send(&envelope_v4(i), IpInfo::default(), &i.to_le_bytes(), Beside::default()).unwrap();
+            }
+            let before = head.load(Ordering::Acquire);
+            out.wake();
+            let by_stamps = inbox.looks.wrapping_add(1) % 64 != 0;
+            if by_stamps {
+                head.store(before, Ordering::Release);
+            }
+            let mut got = Vec::new();
+            assert_eq!(inbox.receive(8, |_, _, d, _| got.push(d.to_vec())), batch, "round {i}");
+            assert!(got.iter().all(|d| d[..] == i.to_le_bytes()), "round {i}");
+            head.store(out.head, Ordering::Release);
+        }
+        assert!(!inbox.pending());
     }
 
     #[test]
