@@ -1199,13 +1199,20 @@ mod tests {
         assert_eq!(seq(&inbox), before + 3, "one bump per batch that published");
     }
 
-    /// Makes `out` act as a sender of an earlier build as far as the receiver can tell: its
-    /// claim moved no sequence number (put back to `seq`), the lane names no stamping
-    /// process (an earlier owner's PID, left there), and it bumps the number per batch.
-    fn as_earlier_build(out: &mut Outbox, seq: u64) {
-        out.map.u64(H_SEQ).store(seq, Ordering::Release);
+    /// A new inbox that has read its (no) lanes' owners, and a sender that acts as one of an
+    /// earlier build as far as the receiver can tell: its claim moved no sequence number
+    /// (put back), the lane names no stamping process (an earlier owner's PID, left there),
+    /// and it bumps the number per batch.
+    fn earlier_build_sender(tag: &str) -> (Inbox, Outbox) {
+        let name = unique(tag);
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
+        let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
+        let mut out = Outbox::open(&name).unwrap();
+        out.map.u64(H_SEQ).store(before, Ordering::Release);
         out.map.u32(Mapping::lane(out.lane) + L_STAMPS).store(my_pid() + 1, Ordering::Release);
         out.heads = false;
+        (inbox, out)
     }
 
     /// `out`'s last published entry as an earlier build leaves it: unstamped.
@@ -1217,12 +1224,7 @@ mod tests {
     fn a_sender_of_an_earlier_build_is_heard() {
         // It claims its lane without moving the sequence number, stamps nothing, and moves
         // the number after every batch (a receiver of its build looks at the lanes only then).
-        let name = unique("old-sender");
-        let mut inbox = Inbox::create(&name, false, true).unwrap();
-        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
-        let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
-        let mut out = Outbox::open(&name).unwrap();
-        as_earlier_build(&mut out, before);
+        let (mut inbox, mut out) = earlier_build_sender("old-sender");
         for i in 0..3u8 {
             out.send(&envelope_v4(0), IpInfo::default(), &[i], Beside::default()).unwrap();
             out.wake();
@@ -1234,12 +1236,7 @@ mod tests {
 
         // One that died between its first batch (its entries and head written) and its
         // first bump: seen within 64 looks all the same.
-        let name = unique("old-dead");
-        let mut inbox = Inbox::create(&name, false, true).unwrap();
-        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0);
-        let before = inbox.map.u64(H_SEQ).load(Ordering::Acquire);
-        let mut out = Outbox::open(&name).unwrap();
-        as_earlier_build(&mut out, before);
+        let (mut inbox, mut out) = earlier_build_sender("old-dead");
         out.send(&envelope_v4(0), IpInfo::default(), b"last", Beside::default()).unwrap();
         out.map.u64(Mapping::lane(out.lane) + L_HEAD).store(out.head, Ordering::Release);
         let mut looks = 1;
