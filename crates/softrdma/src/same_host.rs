@@ -72,6 +72,9 @@ pub(crate) struct SameHost {
     /// By destination slot: a few processes, mostly one (a `HashMap`'s SipHash of the
     /// slot was a tenth of a same-host SEND's instructions).
     routes: BTreeMap<u32, Route>,
+    /// The batch's first packet was published as it was sent ([`send`](Self::send)); the
+    /// rest are at [`flush`](Self::flush).
+    published_early: bool,
     /// Packets sent and received through shared memory (an ACK beside a packet counts as one).
     pub(crate) sent: u64,
     pub(crate) received: u64,
@@ -96,6 +99,7 @@ impl SameHost {
             port,
             addresses: addresses.to_vec(),
             routes: BTreeMap::new(),
+            published_early: false,
             sent: 0,
             received: 0,
         })
@@ -143,6 +147,12 @@ impl SameHost {
         });
         out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack }).ok()?;
         self.sent += 1 + u64::from(ack.is_some());
+        if !self.published_early {
+            // The batch's first packet is published at once: a one-WR post (a ping-pong's
+            // answer) is seen while this process finishes its pass, not after it.
+            self.published_early = true;
+            out.wake();
+        }
         if !*mutual {
             *mutual = out.pulls() && self.inbox.pulls_from(out.receiver());
         }
@@ -158,6 +168,7 @@ impl SameHost {
     /// After a batch of sends: wakes the receivers that sleep, and moves what waits for
     /// room in a lane. Returns whether anything still waits.
     pub(crate) fn flush(&mut self) -> bool {
+        self.published_early = false;
         let mut waiting = false;
         for route in self.routes.values_mut() {
             if let Route::Inbox(out, _) = route {
