@@ -154,6 +154,35 @@ impl Engine {
         self.wake_window_waiters();
     }
 
+    /// Whether taking `ack`, which came beside `packet` ([`Engine::handle_ack_beside`]),
+    /// would only retire SENDs and WRITEs that asked for no completion: no work completion,
+    /// no event, nothing the application sees but room in its send queue. Such an ACK may
+    /// be taken after `packet`, even after the completion `packet` makes is returned to a
+    /// poll (as an ACK packet that came a moment later would be): the runtime takes it
+    /// then, off the path from the datagram to the application. Any other (one that
+    /// completes a signaled request, reaches a READ, an atomic or a local operation, or
+    /// comes to a QP not ready to send) must be taken first.
+    pub fn ack_beside_is_quiet(&self, packet: &[u8], ack: crate::AckBeside) -> bool {
+        let Ok(packet) = softrdma_wire::BthPacket::new_checked(packet) else { return false };
+        let Some(qp) = self.qps.get(&packet.dest_qp().value()) else { return false };
+        if qp.state != QpState::Rts {
+            return false;
+        }
+        let mut pos = qp.sq.head();
+        while pos != qp.sq.tail() {
+            let wqe = qp.sq.get(pos);
+            if !wqe.started || wqe.last_psn().is_after(ack.psn) {
+                return true; // what the ACK covers ends before this one
+            }
+            let failed = wqe.status.is_some_and(|s| s != WcStatus::Success);
+            if wqe.signaled || failed || wqe.op().is_local() || wqe.op().is_read_or_atomic() {
+                return false;
+            }
+            pos += 1;
+        }
+        true
+    }
+
     fn handle_packet<M: Memory + ?Sized>(
         &mut self,
         now: Instant,

@@ -166,3 +166,35 @@ fn an_ack_beside_acts_only_as_its_packet_would_have() {
     pair.a.engine.handle_ack_beside(now, &t.envelope, bytes, ack);
     assert!(pair.a.poll_all().is_empty());
 }
+
+#[test]
+fn an_ack_beside_is_quiet_only_when_it_retires_unsignaled_sends_and_writes() {
+    // The runtime may take such an ACK after its packet's completion is returned
+    // (`Engine::ack_beside_is_quiet`): nothing it does is seen but room in the send queue.
+    let mut pair = pair();
+    let now = pair.now;
+    let unsignaled = |wr_id: u64, n: &Node| SendWr { flags: SendFlags(0), ..send(wr_id, n) };
+    let (mut quiet, mut acks) = (Vec::new(), Vec::new());
+    for (round, signaled) in [false, true, false].into_iter().enumerate() {
+        let round = round as u64;
+        let ping = if signaled { send(round, &pair.a) } else { unsignaled(round, &pair.a) };
+        pair.a.post_send(ping);
+        let ping = sent(&mut pair.a, now);
+        take(&mut pair.b, now, &ping);
+        pair.b.poll_all();
+        pair.b.post_send(send(10 + round, &pair.b));
+        let answer = sent(&mut pair.b, now);
+        let (t, bytes) = &answer[0];
+        let ack = t.ack_beside.expect("the ping's ACK beside the answer");
+        quiet.push(pair.a.engine.ack_beside_is_quiet(bytes, ack));
+        acks.push(ack);
+        take(&mut pair.a, now, &answer);
+        pair.a.poll_all();
+        pair.a.post_recv(100 + round, 0x1000 * (round + 1), LEN);
+        pair.b.post_recv(100 + round, 0x1000 * (round + 1), LEN);
+    }
+    assert_eq!(quiet, [true, false, true], "quiet unless it completes a signaled SEND");
+
+    // Nor for a packet that names no QP.
+    assert!(!pair.a.engine.ack_beside_is_quiet(&[0u8; 4], acks[0]), "no transport header");
+}

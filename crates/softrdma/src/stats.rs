@@ -367,8 +367,9 @@ pub struct Counters {
     /// event came after it), or timed out.
     pub channel_waits_slept: u64,
     /// Polls that returned the completion they found while receiving and left the ACKs that
-    /// came after it in the same receive (the ACK of the poller's own message, paired with
-    /// the peer's answer) for their next call, or the progress thread's next pass.
+    /// came with it (the ACK of the poller's own message, paired with the peer's answer on
+    /// a socket, or beside it in the inbox) for their next call, or the progress thread's
+    /// next pass.
     pub acks_left_for_next_poll: u64,
     /// What injected faults (`SOFTRDMA_FAULTS`) did to the datagrams the device received.
     pub faults: crate::faults::FaultCounters,

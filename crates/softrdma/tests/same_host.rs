@@ -169,6 +169,51 @@ fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
     }
 }
 
+/// A ping-pong of unsignaled SENDs: the ACK beside each answer frees only room in the
+/// pinger's send queue, so its poll returns the answer at once and leaves the ACK for its
+/// next pass (`LeftAck`, counted in `acks_left_for_next_poll`). Every ACK is taken all the
+/// same: the rounds post far more SENDs than the send queue holds (128), which a send
+/// queue that kept any of them would refuse.
+#[test]
+fn an_ack_beside_that_completes_nothing_is_taken_after_the_answer() {
+    let (a, b) = rc_pair(64 << 10);
+    let next = |s: &Side| {
+        let deadline = std::time::Instant::now() + WAIT;
+        let mut wc = [EMPTY_WC];
+        while s.cq.poll(&mut wc) == 0 {
+            assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
+        }
+        wc[0]
+    };
+    let rsge = |s: &Side| [s.mr.sge(4096..4096 + 64).unwrap()];
+    let recv = |s: &Side| s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge(s) }]).unwrap();
+    let unsignaled = |s: &Side, wr_id: u64| {
+        let sg = [s.mr.sge(0..64).unwrap()];
+        s.qp.post_send(&[SendWr { flags: SendFlags(0), ..wr(wr_id, SendOp::Send, &sg) }]).unwrap();
+    };
+    let left = |s: &Side| s.ctx.counters().acks_left_for_next_poll;
+    let before = left(&a);
+    recv(&a);
+    recv(&b);
+    // How many ACKs ride beside answers is the scheduler's (see the ping-pong above): the
+    // rounds go on until the pinger's polls left 20, past the send queue's depth.
+    let mut round = 0;
+    while round < 300 || left(&a) - before < 20 {
+        assert!(round < 5000, "ACKs left for the next poll: {} in {round} rounds", left(&a) - before);
+        unsignaled(&a, round);
+        let ping = next(&b);
+        assert_eq!((ping.opcode, ping.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        recv(&b);
+        unsignaled(&b, round);
+        let answer = next(&a);
+        assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        recv(&a);
+        round += 1;
+    }
+    let ca = a.ctx.counters();
+    assert_eq!(ca.same_host_sent, ca.engine.sent_packets, "{ca:?}");
+}
+
 #[test]
 fn either_side_turning_the_path_off_keeps_both_on_the_sockets() {
     for off in [0, 1] {
