@@ -66,6 +66,18 @@ fn contexts_on_one_host_exchange_packets_through_shared_memory() {
     assert_eq!(ca.engine.rcvd_icrc_exact + ca.engine.rcvd_icrc_errors, 0, "no ICRC checked: {ca:?}");
 }
 
+/// The next completion of `s`'s CQ, busy-polled as a latency-bound program polls: the
+/// application's thread takes what comes, so its answer follows at once (a waiting thread
+/// lets the progress thread take the ping, which sends the ACK then).
+fn busy_next(s: &Side) -> Wc {
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut wc = [EMPTY_WC];
+    while s.cq.poll(&mut wc) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
+    }
+    wc[0]
+}
+
 /// A ping-pong: `b` answers each SEND of `a` at once with a SEND of its own. The ACK `b`
 /// owes for the ping rides beside its answer (`Engine::allow_acks_beside`) once `b`'s
 /// driver knows `a`'s inbox takes them, and `a` takes it before the answer: `a`'s send
@@ -74,17 +86,6 @@ fn contexts_on_one_host_exchange_packets_through_shared_memory() {
 /// Runs up to `rounds` rounds, fewer once each side took `enough` ACKs beside packets;
 /// returns how many each side took and the rounds run.
 fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool, enough: u64) -> (u64, u64, u64) {
-    // Busy polls, as a latency-bound program's: the application's thread takes what comes,
-    // so its answer follows at once (a waiting thread lets the progress thread take the
-    // ping, which sends the ACK then).
-    let next = |s: &Side| {
-        let deadline = std::time::Instant::now() + WAIT;
-        let mut wc = [EMPTY_WC];
-        while s.cq.poll(&mut wc) == 0 {
-            assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
-        }
-        wc[0]
-    };
     let before = (a.ctx.counters().engine.rcvd_acks_beside, b.ctx.counters().engine.rcvd_acks_beside);
     for side in [a, b] {
         for i in 0..4 {
@@ -115,7 +116,7 @@ fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool, enough: u64) -> (u
         // b: its answers' completions, in order, then the ping; in order, every answer
         // before this ping completed before it (by the ACK beside it).
         let ping = loop {
-            let wc = next(b);
+            let wc = busy_next(b);
             if wc.opcode != WcOpcode::Send {
                 break wc;
             }
@@ -129,7 +130,7 @@ fn ping_pong(a: &Side, b: &Side, rounds: u64, in_order: bool, enough: u64) -> (u
         repost(b, ping.wr_id);
         b.qp.post_send(&[wr(1000 + round, SendOp::Send, &sge(b))]).unwrap();
         // a: its ping's completion first, then the answer.
-        let (first, second) = (next(a), next(a));
+        let (first, second) = (busy_next(a), busy_next(a));
         let (sent, answer) = if in_order || first.opcode == WcOpcode::Send { (first, second) } else { (second, first) };
         assert_eq!((sent.opcode, sent.wr_id, sent.status), (WcOpcode::Send, round, WcStatus::Success), "{round}");
         assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
@@ -177,14 +178,6 @@ fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
 #[test]
 fn an_ack_beside_that_completes_nothing_is_taken_after_the_answer() {
     let (a, b) = rc_pair(64 << 10);
-    let next = |s: &Side| {
-        let deadline = std::time::Instant::now() + WAIT;
-        let mut wc = [EMPTY_WC];
-        while s.cq.poll(&mut wc) == 0 {
-            assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
-        }
-        wc[0]
-    };
     let rsge = |s: &Side| [s.mr.sge(4096..4096 + 64).unwrap()];
     let recv = |s: &Side| s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge(s) }]).unwrap();
     let unsignaled = |s: &Side, wr_id: u64| {
@@ -201,11 +194,11 @@ fn an_ack_beside_that_completes_nothing_is_taken_after_the_answer() {
     while round < 300 || left(&a) - before < 20 {
         assert!(round < 5000, "ACKs left for the next poll: {} in {round} rounds", left(&a) - before);
         unsignaled(&a, round);
-        let ping = next(&b);
+        let ping = busy_next(&b);
         assert_eq!((ping.opcode, ping.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
         recv(&b);
         unsignaled(&b, round);
-        let answer = next(&a);
+        let answer = busy_next(&a);
         assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
         recv(&a);
         round += 1;
