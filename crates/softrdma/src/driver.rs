@@ -1623,11 +1623,13 @@ impl State {
             // what the poll waits for (LeftAck).
             let quiet = match (*rx_stop_at, how.ack, &*faults, &*capture) {
                 (Some(_), Some(ack), None, None) if nic.engine().ack_beside_is_quiet(datagram, ack) => {
-                    how.ack = None;
                     LeftAck::new(envelope, datagram, ack)
                 }
                 _ => None,
             };
+            if quiet.is_some() {
+                how.ack = None; // taken below, after the packet
+            }
             deliver(nic, capture, faults, now, envelope, ip, datagram, Arrival::Inbox(how));
             if let Some(left) = quiet {
                 if rx_stop_at.is_some_and(|cq| nic.engine().cq_ready(cq)) {
