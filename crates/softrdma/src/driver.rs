@@ -1058,11 +1058,12 @@ impl Shared {
         if self.watching.load(Ordering::SeqCst) {
             ring(&self.doorbell);
         }
-        // What a poll left for its next call (the ACKs after an answer, `rx_rest`, `ack_left`) is this
-        // wait's to take first: it may hold what the wait is for (a send's completion), and
-        // no socket says it is there: a wait that may not spin slept until the progress
-        // thread's next look (up to APP_POLL_WINDOW) for an event that was already here.
-        // Such a wait polled (the device's work done in this thread), and no more.
+        // What a poll left for its next call (the ACKs after an answer, `rx_rest`,
+        // `ack_left`) is this wait's to take first: it may hold what the wait is for (a
+        // send's completion), and no socket says it is there: a wait that may not spin
+        // slept until the progress thread's next look (up to APP_POLL_WINDOW) for an event
+        // that was already here. Such a wait polled (the device's work done in this
+        // thread), and no more.
         let found_in_left = {
             let mut st = self.lock();
             let left = st.rx_rest.is_some() || st.ack_left.is_some();
@@ -1944,8 +1945,8 @@ fn only_acknowledges(datagram: &[u8]) -> bool {
 /// application sees the same completions in the same order, a moment sooner. A
 /// ping-pong of unsignaled WRITEs (`softrdma perf write lat`) was 0.48–0.49 µs one way with
 /// the ACK taken first, 0.43–0.44 so: its 500 instructions came between the answer and the
-/// application. (On a socket, an answer and
-/// the ACK paired with it wait the same way: `rx_rest`.)
+/// application. (On a socket, an answer and the ACK paired with it wait the same way:
+/// `rx_rest`.)
 struct LeftAck {
     envelope: Envelope,
     /// The packet's base transport header, which names the QP.

@@ -722,8 +722,8 @@ impl RoceSocket {
         sys::sendmmsg(self.socket.as_fd(), std::slice::from_ref(&msg)).map(|_| ())
     }
 
-    /// Receives what is queued, up to the batch's [`limit`](RecvBatch::limit), with one `recvmmsg`, replacing
-    /// the batch's contents. Non-blocking: `WouldBlock` when nothing is queued. Returns the
+    /// Receives what is queued, up to the batch's [`limit`](RecvBatch::limit), with one
+    /// `recvmmsg`, replacing the batch's contents. Non-blocking: `WouldBlock` when nothing is queued. Returns the
     /// number of messages (a GRO message may hold several datagrams; [`RecvBatch::iter`]
     /// yields each).
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {

@@ -25,14 +25,16 @@
 //! sees the other: no wake-up is lost. A count, not a flag: two threads of the receiver may
 //! take turns watching the bell, and one waking must not unregister the other.
 //!
-//! **Seeing a datagram.** A sender writes its entries, then publishes them with one store of
-//! its lane's head per batch ([`Outbox::wake`]); a polling receiver reads the heads of the
-//! lanes that have an owner, a line each that only a batch changes. The file's sequence
-//! number is bumped only when a sender claims a lane (the receiver then reads the owners
-//! again), not per batch as in earlier builds, where every post of a one-WR-at-a-time
-//! program moved that line between the two cores as well as the head's (a third of a
-//! `ib_send_bw -s 64` sender's time went there). A receiver of an earlier build, which
-//! looks at the lanes only when the number moves, says so by lacking [`FEATURE_HEADS`],
+//! **Seeing a datagram.** A sender writes its entries, then publishes them once per batch
+//! ([`Outbox::wake`]): its lane's head, then each entry's stamp (`E_STAMP`). A polling
+//! receiver reads, for a lane whose owner stamps, the header of the entry after its tail
+//! (one line from the sender's core per datagram, the one it reads anyway), and for any
+//! other lane that has an owner, its head. The file's sequence number is bumped only when
+//! a sender claims a lane (the receiver then reads the owners again), not per batch as in
+//! earlier builds, where every post of a one-WR-at-a-time program moved that line between
+//! the two cores as well as the head's (a third of a `ib_send_bw -s 64` sender's time went
+//! there). A receiver of an earlier build, which
+//! looks at the lanes only when the number moves, says so by lacking `FEATURE_HEADS`,
 //! and its senders bump it after every batch; a sender of an earlier build bumps it after
 //! every batch anyway, and the receiver reads the owners then.
 //!
@@ -963,8 +965,8 @@ impl Outbox {
             index = index.wrapping_add(1);
         }
         self.published = self.head;
-        // Sequentially consistent, so that it orders the head written before it against
-        // the sleepers read after it (the receiver counts itself in, then looks).
+        // Sequentially consistent, so that it orders the head and stamps written before it
+        // against the sleepers read after it (the receiver counts itself in, then looks).
         if self.heads {
             std::sync::atomic::fence(Ordering::SeqCst);
         } else {
