@@ -92,6 +92,10 @@ const IDLE_SOCKET_AFTER: u32 = 64;
 /// and another brought the last datagrams: an empty `recvmmsg` costs 0.3-0.5 us here, so
 /// two sockets asked every 20 us cost a few percent of a core.
 const IDLE_SOCKET_INTERVAL: Duration = Duration::from_micros(20);
+/// How often an application thread asks idle sockets while the progress thread watches
+/// them for it ([`Shared::sockets_idle`]): a net under that watch, which tells of a
+/// datagram within a wake-up.
+const WATCHED_SOCKET_INTERVAL: Duration = APP_POLL_WINDOW;
 /// The inbox counts as busy this long after its last packet: a same-host ping-pong waits
 /// far more than 64 passes for each answer, and asking both idle sockets on every one of
 /// those passes (two `recvmmsg` calls, over a microsecond) delayed seeing the answer.
@@ -417,6 +421,8 @@ pub(crate) struct State {
     rx_last_socket: Option<usize>,
     /// When the same-host inbox last held a packet.
     inbox_last: Option<Instant>,
+    /// What this device last published as [`Shared::sockets_idle`].
+    sockets_idle: bool,
     /// The CQ whose empty poll last received in the application's thread, and when.
     app_rx_last: Option<(u32, Instant)>,
     /// Empty application polls in a row (nothing received, nothing completed).
@@ -516,6 +522,14 @@ pub(crate) struct Shared {
     /// The progress thread sleeps watching the sockets (a thread that starts to wait on a
     /// channel then rings the doorbell, so that only one of them wakes per datagram).
     watching: AtomicBool,
+    /// An application thread polls the same-host inbox while every socket is idle, and
+    /// leaves the sockets to the progress thread's `poll(2)` rather than ask them itself
+    /// every [`IDLE_SOCKET_INTERVAL`]: the progress thread watches them in its sleeps and
+    /// says when one is readable ([`sockets_news`](Self::sockets_news)).
+    sockets_idle: AtomicBool,
+    /// A socket was readable while [`sockets_idle`](Self::sockets_idle): the polling
+    /// application's next pass asks the sockets.
+    sockets_news: AtomicBool,
     /// Receive batches the progress thread took from the sockets itself.
     thread_receives: AtomicU64,
     /// Bytes of device memory ([`crate::DeviceMemory`]) the context holds.
@@ -766,6 +780,7 @@ impl Driver {
             idle_asked: Instant::ZERO,
             rx_last_socket: None,
             inbox_last: None,
+            sockets_idle: false,
             app_rx_last: None,
             app_empty_polls: 0,
             rx_batches: 0,
@@ -793,6 +808,8 @@ impl Driver {
             app_polled: AtomicU64::new(0),
             app_waiting: std::sync::atomic::AtomicU32::new(0),
             watching: AtomicBool::new(false),
+            sockets_idle: AtomicBool::new(false),
+            sockets_news: AtomicBool::new(false),
             thread_receives: AtomicU64::new(0),
             dm_bytes: AtomicU64::new(0),
             sleeping_until: AtomicU64::new(0),
@@ -1100,11 +1117,41 @@ impl Shared {
     /// The progress thread found the lock taken while the application polls (which does
     /// its work meanwhile): it sleeps until the doorbell rings or APP_POLL_WINDOW passes,
     /// published as the instant it wakes, as any sleep of it (`sleeping_until`).
+    /// Meanwhile it watches the sockets for the application if it leaves them to this
+    /// thread ([`watches_for_app`](Self::watches_for_app)).
     fn sleep_while_app_polls(&self, now: Instant) {
         self.sleeping_until.store(now.saturating_add(APP_POLL_WINDOW).as_nanos().max(1), Ordering::Release);
-        wait_readable(&self.doorbell, Some(APP_POLL_WINDOW));
+        let mut fds = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
+        let for_app = self.watches_for_app();
+        if for_app {
+            fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+        }
+        poll(&mut fds, Some(APP_POLL_WINDOW));
+        if for_app {
+            self.tell_app_of_sockets(&fds[1..]);
+        }
         self.sleeping_until.store(0, Ordering::Release);
         drain(&self.doorbell);
+    }
+
+    /// Whether this thread's next sleep watches the sockets for a polling application: it
+    /// leaves them to this thread ([`Shared::sockets_idle`]), has not been told of a
+    /// readable one yet, and no thread waits on a channel (which watches them itself).
+    /// Once told, this thread sleeps without them until the application has asked them:
+    /// a readable socket would wake it at once, again and again.
+    fn watches_for_app(&self) -> bool {
+        self.sockets_idle.load(Ordering::SeqCst)
+            && !self.sockets_news.load(Ordering::Acquire)
+            && self.app_waiting.load(Ordering::SeqCst) == 0
+    }
+
+    /// After a sleep that watched the sockets for the application (`watched`: their
+    /// descriptors, first in the sleep's set): tells it of any that became readable.
+    fn tell_app_of_sockets(&self, watched: &[PollFd<'_>]) {
+        let sockets = self.port.sockets().len();
+        if watched.iter().take(sockets).any(|f| !f.revents().is_empty()) {
+            self.sockets_news.store(true, Ordering::Release);
+        }
     }
 
     /// Receives, sends and delivers events in this thread, as a polling application does,
@@ -1316,6 +1363,10 @@ impl Shared {
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len() + groups.len());
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             let mut bell = Bell::Unwatched;
+            let for_app = app_polled && self.watches_for_app();
+            if for_app {
+                fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+            }
             if !app_polling {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
@@ -1329,6 +1380,9 @@ impl Shared {
             }
             if bell != Bell::Pending {
                 poll(&mut fds, timeout);
+            }
+            if for_app {
+                self.tell_app_of_sockets(&fds[1..]);
             }
             // The bell is the last descriptor `watch_bell` added.
             took_bell = bell == Bell::Watched && fds.last().is_some_and(|f| !f.revents().is_empty());
@@ -1383,8 +1437,30 @@ impl State {
             (worked, resumed) = (true, true);
             self.ingress_from(shared, now, None, at);
         }
+        let all_idle = self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER);
+        let inbox_busy = self.inbox_last.is_some_and(|t| now - t < INBOX_ACTIVE);
+        if sockets {
+            // An application thread that polls the inbox while every socket is idle (a
+            // same-host ping-pong or stream) leaves the sockets to the progress thread's
+            // sleep, which watches them in `poll(2)` and says when one is readable: asking
+            // two idle sockets every IDLE_SOCKET_INTERVAL was two `recvmmsg` calls per 20
+            // us in the polling thread, and cost a same-host ping-pong 3 % of its latency
+            // (alternating runs). A net under the watch asks them every
+            // WATCHED_SOCKET_INTERVAL still. Not while a thread waits on a channel: the
+            // progress thread leaves the sockets to it, and it watches them only asleep.
+            let idle = all_idle
+                && inbox_busy
+                && shared.app_waiting.load(Ordering::SeqCst) == 0
+                && !crate::stats::is_progress_thread(shared.thread_id.get().copied());
+            self.publish_sockets_idle(shared, idle);
+        }
         let sockets = if sockets && !resumed { shared.port.sockets() } else { &[] };
-        let sweep = now - self.idle_asked >= IDLE_SOCKET_INTERVAL;
+        let news = !sockets.is_empty()
+            && self.sockets_idle
+            && shared.sockets_news.load(Ordering::Relaxed)
+            && shared.sockets_news.swap(false, Ordering::Acquire);
+        let interval = if self.sockets_idle { WATCHED_SOCKET_INTERVAL } else { IDLE_SOCKET_INTERVAL };
+        let sweep = news || now - self.idle_asked >= interval;
         if sweep && !sockets.is_empty() {
             self.idle_asked = now;
         }
@@ -1396,8 +1472,7 @@ impl State {
         // `recvmmsg` calls (an empty poll 0.9-1.1 us against 0.71-0.75 with one socket),
         // and an answer that came during the second waited for the next pass.
         let mut taken = 0;
-        let quiet = self.rx_empty.iter().all(|&e| e >= IDLE_SOCKET_AFTER)
-            && self.inbox_last.is_none_or(|t| now - t >= INBOX_ACTIVE);
+        let quiet = all_idle && !inbox_busy;
         for (i, socket) in sockets.iter().enumerate() {
             if RX_PASS_BYTES.saturating_sub(taken) < self.rx_longest {
                 break; // the pass took its fill: the other sockets wait for the next
@@ -1465,6 +1540,19 @@ impl State {
             counters(nic, *send_errors, *channel_waits, *acks_left, same_host.as_ref(), faults.as_ref())
         });
         worked
+    }
+
+    /// Publishes whether an application thread leaves the idle sockets to the progress
+    /// thread's watch ([`Shared::sockets_idle`]); when it starts to, rings the doorbell, so
+    /// that the progress thread, asleep without the sockets, sleeps again watching them.
+    fn publish_sockets_idle(&mut self, shared: &Shared, idle: bool) {
+        if idle != self.sockets_idle {
+            self.sockets_idle = idle;
+            shared.sockets_idle.store(idle, Ordering::SeqCst);
+            if idle {
+                ring(&shared.doorbell);
+            }
+        }
     }
 
     /// Receives what the multicast groups' sockets hold: the datagrams that came in by the
@@ -2365,6 +2453,59 @@ mod tests {
         assert_eq!((queued(&st) - before, st.rx.len()), (1, 4), "one receive of four trains");
         st.receive(&shared, shared.now(), true, false);
         assert_eq!(st.rx.len(), 4, "the next pass took the other four");
+    }
+
+    /// An application thread that polls the same-host inbox while every socket is idle
+    /// leaves the sockets to the progress thread, which watches them in its sleep and says
+    /// when one is readable: the application's next pass then takes the datagram, though
+    /// no sweep of the idle sockets is due. Without the word it does not ask them.
+    #[test]
+    fn a_polling_application_is_told_of_a_datagram_on_an_idle_socket() {
+        use softrdma_udp::{Config, Outgoing, RoceSocket};
+        let port = 52_000 + (std::process::id() % 4000) as u16;
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
+        let shared = std::sync::Arc::clone(&ctx.drv.shared);
+        // The application polls (so the progress thread leaves receiving to it), the inbox
+        // had a packet just now, every socket is idle and was asked just now.
+        let polls = || shared.app_polled.store(shared.now().as_nanos().max(1), Ordering::Relaxed);
+        polls();
+        let now = shared.now();
+        let before = {
+            let mut st = shared.lock();
+            st.inbox_last = Some(now);
+            st.rx_empty.iter_mut().for_each(|e| *e = super::IDLE_SOCKET_AFTER);
+            st.idle_asked = now;
+            st.receive(&shared, now, true, false);
+            st.rx_batches
+        };
+        assert!(shared.sockets_idle.load(Ordering::SeqCst), "the idle sockets are left to the progress thread");
+
+        let to = ipv4_socket_addr(&shared);
+        let tx = RoceSocket::bind_with(to.ip(), &Config { port: 0, ..Config::default() }).unwrap();
+        let envelope = tx.envelope_to(to).unwrap();
+        assert_eq!(tx.send_batch(&[Outgoing::new(envelope, &[0u8; 100])]).unwrap(), 1);
+        // The progress thread says so (the application polling all along).
+        let start = std::time::Instant::now();
+        while !shared.sockets_news.load(Ordering::Acquire) {
+            assert!(start.elapsed() < Duration::from_secs(10), "the progress thread never told of the datagram");
+            polls();
+            std::thread::sleep(Duration::from_micros(100));
+        }
+        let mut st = shared.lock();
+        // A pass at the same instant (no sweep due) asks the sockets, told so, and takes it.
+        st.receive(&shared, now, true, false);
+        assert_eq!(st.rx_batches, before + 1, "the datagram taken on the pass after the word");
+        assert!(!shared.sockets_news.load(Ordering::Acquire), "the word taken with it");
+        // Nothing told, nothing asked: a second datagram waits for the word or the sweep.
+        assert_eq!(tx.send_batch(&[Outgoing::new(envelope, &[0u8; 100])]).unwrap(), 1);
+        std::thread::sleep(Duration::from_millis(30));
+        shared.sockets_news.store(false, Ordering::Release);
+        st.rx_empty.iter_mut().for_each(|e| *e = super::IDLE_SOCKET_AFTER);
+        st.receive(&shared, now, true, false);
+        assert_eq!(st.rx_batches, before + 1, "idle sockets not asked without the word");
+        st.receive(&shared, now + super::WATCHED_SOCKET_INTERVAL, true, false);
+        assert_eq!(st.rx_batches, before + 2, "the sweep under the watch takes it");
     }
 
     /// The address the device's IPv4 socket is bound to.

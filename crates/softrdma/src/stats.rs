@@ -534,7 +534,7 @@ impl Publisher {
 /// progress thread of at most one device and every other device's application thread, so
 /// the first answer holds for the thread's life; it is kept, since applications ask on
 /// every poll.
-fn is_progress_thread(progress: Option<std::thread::ThreadId>) -> bool {
+pub(crate) fn is_progress_thread(progress: Option<std::thread::ThreadId>) -> bool {
     thread_local! {
         static PROGRESS: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
     }
