@@ -15,7 +15,9 @@
 //!   empty CQ receives and processes what the sockets hold. While the application polls,
 //!   the progress thread stops watching the sockets (it would only be woken to find the
 //!   work done) and keeps only the timers, until the application has not polled for
-//!   [`APP_POLL_WINDOW`].
+//!   [`APP_POLL_WINDOW`]; except while the application polls the same-host inbox with
+//!   every socket idle: then the progress thread's sleep watches the sockets for it, and
+//!   tells it of a readable one ([`Shared::sockets_idle`]).
 //! - **The doorbell**: a verb that arms a timer earlier than the one the sleeping progress
 //!   thread waits for rings it (the thread publishes its deadline under the device lock, so
 //!   no wake-up is lost).
