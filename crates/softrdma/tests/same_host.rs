@@ -220,6 +220,83 @@ fn either_side_turning_the_path_off_keeps_both_on_the_sockets() {
     }
 }
 
+/// A device whose application busy-polls a same-host ping-pong (its sockets idle, left to
+/// the progress thread's watch once they have been for a while) still takes what comes by
+/// a socket: a UD datagram from a context that keeps to the sockets arrives during the
+/// ping-pong, by the socket.
+#[test]
+fn a_datagram_by_the_sockets_reaches_a_device_polled_for_the_same_host_path() {
+    let port = test_port();
+    let (a, b) = pair_on(port, QpType::Rc, 64 << 10, [ContextOptions::default(), ContextOptions::default()]);
+    let ucq = a.ctx.create_cq(16, None).unwrap();
+    let uqp = a.pd.create_qp(&QpInit::new(QpType::Ud, &ucq)).unwrap();
+    uqp.ready_ud(0x1111_2222, 0).unwrap();
+    let rsge = [a.mr.sge(32 << 10..(32 << 10) + 40 + 100).unwrap()];
+    uqp.post_recv(&[RecvWr { wr_id: 7, sg_list: &rsge }]).unwrap();
+    // The sender: its own context on the same address and port, on the sockets.
+    let w = {
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, same_host: false, ..ContextOptions::default() }).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16, None).unwrap();
+        let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
+        qp.ready_ud(0x1111_2222, 0).unwrap();
+        let mr = pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        Side { ctx, pd, cq, qp, mr }
+    };
+    w.mr.write(0, &pattern(100, 3)).unwrap();
+    let av =
+        AddressVector { dgid: a.ctx.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
+    let ah = w.pd.create_ah(av).unwrap();
+    let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(uqp.qpn()), remote_qkey: QKey(0x1111_2222) };
+    let wsge = [w.mr.sge(0..100).unwrap()];
+
+    for side in [&a, &b] {
+        let rsge = [side.mr.sge(4096..4096 + 64).unwrap()];
+        side.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
+    }
+    let sge = |s: &Side| [s.mr.sge(0..64).unwrap()];
+    let unsignaled = |wr_id| SendWr { flags: SendFlags(0), ..wr(wr_id, SendOp::Send, &[]) };
+    let start = std::time::Instant::now();
+    let mut sent_at = None;
+    let mut got = None;
+    for round in 0..1_000_000u64 {
+        // After 20 ms of ping-pong (A's idle sockets long left to the watch), W sends.
+        if sent_at.is_none() && start.elapsed() > Duration::from_millis(20) {
+            w.qp.post_send(&[SendWr { ud: Some(dest), ..wr(1, SendOp::Send, &wsge) }]).unwrap();
+            sent_at = Some(round);
+        }
+        let s = sge(&a);
+        a.qp.post_send(&[SendWr { sg_list: &s, ..unsignaled(round) }]).unwrap();
+        let ping = busy_next(&b);
+        assert_eq!((ping.opcode, ping.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        let rsge = [b.mr.sge(4096..4096 + 64).unwrap()];
+        b.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
+        let s = sge(&b);
+        b.qp.post_send(&[SendWr { sg_list: &s, ..unsignaled(round) }]).unwrap();
+        let answer = busy_next(&a);
+        assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        let rsge = [a.mr.sge(4096..4096 + 64).unwrap()];
+        a.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
+        if let Some(wc) = ucq.poll_one() {
+            got = Some(wc);
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "no datagram from the sockets in {WAIT:?} of ping-pong");
+    }
+    let wc = got.expect("the datagram arrived within the rounds");
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (7, WcStatus::Success, 140));
+    let mut data = vec![0u8; 100];
+    a.mr.read((32 << 10) + 40, &mut data).unwrap();
+    assert_eq!(data, pattern(100, 3));
+    let (ca, cw) = (a.ctx.counters(), w.ctx.counters());
+    assert_eq!(cw.same_host_sent, 0, "the sender kept to the sockets");
+    // A packet by a socket has its ICRC checked; one through the inbox has none.
+    let checked = ca.engine.rcvd_icrc_exact + ca.engine.rcvd_icrc_predicted + ca.engine.rcvd_icrc_solved;
+    assert_eq!(checked, 1, "A took one packet by a socket: {ca:?}");
+    assert!(ca.same_host_rcvd > 0, "and the ping-pong's through its inbox: {ca:?}");
+}
+
 #[test]
 fn a_ud_datagram_through_shared_memory_arrives_with_its_grh() {
     let port = test_port();

@@ -48,7 +48,11 @@ pub fn pair(qp_type: QpType, len: usize) -> (Side, Side) {
 
 /// [`pair`] with each side's context options (their ports replaced by one test port).
 pub fn pair_with(qp_type: QpType, len: usize, options: [ContextOptions; 2]) -> (Side, Side) {
-    let port = test_port();
+    pair_on(test_port(), qp_type, len, options)
+}
+
+/// [`pair_with`] on `port`.
+pub fn pair_on(port: u16, qp_type: QpType, len: usize, options: [ContextOptions; 2]) -> (Side, Side) {
     let [a, b] = options.map(|o| {
         let device = Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
         let ctx = device.open_with(&ContextOptions { port, ..o }).expect("open a loopback device");
