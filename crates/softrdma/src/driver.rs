@@ -2414,10 +2414,7 @@ mod tests {
     #[test]
     fn a_pass_takes_about_its_fill_of_trains_and_small_datagrams_by_the_batch() {
         use softrdma_udp::{Config, Outgoing, RoceSocket};
-        let port = 56_000 + (std::process::id() % 4000) as u16;
-        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
-        let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
-        let shared = std::sync::Arc::clone(&ctx.drv.shared);
+        let (_ctx, shared) = lo_context(56_000 + (std::process::id() % 4000) as u16);
         // Held throughout: the progress thread receives nothing meanwhile.
         let mut st = shared.lock();
         let to = ipv4_socket_addr(&shared);
@@ -2464,10 +2461,7 @@ mod tests {
     #[test]
     fn a_polling_application_is_told_of_a_datagram_on_an_idle_socket() {
         use softrdma_udp::{Config, Outgoing, RoceSocket};
-        let port = 52_000 + (std::process::id() % 4000) as u16;
-        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
-        let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
-        let shared = std::sync::Arc::clone(&ctx.drv.shared);
+        let (_ctx, shared) = lo_context(52_000 + (std::process::id() % 4000) as u16);
         // The application polls (so the progress thread leaves receiving to it), the inbox
         // had a packet just now, every socket is idle and was asked just now.
         let polls = || shared.app_polled.store(shared.now().as_nanos().max(1), Ordering::Relaxed);
@@ -2508,6 +2502,14 @@ mod tests {
         assert_eq!(st.rx_batches, before + 1, "idle sockets not asked without the word");
         st.receive(&shared, now + super::WATCHED_SOCKET_INTERVAL, true, false);
         assert_eq!(st.rx_batches, before + 2, "the sweep under the watch takes it");
+    }
+
+    /// A device on 127.0.0.1 opened on `port`, and its driver's shared state.
+    fn lo_context(port: u16) -> (crate::Context, std::sync::Arc<super::Shared>) {
+        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
+        let ctx = device.open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
+        let shared = std::sync::Arc::clone(&ctx.drv.shared);
+        (ctx, shared)
     }
 
     /// The address the device's IPv4 socket is bound to.

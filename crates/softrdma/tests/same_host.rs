@@ -234,16 +234,7 @@ fn a_datagram_by_the_sockets_reaches_a_device_polled_for_the_same_host_path() {
     let rsge = [a.mr.sge(32 << 10..(32 << 10) + 40 + 100).unwrap()];
     uqp.post_recv(&[RecvWr { wr_id: 7, sg_list: &rsge }]).unwrap();
     // The sender: its own context on the same address and port, on the sockets.
-    let w = {
-        let device = Device::with_addresses("lo", vec![std::net::IpAddr::from([127, 0, 0, 1])]);
-        let ctx = device.open_with(&ContextOptions { port, same_host: false, ..ContextOptions::default() }).unwrap();
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16, None).unwrap();
-        let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
-        qp.ready_ud(0x1111_2222, 0).unwrap();
-        let mr = pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
-        Side { ctx, pd, cq, qp, mr }
-    };
+    let w = ud_side_with([127, 0, 0, 1], ContextOptions { port, same_host: false, ..ContextOptions::default() });
     w.mr.write(0, &pattern(100, 3)).unwrap();
     let av =
         AddressVector { dgid: a.ctx.gid(0).unwrap(), sgid_index: 0, hop_limit: 64, traffic_class: 0, flow_label: 0 };
@@ -251,12 +242,17 @@ fn a_datagram_by_the_sockets_reaches_a_device_polled_for_the_same_host_path() {
     let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(uqp.qpn()), remote_qkey: QKey(0x1111_2222) };
     let wsge = [w.mr.sge(0..100).unwrap()];
 
-    for side in [&a, &b] {
-        let rsge = [side.mr.sge(4096..4096 + 64).unwrap()];
-        side.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
-    }
-    let sge = |s: &Side| [s.mr.sge(0..64).unwrap()];
-    let unsignaled = |wr_id| SendWr { flags: SendFlags(0), ..wr(wr_id, SendOp::Send, &[]) };
+    // Each side's receive, posted again once taken; its SEND, unsignaled.
+    let receive = |s: &Side| {
+        let rsge = [s.mr.sge(4096..4096 + 64).unwrap()];
+        s.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
+    };
+    let send = |s: &Side, wr_id| {
+        let sge = [s.mr.sge(0..64).unwrap()];
+        s.qp.post_send(&[SendWr { flags: SendFlags(0), ..wr(wr_id, SendOp::Send, &sge) }]).unwrap();
+    };
+    receive(&a);
+    receive(&b);
     let start = std::time::Instant::now();
     let mut sent_at = None;
     let mut got = None;
@@ -266,18 +262,12 @@ fn a_datagram_by_the_sockets_reaches_a_device_polled_for_the_same_host_path() {
             w.qp.post_send(&[SendWr { ud: Some(dest), ..wr(1, SendOp::Send, &wsge) }]).unwrap();
             sent_at = Some(round);
         }
-        let s = sge(&a);
-        a.qp.post_send(&[SendWr { sg_list: &s, ..unsignaled(round) }]).unwrap();
-        let ping = busy_next(&b);
-        assert_eq!((ping.opcode, ping.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
-        let rsge = [b.mr.sge(4096..4096 + 64).unwrap()];
-        b.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
-        let s = sge(&b);
-        b.qp.post_send(&[SendWr { sg_list: &s, ..unsignaled(round) }]).unwrap();
-        let answer = busy_next(&a);
-        assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
-        let rsge = [a.mr.sge(4096..4096 + 64).unwrap()];
-        a.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
+        for (from, to) in [(&a, &b), (&b, &a)] {
+            send(from, round);
+            let wc = busy_next(to);
+            assert_eq!((wc.opcode, wc.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+            receive(to);
+        }
         if let Some(wc) = ucq.poll_one() {
             got = Some(wc);
             break;

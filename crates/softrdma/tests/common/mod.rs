@@ -75,7 +75,13 @@ pub fn pair_on(port: u16, qp_type: QpType, len: usize, options: [ContextOptions;
 /// A UD QP ready to send and receive (Q_Key 0x11112222) on a device on loopback address
 /// `ip`, with an 8 KiB buffer.
 pub fn ud_side(ip: [u8; 4], port: u16) -> Side {
-    let ctx = open(ip, port);
+    ud_side_with(ip, ContextOptions { port, ..ContextOptions::default() })
+}
+
+/// [`ud_side`] on a device opened with `options`.
+pub fn ud_side_with(ip: [u8; 4], options: ContextOptions) -> Side {
+    let device = Device::with_addresses("lo", vec![IpAddr::from(ip)]);
+    let ctx = device.open_with(&options).expect("open a loopback device");
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(64, None).unwrap();
     let qp = pd.create_qp(&QpInit::new(QpType::Ud, &cq)).unwrap();
