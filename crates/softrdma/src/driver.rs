@@ -1120,14 +1120,11 @@ impl Shared {
     /// its work meanwhile): it sleeps until the doorbell rings or APP_POLL_WINDOW passes,
     /// published as the instant it wakes, as any sleep of it (`sleeping_until`).
     /// Meanwhile it watches the sockets for the application if it leaves them to this
-    /// thread ([`watches_for_app`](Self::watches_for_app)).
+    /// thread ([`watch_for_app`](Self::watch_for_app)).
     fn sleep_while_app_polls(&self, now: Instant) {
         self.sleeping_until.store(now.saturating_add(APP_POLL_WINDOW).as_nanos().max(1), Ordering::Release);
         let mut fds = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
-        let for_app = self.watches_for_app();
-        if for_app {
-            fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
-        }
+        let for_app = self.watch_for_app(&mut fds);
         poll(&mut fds, Some(APP_POLL_WINDOW));
         if for_app {
             self.tell_app_of_sockets(&fds[1..]);
@@ -1136,15 +1133,25 @@ impl Shared {
         drain(&self.doorbell);
     }
 
-    /// Whether this thread's next sleep watches the sockets for a polling application: it
-    /// leaves them to this thread ([`Shared::sockets_idle`]), has not been told of a
+    /// Adds the sockets to `fds` (after the doorbell) if this thread's next sleep watches
+    /// them for a polling application, and returns whether it does: the application leaves
+    /// them to this thread ([`Shared::sockets_idle`]), this thread has not told of a
     /// readable one yet, and no thread waits on a channel (which watches them itself).
     /// Once told, this thread sleeps without them until the application has asked them:
     /// a readable socket would wake it at once, again and again.
-    fn watches_for_app(&self) -> bool {
-        self.sockets_idle.load(Ordering::SeqCst)
+    fn watch_for_app<'a>(&'a self, fds: &mut Vec<PollFd<'a>>) -> bool {
+        let watch = self.sockets_idle.load(Ordering::SeqCst)
             && !self.sockets_news.load(Ordering::Acquire)
-            && self.app_waiting.load(Ordering::SeqCst) == 0
+            && self.app_waiting.load(Ordering::SeqCst) == 0;
+        if watch {
+            fds.extend(self.socket_fds());
+        }
+        watch
+    }
+
+    /// The port's sockets, as entries of a `poll(2)` set watching them for datagrams.
+    fn socket_fds(&self) -> impl Iterator<Item = PollFd<'_>> {
+        self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN))
     }
 
     /// After a sleep that watched the sockets for the application (`watched`: their
@@ -1203,7 +1210,7 @@ impl Shared {
             let groups = self.group_sockets();
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len() + groups.len());
             fds.push(PollFd::new(fd, PollFlags::IN));
-            fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+            fds.extend(self.socket_fds());
             fds.extend(groups.iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
             // Rung by another process of the host: this thread takes the packet, as from a
             // socket.
@@ -1365,14 +1372,11 @@ impl Shared {
             let mut fds: Vec<PollFd<'_>> = Vec::with_capacity(2 + self.port.sockets().len() + groups.len());
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             let mut bell = Bell::Unwatched;
-            let for_app = app_polled && self.watches_for_app();
-            if for_app {
-                fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
-            }
+            let for_app = app_polled && self.watch_for_app(&mut fds);
             if !app_polling {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
-                    fds.extend(self.port.sockets().iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
+                    fds.extend(self.socket_fds());
                     fds.extend(groups.iter().map(|s| PollFd::from_borrowed_fd(s.as_fd(), PollFlags::IN)));
                     bell = self.watch_bell(&mut fds);
                 } else {
