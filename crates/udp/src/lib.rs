@@ -723,9 +723,9 @@ impl RoceSocket {
     }
 
     /// Receives what is queued, up to the batch's [`limit`](RecvBatch::limit), with one
-    /// `recvmmsg`, replacing the batch's contents. Non-blocking: `WouldBlock` when nothing is queued. Returns the
-    /// number of messages (a GRO message may hold several datagrams; [`RecvBatch::iter`]
-    /// yields each).
+    /// `recvmmsg`, replacing the batch's contents. Non-blocking: `WouldBlock` when nothing
+    /// is queued. Returns the number of messages (a GRO message may hold several
+    /// datagrams; [`RecvBatch::iter`] yields each).
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         batch.filled = 0;
         let n = batch.slots.recvmmsg(self.socket.as_fd(), &mut batch.meta[..batch.limit])?;

@@ -33,10 +33,10 @@
 //! a sender claims a lane (the receiver then reads the owners again), not per batch as in
 //! earlier builds, where every post of a one-WR-at-a-time program moved that line between
 //! the two cores as well as the head's (a third of a `ib_send_bw -s 64` sender's time went
-//! there). A receiver of an earlier build, which
-//! looks at the lanes only when the number moves, says so by lacking `FEATURE_HEADS`,
-//! and its senders bump it after every batch; a sender of an earlier build bumps it after
-//! every batch anyway, and the receiver reads the owners then.
+//! there). A receiver of an earlier build, which looks at the lanes only when the number
+//! moves, says so by lacking `FEATURE_HEADS`, and its senders bump it after every batch;
+//! a sender of an earlier build bumps it after every batch anyway, and the receiver reads
+//! the owners then.
 //!
 //! **Memory.** An inbox file is 18 MB, sparse: its headers' pages are allocated when it is
 //! made, a lane's (1.1 MB) when a sender claims it (`fallocate`, so that a full `/dev/shm`
