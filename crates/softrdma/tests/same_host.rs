@@ -170,6 +170,25 @@ fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
     }
 }
 
+/// Posts `s`'s receive for the next ping or answer of [`unsignaled_round`].
+fn post_round_recv(s: &Side) {
+    let rsge = [s.mr.sge(4096..4096 + 64).unwrap()];
+    s.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
+}
+
+/// One round of a ping-pong of unsignaled SENDs (each side's receive posted before, with
+/// [`post_round_recv`]): `a` pings and `b` answers, each busy-polling its receive and
+/// posting it again.
+fn unsignaled_round(a: &Side, b: &Side, round: u64) {
+    for (from, to) in [(a, b), (b, a)] {
+        let sg = [from.mr.sge(0..64).unwrap()];
+        from.qp.post_send(&[SendWr { flags: SendFlags(0), ..wr(round, SendOp::Send, &sg) }]).unwrap();
+        let wc = busy_next(to);
+        assert_eq!((wc.opcode, wc.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
+        post_round_recv(to);
+    }
+}
+
 /// A ping-pong of unsignaled SENDs: the ACK beside each answer frees only room in the
 /// pinger's send queue, so its poll returns the answer at once and leaves the ACK for its
 /// next pass (`LeftAck`, counted in `acks_left_for_next_poll`). Every ACK is taken all the
@@ -178,29 +197,16 @@ fn a_ping_pong_carries_each_ack_beside_the_answer_that_follows_it() {
 #[test]
 fn an_ack_beside_that_completes_nothing_is_taken_after_the_answer() {
     let (a, b) = rc_pair(64 << 10);
-    let rsge = |s: &Side| [s.mr.sge(4096..4096 + 64).unwrap()];
-    let recv = |s: &Side| s.qp.post_recv(&[RecvWr { wr_id: 1, sg_list: &rsge(s) }]).unwrap();
-    let unsignaled = |s: &Side, wr_id: u64| {
-        let sg = [s.mr.sge(0..64).unwrap()];
-        s.qp.post_send(&[SendWr { flags: SendFlags(0), ..wr(wr_id, SendOp::Send, &sg) }]).unwrap();
-    };
     let left = |s: &Side| s.ctx.counters().acks_left_for_next_poll;
     let before = left(&a);
-    recv(&a);
-    recv(&b);
+    post_round_recv(&a);
+    post_round_recv(&b);
     // How many ACKs ride beside answers is the scheduler's (see the ping-pong above): the
     // rounds go on until the pinger's polls left 20, past the send queue's depth.
     let mut round = 0;
     while round < 300 || left(&a) - before < 20 {
         assert!(round < 5000, "ACKs left for the next poll: {} in {round} rounds", left(&a) - before);
-        unsignaled(&a, round);
-        let ping = busy_next(&b);
-        assert_eq!((ping.opcode, ping.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
-        recv(&b);
-        unsignaled(&b, round);
-        let answer = busy_next(&a);
-        assert_eq!((answer.opcode, answer.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
-        recv(&a);
+        unsignaled_round(&a, &b, round);
         round += 1;
     }
     let ca = a.ctx.counters();
@@ -242,32 +248,18 @@ fn a_datagram_by_the_sockets_reaches_a_device_polled_for_the_same_host_path() {
     let dest = UdDest { ah: ah.id(), remote_qpn: Qpn::from_u24_truncating(uqp.qpn()), remote_qkey: QKey(0x1111_2222) };
     let wsge = [w.mr.sge(0..100).unwrap()];
 
-    // Each side's receive, posted again once taken; its SEND, unsignaled.
-    let receive = |s: &Side| {
-        let rsge = [s.mr.sge(4096..4096 + 64).unwrap()];
-        s.qp.post_recv(&[RecvWr { wr_id: 100, sg_list: &rsge }]).unwrap();
-    };
-    let send = |s: &Side, wr_id| {
-        let sge = [s.mr.sge(0..64).unwrap()];
-        s.qp.post_send(&[SendWr { flags: SendFlags(0), ..wr(wr_id, SendOp::Send, &sge) }]).unwrap();
-    };
-    receive(&a);
-    receive(&b);
+    post_round_recv(&a);
+    post_round_recv(&b);
     let start = std::time::Instant::now();
-    let mut sent_at = None;
+    let mut sent = false;
     let mut got = None;
     for round in 0..1_000_000u64 {
         // After 20 ms of ping-pong (A's idle sockets long left to the watch), W sends.
-        if sent_at.is_none() && start.elapsed() > Duration::from_millis(20) {
+        if !sent && start.elapsed() > Duration::from_millis(20) {
             w.qp.post_send(&[SendWr { ud: Some(dest), ..wr(1, SendOp::Send, &wsge) }]).unwrap();
-            sent_at = Some(round);
+            sent = true;
         }
-        for (from, to) in [(&a, &b), (&b, &a)] {
-            send(from, round);
-            let wc = busy_next(to);
-            assert_eq!((wc.opcode, wc.status), (WcOpcode::Recv, WcStatus::Success), "round {round}");
-            receive(to);
-        }
+        unsignaled_round(&a, &b, round);
         if let Some(wc) = ucq.poll_one() {
             got = Some(wc);
             break;
