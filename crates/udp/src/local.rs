@@ -816,6 +816,11 @@ pub struct Outbox {
     /// The receiver reads the heads ([`FEATURE_HEADS`]); else it looks at the lanes only
     /// when the sequence number moves, and each batch bumps it.
     heads: bool,
+    /// The headers of the entries written since the last publication, by index modulo
+    /// [`SLOTS`]: [`Outbox::wake`] writes each entry's header line once, with its stamp,
+    /// where `put` writing it earlier let a polling receiver take the line between the
+    /// header and the stamp, and the stamp then took it back.
+    headers: Box<[[u8; ENTRY_HEADER]; SLOTS]>,
 }
 
 impl std::fmt::Debug for Outbox {
@@ -884,7 +889,18 @@ impl Outbox {
         let heads = map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_HEADS != 0;
         // The receiver reads the owners again, and looks at this lane from now on.
         map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
-        Ok(Outbox { map, lane, pid: me, bell, backlog: VecDeque::new(), head, published: head, tail, heads })
+        Ok(Outbox {
+            map,
+            lane,
+            pid: me,
+            bell,
+            backlog: VecDeque::new(),
+            head,
+            published: head,
+            tail,
+            heads,
+            headers: Box::new([[0; ENTRY_HEADER]; SLOTS]),
+        })
     }
 
     /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
@@ -923,7 +939,9 @@ impl Outbox {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
         let header = encode(envelope, ip, datagram.len(), beside);
-        if self.flush() && put(&self.map, self.lane, &mut self.head, &mut self.tail, &header, datagram) {
+        if self.flush()
+            && put(&self.map, self.lane, &mut self.head, &mut self.tail, &mut self.headers, &header, datagram)
+        {
             return Ok(());
         }
         let mut entry = Vec::with_capacity(ENTRY_HEADER + datagram.len());
@@ -939,7 +957,7 @@ impl Outbox {
         while let Some(entry) = self.backlog.front() {
             let (header, datagram) = entry.split_at(ENTRY_HEADER);
             let header: [u8; ENTRY_HEADER] = header.try_into().expect("an entry starts with its header");
-            if !put(&self.map, self.lane, &mut self.head, &mut self.tail, &header, datagram) {
+            if !put(&self.map, self.lane, &mut self.head, &mut self.tail, &mut self.headers, &header, datagram) {
                 return false;
             }
             self.backlog.pop_front();
@@ -954,10 +972,10 @@ impl Outbox {
         if self.published == self.head {
             return;
         }
-        // The head first, then the stamps: a receiver that saw a stamp sees the head past
-        // it. (At most a lane's worth: a head moved further by hand stamps no more.)
+        // The headers, then the head (a receiver of an earlier build reads the head, then
+        // the entries), then the stamps: a receiver that saw a stamp sees the head past it.
+        let count = self.write_headers();
         self.map.u64(Mapping::lane(self.lane) + L_HEAD).store(self.head, Ordering::Release);
-        let count = self.head.wrapping_sub(self.published).min(SLOTS as u64);
         let mut index = self.head.wrapping_sub(count);
         while index != self.head {
             let stamp = self.map.u16(Mapping::entry(self.lane, index) + E_STAMP);
@@ -978,17 +996,36 @@ impl Outbox {
             let _ = rustix::io::write(&self.bell, &[1]);
         }
     }
+
+    /// Writes the header line of each entry written since the last publication, unstamped,
+    /// and returns how many (at most a lane's worth: a head moved further by hand writes
+    /// and stamps no more).
+    fn write_headers(&self) -> u64 {
+        let count = self.head.wrapping_sub(self.published).min(SLOTS as u64);
+        let mut index = self.head.wrapping_sub(count);
+        while index != self.head {
+            let (entry, header) = (Mapping::entry(self.lane, index), &self.headers[index as usize % SLOTS]);
+            // Unpublished until its stamp: the stamp is written only atomically (a receiver
+            // may be reading it), the rest of the header around it.
+            self.map.u16(entry + E_STAMP).store(0, Ordering::Relaxed);
+            self.map.put(entry, &header[..E_STAMP]);
+            self.map.put(entry + E_STAMP + 2, &header[E_STAMP + 2..]);
+            index = index.wrapping_add(1);
+        }
+        count
+    }
 }
 
-/// Writes one entry in `lane` at `head` if it has room, and moves `head` past it (the
-/// producer's head, published by [`Outbox::wake`]). `tail` is the consumer's tail as last
-/// read: read again only when the lane looks full (the consumer writes it, so each read is
-/// a cache miss).
+/// Writes one entry's datagram in `lane` at `head` if it has room, keeps its header in
+/// `headers` for [`Outbox::wake`] to write, and moves `head` past it (the producer's head,
+/// published by `wake`). `tail` is the consumer's tail as last read: read again only when
+/// the lane looks full (the consumer writes it, so each read is a cache miss).
 fn put(
     map: &Mapping,
     lane: usize,
     head: &mut u64,
     tail: &mut u64,
+    headers: &mut [[u8; ENTRY_HEADER]; SLOTS],
     header: &[u8; ENTRY_HEADER],
     datagram: &[u8],
 ) -> bool {
@@ -999,11 +1036,7 @@ fn put(
         }
     }
     let entry = Mapping::entry(lane, *head);
-    // Unpublished until `wake` stamps it: the stamp is written only atomically (a receiver
-    // may be reading it), the rest of the header around it.
-    map.u16(entry + E_STAMP).store(0, Ordering::Relaxed);
-    map.put(entry, &header[..E_STAMP]);
-    map.put(entry + E_STAMP + 2, &header[E_STAMP + 2..]);
+    headers[*head as usize % SLOTS] = *header;
     map.put(entry + ENTRY_HEADER, datagram);
     *head = head.wrapping_add(1);
     true
@@ -1240,12 +1273,15 @@ mod tests {
         // first bump: seen within 64 looks all the same.
         let (mut inbox, mut out) = earlier_build_sender("old-dead");
         out.send(&envelope_v4(0), IpInfo::default(), b"last", Beside::default()).unwrap();
+        out.write_headers();
         out.map.u64(Mapping::lane(out.lane) + L_HEAD).store(out.head, Ordering::Release);
         let mut looks = 1;
-        while inbox.receive(8, |_, _, _, _| {}) == 0 {
+        let mut got = Vec::new();
+        while inbox.receive(8, |_, _, d, _| got.push(d.to_vec())) == 0 {
             looks += 1;
             assert!(looks <= 64, "not seen in 64 looks");
         }
+        assert_eq!(got, [b"last".to_vec()]);
     }
 
     #[test]
