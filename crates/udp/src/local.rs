@@ -1285,6 +1285,38 @@ mod tests {
     }
 
     #[test]
+    fn an_entrys_header_line_is_written_when_it_is_published() {
+        // A receiver polls the header line of the entry after its tail: it must not change
+        // until `wake` writes it whole, just before its stamp (written earlier, a look in
+        // between took the line from the sender, and the stamp took it back).
+        let name = unique("header-once");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        let (map, lane) = (Arc::clone(&inbox.map), out.lane);
+        let line = |index: u64| {
+            let mut h = [0u8; ENTRY_HEADER];
+            map.get(Mapping::entry(lane, index), &mut h);
+            h
+        };
+        let (first, before) = (out.head, line(out.head));
+        for i in 0..3u8 {
+            out.send(&envelope_v4(0), IpInfo::default(), &[i; 8], Beside::default()).unwrap();
+        }
+        assert_eq!(line(first), before, "a header line written before its entry is published");
+        assert_eq!(inbox.receive(8, |_, _, _, _| {}), 0, "an unpublished entry taken");
+        out.wake();
+        for k in 0..3 {
+            let h = line(first + k);
+            assert_eq!(decode(&h), Some((envelope_v4(0), IpInfo::default(), 8, Beside::default())), "entry {k}");
+            let stamp = map.u16(Mapping::entry(lane, first + k) + E_STAMP).load(Ordering::Acquire);
+            assert_eq!(stamp, stamp_of(first + k), "entry {k}'s stamp");
+        }
+        let mut got = Vec::new();
+        assert_eq!(inbox.receive(8, |_, _, d, _| got.push(d[0])), 3);
+        assert_eq!(got, [0, 1, 2]);
+    }
+
+    #[test]
     fn a_receiver_takes_a_stamped_lanes_datagrams_by_their_stamps() {
         let name = unique("stamps");
         let mut inbox = Inbox::create(&name, false, true).unwrap();
