@@ -40,7 +40,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use softrdma_udp::{Config, Outgoing, RecvBatch, RoceSocket};
+use softrdma_udp::{Config, Outgoing, Payload, RecvBatch, RoceSocket};
 use softrdma_wire::icrc::{ICRC_LEN, IcrcPrefixCache};
 
 const RUN: Duration = Duration::from_secs(2);
@@ -168,15 +168,7 @@ fn writes(layout: Layout) -> f64 {
             let mut acks = RecvBatch::new(32, 2048);
             let mut outstanding = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                if outstanding < WINDOW && layout == Layout::Gathered {
-                    let batch = [
-                        Outgoing { segment_size: Some(FIRST as u16), ..Outgoing::gathered(envelope, &first) },
-                        Outgoing { segment_size: Some(MIDDLE as u16), ..Outgoing::gathered(envelope, &second) },
-                    ];
-                    if sock.send_batch(&batch).is_ok_and(|n| n == 2) {
-                        outstanding += 1;
-                    }
-                } else if outstanding < WINDOW {
+                if outstanding < WINDOW {
                     if icrc {
                         let (first, second) = head.split_at_mut(FIRST);
                         for p in [first, second].into_iter().chain(rest.chunks_mut(MIDDLE)) {
@@ -184,11 +176,17 @@ fn writes(layout: Layout) -> f64 {
                             value.copy_from_slice(&prefixes.compute(&envelope, covered).to_le_bytes());
                         }
                     }
-                    let batch = [
-                        Outgoing { segment_size: Some(FIRST as u16), ..Outgoing::new(envelope, &head) },
-                        Outgoing { segment_size: Some(MIDDLE as u16), ..Outgoing::new(envelope, &rest) },
-                    ];
-                    if sock.send_batch(&batch).is_ok_and(|n| n == 2) {
+                    let (one, two) = match layout {
+                        Layout::Gathered => (Payload::Parts(&first), Payload::Parts(&second)),
+                        Layout::Whole | Layout::WithIcrc => (Payload::Bytes(&head), Payload::Bytes(&rest)),
+                    };
+                    let send = |payload, segment: usize| Outgoing {
+                        envelope,
+                        payload,
+                        traffic_class: None,
+                        segment_size: Some(segment as u16),
+                    };
+                    if sock.send_batch(&[send(one, FIRST), send(two, MIDDLE)]).is_ok_and(|n| n == 2) {
                         outstanding += 1;
                     }
                 }
@@ -202,12 +200,11 @@ fn writes(layout: Layout) -> f64 {
             let ack = [0u8; ACK];
             let mut prefixes = IcrcPrefixCache::default();
             let mut region = vec![0u8; PACKETS * 4096];
-            let (mut packets, mut first, mut peer, mut sum) = (0u64, None, None, 0u32);
+            let (mut packets, mut first, mut sum) = (0u64, None, 0u32);
             while !stop.load(Ordering::Relaxed) {
                 if matches!(sock.recv(&mut batch), Ok(n) if n > 0) {
                     first.get_or_insert_with(Instant::now);
                     for d in batch.iter() {
-                        peer.get_or_insert(d.source);
                         if icrc {
                             let envelope = d.envelope();
                             sum ^= prefixes.compute(&envelope, &d.payload[..d.payload.len() - ICRC_LEN]);
@@ -222,7 +219,7 @@ fn writes(layout: Layout) -> f64 {
                     }
                 }
             }
-            let _ = (peer, std::hint::black_box(sum), std::hint::black_box(&region));
+            std::hint::black_box((sum, &region));
             (packets * 4096, first.map_or(Duration::ZERO, |f| f.elapsed()))
         },
     )
