@@ -376,6 +376,10 @@ struct Id {
     /// ([`CmConfig::same_host_rej_retries`]).
     same_host_rejs: u8,
     disconnected_reported: bool,
+    /// In timewait since a REJ came while established: REJECTED was reported, and no
+    /// TIMEWAIT_EXIT will be (rdma_cm reports that only for a connection its user
+    /// disconnected: `cma_ib_handler` drops it for an ID still connecting or connected).
+    rejected_established: bool,
     /// Made for an incoming REQ or SIDR_REQ.
     passive: bool,
     /// The peer's parameters from its REQ or REP, for the `ESTABLISHED` event.
@@ -422,6 +426,7 @@ impl Id {
             mra_received: false,
             same_host_rejs: 0,
             disconnected_reported: false,
+            rejected_established: false,
             passive: false,
             peer_param: None,
             cm_timeout: config.response_timeout,
@@ -978,6 +983,9 @@ impl Cm {
                 }
                 Ok(())
             }
+            // cma.c's rdma_disconnect of a connection a REJ ended: the QP to ERR (it is
+            // there already), no DREQ (cm.c refuses one in timewait), and no error.
+            State::Timewait | State::Closed if i.rejected_established => Ok(()),
             State::DreqRcvd => {
                 let mad = Self::drep_mad(i);
                 let timewait = self.config.timewait;
@@ -1196,7 +1204,9 @@ impl Cm {
             if i.state == State::Timewait {
                 i.state = State::Closed;
                 i.deadline = None;
-                self.out.event(id, CmEventKind::TimewaitExit, CmStatus::Ok);
+                if !i.rejected_established {
+                    self.out.event(id, CmEventKind::TimewaitExit, CmStatus::Ok);
+                }
                 continue;
             }
             let Some(p) = i.pending.as_mut() else {
@@ -1619,7 +1629,20 @@ impl Cm {
             .by_local(rej.remote_comm_id, src)
             .or_else(|| (rej.remote_comm_id == 0).then(|| self.by_remote(src, rej.local_comm_id, false)).flatten());
         let Some(id) = id else { return false };
+        let timewait = self.config.timewait;
         let Some(i) = self.ids.get_mut(&id) else { return false };
+        if i.state == State::Established {
+            // cm.c: cm_rej_handler takes a REJ while established (no path migration under
+            // way) and enters timewait; cma.c reports REJECTED and moves the QP to ERR. The
+            // peer gave up on the connection: it destroyed its ID before our RTU reached it
+            // (a lost RTU), say, which sends a REJ where the connection had been.
+            i.state = State::Timewait;
+            i.pending = None;
+            i.deadline = Some(now + timewait);
+            i.rejected_established = true;
+            self.report_rejected(id, rej);
+            return true;
+        }
         if !matches!(i.state, State::ReqSent | State::RepRcvd | State::ReqRcvd | State::RepSent) {
             return false;
         }
@@ -1644,6 +1667,12 @@ impl Cm {
         i.pending = None;
         i.deadline = None;
         i.listener = None;
+        self.report_rejected(id, rej);
+        true
+    }
+
+    /// Raises `REJECTED` on `id` with `rej`'s reason and private data.
+    fn report_rejected(&mut self, id: CmId, rej: &RejRepr<'_>) {
         let mut event = CmEvent {
             id,
             kind: CmEventKind::Rejected,
@@ -1655,7 +1684,6 @@ impl Cm {
         };
         event.private_data.resize(REJ_PRIVATE_DATA_LEN, 0);
         self.out.event_with(event);
-        true
     }
 
     fn on_mra(&mut self, now: Instant, src: IpAddr, mra: &MraRepr<'_>) -> bool {

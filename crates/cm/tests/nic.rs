@@ -98,6 +98,34 @@ fn a_rejected_connect_moves_the_qp_to_error_and_flushes_its_receives() {
     assert_eq!(net.b().kinds(b_id), [ConnectRequest]);
 }
 
+/// B gives up on a connection whose RTU never came (its ID destroyed while its REP waits):
+/// its REJ finds A established, and A's rdma_cm reports REJECTED, its QP in ERR and what it
+/// posted flushed, as cm.c and cma.c do; `rdma_disconnect` then has nothing to send.
+#[test]
+fn a_rej_that_finds_the_connection_established_flushes_the_qp() {
+    let mut net = Net::new(seed_from_env_or(23));
+    net.sim.add_rule(Match::new(|d| mad_name(d) == Some("RTU"), Verdict::Drop));
+    let (a_id, a_qp, b_id) = net.request(b"hello");
+    let now = net.now();
+    net.b().accept(now, b_id);
+    let a = net.a;
+    net.sim
+        .run_until_cond(Duration::from_secs(1), |s| s.node::<NicNode>(a).kinds(a_id).contains(&Established))
+        .unwrap();
+    net.a().post_recv(a_qp, 7, 0, 64);
+    let now = net.now();
+    net.b().destroy(now, b_id);
+    net.settle();
+    assert_eq!(net.a().kinds(a_id), [AddrResolved, RouteResolved, Established, Rejected]);
+    assert_eq!(net.a().qp_state(a_qp), Some(QpState::Err));
+    let wcs = net.a().poll_cq();
+    assert_eq!(wcs.iter().map(|w| (w.wr_id, w.status)).collect::<Vec<_>>(), [(7, WcStatus::WrFlushErr)]);
+    let now = net.now();
+    assert!(net.a().disconnect(now, a_id).is_ok());
+    net.settle();
+    assert_eq!(net.a().kinds(a_id).len(), 4, "no TIMEWAIT_EXIT, nothing after the disconnect");
+}
+
 /// Disconnects from `first`'s side, the other answering `rdma_disconnect` when it hears of
 /// it; both QPs end in ERR, both IDs see DISCONNECTED then TIMEWAIT_EXIT.
 fn disconnect_from(a_first: bool) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use softrdma_cm::{Cm, CmConfig, CmError, CmEventKind, CmId, CmStatus, ConnParam, ib_timeout};
 use softrdma_engine::{Access, AttrMask, Instant, Mtu, QpState, QpType};
-use softrdma_wire::cm::{RejReason, SidrStatus};
+use softrdma_wire::cm::{REJ_PRIVATE_DATA_LEN, RejReason, SidrStatus};
 use softrdma_wire::cma::PortSpace;
 use softrdma_wire::types::{Gid, QKey};
 
@@ -381,6 +381,41 @@ fn rtu_always_lost_is_unreachable_on_the_passive_side() {
     assert_eq!(p.sent(Side::B, "REP").len(), 4);
     assert_eq!(p.kinds_b(), [Unreachable]);
     assert_eq!(p.events_b[0].status, CmStatus::TimedOut);
+}
+
+/// The passive side destroys its ID while its REP waits for an RTU that was lost: cm.c's
+/// cm_destroy_id sends a REJ, which finds the active side established. cm.c takes it there
+/// and enters timewait, cma.c reports REJECTED (the NIC moves the QP to ERR); no
+/// TIMEWAIT_EXIT follows (cma.c reports that only for a connection its user disconnected),
+/// and `rdma_disconnect` afterwards sends nothing and does not fail.
+#[test]
+fn a_rej_that_finds_the_connection_established_ends_it_rejected() {
+    let mut p = Pair::new();
+    p.listen(PortSpace::TCP, QpType::Rc);
+    let a = p.resolve(PortSpace::TCP, QpType::Rc);
+    p.drop = Box::new(|s, m| s == Side::A && m == "RTU");
+    let b = p.connect_accept_establish(a);
+    assert_eq!(p.kinds_a().last(), Some(&Established));
+    assert!(p.kinds_b().is_empty(), "B waits for the RTU");
+    let before = p.kinds_a().len();
+
+    p.b.destroy_id(p.now, b).unwrap();
+    p.drive();
+    assert_eq!(p.sent(Side::B, "REJ").len(), 1);
+    assert_eq!(p.kinds_a()[before..], [Rejected]);
+    let rejected = p.events_a.last().unwrap();
+    assert_eq!(rejected.status, CmStatus::Rejected(RejReason::CONSUMER_DEFINED));
+    assert_eq!(rejected.private_data.len(), REJ_PRIVATE_DATA_LEN);
+
+    // Timewait ends quietly.
+    p.settle();
+    assert_eq!(p.kinds_a()[before..], [Rejected]);
+    assert_eq!(p.a.poll_timeout(), None);
+    // rdma_disconnect: nothing to send, and no error.
+    p.a.disconnect(p.now, a).unwrap();
+    p.a.destroy_id(p.now, a).unwrap();
+    p.drive();
+    assert!(p.sent(Side::A, "DREQ").is_empty() && p.sent(Side::A, "REJ").is_empty());
 }
 
 #[test]

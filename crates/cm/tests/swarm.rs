@@ -413,13 +413,22 @@ fn check(run: &Run, healed: Instant) -> Result<(), String> {
         }
         let rest = &ka[2..];
         let outcomes: Vec<_> = rest.iter().filter(|k| outcome(k)).collect();
+        let a_est = rest.first() == Some(&Established);
+        // A REJ may end a connection A had established: from a B that gave up on it before
+        // its own side was (cm.c takes it, cma.c reports REJECTED after ESTABLISHED).
+        let rejected_after = a_est && rest.get(1) == Some(&Rejected);
         // An application that exited may have had no outcome yet.
         let gone = c.a_gone;
-        if outcomes.len() > 1 || (!gone && outcomes.len() != 1) || rest.first().is_some_and(|k| !outcome(k)) {
+        let expected = 1 + usize::from(rejected_after);
+        if outcomes.len() > expected
+            || (!gone && outcomes.len() != expected)
+            || rest.first().is_some_and(|k| !outcome(k))
+        {
             return Err(format!("conn {i}: A's connect ended {rest:?}, not with exactly one outcome"));
         }
-        let a_est = rest.first() == Some(&Established);
-        if rest.len() > 1 && (!a_est || !matches!(&rest[1..], [Disconnected] | [Disconnected, TimewaitExit])) {
+        if rest.len() > 1
+            && (!a_est || !matches!(&rest[1..], [Disconnected] | [Disconnected, TimewaitExit] | [Rejected]))
+        {
             return Err(format!("conn {i}: A's events after its outcome: {rest:?}"));
         }
         // librdmacm's QP transitions, done by the NIC.
@@ -432,6 +441,9 @@ fn check(run: &Run, healed: Instant) -> Result<(), String> {
         }
         let kb = c.b_id.map(|id| b.kinds(id)).unwrap_or_default();
         let b_est = kb.contains(&Established);
+        if rejected_after && b_est {
+            return Err(format!("conn {i}: A rejected after establishing, B established: A {ka:?} B {kb:?}"));
+        }
         let b_state = c.b_qp.and_then(|q| b.qp_state(q));
         if !c.b_gone && kb.contains(&Disconnected) && b_state != Some(QpState::Err) {
             return Err(format!("conn {i}: B's QP in {b_state:?} after {kb:?}"));
