@@ -887,6 +887,8 @@ impl Cm {
                 i.conn.qkey = qkey;
                 i.state = State::SidrDone;
                 i.listener = None;
+                // Kept for a repeat of the SIDR_REQ, whose sender did not get it.
+                i.last_reply = Some(Box::new(mad));
                 let route = i.route.ok_or(CmError::NoSuchId { op: OP, id })?;
                 self.out.send(route.src, route.dst, mad);
                 Ok(())
@@ -1793,9 +1795,18 @@ impl Cm {
     }
 
     fn on_sidr_req(&mut self, src: IpAddr, dst: IpAddr, tid: u64, sreq: &SidrReqRepr<'_>) -> bool {
-        if self.by_remote(src, sreq.request_id, true).is_some() {
-            // cm.c: cm_sidr_req_handler drops a request it is already handling.
+        if let Some(id) = self.by_remote(src, sreq.request_id, true) {
+            // cm.c: cm_sidr_req_handler drops a request it is still handling. One this side
+            // answered comes again when the answer was lost: the answer goes again (cm.c
+            // would take it for a new request, once its ID is out of the remote SIDR table,
+            // and raise a second CONNECT_REQUEST for the one connect; dropped as while it is
+            // handled, every retry of the requester would go unanswered until it gives up).
             self.out.counters.duplicates += 1;
+            if let Some(i) = self.ids.get(&id)
+                && let (Some(mad), Some(r)) = (i.last_reply.as_deref().copied(), i.route)
+            {
+                self.out.send(r.src, r.dst, mad);
+            }
             return true;
         }
         let answer = |this: &mut Self, status: SidrStatus| {

@@ -606,6 +606,38 @@ fn lost_sidr_req_is_resent_then_unreachable() {
     assert_eq!(p.events_a[0].status, CmStatus::TimedOut);
 }
 
+/// A SIDR_REP lost: the repeated SIDR_REQ finds the request answered, and the answer goes
+/// again (not a second CONNECT_REQUEST, nor silence until the requester gives up), for an
+/// accept and for a reject alike.
+#[test]
+fn a_lost_sidr_rep_is_sent_again_for_the_repeated_sidr_req() {
+    for accept in [true, false] {
+        let mut p = Pair::new();
+        p.listen(PortSpace::UDP, QpType::Ud);
+        let a = p.resolve(PortSpace::UDP, QpType::Ud);
+        p.drop_first(Side::B, "SIDR_REP", 1);
+        p.a.connect(p.now, a, &ConnParam::default()).unwrap();
+        p.drive();
+        let b = p.take_request().id;
+        if accept {
+            p.b.accept(p.now, b, &ConnParam { qp_num: 0x99, ..ConnParam::default() }).unwrap();
+        } else {
+            p.b.reject(p.now, b, b"no").unwrap();
+        }
+        p.settle();
+        assert_eq!(p.sent(Side::A, "SIDR_REQ").len(), 2, "accept {accept}");
+        assert_eq!(p.sent(Side::B, "SIDR_REP").len(), 2, "accept {accept}");
+        assert!(p.events_b.is_empty(), "one request for the one connect: {:?}", p.kinds_b());
+        if accept {
+            assert_eq!(p.kinds_a(), [Established]);
+            assert_eq!(p.events_a[0].ud.map(|u| u.remote_qpn), Some(0x99));
+        } else {
+            assert_eq!(p.kinds_a(), [Unreachable]);
+            assert_eq!(p.events_a[0].status, CmStatus::Sidr(SidrStatus::REJECT));
+        }
+    }
+}
+
 #[test]
 fn every_mad_carries_the_comm_id_prefix() {
     for (pa, pb) in [(3 << 21, 5 << 21), (0, 0x7ff << 21), (0xfff << 21, 1 << 21)] {
