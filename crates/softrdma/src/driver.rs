@@ -259,6 +259,11 @@ impl TxQueue {
         }
         let mut i = 0;
         while i + 1 < self.meta.len() {
+            // Only a response moves: a stream of requests is looked at by offset alone.
+            if !self.is_response(self.meta[i].0) {
+                i += 1;
+                continue;
+            }
             let ((oa, a), (ob, b)) = (self.meta[i], self.meta[i + 1]);
             let qpn = self.dest_qp(oa);
             // The pair leaves with the requests (send_units sends requests first): only
@@ -268,8 +273,7 @@ impl TxQueue {
                     .iter()
                     .all(|&(o, t)| !(self.is_response(o) && t.envelope == a.envelope && self.dest_qp(o) == qpn))
             };
-            let pair = self.is_response(oa)
-                && !self.is_response(ob)
+            let pair = !self.is_response(ob)
                 && ob == oa + a.len
                 && b.len >= a.len
                 && a.envelope == b.envelope
