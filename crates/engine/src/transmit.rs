@@ -644,7 +644,10 @@ fn one_packet_request<M: Memory + ?Sized>(
     buf: &mut [u8],
 ) -> Option<Option<Transmit>> {
     let pos = qp.req.next;
+    // A message under way (offset past 0) is the general path's, decided before its WQE
+    // is looked at: the packets after the first of every longer message come this way.
     if !sh.config.one_packet_short_path
+        || qp.req.offset != 0
         || qp.state != QpState::Rts
         || qp.qp_type != QpType::Rc
         || qp.comp.rnr_wait_until.is_some()
