@@ -77,9 +77,10 @@ pub struct DeviceConfig {
     /// NIC computes it last, on the way out: a packet that crosses no wire (softrdma's
     /// same-host path) needs none. `false` (the default): every packet leaves complete.
     pub defer_icrc: bool,
-    /// Build a new RC SEND or RDMA WRITE of one packet by the requester's short path, and
-    /// take one by the responder's (`true`, the default), which leave out the checks, the
-    /// parsing and the construction of headers that only other messages need; or by the
+    /// Build a new RC SEND or RDMA WRITE of one packet, and the packets after the first of
+    /// a longer one by value, by the requester's short paths, and take a message of one
+    /// packet by the responder's (`true`, the default), which leave out the checks, the
+    /// parsing and the construction of headers that only other packets need; or by the
     /// general paths, as every other packet (`false`). Both make the same packets, answers
     /// and completions and leave the same state (a test runs every scenario it draws
     /// through both); `false` tells them apart when one is suspected.
@@ -185,7 +186,8 @@ pub struct Counters {
     /// their own ([`Engine::allow_acks_beside`]); they count in `rcvd_packets` too, as
     /// the peer's count them in its `sent_packets`.
     pub rcvd_acks_beside: u64,
-    /// Requests the requester built by its short path for a new message of one packet
+    /// Requests the requester built by a short path: a new message of one packet, or a
+    /// packet after the first of a longer RC SEND or WRITE by value
     /// ([`DeviceConfig::one_packet_short_path`]); they count in `sent_packets` too.
     pub sent_by_short_path: u64,
     /// Requests the responder took by its short path for a message of one packet

@@ -158,7 +158,10 @@ fn next_packet<M: Memory + ?Sized>(
             }
             let sent = match one_packet_request(qp, sh, mem, now, buf) {
                 Some(sent) => sent,
-                None => request(qp, sh, mem, now, buf),
+                None => match continuing_request(qp, sh, mem, now, buf) {
+                    Some(sent) => sent,
+                    None => request(qp, sh, mem, now, buf),
+                },
             };
             match sent {
                 Some(mut t) => {
@@ -722,6 +725,94 @@ fn one_packet_request<M: Memory + ?Sized>(
     }
     if let Some(imm) = imm {
         ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[h..h + imm_len]));
+    }
+    buf[end..end + pad].fill(0);
+    if qp.comp.retransmit_at.is_none() {
+        completer::rearm(qp, now);
+    }
+    sh.counters.sent_by_short_path += 1;
+    Some(Some(Transmit::new(envelope, end + pad + ICRC_LEN, softrdma_wire::Qpn::default(), true)))
+}
+
+/// [`request`] for the packets after the first of an RC SEND or RDMA WRITE (with or without
+/// immediate) by value, on an RTS QP: its MIDDLE and LAST packets, whose only headers are
+/// the BTH and, on the LAST with immediate, the ImmDt. The same packet and the same state as
+/// `request`, without the checks and the general construction of headers only the first
+/// packet and the other operations need. `None`: not that case, nothing changed (`request`
+/// builds it).
+#[inline]
+fn continuing_request<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    mem: &mut M,
+    now: Instant,
+    buf: &mut [u8],
+) -> Option<Option<Transmit>> {
+    let (pos, offset) = (qp.req.next, qp.req.offset);
+    if !sh.config.one_packet_short_path
+        || offset == 0
+        || qp.state != QpState::Rts
+        || qp.qp_type != QpType::Rc
+        || qp.comp.rnr_wait_until.is_some()
+        || pos >= qp.sq.tail()
+    {
+        return None;
+    }
+    let envelope = qp.envelope?;
+    let w = qp.sq.get(pos);
+    let op = w.op();
+    let imm = match op {
+        SendOp::Send | SendOp::RdmaWrite { .. } => None,
+        SendOp::SendWithImm { imm } | SendOp::RdmaWriteWithImm { imm, .. } => Some(imm),
+        _ => return None,
+    };
+    if !w.started
+        || w.status.is_some()
+        || w.carriage != Carriage::Bytes
+        || qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS
+    {
+        return None;
+    }
+    let (length, solicited) = (w.length, w.solicited);
+    let peer = qp.peer_ip();
+    if !sh.windows.admits(&mut qp.window, peer) {
+        sh.windows.wait(qp.qpn, &mut qp.window, peer);
+        return Some(None); // wait for room in the peer's window (crate::window)
+    }
+    let chunk = (length - offset).min(qp.mtu());
+    let last = offset + chunk == length;
+    let imm = imm.filter(|_| last);
+    let psn = qp.req.psn;
+    let ack_req = last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.ends_burst(&qp.window);
+    let at = bth::HEADER_LEN + if imm.is_some() { Headers::IMM_DT.len() } else { 0 };
+    let end = at + chunk as usize;
+    let pad = chunk.wrapping_neg() as usize & 3;
+    let Some(out) = buf.get_mut(at..end) else { return Some(None) };
+    if let Err(status) = gather(qp, sh, mem, pos, offset, out) {
+        completer::fail_at(qp, sh, pos, status);
+        return Some(None);
+    }
+    qp.req.offset += chunk;
+    qp.req.psn = psn.next();
+    qp.req.since_ack_req = if ack_req { 0 } else { qp.req.since_ack_req + 1 };
+    sh.windows.sent(&mut qp.window, ack_req);
+    count_sent(qp, sh, psn);
+    if last {
+        qp.req.next = pos + 1;
+        qp.req.offset = 0;
+    }
+    let position = if last { Position::Last } else { Position::Middle };
+    let header = BthRepr {
+        opcode: request_opcode(QpType::Rc, op, position),
+        solicited_event: last && solicited,
+        ack_req,
+        ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
+    };
+    let mut packet = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
+    header.emit(&mut packet);
+    packet.set_pad_count(pad as u8);
+    if let Some(imm) = imm {
+        ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[bth::HEADER_LEN..at]));
     }
     buf[end..end + pad].fill(0);
     if qp.comp.retransmit_at.is_none() {

@@ -254,6 +254,47 @@ fn first_difference<'a, T: PartialEq>(a: &'a [T], b: &'a [T]) -> Option<(usize, 
     (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)).map(|i| (i, a.get(i), b.get(i)))
 }
 
+/// Longer SENDs and WRITEs, with and without immediate and solicited, through a peer window
+/// of a few packets (so that bursts end, and ask for their ACK, in the middle of messages):
+/// every packet after a message's first takes the continuing short path, and puts on the
+/// wire what the general path does.
+#[test]
+fn the_packets_after_a_messages_first_take_the_short_path_through_a_small_window() {
+    let kinds = [Kind::Write, Kind::SendImm, Kind::Send, Kind::WriteImm];
+    let steps: Vec<Step> = (0..8)
+        .map(|i| Step {
+            kind: kinds[i % 4],
+            pieces: vec![6 * 256 + 1 + i as u32, 40],
+            inline: false,
+            signaled: i % 3 != 0,
+            solicited: i % 2 == 0,
+            fence: false,
+            bad_key: false,
+            bad_remote: false,
+        })
+        .collect();
+    let s = Scenario {
+        mtu: Mtu::Mtu256,
+        window: Some(4),
+        a: steps,
+        b: Vec::new(),
+        lost: vec![7, 30],
+        recvs: 32,
+        bad_recvs: Vec::new(),
+        short_recvs: Vec::new(),
+    };
+    let (short, general) = (run(&s, true), run(&s, false));
+    if let Some(d) = first_difference(&short.wire, &general.wire) {
+        panic!("the wire differs at packet {}: short path {:?}, general path {:?}", d.0, d.1, d.2);
+    }
+    assert_eq!(short.completions, general.completions);
+    assert!(short.memory == general.memory, "the memory differs");
+    assert_eq!(short.counters, general.counters);
+    // Seven packets a message, the last six continuing (more where losses resend them).
+    assert!(short.short_path[0] >= 8 * 6, "{:?}", short.short_path);
+    assert_eq!(general.short_path, [0, 0]);
+}
+
 /// Plain one-packet SENDs and WRITEs do take the short path (else the comparison above
 /// would compare the general path with itself), and only with it on.
 #[test]
