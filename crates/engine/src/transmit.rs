@@ -646,18 +646,8 @@ fn one_packet_request<M: Memory + ?Sized>(
     now: Instant,
     buf: &mut [u8],
 ) -> Option<Option<Transmit>> {
-    let pos = qp.req.next;
-    // A message under way (offset past 0) is the general path's, decided before its WQE
-    // is looked at: the packets after the first of every longer message come this way.
-    if !sh.config.one_packet_short_path
-        || qp.req.offset != 0
-        || qp.state != QpState::Rts
-        || qp.qp_type != QpType::Rc
-        || qp.comp.rnr_wait_until.is_some()
-        || pos >= qp.sq.tail()
-    {
-        return None;
-    }
+    // A message under way is `continuing_request`'s, turned away before its WQE is read.
+    let pos = short_path_cursor(qp, sh, false)?;
     let envelope = qp.envelope?;
     let mtu = qp.mtu();
     let w = qp.sq.get(pos);
@@ -697,7 +687,6 @@ fn one_packet_request<M: Memory + ?Sized>(
     let (reth_len, imm_len) = (Headers::RETH.len(), Headers::IMM_DT.len());
     let at = bth::HEADER_LEN + if reth.is_some() { reth_len } else { 0 } + if imm.is_some() { imm_len } else { 0 };
     let end = at + len as usize;
-    let pad = len.wrapping_neg() as usize & 3;
     let Some(out) = buf.get_mut(at..end) else { return Some(None) };
     if let Err(status) = gather(qp, sh, mem, pos, 0, out) {
         completer::fail_at(qp, sh, pos, status);
@@ -708,15 +697,6 @@ fn one_packet_request<M: Memory + ?Sized>(
     sh.windows.sent(&mut qp.window, true);
     count_sent(qp, sh, psn);
     qp.req.next = pos + 1;
-    let header = BthRepr {
-        opcode: request_opcode(QpType::Rc, op, Position::Only),
-        solicited_event: solicited,
-        ack_req: true,
-        ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
-    };
-    let mut packet = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
-    header.emit(&mut packet);
-    packet.set_pad_count(pad as u8);
     let mut h = bth::HEADER_LEN;
     if let Some((virtual_address, rkey)) = reth {
         RethRepr { virtual_address, rkey, dma_length: len }
@@ -726,12 +706,52 @@ fn one_packet_request<M: Memory + ?Sized>(
     if let Some(imm) = imm {
         ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[h..h + imm_len]));
     }
+    let header = BthRepr {
+        opcode: request_opcode(QpType::Rc, op, Position::Only),
+        solicited_event: solicited,
+        ack_req: true,
+        ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
+    };
+    Some(Some(short_path_packet(qp, sh, now, buf, header, end, envelope)))
+}
+
+/// The send queue's cursor, if a requester's short path may build the next packet: the
+/// short paths are on, the QP is an RC one in RTS with no RNR wait, and its cursor is at a
+/// work request, in a message under way (`under_way`) or at a new one.
+fn short_path_cursor(qp: &Qp, sh: &Shared, under_way: bool) -> Option<u64> {
+    let pos = qp.req.next;
+    let open = sh.config.one_packet_short_path
+        && (qp.req.offset != 0) == under_way
+        && qp.state == QpState::Rts
+        && qp.qp_type == QpType::Rc
+        && qp.comp.rnr_wait_until.is_none()
+        && pos < qp.sq.tail();
+    open.then_some(pos)
+}
+
+/// A short path's packet made whole around its headers after the BTH and its payload,
+/// which ends at `end` (the headers are whole words: the pad is the payload's): the BTH
+/// `header`, the pad; the QP's timer armed if nothing armed it, the packet counted. What
+/// it sends in `envelope`.
+fn short_path_packet(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    now: Instant,
+    buf: &mut [u8],
+    header: BthRepr,
+    end: usize,
+    envelope: Envelope,
+) -> Transmit {
+    let pad = end.wrapping_neg() & 3;
+    let mut packet = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
+    header.emit(&mut packet);
+    packet.set_pad_count(pad as u8);
     buf[end..end + pad].fill(0);
     if qp.comp.retransmit_at.is_none() {
         completer::rearm(qp, now);
     }
     sh.counters.sent_by_short_path += 1;
-    Some(Some(Transmit::new(envelope, end + pad + ICRC_LEN, softrdma_wire::Qpn::default(), true)))
+    Transmit::new(envelope, end + pad + ICRC_LEN, softrdma_wire::Qpn::default(), true)
 }
 
 /// [`request`] for the packets after the first of an RC SEND or RDMA WRITE (with or without
@@ -748,16 +768,8 @@ fn continuing_request<M: Memory + ?Sized>(
     now: Instant,
     buf: &mut [u8],
 ) -> Option<Option<Transmit>> {
-    let (pos, offset) = (qp.req.next, qp.req.offset);
-    if !sh.config.one_packet_short_path
-        || offset == 0
-        || qp.state != QpState::Rts
-        || qp.qp_type != QpType::Rc
-        || qp.comp.rnr_wait_until.is_some()
-        || pos >= qp.sq.tail()
-    {
-        return None;
-    }
+    let pos = short_path_cursor(qp, sh, true)?;
+    let offset = qp.req.offset;
     let envelope = qp.envelope?;
     let w = qp.sq.get(pos);
     let op = w.op();
@@ -786,7 +798,6 @@ fn continuing_request<M: Memory + ?Sized>(
     let ack_req = last || qp.req.since_ack_req + 1 >= MAX_PKTS_PER_ACK || sh.windows.ends_burst(&qp.window);
     let at = bth::HEADER_LEN + if imm.is_some() { Headers::IMM_DT.len() } else { 0 };
     let end = at + chunk as usize;
-    let pad = chunk.wrapping_neg() as usize & 3;
     let Some(out) = buf.get_mut(at..end) else { return Some(None) };
     if let Err(status) = gather(qp, sh, mem, pos, offset, out) {
         completer::fail_at(qp, sh, pos, status);
@@ -801,25 +812,16 @@ fn continuing_request<M: Memory + ?Sized>(
         qp.req.next = pos + 1;
         qp.req.offset = 0;
     }
-    let position = if last { Position::Last } else { Position::Middle };
+    if let Some(imm) = imm {
+        ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[bth::HEADER_LEN..at]));
+    }
     let header = BthRepr {
-        opcode: request_opcode(QpType::Rc, op, position),
+        opcode: request_opcode(QpType::Rc, op, if last { Position::Last } else { Position::Middle }),
         solicited_event: last && solicited,
         ack_req,
         ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
     };
-    let mut packet = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
-    header.emit(&mut packet);
-    packet.set_pad_count(pad as u8);
-    if let Some(imm) = imm {
-        ImmDtRepr(imm).emit(&mut ImmDtPacket::new_unchecked(&mut buf[bth::HEADER_LEN..at]));
-    }
-    buf[end..end + pad].fill(0);
-    if qp.comp.retransmit_at.is_none() {
-        completer::rearm(qp, now);
-    }
-    sh.counters.sent_by_short_path += 1;
-    Some(Some(Transmit::new(envelope, end + pad + ICRC_LEN, softrdma_wire::Qpn::default(), true)))
+    Some(Some(short_path_packet(qp, sh, now, buf, header, end, envelope)))
 }
 
 /// Does the local operations (BIND_MW, LOCAL_INV) at the requester's cursor, as rxe's
