@@ -30,11 +30,12 @@ mod nic_common;
 use std::fmt::Write as _;
 use std::time::Duration;
 
+use nic_common::swarm::{Run as _, bad_network, nothing_left};
 use nic_common::*;
 use softrdma_cm::CmEventKind::{self, *};
 use softrdma_cm::CmId;
 use softrdma_engine::{Instant, QpState, Wc, WcOpcode, WcStatus};
-use softrdma_sim::{FaultConfig, SimRng, Verdict, swarm};
+use softrdma_sim::{SimRng, swarm};
 use softrdma_wire::Qpn;
 
 /// How long the network is bad.
@@ -99,15 +100,7 @@ fn target(i: usize) -> u64 {
 
 /// Bytes that identify message `k` of connection `i`; never 0.
 fn payload(i: usize, k: u64) -> Vec<u8> {
-    let mut x = (i as u64) << 32 | k | 0x5a00_0000_0000_0000;
-    (0..LEN)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 | 1
-        })
-        .collect()
+    nic_common::swarm::payload(i, k, LEN, 0x5a00_0000_0000_0000)
 }
 
 struct Run {
@@ -118,7 +111,15 @@ struct Run {
     b_seen: usize,
 }
 
-impl Run {
+impl nic_common::swarm::Run for Run {
+    fn net(&mut self) -> &mut Net {
+        &mut self.net
+    }
+
+    fn planned_after(&self, now: Instant) -> Option<Instant> {
+        self.plans.iter().flat_map(|p| [Some(p.start), p.vanish, p.b_vanish]).flatten().filter(|&s| s > now).min()
+    }
+
     /// The application's reactions to what happened since the last call, at `now`.
     fn react(&mut self) {
         let now = self.net.now();
@@ -252,32 +253,6 @@ impl Run {
         // What the reactions queued goes in flight now.
         self.net.sim.run_until(now).unwrap();
     }
-
-    /// Runs and reacts until `until`, or (with `quiet`) until nothing is left to happen.
-    fn drive(&mut self, until: Instant, quiet: bool) -> Result<(), String> {
-        loop {
-            self.react();
-            let now = self.net.now();
-            let start = self
-                .plans
-                .iter()
-                .flat_map(|p| [Some(p.start), p.vanish, p.b_vanish])
-                .flatten()
-                .filter(|&s| s > now)
-                .min();
-            let next = [self.net.sim.next_event(), start].into_iter().flatten().min();
-            match next {
-                None if quiet => return Ok(()),
-                Some(t) if t <= until => self.net.sim.run_until(t).map_err(|e| e.to_string())?,
-                _ if quiet => return Err(format!("not quiet by {until:?}: next event at {next:?}")),
-                _ => {
-                    self.net.sim.run_until(until).map_err(|e| e.to_string())?;
-                    self.react();
-                    return Ok(());
-                }
-            }
-        }
-    }
 }
 
 fn pick<T: Copy>(rng: &mut SimRng, items: &[T]) -> T {
@@ -300,19 +275,8 @@ struct Tally {
 fn run(seed: u64, tally: &mut Tally) -> Result<(), String> {
     let mut rng = SimRng::with_stream(seed, 7);
     let mut net = Net::new(seed);
-    let faults = FaultConfig::random(&mut SimRng::with_stream(seed, 1));
-    let rules = net.sim.add_faults(&faults);
+    let (faults, rules) = bad_network(&mut net, seed, &mut rng, FAULTY);
     net.b().listen(PORT);
-    // A stretch of the faulty phase in which the two cannot reach each other at all.
-    let mut rules = rules;
-    if rng.chance(0.3) {
-        let from = Instant::ZERO + Duration::from_micros(rng.below(FAULTY.as_micros() as u64));
-        let to = from + Duration::from_micros(1000 + rng.below(30_000));
-        let cut = move |d: &softrdma_sim::Datagram| {
-            if d.sent_at() >= from && d.sent_at() < to { Verdict::Drop } else { Verdict::Deliver }
-        };
-        rules.push(net.sim.add_rule(cut));
-    }
     let n = 1 + rng.below(6) as usize;
     let plans: Vec<Plan> = (0..n)
         .map(|_| {
@@ -382,17 +346,7 @@ fn run(seed: u64, tally: &mut Tally) -> Result<(), String> {
             run.net.b().destroy(now, id);
         }
     }
-    for id in run.net.b().nic.cm().ids() {
-        run.net.b().destroy(now, id);
-    }
-    run.net.sim.run_until_idle(Duration::from_secs(5)).map_err(|e| ctx(&run, format!("after destroying: {e}")))?;
-    for (side, node) in ["A", "B"].iter().zip(run.net.nodes()) {
-        let (ids, qps) = (node.nic.cm().id_count(), node.nic.engine().qp_count());
-        if ids != 0 || qps != 0 {
-            return Err(ctx(&run, format!("{side}: {ids} CM IDs and {qps} QPs left after destroying all")));
-        }
-    }
-    Ok(())
+    nothing_left(&mut run.net).map_err(|e| ctx(&run, e))
 }
 
 /// The invariants of the module documentation.

@@ -28,13 +28,14 @@ use std::fmt::Write as _;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use nic_common::swarm::{Run as _, bad_network, nothing_left};
 use nic_common::*;
 use softrdma_cm::CmEventKind::{self, *};
 use softrdma_cm::{CmId, CmStatus, ConnParam};
 use softrdma_engine::{
     AhId, Instant, QpCap, QpInitAttr, QpType, RecvWr, SendFlags, SendOp, SendWr, UdDest, Wc, WcOpcode, WcStatus,
 };
-use softrdma_sim::{FaultConfig, SimRng, Verdict, swarm};
+use softrdma_sim::{SimRng, swarm};
 use softrdma_wire::Qpn;
 use softrdma_wire::cm::SidrStatus;
 use softrdma_wire::cma::PortSpace;
@@ -89,15 +90,7 @@ fn recv(i: usize, k: u64) -> u64 {
 
 /// Bytes that identify SEND `k` of resolve `i`; never 0.
 fn payload(i: usize, k: u64) -> Vec<u8> {
-    let mut x = (i as u64) << 32 | k | 0x3c00_0000_0000_0000;
-    (0..LEN)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            (x >> 24) as u8 | 1
-        })
-        .collect()
+    nic_common::swarm::payload(i, k, LEN, 0x3c00_0000_0000_0000)
 }
 
 /// A UD QP on `n`'s CQ, moved by the NIC when it is attached to an ID.
@@ -116,7 +109,15 @@ struct Run {
     b_seen: usize,
 }
 
-impl Run {
+impl nic_common::swarm::Run for Run {
+    fn net(&mut self) -> &mut Net {
+        &mut self.net
+    }
+
+    fn planned_after(&self, now: Instant) -> Option<Instant> {
+        self.plans.iter().flat_map(|p| [Some(p.start), p.vanish, p.b_vanish]).flatten().filter(|&s| s > now).min()
+    }
+
     /// The applications' reactions to what happened since the last call, at `now`.
     fn react(&mut self) {
         let now = self.net.now();
@@ -239,7 +240,9 @@ impl Run {
         // What the reactions queued goes in flight now.
         self.net.sim.run_until(now).unwrap();
     }
+}
 
+impl Run {
     /// A's application `i` destroys its ID, QP and AH.
     fn vanish_a(&mut self, i: usize, now: Instant) {
         let c = &mut self.conns[i];
@@ -249,32 +252,6 @@ impl Run {
         a.destroy(now, id);
         if let Some(ah) = ah {
             a.nic.engine_mut().destroy_ah(ah).unwrap();
-        }
-    }
-
-    /// Runs and reacts until `until`, or (with `quiet`) until nothing is left to happen.
-    fn drive(&mut self, until: Instant, quiet: bool) -> Result<(), String> {
-        loop {
-            self.react();
-            let now = self.net.now();
-            let start = self
-                .plans
-                .iter()
-                .flat_map(|p| [Some(p.start), p.vanish, p.b_vanish])
-                .flatten()
-                .filter(|&s| s > now)
-                .min();
-            let next = [self.net.sim.next_event(), start].into_iter().flatten().min();
-            match next {
-                None if quiet => return Ok(()),
-                Some(t) if t <= until => self.net.sim.run_until(t).map_err(|e| e.to_string())?,
-                _ if quiet => return Err(format!("not quiet by {until:?}: next event at {next:?}")),
-                _ => {
-                    self.net.sim.run_until(until).map_err(|e| e.to_string())?;
-                    self.react();
-                    return Ok(());
-                }
-            }
         }
     }
 }
@@ -296,23 +273,13 @@ struct Tally {
 fn run(seed: u64, tally: &mut Tally) -> Result<(), String> {
     let mut rng = SimRng::with_stream(seed, 7);
     let mut net = Net::new(seed);
-    let faults = FaultConfig::random(&mut SimRng::with_stream(seed, 1));
-    let mut rules = net.sim.add_faults(&faults);
+    let (faults, rules) = bad_network(&mut net, seed, &mut rng, FAULTY);
     {
         let b = net.b();
         let cm = b.nic.cm_mut();
         let l = cm.create_id(PortSpace::UDP, QpType::Ud).unwrap();
         cm.bind_addr(l, SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), PORT)).unwrap();
         cm.listen(l, 64).unwrap();
-    }
-    // A stretch of the faulty phase in which the two cannot reach each other at all.
-    if rng.chance(0.3) {
-        let from = Instant::ZERO + Duration::from_micros(rng.below(FAULTY.as_micros() as u64));
-        let to = from + Duration::from_micros(1000 + rng.below(30_000));
-        let cut = move |d: &softrdma_sim::Datagram| {
-            if d.sent_at() >= from && d.sent_at() < to { Verdict::Drop } else { Verdict::Deliver }
-        };
-        rules.push(net.sim.add_rule(cut));
     }
     let n = 1 + rng.below(6) as usize;
     let plans: Vec<Plan> = (0..n)
@@ -374,17 +341,7 @@ fn run(seed: u64, tally: &mut Tally) -> Result<(), String> {
             run.net.b().destroy(now, id);
         }
     }
-    for id in run.net.b().nic.cm().ids() {
-        run.net.b().destroy(now, id);
-    }
-    run.net.sim.run_until_idle(Duration::from_secs(5)).map_err(|e| ctx(&run, format!("after destroying: {e}")))?;
-    for (side, node) in ["A", "B"].iter().zip(run.net.nodes()) {
-        let (ids, qps) = (node.nic.cm().id_count(), node.nic.engine().qp_count());
-        if ids != 0 || qps != 0 {
-            return Err(ctx(&run, format!("{side}: {ids} CM IDs and {qps} QPs left after destroying all")));
-        }
-    }
-    Ok(())
+    nothing_left(&mut run.net).map_err(|e| ctx(&run, e))
 }
 
 /// The invariants of the module documentation.

@@ -294,3 +294,93 @@ impl Net {
         (id, qpn, req)
     }
 }
+
+/// What the swarms of this crate (`swarm.rs`, `swarm_ud.rs`) share: a bad network drawn
+/// from a seed, the loop that runs the fabric and the applications' reactions in turn,
+/// payloads that name their message, and the check that nothing is left.
+pub mod swarm {
+    use std::time::Duration;
+
+    use softrdma_engine::Instant;
+    use softrdma_sim::{FaultConfig, RuleId, SimRng, Verdict};
+
+    use super::Net;
+
+    /// A bad network for `net` from `seed`: its faults (loss, duplication, reordering,
+    /// corruption), and, drawn from `rng` three times in ten, a stretch within the first
+    /// `faulty` of the run in which the two nodes cannot reach each other at all. Returns
+    /// the faults and the rules that make them, for the heal to remove.
+    pub fn bad_network(net: &mut Net, seed: u64, rng: &mut SimRng, faulty: Duration) -> (FaultConfig, Vec<RuleId>) {
+        let faults = FaultConfig::random(&mut SimRng::with_stream(seed, 1));
+        let mut rules = net.sim.add_faults(&faults);
+        if rng.chance(0.3) {
+            let from = Instant::ZERO + Duration::from_micros(rng.below(faulty.as_micros() as u64));
+            let to = from + Duration::from_micros(1000 + rng.below(30_000));
+            let cut = move |d: &softrdma_sim::Datagram| {
+                if d.sent_at() >= from && d.sent_at() < to { Verdict::Drop } else { Verdict::Deliver }
+            };
+            rules.push(net.sim.add_rule(cut));
+        }
+        (faults, rules)
+    }
+
+    /// A swarm run: the fabric and the applications on it.
+    pub trait Run {
+        fn net(&mut self) -> &mut Net;
+        /// The applications' reactions to what happened since the last call.
+        fn react(&mut self);
+        /// The next instant after `now` at which an application acts on its own (starts,
+        /// exits), if any.
+        fn planned_after(&self, now: Instant) -> Option<Instant>;
+
+        /// Runs and reacts until `until`, or (with `quiet`) until nothing is left to happen.
+        fn drive(&mut self, until: Instant, quiet: bool) -> Result<(), String> {
+            loop {
+                self.react();
+                let now = self.net().now();
+                let next = [self.net().sim.next_event(), self.planned_after(now)].into_iter().flatten().min();
+                match next {
+                    None if quiet => return Ok(()),
+                    Some(t) if t <= until => self.net().sim.run_until(t).map_err(|e| e.to_string())?,
+                    _ if quiet => return Err(format!("not quiet by {until:?}: next event at {next:?}")),
+                    _ => {
+                        self.net().sim.run_until(until).map_err(|e| e.to_string())?;
+                        self.react();
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    }
+
+    /// `len` bytes that identify message `k` of connection `i` (with `salt`, the swarm's);
+    /// never 0.
+    pub fn payload(i: usize, k: u64, len: u32, salt: u64) -> Vec<u8> {
+        let mut x = (i as u64) << 32 | k | salt;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8 | 1
+            })
+            .collect()
+    }
+
+    /// Destroys every CM ID B still holds (requests no application took), lets the network
+    /// go quiet, and checks that neither node has a CM ID or a QP left.
+    pub fn nothing_left(net: &mut Net) -> Result<(), String> {
+        let now = net.now();
+        for id in net.b().nic.cm().ids() {
+            net.b().destroy(now, id);
+        }
+        net.sim.run_until_idle(Duration::from_secs(5)).map_err(|e| format!("after destroying: {e}"))?;
+        for (side, node) in ["A", "B"].iter().zip(net.nodes()) {
+            let (ids, qps) = (node.nic.cm().id_count(), node.nic.engine().qp_count());
+            if ids != 0 || qps != 0 {
+                return Err(format!("{side}: {ids} CM IDs and {qps} QPs left after destroying all"));
+            }
+        }
+        Ok(())
+    }
+}
