@@ -712,7 +712,8 @@ fn one_packet_request<M: Memory + ?Sized>(
         ack_req: true,
         ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
     };
-    Some(Some(short_path_packet(qp, sh, now, buf, header, end, envelope)))
+    let len = short_path_packet(qp, sh, now, buf, header, end);
+    Some(Some(Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true)))
 }
 
 /// The send queue's cursor, if a requester's short path may build the next packet: the
@@ -731,17 +732,11 @@ fn short_path_cursor(qp: &Qp, sh: &Shared, under_way: bool) -> Option<u64> {
 
 /// A short path's packet made whole around its headers after the BTH and its payload,
 /// which ends at `end` (the headers are whole words: the pad is the payload's): the BTH
-/// `header`, the pad; the QP's timer armed if nothing armed it, the packet counted. What
-/// it sends in `envelope`.
-fn short_path_packet(
-    qp: &mut Qp,
-    sh: &mut Shared,
-    now: Instant,
-    buf: &mut [u8],
-    header: BthRepr,
-    end: usize,
-    envelope: Envelope,
-) -> Transmit {
+/// `header`, the pad; the QP's timer armed if nothing armed it, the packet counted. Its
+/// length, ICRC included.
+// Always inlined: out of line, a 64 KiB WRITE on the wire took 35 instructions more a packet.
+#[inline(always)]
+fn short_path_packet(qp: &mut Qp, sh: &mut Shared, now: Instant, buf: &mut [u8], header: BthRepr, end: usize) -> usize {
     let pad = end.wrapping_neg() & 3;
     let mut packet = BthPacket::new_unchecked(&mut buf[..bth::HEADER_LEN]);
     header.emit(&mut packet);
@@ -751,7 +746,7 @@ fn short_path_packet(
         completer::rearm(qp, now);
     }
     sh.counters.sent_by_short_path += 1;
-    Transmit::new(envelope, end + pad + ICRC_LEN, softrdma_wire::Qpn::default(), true)
+    end + pad + ICRC_LEN
 }
 
 /// [`request`] for the packets after the first of an RC SEND or RDMA WRITE (with or without
@@ -821,7 +816,8 @@ fn continuing_request<M: Memory + ?Sized>(
         ack_req,
         ..bth(Opcode(0), qp.attr.dest_qp_num, psn)
     };
-    Some(Some(short_path_packet(qp, sh, now, buf, header, end, envelope)))
+    let len = short_path_packet(qp, sh, now, buf, header, end);
+    Some(Some(Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true)))
 }
 
 /// Does the local operations (BIND_MW, LOCAL_INV) at the requester's cursor, as rxe's
