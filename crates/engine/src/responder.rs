@@ -304,7 +304,9 @@ fn receive_for<M: Memory + ?Sized>(
     info: &softrdma_wire::opcode::OpcodeInfo,
     mem: &mut M,
 ) {
-    if one_packet_request_received(qp, sh, now, envelope, ip, payload, origin, info, mem) {
+    if one_packet_request_received(qp, sh, now, envelope, ip, payload, origin, info, mem)
+        || continuing_write_received(qp, sh, now, envelope, ip, payload, origin, info, mem)
+    {
         return;
     }
     // Only an RC QP's SENDs, WRITEs and READs go by reference (crate::reference).
@@ -543,6 +545,96 @@ fn one_packet_request_received<M: Memory + ?Sized>(
             }
         }
         Err(code) => nak_fatal(qp, sh, psn, code),
+    }
+    settle(qp, sh);
+    true
+}
+
+/// [`receive_for`] for the packets after the first of an RDMA WRITE without immediate: its
+/// MIDDLE and LAST, whose only header is the BTH, in sequence, from the peer, to an RC QP
+/// in that message. The same checks in the same order as the general path (the parse, the
+/// P_Key, the peer, the PSN, the lengths the message has left, the R_Key again for this
+/// packet's bytes) and the same outcome, without the general parse and dispatch. Returns
+/// whether it took the packet: `false` (not that case, or a check failed) changes nothing,
+/// and the general path takes the packet, and tells what is wrong with it.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+fn continuing_write_received<M: Memory + ?Sized>(
+    qp: &mut Qp,
+    sh: &mut Shared,
+    now: Instant,
+    envelope: &Envelope,
+    ip: IpInfo,
+    packet: &[u8],
+    origin: Option<u32>,
+    info: &softrdma_wire::opcode::OpcodeInfo,
+    mem: &mut M,
+) -> bool {
+    let last = match (info.operation, info.position) {
+        (Operation::RdmaWrite, Position::Middle) => false,
+        (Operation::RdmaWrite, Position::Last) => true,
+        _ => return false,
+    };
+    let working = match qp.state {
+        QpState::Rts | QpState::Sqd | QpState::Sqe => true,
+        QpState::Rtr => qp.resp.established,
+        _ => false,
+    };
+    let InMessage::Write { va, remaining, length, rkey } = qp.resp.current else { return false };
+    if !sh.config.one_packet_short_path || !working || origin.is_some() || qp.keys.is_some() || qp.qp_type != QpType::Rc
+    {
+        return false;
+    }
+    // The packet, as `RoceRepr::parse_ignoring_icrc` takes it: lengths, pad, TVer, payload
+    // rule (its only header is the BTH).
+    let len = packet.len();
+    let header_len = info.header_len();
+    let view = BthPacket::new_unchecked(packet);
+    let pad = usize::from(view.pad_count());
+    if len < header_len + ICRC_LEN + pad || len % 4 != 0 {
+        return false;
+    }
+    let Ok(bth) = BthRepr::parse(&view) else { return false };
+    let plen = len - header_len - ICRC_LEN - pad;
+    if !info.payload.allows(plen) || (info.payload == PayloadRule::PathMtu && pad != 0) {
+        return false;
+    }
+    // The P_Key, the peer (whose port the QP knows already), the sequence; then `execute`'s
+    // lengths: a MIDDLE carries an MTU and leaves some of the message, a LAST the rest.
+    let (psn, plen) = (bth.psn, plen as u32);
+    let from_peer = is_the_peer(qp, envelope) && qp.peer_port == Some(envelope.src_port());
+    let lengths = if last { plen == remaining && plen <= qp.mtu() } else { plen == qp.mtu() && plen < remaining };
+    if bth.pkey.0 & 0x7fff != 0x7fff || !from_peer || psn != qp.resp.psn || !lengths {
+        return false;
+    }
+    // Every packet is checked against the R_Key again, as `execute` checks it.
+    let Ok(at) = sh.resolve_rkey(qp.pd, qp.qpn, rkey, va, u64::from(plen), Access::REMOTE_WRITE) else {
+        return false;
+    };
+
+    // Taken: from here on as the general path, errors included.
+    if let Some(config) = sh.config.congestion {
+        qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
+        congestion_seen(qp, sh, now, envelope, ip, None);
+    }
+    sh.counters.rcvd_packets += 1;
+    sh.counters.rcvd_by_short_path += 1;
+    qp.resp.nak_sent = false;
+    let payload = Payload::Bytes(&packet[header_len..header_len + plen as usize]);
+    if plen > 0 && payload.copy_to(mem, at, 0, plen).is_err() {
+        // As `execute`: an R_Key violation, the message left as it was.
+        nak_fatal(qp, sh, psn, NakCode::RemoteAccessError);
+    } else {
+        qp.resp.current = if last {
+            qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
+            InMessage::None
+        } else {
+            InMessage::Write { va: va + u64::from(plen), remaining: remaining - plen, length, rkey }
+        };
+        qp.resp.psn = psn.next();
+        if bth.ack_req {
+            queue_ack(qp, psn, Syndrome::ACK_NO_CREDITS);
+        }
     }
     settle(qp, sh);
     true

@@ -15,7 +15,7 @@ mod common;
 use common::*;
 use proptest::prelude::*;
 use softrdma_engine::*;
-use softrdma_wire::RKey;
+use softrdma_wire::{Opcode, RKey};
 
 #[derive(Clone, Copy, Debug)]
 enum Kind {
@@ -256,8 +256,8 @@ fn first_difference<'a, T: PartialEq>(a: &'a [T], b: &'a [T]) -> Option<(usize, 
 
 /// Longer SENDs and WRITEs, with and without immediate and solicited, through a peer window
 /// of a few packets (so that bursts end, and ask for their ACK, in the middle of messages):
-/// every packet after a message's first takes the continuing short path, and puts on the
-/// wire what the general path does.
+/// every packet after a message's first takes the requester's continuing short path, the
+/// WRITEs' the responder's, and both do what the general paths do.
 #[test]
 fn the_packets_after_a_messages_first_take_the_short_path_through_a_small_window() {
     let kinds = [Kind::Write, Kind::SendImm, Kind::Send, Kind::WriteImm];
@@ -290,9 +290,12 @@ fn the_packets_after_a_messages_first_take_the_short_path_through_a_small_window
     assert_eq!(short.completions, general.completions);
     assert!(short.memory == general.memory, "the memory differs");
     assert_eq!(short.counters, general.counters);
-    // Seven packets a message, the last six continuing (more where losses resend them).
+    // Seven packets a message, the last six continuing (more where losses resend them),
+    // and the two WRITEs without immediate's taken so by the responder.
     assert!(short.short_path[0] >= 8 * 6, "{:?}", short.short_path);
+    assert!(short.short_path_received[1] >= 2 * 6, "{:?}", short.short_path_received);
     assert_eq!(general.short_path, [0, 0]);
+    assert_eq!(general.short_path_received, [0, 0]);
 }
 
 /// Plain one-packet SENDs and WRITEs do take the short path (else the comparison above
@@ -334,4 +337,26 @@ fn plain_one_packet_messages_take_the_short_path() {
     assert_eq!(general.short_path_received, [0, 0]);
     assert!(short.completions[0].iter().all(|wc| wc.status == WcStatus::Success));
     assert_eq!(short.completions[0].len(), 12);
+}
+
+/// A region deregistered while a WRITE into it is under way: its packets after the first
+/// are refused (the R_Key checked again for each, as `execute` checks it, by the short path
+/// too), NAKed Remote Access Error, and nothing of theirs lands.
+#[test]
+fn a_write_under_way_into_a_deregistered_region_is_refused_past_its_first_packet() {
+    let mut pair = Pair::connected(QpType::Rc, Mtu::Mtu256);
+    let data = vec![0x5au8; 3 * 256];
+    pair.a.fill(0, &data);
+    let (remote, rkey) = (pair.b.addr_of(0x10_0000), pair.b.mr.rkey);
+    // The FIRST gets through; the MIDDLE and LAST not, the first time.
+    pair.set_filter(|p| !p.from_a || p.opcode() == Opcode::RC_RDMA_WRITE_FIRST);
+    pair.a.post_send(wr(1, SendOp::RdmaWrite { remote_addr: remote, rkey }, &[pair.a.sge(0, 3 * 256)]));
+    pair.drive_for(std::time::Duration::from_micros(10));
+    assert_eq!(pair.b.read(0x10_0000, 256), &data[..256], "the FIRST landed");
+    pair.b.engine.dereg_mr(pair.b.mr.lkey).unwrap();
+    pair.filter = None;
+    pair.drive();
+    assert_eq!(outcomes(&pair.a.poll_all()), [(1, WcStatus::RemAccessErr)]);
+    assert_eq!(pair.b.read(0x10_0000 + 256, 512), &[0u8; 512][..], "nothing past the FIRST landed");
+    assert_eq!(pair.b.engine.counters().resp_remote_access_errors, 1);
 }
