@@ -431,35 +431,12 @@ fn one_packet_request_received<M: Memory + ?Sized>(
         (Operation::RdmaWriteWithImm, Position::Only) => (true, true),
         _ => return false,
     };
-    let working = match qp.state {
-        QpState::Rts | QpState::Sqd | QpState::Sqe => true,
-        QpState::Rtr => qp.resp.established, // the first packet raises COMM_EST: general
-        _ => false,
-    };
-    if !sh.config.one_packet_short_path
-        || !working
-        || origin.is_some()
-        || qp.keys.is_some()
-        || qp.qp_type != QpType::Rc
-        || qp.srq.is_some()
-        || !matches!(qp.resp.current, InMessage::None)
-    {
+    if !short_path_open(qp, sh, origin) || qp.srq.is_some() || !matches!(qp.resp.current, InMessage::None) {
         return false;
     }
-    // The packet, as `RoceRepr::parse_ignoring_icrc` takes it: lengths, pad, TVer, payload
-    // rule, and this opcode's headers.
-    let len = packet.len();
+    // And this opcode's headers.
     let header_len = info.header_len();
-    let view = BthPacket::new_unchecked(packet);
-    let pad = usize::from(view.pad_count());
-    if len < header_len + ICRC_LEN + pad || len % 4 != 0 {
-        return false;
-    }
-    let Ok(bth) = BthRepr::parse(&view) else { return false };
-    let payload = &packet[header_len..len - ICRC_LEN - pad];
-    if !info.payload.allows(payload.len()) || (info.payload == PayloadRule::PathMtu && pad != 0) {
-        return false;
-    }
+    let Some((bth, payload)) = short_path_parse(packet, info) else { return false };
     let reth = match write {
         true => match RethRepr::parse(&RethPacket::new_unchecked(&packet[bth::HEADER_LEN..])) {
             Ok(reth) => Some(reth),
@@ -498,14 +475,7 @@ fn one_packet_request_received<M: Memory + ?Sized>(
         return false; // RNR NAK
     }
 
-    // Taken: from here on as the general path, errors included.
-    if let Some(config) = sh.config.congestion {
-        qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
-        congestion_seen(qp, sh, now, envelope, ip, None);
-    }
-    sh.counters.rcvd_packets += 1;
-    sh.counters.rcvd_by_short_path += 1;
-    qp.resp.nak_sent = false;
+    short_path_taken(qp, sh, now, envelope, ip);
     let data = Payload::Bytes(payload);
     let wc = |qp: &Qp, wr_id, opcode, byte_len| recv_wc_of(qp, wr_id, opcode, byte_len, imm_data, bth.solicited_event);
     // The receive it takes (a WRITE without immediate takes none), found above.
@@ -575,33 +545,15 @@ fn continuing_write_received<M: Memory + ?Sized>(
         (Operation::RdmaWrite, Position::Last) => true,
         _ => return false,
     };
-    let working = match qp.state {
-        QpState::Rts | QpState::Sqd | QpState::Sqe => true,
-        QpState::Rtr => qp.resp.established,
-        _ => false,
-    };
     let InMessage::Write { va, remaining, length, rkey } = qp.resp.current else { return false };
-    if !sh.config.one_packet_short_path || !working || origin.is_some() || qp.keys.is_some() || qp.qp_type != QpType::Rc
-    {
+    if !short_path_open(qp, sh, origin) {
         return false;
     }
-    // The packet, as `RoceRepr::parse_ignoring_icrc` takes it: lengths, pad, TVer, payload
-    // rule (its only header is the BTH).
-    let len = packet.len();
-    let header_len = info.header_len();
-    let view = BthPacket::new_unchecked(packet);
-    let pad = usize::from(view.pad_count());
-    if len < header_len + ICRC_LEN + pad || len % 4 != 0 {
-        return false;
-    }
-    let Ok(bth) = BthRepr::parse(&view) else { return false };
-    let plen = len - header_len - ICRC_LEN - pad;
-    if !info.payload.allows(plen) || (info.payload == PayloadRule::PathMtu && pad != 0) {
-        return false;
-    }
+    // Its only header is the BTH.
+    let Some((bth, payload)) = short_path_parse(packet, info) else { return false };
     // The P_Key, the peer (whose port the QP knows already), the sequence; then `execute`'s
     // lengths: a MIDDLE carries an MTU and leaves some of the message, a LAST the rest.
-    let (psn, plen) = (bth.psn, plen as u32);
+    let (psn, plen) = (bth.psn, payload.len() as u32);
     let from_peer = is_the_peer(qp, envelope) && qp.peer_port == Some(envelope.src_port());
     let lengths = if last { plen == remaining && plen <= qp.mtu() } else { plen == qp.mtu() && plen < remaining };
     if bth.pkey.0 & 0x7fff != 0x7fff || !from_peer || psn != qp.resp.psn || !lengths {
@@ -612,16 +564,8 @@ fn continuing_write_received<M: Memory + ?Sized>(
         return false;
     };
 
-    // Taken: from here on as the general path, errors included.
-    if let Some(config) = sh.config.congestion {
-        qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
-        congestion_seen(qp, sh, now, envelope, ip, None);
-    }
-    sh.counters.rcvd_packets += 1;
-    sh.counters.rcvd_by_short_path += 1;
-    qp.resp.nak_sent = false;
-    let payload = Payload::Bytes(&packet[header_len..header_len + plen as usize]);
-    if plen > 0 && payload.copy_to(mem, at, 0, plen).is_err() {
+    short_path_taken(qp, sh, now, envelope, ip);
+    if plen > 0 && Payload::Bytes(payload).copy_to(mem, at, 0, plen).is_err() {
         // As `execute`: an R_Key violation, the message left as it was.
         nak_fatal(qp, sh, psn, NakCode::RemoteAccessError);
     } else {
@@ -638,6 +582,52 @@ fn continuing_write_received<M: Memory + ?Sized>(
     }
     settle(qp, sh);
     true
+}
+
+/// Whether the responder's short paths may take a packet for `qp` at all: they are on, the
+/// packet came by value, and `qp` is an RC QP that seals nothing, working (RTS, SQD, SQE,
+/// or RTR once established: the first packet raises COMM_EST, which the general path does).
+#[inline(always)]
+fn short_path_open(qp: &Qp, sh: &Shared, origin: Option<u32>) -> bool {
+    let working = match qp.state {
+        QpState::Rts | QpState::Sqd | QpState::Sqe => true,
+        QpState::Rtr => qp.resp.established,
+        _ => false,
+    };
+    sh.config.one_packet_short_path && working && origin.is_none() && qp.keys.is_none() && qp.qp_type == QpType::Rc
+}
+
+/// `packet`'s BTH and payload as `RoceRepr::parse_ignoring_icrc` takes them (lengths, pad,
+/// TVer, the opcode's payload rule), for an opcode (`info`) whose other headers the caller
+/// parses, if any.
+#[inline(always)]
+fn short_path_parse<'a>(packet: &'a [u8], info: &softrdma_wire::opcode::OpcodeInfo) -> Option<(BthRepr, &'a [u8])> {
+    let len = packet.len();
+    let header_len = info.header_len();
+    let view = BthPacket::new_unchecked(packet);
+    let pad = usize::from(view.pad_count());
+    if len < header_len + ICRC_LEN + pad || len % 4 != 0 {
+        return None;
+    }
+    let bth = BthRepr::parse(&view).ok()?;
+    let payload = &packet[header_len..len - ICRC_LEN - pad];
+    if !info.payload.allows(payload.len()) || (info.payload == PayloadRule::PathMtu && pad != 0) {
+        return None;
+    }
+    Some((bth, payload))
+}
+
+/// A packet a short path took: from here on as the general path, errors included.
+/// Congestion control sees it, it is counted, and the QP may NAK again.
+#[inline(always)]
+fn short_path_taken(qp: &mut Qp, sh: &mut Shared, now: Instant, envelope: &Envelope, ip: IpInfo) {
+    if let Some(config) = sh.config.congestion {
+        qp.cc.get_or_insert_with(|| Box::new(crate::congestion::QpCongestion::new(config)));
+        congestion_seen(qp, sh, now, envelope, ip, None);
+    }
+    sh.counters.rcvd_packets += 1;
+    sh.counters.rcvd_by_short_path += 1;
+    qp.resp.nak_sent = false;
 }
 
 /// What a packet taken by `qp` leaves to do: send what the QP owes, at its next chance, and

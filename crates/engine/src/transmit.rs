@@ -408,9 +408,7 @@ fn request<M: Memory + ?Sized>(
     if rc && qp.comp.psn.distance_to(qp.req.psn) >= MAX_UNACKED_PSNS {
         return None; // wait for ACKs
     }
-    let peer = qp.peer_ip();
-    if rc && !sh.windows.admits(&mut qp.window, peer) {
-        sh.windows.wait(qp.qpn, &mut qp.window, peer);
+    if rc && !window_room(qp, sh) {
         return None; // wait for room in the peer's window (crate::window)
     }
     let mtu = qp.mtu();
@@ -670,9 +668,7 @@ fn one_packet_request<M: Memory + ?Sized>(
         return None;
     }
     let solicited = w.solicited;
-    let peer = qp.peer_ip();
-    if !sh.windows.admits(&mut qp.window, peer) {
-        sh.windows.wait(qp.qpn, &mut qp.window, peer);
+    if !window_room(qp, sh) {
         return Some(None); // wait for room in the peer's window (crate::window)
     }
     let psn = qp.req.psn;
@@ -714,6 +710,18 @@ fn one_packet_request<M: Memory + ?Sized>(
     };
     let len = short_path_packet(qp, sh, now, buf, header, end);
     Some(Some(Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true)))
+}
+
+/// Whether `qp` may send a new packet to its peer now ([`crate::window`]); if not, it waits
+/// in the peer's queue for room.
+#[inline(always)]
+fn window_room(qp: &mut Qp, sh: &mut Shared) -> bool {
+    let peer = qp.peer_ip();
+    if sh.windows.admits(&mut qp.window, peer) {
+        return true;
+    }
+    sh.windows.wait(qp.qpn, &mut qp.window, peer);
+    false
 }
 
 /// The send queue's cursor, if a requester's short path may build the next packet: the
@@ -781,9 +789,7 @@ fn continuing_request<M: Memory + ?Sized>(
         return None;
     }
     let (length, solicited) = (w.length, w.solicited);
-    let peer = qp.peer_ip();
-    if !sh.windows.admits(&mut qp.window, peer) {
-        sh.windows.wait(qp.qpn, &mut qp.window, peer);
+    if !window_room(qp, sh) {
         return Some(None); // wait for room in the peer's window (crate::window)
     }
     let chunk = (length - offset).min(qp.mtu());
