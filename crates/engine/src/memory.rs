@@ -31,7 +31,10 @@ pub trait Memory {
     /// answer is read, since the region it comes from may change meanwhile). A memory whose
     /// addresses its runtime can hand to the kernel may note where the bytes are instead of
     /// copying them, for the send to gather them from there (and to compute the ICRC over
-    /// them): one copy fewer per packet. The default copies ([`read`](Self::read)).
+    /// them): one copy fewer per packet. The default copies ([`read`](Self::read)), as
+    /// softrdma's own runtime does: there the kernel's gathering from three pieces a packet
+    /// cost more than the copy it saved (docs/architecture.md, "Payloads copied, not
+    /// gathered").
     fn gather(&mut self, addr: u64, out: &mut [u8]) -> Result<(), MemoryFault> {
         self.read(addr, out)
     }

@@ -23,7 +23,7 @@
 //!   no wake-up is lost).
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{self, IoSlice};
+use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -39,14 +39,14 @@ use softrdma_udp::host::{HostConfig, Member, QPN_SLOT_BITS};
 use softrdma_udp::local::{Sleepers, drain_bell};
 use softrdma_udp::{Outgoing, RecvBatch, RoceSocket, RxPosition};
 use softrdma_wire::RocePacket;
-use softrdma_wire::icrc::{ICRC_LEN, IcrcPrefixCache, Ipv4IdentificationCache};
+use softrdma_wire::icrc::{IcrcPrefixCache, Ipv4IdentificationCache};
 use softrdma_wire::opcode::{Operation, Transport};
 use softrdma_wire::{BthPacket, Envelope, Gid, Opcode, Qpn};
 
 use crate::capture::Capture;
 use crate::device::Device;
 use crate::faults::Faults;
-use crate::memory::{Hole, ProcessMemory, SendMemory};
+use crate::memory::ProcessMemory;
 use crate::same_host::{FromInbox, SameHost};
 use crate::stats::{Counters, Publisher};
 use crate::{ContextOptions, Error};
@@ -210,9 +210,6 @@ struct TxQueue {
     arena: Box<[u8]>,
     /// Each packet: where it is in the arena, and the engine's transmit.
     meta: Vec<(usize, Transmit)>,
-    /// Payload bytes the packets leave in the application's memory, for the socket to send
-    /// from there ([`SendMemory`]), by place in the arena.
-    holes: Vec<Hole>,
     /// ICRC corrections for IPv4 GSO segments, by covered length (a few lengths recur).
     deltas: Ipv4IdentificationCache,
     /// The ICRC's envelope part, by envelope and length (a flow's packets share one).
@@ -226,7 +223,6 @@ impl TxQueue {
         Self {
             arena: vec![0u8; TX_BATCH * DATAGRAM_MAX].into_boxed_slice(),
             meta: Vec::new(),
-            holes: Vec::new(),
             deltas: Ipv4IdentificationCache::default(),
             prefixes: IcrcPrefixCache::default(),
             gso,
@@ -283,16 +279,6 @@ impl TxQueue {
                 self.arena[oa..ob + b.len].rotate_left(a.len);
                 self.meta[i] = (oa, b);
                 self.meta[i + 1] = (oa + b.len, a);
-                // The request's holes move with it (a response has none: an ACK carries no
-                // data, and a READ's answer is copied).
-                for h in &mut self.holes {
-                    if (oa..ob).contains(&h.at) {
-                        h.at += b.len;
-                    } else if (ob..ob + b.len).contains(&h.at) {
-                        h.at -= a.len;
-                    }
-                }
-                self.holes.sort_unstable_by_key(|h| h.at);
                 i += 2;
             } else {
                 i += 1;
@@ -1765,26 +1751,16 @@ impl State {
         let ecn = if self.nic.engine().config().congestion.is_some() { ECT0 } else { 0 };
         loop {
             self.tx.meta.clear();
-            self.tx.holes.clear();
             let mut at = 0;
             while self.tx.meta.len() < TX_BATCH {
                 let State { nic, tx, same_host, capture, send_errors, .. } = self;
-                let base = tx.arena.as_ptr();
                 let out = &mut tx.arena[at..at + DATAGRAM_MAX];
-                let mark = tx.holes.len();
-                // Payloads stay in the application's memory for the socket to send them
-                // from there; a capture, which writes every packet, takes them copied.
-                let sent = if capture.is_none() {
-                    nic.poll_transmit(now, &mut SendMemory::new(base, &mut tx.holes), out)
-                } else {
-                    nic.poll_transmit(now, &mut ProcessMemory, out)
-                };
-                match sent {
+                // Payloads are copied into the packet, which then leaves as one piece of
+                // its GSO buffer: gathered by the kernel from where the application has
+                // them instead, they made the wire slower, not faster (docs/architecture.md,
+                // "The data path", "Payloads copied, not gathered").
+                match nic.poll_transmit(now, &mut ProcessMemory, out) {
                     Some(mut t) => {
-                        if tx.holes.len() > mark && same_host.as_ref().is_some_and(|l| l.takes(&t.envelope)) {
-                            // An inbox takes the packet whole.
-                            tx.holes.drain(mark..).for_each(|h| h.fill(&mut tx.arena));
-                        }
                         let datagram = &mut tx.arena[at..at + t.len];
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.
@@ -1819,7 +1795,6 @@ impl State {
                                 // addresses for data). Its receiver is gone, its inbox
                                 // closed: RC's retries end the QP.
                                 *send_errors += 1;
-                                tx.holes.truncate(mark);
                                 continue;
                             }
                             None => {
@@ -1832,7 +1807,8 @@ impl State {
                                 }
                             }
                         }
-                        complete_icrc_gathered(&mut t, &mut tx.arena, at, &tx.holes[mark..], &mut tx.prefixes);
+                        let end = at + t.len;
+                        complete_icrc(&mut t, &mut tx.arena[at..end], &mut tx.prefixes);
                         tx.meta.push((at, t));
                         at += t.len;
                     }
@@ -1872,28 +1848,6 @@ impl State {
                 }
             }
         }
-        // The units whose packets left payload in the application's memory go as a list of
-        // pieces (`spans[j]` of `parts`): the arena up to each hole, the hole where it is.
-        // At most TX_BATCH packets of at most 4096 bytes of payload, each hole at least
-        // GATHER_MIN: far fewer pieces per unit than the kernel's limit of 1024.
-        let mut parts: Vec<IoSlice<'_>> = Vec::new();
-        let mut spans = [(0usize, 0usize); TX_BATCH];
-        if !tx.holes.is_empty() {
-            for (j, &(first, count, _)) in units[..live].iter().enumerate() {
-                let off = tx.meta[first].0;
-                let (last_off, last) = tx.meta[first + count - 1];
-                let end = last_off + last.len;
-                let holes =
-                    &tx.holes[tx.holes.partition_point(|h| h.at < off)..tx.holes.partition_point(|h| h.at < end)];
-                if holes.is_empty() {
-                    continue;
-                }
-                let start = parts.len();
-                parts.extend(gathered(&tx.arena, off..end, holes).map(IoSlice::new));
-                debug_assert!(parts.len() - start <= 1024, "more pieces than the kernel's IOV_MAX");
-                spans[j] = (start, parts.len());
-            }
-        }
         let mut done = [false; TX_BATCH];
         for lead in 0..live {
             let lead_unit = order[lead];
@@ -1913,10 +1867,7 @@ impl State {
                 done[j] = true;
                 let (last_off, last) = tx.meta[first + count - 1];
                 let bytes = &tx.arena[off..last_off + last.len];
-                let mut o = match spans[j] {
-                    (start, end) if end > start => Outgoing::gathered(t.envelope, &parts[start..end]),
-                    _ => Outgoing::new(t.envelope, bytes),
-                };
+                let mut o = Outgoing::new(t.envelope, bytes);
                 if t.traffic_class != 0 {
                     // The QP's DSCP; the ECN bits stay ECT(0) where congestion control runs.
                     o.traffic_class = Some(t.traffic_class & !0b11 | ecn);
@@ -2165,38 +2116,6 @@ fn complete_icrc(t: &mut Transmit, datagram: &mut [u8], prefixes: &mut IcrcPrefi
     }
 }
 
-/// [`complete_icrc`] for the packet at `at` in `arena` whose payload is partly in `holes`
-/// (in order, each inside the packet): the ICRC over its bytes where they are.
-fn complete_icrc_gathered(
-    t: &mut Transmit,
-    arena: &mut [u8],
-    at: usize,
-    holes: &[Hole],
-    prefixes: &mut IcrcPrefixCache,
-) {
-    let (end, covered) = (at + t.len, at + t.len - ICRC_LEN);
-    if holes.is_empty() {
-        return complete_icrc(t, &mut arena[at..end], prefixes);
-    }
-    if !std::mem::take(&mut t.icrc_pending) {
-        return;
-    }
-    let mut h = prefixes.hasher(&t.envelope, covered - at);
-    gathered(arena, at..covered, holes).for_each(|piece| h.update(piece));
-    arena[covered..end].copy_from_slice(&h.finalize().to_le_bytes());
-}
-
-/// The bytes of `arena[range]` in order, each of `holes` (in order, each inside the range)
-/// from where the application has them: what a packet, or a GSO run, carries.
-fn gathered<'a>(arena: &'a [u8], range: std::ops::Range<usize>, holes: &'a [Hole]) -> impl Iterator<Item = &'a [u8]> {
-    let starts = std::iter::once(range.start).chain(holes.iter().map(|h| h.at + h.len));
-    let tail = holes.last().map_or(range.start, |h| h.at + h.len);
-    starts
-        .zip(holes)
-        .flat_map(move |(from, h)| [&arena[from..h.at], h.bytes()])
-        .chain(std::iter::once(&arena[tail..range.end]))
-}
-
 /// The counters of a device: the NIC's and the sockets'.
 fn counters(
     nic: &Nic,
@@ -2280,8 +2199,7 @@ mod tests {
     use std::time::Duration;
 
     use softrdma_engine::Transmit;
-    use softrdma_wire::icrc::IcrcPrefixCache;
-    use softrdma_wire::{Envelope, RocePacket};
+    use softrdma_wire::Envelope;
 
     use crate::*;
 
@@ -2300,62 +2218,6 @@ mod tests {
             at += len;
         }
         q
-    }
-
-    /// The ICRC of a packet whose payload stayed in the application's memory is the ICRC
-    /// of the packet with those bytes copied in, whatever the holes' number and places.
-    #[test]
-    fn the_icrc_over_holes_is_the_icrc_of_the_filled_packet() {
-        use crate::memory::Hole;
-        let app: Vec<u8> = (0..9000u32).map(|i| (i * 7 + 3) as u8).collect();
-        let envelope = Envelope::rocev2([127, 0, 0, 1].into(), 4791, [127, 0, 0, 2].into()).unwrap();
-        // A WRITE_ONLY (BTH, RETH) of 4096 bytes at arena offset 100: three holes back to
-        // back; two with a part copied between them (an SGE under GATHER_MIN); one. The
-        // ICRC's envelope part comes from the cache after the first.
-        let mut prefixes = IcrcPrefixCache::default();
-        for parts in [&[(0usize, 1024usize), (1024, 2048), (3072, 1024)][..], &[(0, 1500), (2000, 2096)], &[(0, 4096)]]
-        {
-            let at = 100;
-            let len = 12 + 16 + 4096 + 4;
-            let mut arena = vec![0u8; at + len];
-            // What the engine copied: every payload byte; the holes' are overwritten below.
-            arena[at + 28..at + 28 + 4096].copy_from_slice(&app[500..500 + 4096]);
-            arena[at] = 0x0a; // RC_RDMA_WRITE_ONLY
-            arena[at + 1..at + 28].iter_mut().enumerate().for_each(|(i, b)| *b = i as u8);
-            let holes: Vec<Hole> = parts
-                .iter()
-                .map(|&(off, n)| Hole { at: at + 28 + off, addr: app.as_ptr() as u64 + 500 + off as u64, len: n })
-                .collect();
-            // Where a hole is, the arena holds nothing of it (stale bytes).
-            holes.iter().for_each(|h| arena[h.at..h.at + h.len].fill(0xee));
-            let mut t = Transmit::new(envelope, len, softrdma_wire::Qpn::default(), true);
-            super::complete_icrc_gathered(&mut t, &mut arena, at, &holes, &mut prefixes);
-            assert!(!t.icrc_pending);
-            let gathered = arena[at + len - 4..].to_vec();
-            holes.iter().for_each(|h| h.fill(&mut arena));
-            assert_eq!(arena[at + 28..at + 28 + 4096], app[500..500 + 4096], "the holes filled from where they are");
-            RocePacket::new_unchecked(&mut arena[at..]).fill_icrc(&envelope);
-            assert_eq!(gathered, arena[at + len - 4..], "parts {parts:?}");
-        }
-    }
-
-    /// A request and the ACK before it trade places in the arena (`pair_answers`): the
-    /// holes the request left in the application's memory move with it, and those of a
-    /// packet after the pair stay.
-    #[test]
-    fn holes_move_with_their_packet_when_an_answer_trades_places() {
-        use crate::memory::Hole;
-        const ACK: u8 = 0x11;
-        const SEND: u8 = 0x04;
-        let mut q = queue(true, [127, 0, 0, 1], &[(ACK, 0x40, 20), (SEND, 0x40, 1200), (SEND, 0x40, 1200)]);
-        q.holes = vec![Hole { at: 20 + 12, addr: 0x1000, len: 1184 }, Hole { at: 1220 + 12, addr: 0x9000, len: 1184 }];
-        q.pair_answers();
-        assert_eq!(order(&q), [(SEND, b'b', 1200), (ACK, b'a', 20), (SEND, b'c', 1200)]);
-        assert_eq!(
-            q.holes,
-            [Hole { at: 12, addr: 0x1000, len: 1184 }, Hole { at: 1220 + 12, addr: 0x9000, len: 1184 }],
-            "the first request's hole where its bytes now are, the second's where they were"
-        );
     }
 
     /// The packets of a queue in send order: (opcode, fill byte, length, contiguous).
