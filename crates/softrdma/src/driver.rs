@@ -1757,7 +1757,7 @@ impl State {
                 let out = &mut tx.arena[at..at + DATAGRAM_MAX];
                 // Payloads are copied into the packet, which then leaves as one piece of
                 // its GSO buffer: gathered by the kernel from where the application has
-                // them instead, they made the wire slower, not faster (docs/architecture.md,
+                // them instead, they cost the kernel as much as the copy saved (docs/architecture.md,
                 // "The data path", "Payloads copied, not gathered").
                 match nic.poll_transmit(now, &mut ProcessMemory, out) {
                     Some(mut t) => {
