@@ -757,7 +757,9 @@ pub fn local_ack_timeout(timeout: u8) -> Option<Duration> {
     Some(Duration::from_nanos(4096u64 << timeout.min(31)))
 }
 
-/// Why a verb failed. The C layer maps each to an errno (`EINVAL`, `ENOMEM`, ...).
+/// Why a verb failed. The C layer maps each to an errno (`EINVAL`, `ENOMEM`, ...), in a
+/// match with no catch-all: not `#[non_exhaustive]`, so that a new kind cannot be added
+/// without its errno.
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum VerbsError {
     /// The handle does not name a live object.
@@ -793,7 +795,8 @@ pub struct PostError {
     pub kind: PostErrorKind,
 }
 
-/// What was wrong with a work request.
+/// What was wrong with a work request (not `#[non_exhaustive]`, as [`VerbsError`]: the C
+/// layer gives each its errno).
 #[derive(Clone, PartialEq, Eq, Debug, thiserror::Error)]
 pub enum PostErrorKind {
     /// The queue is full (`ENOMEM`).

@@ -4,8 +4,9 @@ use std::io;
 
 use softrdma_engine::{PostErrorKind, VerbsError};
 
-/// Why a call failed.
+/// Why a call failed. New kinds may come: a `match` needs an arm for the others.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No device has that name.
     #[error("no RDMA device named {name:?}; the devices are: {available}")]

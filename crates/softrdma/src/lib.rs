@@ -183,3 +183,29 @@ impl Default for ContextOptions {
         }
     }
 }
+
+/// The API's objects may be shared between threads, as libibverbs' are (any thread may post,
+/// poll, modify or destroy): each is `Send + Sync`. A type that stops being so (an `Rc`, a
+/// raw pointer, a `Cell` inside) fails this at compile time.
+#[cfg(test)]
+#[test]
+fn the_api_objects_are_send_and_sync() {
+    fn both<T: Send + Sync>() {}
+    both::<Context>();
+    both::<Pd>();
+    both::<Mr>();
+    both::<RawMr>();
+    both::<Mw>();
+    both::<Cq>();
+    both::<CompChannel>();
+    both::<Qp>();
+    both::<Srq>();
+    both::<Ah>();
+    both::<Xrcd>();
+    both::<DeviceMemory>();
+    both::<EventChannel>();
+    both::<CmId>();
+    both::<CmEndpoint>();
+    both::<Device>();
+    both::<Error>();
+}
