@@ -171,6 +171,7 @@ impl ReactionPoint {
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) wants to run.
+    #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
         Instant::earliest(self.next_alpha_update, self.next_increase)
     }
