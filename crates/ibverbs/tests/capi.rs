@@ -28,6 +28,11 @@ fn passes(name: &str) {
 }
 
 #[test]
+fn a_failed_post_names_its_first_unposted_wr_in_bad_wr() {
+    passes("post_bad_wr");
+}
+
+#[test]
 fn multicast_reaches_every_attached_qp_of_every_process() {
     passes("mcast");
 }
