@@ -358,22 +358,40 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut IbvCq, n: c_int, out: *mut IbvW
         if n > 0 && out.is_null() {
             return -1;
         }
-        let mut buf = [softrdma::EMPTY_WC; 16];
-        let mut done = 0;
-        while done < n {
-            let want = (n - done).min(buf.len());
-            let got = c.inner.poll(&mut buf[..want]);
-            for (i, wc) in buf[..got].iter().enumerate() {
-                // SAFETY: out has n entries and done + i < n.
-                unsafe { ptr::write(out.add(done + i), wc_c(wc)) };
+        // A buffer of completions as large as the call asks for, up to 16: a poll for one or
+        // two (a ping-pong's) set up a buffer of 16 first (callgrind, the layer's own work a
+        // call 121 instructions against 165).
+        // SAFETY: out has n entries.
+        let done = unsafe {
+            if n <= 2 {
+                poll_into(&c.inner, out, n, &mut [softrdma::EMPTY_WC; 2])
+            } else {
+                poll_into(&c.inner, out, n, &mut [softrdma::EMPTY_WC; 16])
             }
-            done += got;
-            if got < want {
-                break;
-            }
-        }
+        };
         done as c_int
     })
+}
+
+/// Polls `cq` for at most `n` completions into `out`, through `buf`; how many there were.
+///
+/// # Safety
+/// `out` must have room for `n` entries.
+unsafe fn poll_into(cq: &softrdma::Cq, out: *mut IbvWc, n: usize, buf: &mut [Wc]) -> usize {
+    let mut done = 0;
+    while done < n {
+        let want = (n - done).min(buf.len());
+        let got = cq.poll(&mut buf[..want]);
+        for (i, wc) in buf[..got].iter().enumerate() {
+            // SAFETY: out has n entries and done + i < n.
+            unsafe { ptr::write(out.add(done + i), wc_c(wc)) };
+        }
+        done += got;
+        if got < want {
+            break;
+        }
+    }
+    done
 }
 
 pub(crate) unsafe extern "C" fn req_notify_cq(cq: *mut IbvCq, solicited_only: c_int) -> c_int {
