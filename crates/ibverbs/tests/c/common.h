@@ -119,4 +119,29 @@ static inline int open_first(struct ibv_context **ctx, union ibv_gid *gid, struc
     CHECK(*pd, "ibv_alloc_pd");
     return 0;
 }
+/* The context of softrdma_lo (the loopback interface's device), or NULL. */
+static inline struct ibv_context *open_lo(void) {
+    struct ibv_device **list = ibv_get_device_list(NULL);
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; list && list[i]; i++)
+        if (strcmp(ibv_get_device_name(list[i]), "softrdma_lo") == 0)
+            ctx = ibv_open_device(list[i]);
+    if (list)
+        ibv_free_device_list(list);
+    return ctx;
+}
+
+/* RESET → INIT → RTR → RTS of a UD QP on port 1 with Q_Key `qkey`: 0, or -1. */
+static inline int ud_to_rts(struct ibv_qp *qp, uint32_t qkey) {
+    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = qkey};
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
+        return -1;
+    a.qp_state = IBV_QPS_RTR;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
+        return -1;
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 0;
+    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+}
+
 #endif

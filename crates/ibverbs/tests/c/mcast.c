@@ -14,29 +14,6 @@
 #define QKEY 0x11111111
 #define MCAST_QPN 0xffffff
 
-static int to_rts(struct ibv_qp *qp) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = QKEY};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
-        return -1;
-    a.qp_state = IBV_QPS_RTR;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
-        return -1;
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 0;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
-}
-
-static struct ibv_context *open_lo(void) {
-    struct ibv_device **list = ibv_get_device_list(NULL);
-    struct ibv_context *ctx = NULL;
-    for (int i = 0; list && list[i]; i++)
-        if (strcmp(ibv_get_device_name(list[i]), "softrdma_lo") == 0)
-            ctx = ibv_open_device(list[i]);
-    if (list)
-        ibv_free_device_list(list);
-    return ctx;
-}
-
 /* Polls `cq` for up to `ms` milliseconds; the number of completions put in wc. */
 static int poll_for(struct ibv_cq *cq, struct ibv_wc *wc, int max, int ms) {
     struct timespec t0, t;
@@ -77,7 +54,7 @@ static struct ibv_qp *ud_qp(struct ud *u) {
                                     .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1,
                                             .max_recv_sge = 1}};
     struct ibv_qp *qp = ibv_create_qp(u->pd, &init);
-    return qp && to_rts(qp) == 0 ? qp : NULL;
+    return qp && ud_to_rts(qp, QKEY) == 0 ? qp : NULL;
 }
 
 /* A receive of 1024 bytes at slot `slot` of u's buffer, wr_id = slot. */

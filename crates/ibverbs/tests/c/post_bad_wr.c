@@ -5,28 +5,9 @@
  * WRs that were posted can be seen arriving. Prints "ok". */
 #include "common.h"
 
-static int to_rts(struct ibv_qp *qp) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = 0x11111111};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
-        return -1;
-    a.qp_state = IBV_QPS_RTR;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
-        return -1;
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 0;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
-}
-
 int main(void) {
-    struct ibv_device **list = ibv_get_device_list(NULL);
-    CHECK(list, "ibv_get_device_list");
-    struct ibv_device *dev = NULL;
-    for (int i = 0; list[i]; i++)
-        if (strcmp(ibv_get_device_name(list[i]), "softrdma_lo") == 0)
-            dev = list[i];
-    CHECK(dev, "softrdma_lo is listed");
-    struct ibv_context *ctx = ibv_open_device(dev);
-    CHECK(ctx, "ibv_open_device");
+    struct ibv_context *ctx = open_lo();
+    CHECK(ctx, "softrdma_lo opens");
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
     CHECK(pd, "ibv_alloc_pd");
     static char buf[8192];
@@ -39,7 +20,7 @@ int main(void) {
                                             .max_recv_sge = 1}};
     struct ibv_qp *tx = ibv_create_qp(pd, &init), *rx = ibv_create_qp(pd, &init);
     CHECK(tx && rx, "ibv_create_qp (UD)");
-    CHECK(to_rts(tx) == 0 && to_rts(rx) == 0, "UD QPs to RTS");
+    CHECK(ud_to_rts(tx, 0x11111111) == 0 && ud_to_rts(rx, 0x11111111) == 0, "UD QPs to RTS");
     union ibv_gid gid;
     CHECK(ibv_query_gid(ctx, 1, 0, &gid) == 0, "ibv_query_gid");
     struct ibv_ah_attr ah_attr = {.is_global = 1, .port_num = 1, .grh = {.dgid = gid, .sgid_index = 0, .hop_limit = 64}};
@@ -107,7 +88,6 @@ int main(void) {
     ibv_dereg_mr(mr);
     ibv_dealloc_pd(pd);
     ibv_close_device(ctx);
-    ibv_free_device_list(list);
     puts("ok");
     return 0;
 }

@@ -13,18 +13,6 @@ static int is_v4_mapped(const union ibv_gid *g) {
     return memcmp(g->raw, prefix, 12) == 0;
 }
 
-static int to_rts(struct ibv_qp *qp) {
-    struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1, .qkey = 0x11111111};
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY))
-        return -1;
-    a.qp_state = IBV_QPS_RTR;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE))
-        return -1;
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 0;
-    return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
-}
-
 int main(void) {
     struct ibv_device **list = ibv_get_device_list(NULL);
     CHECK(list, "ibv_get_device_list");
@@ -49,7 +37,7 @@ int main(void) {
                                             .max_recv_sge = 1}};
     struct ibv_qp *tx = ibv_create_qp(pd, &init), *rx = ibv_create_qp(pd, &init);
     CHECK(tx && rx, "ibv_create_qp (UD)");
-    CHECK(to_rts(tx) == 0 && to_rts(rx) == 0, "UD QPs to RTS");
+    CHECK(ud_to_rts(tx, 0x11111111) == 0 && ud_to_rts(rx, 0x11111111) == 0, "UD QPs to RTS");
 
     int tested_v4 = 0, tested_v6 = 0;
     for (int index = 0; index < port.gid_tbl_len; index++) {
