@@ -115,6 +115,7 @@ pub(crate) fn check_drained(qp: &mut Qp, sh: &mut Shared) {
 /// every other outstanding WR is flushed, receives included.
 pub(crate) fn enter_error(qp: &mut Qp, sh: &mut Shared, failed: Option<WcStatus>) {
     let was_error = qp.state == QpState::Err;
+    sh.void_grants();
     fail_send_queue(qp, sh, failed);
     qp.state = QpState::Err;
     if let InMessage::Send { wqe, .. } = core::mem::take(&mut qp.resp.current) {

@@ -193,6 +193,9 @@ pub struct Counters {
     /// Requests the responder took by its short path for a message of one packet
     /// ([`DeviceConfig::one_packet_short_path`]); they count in `rcvd_packets` too.
     pub rcvd_by_short_path: u64,
+    /// Atomics this device's requesters applied themselves, on a mapping of a responder's
+    /// memory that its engine granted ([`crate::direct`]): no packet either way.
+    pub direct_atomics: u64,
 }
 
 /// A datagram [`Engine::poll_transmit`] wrote.
@@ -226,6 +229,10 @@ pub struct Transmit {
     /// own ([`Engine::allow_acks_beside`]): the receiving engine takes it, with
     /// [`Engine::handle_ack_beside`], just before this packet.
     pub ack_beside: Option<AckBeside>,
+    /// For an atomic's answer: what the responder's engine vouches for, for its peer to
+    /// apply the next atomics on the region itself ([`crate::direct`]). Only for a process
+    /// of this host that can map the region; the runtime drops it anywhere else.
+    pub grant: Option<crate::direct::AtomicGrant>,
 }
 
 /// An ACK carried beside a packet to the QP it is for, in place of an ACK packet that
@@ -253,6 +260,7 @@ impl Transmit {
             qp_by_reference: false,
             qp_acks_beside: false,
             ack_beside: None,
+            grant: None,
         }
     }
 }
@@ -369,6 +377,8 @@ pub(crate) struct Shared {
     /// The multicast groups with a QP attached, and those QPs in the order they attached
     /// (rxe's `mcg` table): what a packet to QPN 0xFFFFFF and a group address reaches.
     pub(crate) mcast: BTreeMap<Gid, Vec<Qpn>>,
+    /// The epoch of the grants given ([`Engine::grant_epoch`]).
+    pub(crate) grant_epoch: u64,
 }
 
 /// A software RDMA device.
@@ -457,6 +467,11 @@ impl Shared {
     /// The range R_Key `rkey` names, by the addresses peers use: a region's whole range, or
     /// a window's (a zero-based one's from 0). `None` for a key of no region or window of
     /// `pd` reachable through QP `qpn`; what it allows is left to [`resolve_rkey`](Self::resolve_rkey).
+    /// The region `rkey` names, if a region does.
+    pub(crate) fn region_by_rkey(&self, rkey: u32) -> Option<&Mr> {
+        self.rkeys.get(&rkey).map(|&index| &self.mrs[index])
+    }
+
     pub(crate) fn rkey_extent(&self, pd: PdId, qpn: Qpn, rkey: u32) -> Option<(u64, u64)> {
         if let Some(&index) = self.rkeys.get(&rkey) {
             let mr = &self.mrs[index];
@@ -796,6 +811,7 @@ impl Engine {
                 windows,
                 clock: None,
                 mcast: BTreeMap::new(),
+                grant_epoch: 0,
             },
             qps: BTreeMap::new(),
             next_qpn,
@@ -933,6 +949,7 @@ impl Engine {
             self.pd_use(new_pd, 1)?;
             self.pd_use(old_pd, -1)?;
         }
+        self.shared.void_grants();
         let mr = &mut self.shared.mrs[index];
         let iova = if range.is_some() { addr } else { mr.iova };
         (mr.pd, mr.addr, mr.iova, mr.length, mr.access) = (new_pd, addr, iova, length, access);
@@ -959,6 +976,7 @@ impl Engine {
     /// them: for an owner of the memory that frees it next.
     pub fn dereg_mr_unbinding(&mut self, lkey: LKey) -> Result<(), VerbsError> {
         let index = self.shared.lkeys.remove(&lkey.0).ok_or(VerbsError::NotFound { kind: "MR", id: lkey.0 })?;
+        self.shared.void_grants();
         if self.shared.mrs[index].windows > 0 {
             self.shared.unbind_windows_of_mr(index);
         }
@@ -1361,6 +1379,7 @@ impl Engine {
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), VerbsError> {
         let mut qp = self.qps.remove(&qpn.value()).ok_or(VerbsError::NotFound { kind: "QP", id: qpn.value() })?;
         let sh = &mut self.shared;
+        sh.void_grants();
         for mw in sh.mws.values_mut() {
             if let Some(b) = mw.bound.filter(|b| b.qp == Some(qpn)) {
                 mw.bound = None;
@@ -1628,6 +1647,8 @@ impl Engine {
         }
 
         let previous = qp.state;
+        // Its state, its access flags or its peer may have changed.
+        self.shared.void_grants();
         if next != previous {
             tracing::debug!(target: "softrdma::qp", qpn = qpn.value(), "QP {qpn} {previous} → {next} (modify_qp)");
         }

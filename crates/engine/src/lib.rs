@@ -11,6 +11,7 @@
 pub mod auth;
 mod completer;
 pub mod congestion;
+pub mod direct;
 mod engine;
 pub mod identification;
 pub mod inspect;
@@ -26,6 +27,7 @@ pub mod verbs;
 pub mod window;
 
 pub use auth::PacketKeys;
+pub use direct::{AtomicGrant, DirectAtomic, DirectOp};
 pub use engine::{AckBeside, Counters, DeviceConfig, Engine, Transmit, udp_source_port};
 pub use identification::IcrcCheck;
 pub use inspect::{CqInfo, MrInfo, QpCounters, QpInfo, QpPeer, SrqInfo};

@@ -235,7 +235,9 @@ pub(crate) enum RespJob {
     /// meanwhile). The PD is the QP's, or for an XRC TGT QP the SRQ's that the READ named.
     Read { psn: Psn, va: u64, remaining: u32, first: bool, rkey: u32, pd: PdId, by_reference: bool },
     /// The answer to an atomic.
-    AtomicAck { psn: Psn, original: u64 },
+    /// `rkey`: the key it executed with, for a grant beside the answer ([`crate::direct`]);
+    /// `None` for a duplicate answered from memory.
+    AtomicAck { psn: Psn, original: u64, rkey: Option<softrdma_wire::RKey> },
 }
 
 /// A READ or atomic the responder remembers, to answer duplicates (IBA 9.7.5.1.2).

@@ -1091,7 +1091,7 @@ fn execute<M: Memory + ?Sized>(
                     by_reference: false,
                 },
             );
-            qp.resp.out.push_back(RespJob::AtomicAck { psn, original });
+            qp.resp.out.push_back(RespJob::AtomicAck { psn, original, rkey: Some(a.rkey) });
             qp.resp.msn = (qp.resp.msn + 1) & 0xff_ffff;
         }
         _ => return Err(Refusal::Fatal(NakCode::InvalidRequest)),
@@ -1272,7 +1272,7 @@ fn duplicate(qp: &mut Qp, sh: &mut Shared, psn: Psn, operation: Operation, repr:
             // Answered from the resource, never executed twice.
             let found = qp.resp.resources.iter().rev().find(|r| r.first_psn == psn && r.atomic_original.is_some());
             if let Some(r) = found.copied() {
-                qp.resp.out.push_back(RespJob::AtomicAck { psn, original: r.atomic_original.unwrap_or(0) });
+                qp.resp.out.push_back(RespJob::AtomicAck { psn, original: r.atomic_original.unwrap_or(0), rkey: None });
             }
         }
         _ => queue_ack(qp, qp.resp.psn.wrapping_sub(1), Syndrome::ACK_NO_CREDITS),

@@ -237,8 +237,9 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
             };
             emit(&repr, envelope, 0, buf)
         }
-        RespJob::AtomicAck { psn, original } => {
+        RespJob::AtomicAck { psn, original, rkey } => {
             qp.resp.out.pop_front();
+            let grant = rkey.and_then(|rkey| sh.grant_for(qp, rkey));
             let repr = RoceRepr {
                 bth: bth(response_opcode(qp.qp_type, Opcode::RC_ATOMIC_ACKNOWLEDGE), dest, psn),
                 ext: ExtHeaders {
@@ -248,7 +249,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
                 },
                 payload: &[],
             };
-            emit(&repr, envelope, 0, buf)
+            emit(&repr, envelope, 0, buf).map(|t| Transmit { grant, ..t })
         }
         RespJob::Read { psn, va, remaining, first, rkey, pd, by_reference } => {
             // Asked for by reference: a segment per response, listing where it is here.

@@ -383,7 +383,7 @@ impl Counters {
     /// `channel_waits_polled`, `channel_waits_slept`, `acks_left_for_next_poll`, the injected faults'
     /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 44] {
+    pub fn named(&self) -> [(&'static str, u64); 45] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -413,6 +413,7 @@ impl Counters {
             rcvd_acks_beside,
             sent_by_short_path,
             rcvd_by_short_path,
+            direct_atomics,
         } = self.engine;
         let softrdma_cm::CmCounters {
             mads_sent,
@@ -451,6 +452,7 @@ impl Counters {
             ("rcvd_acks_beside", rcvd_acks_beside),
             ("sent_by_short_path", sent_by_short_path),
             ("rcvd_by_short_path", rcvd_by_short_path),
+            ("direct_atomics", direct_atomics),
             ("send_errors", self.send_errors),
             ("gsi_dropped", self.gsi_dropped),
             ("same_host_sent", self.same_host_sent),

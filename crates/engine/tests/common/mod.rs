@@ -36,6 +36,8 @@ pub struct Pkt {
     pub by_reference: bool,
     /// An ACK carried beside it, taken just before it (`Engine::allow_acks_beside`).
     pub ack_beside: Option<AckBeside>,
+    /// A grant beside an atomic's answer (`softrdma_engine::direct`).
+    pub grant: Option<AtomicGrant>,
 }
 
 /// A node's memory that copies from its peer's, as a process of the host pulls from
@@ -226,6 +228,7 @@ impl Pair {
                     delivered: true,
                     by_reference: t.by_reference,
                     ack_beside: t.ack_beside,
+                    grant: t.grant,
                 };
                 if let Some(f) = &mut self.filter {
                     pkt.delivered = f(&pkt);
