@@ -134,6 +134,8 @@ mod fork;
 pub mod host;
 #[allow(unsafe_code)]
 pub mod local;
+#[allow(unsafe_code)]
+pub mod peer_region;
 
 use std::io::{self, IoSlice};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};

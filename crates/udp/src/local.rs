@@ -139,6 +139,16 @@ const FEATURE_HEADS: u32 = 4;
 /// [`FEATURE_HEADS`], after each batch it published): a receiver that finds it changed
 /// reads the lanes' owners again.
 const H_SEQ: usize = 64;
+/// The receiver takes grants beside atomics' answers, and keeps a gate for the senders
+/// that apply atomics to its memory on their own ([`Grant`], [`Outbox::enter_gate`]).
+const FEATURE_GRANTS: u32 = 8;
+/// The gate: the grant epoch under which senders may apply atomics to the receiver's
+/// memory themselves, or [`GATE_CLOSED`] (on the sequence number's line, which senders
+/// write only when they claim a lane, not on the first, whose sleepers the receiver
+/// writes whenever it sleeps).
+const H_GATE: usize = 72;
+/// The gate's value when no grant holds.
+const GATE_CLOSED: u64 = u64::MAX;
 // Lane fields (from the lane header).
 const L_OWNER: usize = 0;
 /// Whether the receiver can copy from the lane's owner: [`PULLS_UNKNOWN`], [`PULLS_YES`]
@@ -154,6 +164,9 @@ const PULLS_NO: u32 = 2;
 /// that does (an owner of an earlier build leaves the last one's PID here).
 const L_STAMPS: usize = 32;
 const L_HEAD: usize = 64;
+/// 1 while the lane's owner applies an atomic to the receiver's memory on its own
+/// ([`Outbox::enter_gate`]); on the head's line, which the owner writes anyway.
+const L_INSIDE: usize = 72;
 const L_TAIL: usize = 128;
 /// An entry's stamp: [`stamp_of`] its index once it is published, written by the sender
 /// after the lane's head ([`Outbox::wake`]). A receiver that polls the entry after its tail
@@ -459,6 +472,67 @@ pub struct Beside {
     /// An ACK to take before it (only where the receiver takes them,
     /// [`Outbox::acks_beside`]).
     pub ack: Option<AckBeside>,
+    /// A grant beside an atomic's answer (only where the receiver takes them,
+    /// [`Outbox::takes_grants`]).
+    pub grant: Option<Grant>,
+}
+
+/// What a responder's device vouches for beside an atomic it executed
+/// (`softrdma_engine::AtomicGrant`), and where the region is for the requester to map it
+/// ([`crate::peer_region`]): descriptor `fd` of the lane's owner, the memfd with inode
+/// `ino`, whose byte `offset` is the region's first. Valid while the owner's inbox gate
+/// stands at `epoch` ([`Outbox::enter_gate`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// The responder's QP.
+    pub qp: u32,
+    /// The region's R_Key.
+    pub rkey: u32,
+    /// The address peers name the region's first byte by, and its length.
+    pub va: u64,
+    /// The region's length.
+    pub len: u64,
+    /// The memfd: its descriptor in the owner, its inode, and the region's offset in it.
+    pub fd: u32,
+    /// Its inode.
+    pub ino: u64,
+    /// The region's offset in it.
+    pub offset: u64,
+    /// The epoch it holds under.
+    pub epoch: u64,
+}
+
+/// A grant's bytes in an entry, after its datagram.
+const GRANT_BYTES: usize = 56;
+
+impl Grant {
+    fn encode(&self) -> [u8; GRANT_BYTES] {
+        let mut b = [0u8; GRANT_BYTES];
+        b[0..4].copy_from_slice(&self.qp.to_le_bytes());
+        b[4..8].copy_from_slice(&self.rkey.to_le_bytes());
+        b[8..16].copy_from_slice(&self.va.to_le_bytes());
+        b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b[24..28].copy_from_slice(&self.fd.to_le_bytes());
+        b[32..40].copy_from_slice(&self.ino.to_le_bytes());
+        b[40..48].copy_from_slice(&self.offset.to_le_bytes());
+        b[48..56].copy_from_slice(&self.epoch.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Grant> {
+        let u32_at = |i: usize| b.get(i..i + 4).and_then(|s| s.try_into().ok()).map(u32::from_le_bytes);
+        let u64_at = |i: usize| b.get(i..i + 8).and_then(|s| s.try_into().ok()).map(u64::from_le_bytes);
+        Some(Grant {
+            qp: u32_at(0)?,
+            rkey: u32_at(4)?,
+            va: u64_at(8)?,
+            len: u64_at(16)?,
+            fd: u32_at(24)?,
+            ino: u64_at(32)?,
+            offset: u64_at(40)?,
+            epoch: u64_at(48)?,
+        })
+    }
 }
 
 /// How a datagram came, beside what a socket would have told ([`Inbox::receive`]).
@@ -468,14 +542,18 @@ pub struct Arrived {
     pub origin: Option<u32>,
     /// An ACK to take before the datagram.
     pub ack: Option<AckBeside>,
+    /// A grant beside it, and the process that gave it (the lane's owner).
+    pub grant: Option<(u32, Grant)>,
 }
 
 /// An entry's header: the datagram's length, what the socket would have told, whether its
-/// data is carried by reference (byte 52), and an ACK beside it (byte 53 says there is
-/// one, 54 is its syndrome, 56..60 its PSN and 60..64 its MSN).
+/// data is carried by reference (byte 52), an ACK beside it (byte 53 says there is one, 54
+/// is its syndrome, 56..60 its PSN and 60..64 its MSN), and whether a [`Grant`] follows the
+/// datagram in the entry (byte 55).
 fn encode(envelope: &Envelope, ip: IpInfo, len: usize, beside: Beside) -> [u8; ENTRY_HEADER] {
     let mut h = [0u8; ENTRY_HEADER];
     h[52] = u8::from(beside.by_reference);
+    h[55] = u8::from(beside.grant.is_some());
     if let Some(ack) = beside.ack {
         h[53] = 1;
         h[54] = ack.syndrome;
@@ -532,7 +610,9 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, Beside)> {
         IpInfo { hop_limit: h[6], traffic_class: h[5], flow_label: u32::from_le_bytes(h[12..16].try_into().ok()?) };
     let u24_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) & 0xff_ffff;
     let ack = (h[53] != 0).then(|| AckBeside { psn: u24_at(56), syndrome: h[54], msn: u24_at(60) });
-    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, Beside { by_reference: h[52] != 0, ack }))
+    // The grant itself follows the datagram: the caller reads it (a placeholder here).
+    let grant = (h[55] != 0 && len + GRANT_BYTES <= DATAGRAM_MAX).then(Grant::default);
+    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, Beside { by_reference: h[52] != 0, ack, grant }))
 }
 
 /// This process's inbox on one device: datagrams from other processes of the host.
@@ -607,8 +687,11 @@ impl Inbox {
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
         map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
-        let features =
-            FEATURE_HEADS | if pulls { FEATURE_PULLS } else { 0 } | if acks_beside { FEATURE_ACKS_BESIDE } else { 0 };
+        let features = FEATURE_HEADS
+            | FEATURE_GRANTS
+            | if pulls { FEATURE_PULLS } else { 0 }
+            | if acks_beside { FEATURE_ACKS_BESIDE } else { 0 };
+        map.u64(H_GATE).store(GATE_CLOSED, Ordering::Relaxed);
         map.u32(H_FEATURES).store(features, Ordering::Relaxed);
         map.u64(H_MAGIC).store(MAGIC, Ordering::Release);
         Ok(Inbox {
@@ -702,11 +785,16 @@ impl Inbox {
                         (true, Some(owner)) => Some(owner),
                         (true, None) => continue,
                     };
-                    if len > FIRST_LINE {
-                        let rest = ENTRY_HEADER + FIRST_LINE..ENTRY_HEADER + len;
+                    let end = ENTRY_HEADER + len + if beside.grant.is_some() { GRANT_BYTES } else { 0 };
+                    if end > ENTRY_HEADER + FIRST_LINE {
+                        let rest = ENTRY_HEADER + FIRST_LINE..end;
                         self.map.get(entry + rest.start, &mut self.scratch[rest]);
                     }
-                    let arrived = Arrived { origin, ack: beside.ack };
+                    let grant = beside
+                        .grant
+                        .and_then(|_| Grant::decode(&self.scratch[ENTRY_HEADER + len..end]))
+                        .map(|g| (self.map.u32(at + L_OWNER).load(Ordering::Acquire), g));
+                    let arrived = Arrived { origin, ack: beside.ack, grant };
                     deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], arrived);
                 }
             }
@@ -731,6 +819,48 @@ impl Inbox {
                 self.map.u32(at + L_OWNER).load(Ordering::Relaxed) == pid
                     && self.map.u32(at + L_PULLS).load(Ordering::Acquire) == PULLS_YES
             })
+    }
+
+    /// Opens the gate at `epoch`: senders holding a grant of that epoch may apply atomics
+    /// to this process's memory on their own ([`Outbox::enter_gate`]).
+    pub fn open_gate(&self, epoch: u64) {
+        self.map.u64(H_GATE).store(epoch, Ordering::SeqCst);
+    }
+
+    /// The epoch the gate is open at, if it is.
+    pub fn gate(&self) -> Option<u64> {
+        Some(self.map.u64(H_GATE).load(Ordering::Relaxed)).filter(|&g| g != GATE_CLOSED)
+    }
+
+    /// Closes the gate and waits until no sender is inside: from its return until the gate
+    /// opens again, no sender applies an atomic here on its own. A sender that stays inside
+    /// is waited for up to `patience` (one that died there, not at all); returns whether
+    /// none was left inside.
+    pub fn close_gate(&self, patience: std::time::Duration) -> bool {
+        if self.map.u64(H_GATE).swap(GATE_CLOSED, Ordering::SeqCst) == GATE_CLOSED {
+            return true;
+        }
+        let deadline = std::time::Instant::now() + patience;
+        let mut spins = 0u32;
+        for lane in 0..LANES {
+            let at = Mapping::lane(lane);
+            while self.map.u32(at + L_INSIDE).load(Ordering::SeqCst) != 0 {
+                let owner = self.map.u32(at + L_OWNER).load(Ordering::Acquire);
+                if owner == 0 || is_gone(owner) || std::time::Instant::now() >= deadline {
+                    if owner != 0 && !is_gone(owner) {
+                        return false;
+                    }
+                    break;
+                }
+                spins += 1;
+                if spins % 64 == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        }
+        true
     }
 
     /// The bell: readable once a sender rang it; poll it while counted among the
@@ -882,6 +1012,8 @@ impl Outbox {
         map.u64(at + L_PROBE).store(std::ptr::from_ref(&PROBE) as u64, Ordering::Release);
         map.u64(at + L_TOKEN).store(probe_token(), Ordering::Release);
         map.u32(at + L_PULLS).store(PULLS_UNKNOWN, Ordering::Release);
+        // Not inside the gate (a dead owner may have left its word set).
+        map.u32(at + L_INSIDE).store(0, Ordering::Release);
         // This process stamps its entries (before the bump that has the receiver read it).
         map.u32(at + L_STAMPS).store(me, Ordering::Release);
         let tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
@@ -922,6 +1054,36 @@ impl Outbox {
         self.map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_ACKS_BESIDE != 0
     }
 
+    /// Whether the receiver takes a grant beside a packet ([`Beside::grant`]) and keeps
+    /// the gate ([`enter_gate`](Self::enter_gate)).
+    pub fn takes_grants(&self) -> bool {
+        self.map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_GRANTS != 0
+    }
+
+    /// Before this process applies an atomic to the receiver's memory on its own: steps
+    /// into the gate if it stands open at `epoch` (a grant's), and returns whether it did;
+    /// then [`leave_gate`](Self::leave_gate), after the atomic. The receiver closes the
+    /// gate, and waits for the senders inside, before anything that could void a grant
+    /// takes effect ([`Inbox::close_gate`]): each side writes its word before it reads the
+    /// other's, so one of them sees the other.
+    pub fn enter_gate(&self, epoch: u64) -> bool {
+        if my_pid() != self.pid || self.is_closed() {
+            return false;
+        }
+        let inside = self.map.u32(Mapping::lane(self.lane) + L_INSIDE);
+        inside.store(1, Ordering::SeqCst);
+        if self.map.u64(H_GATE).load(Ordering::SeqCst) == epoch {
+            return true;
+        }
+        inside.store(0, Ordering::Release);
+        false
+    }
+
+    /// After the atomic [`enter_gate`](Self::enter_gate) let through.
+    pub fn leave_gate(&self) {
+        self.map.u32(Mapping::lane(self.lane) + L_INSIDE).store(0, Ordering::Release);
+    }
+
     /// The process that owns the inbox.
     pub fn receiver(&self) -> u32 {
         self.map.u32(H_PID).load(Ordering::Relaxed)
@@ -938,7 +1100,16 @@ impl Outbox {
         if datagram.len() > DATAGRAM_MAX {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
+        let beside = Beside { grant: beside.grant.filter(|_| datagram.len() + GRANT_BYTES <= DATAGRAM_MAX), ..beside };
         let header = encode(envelope, ip, datagram.len(), beside);
+        let with_grant;
+        let datagram = match beside.grant {
+            Some(g) => {
+                with_grant = [datagram, &g.encode()].concat();
+                &with_grant[..]
+            }
+            None => datagram,
+        };
         if self.flush()
             && put(&self.map, self.lane, &mut self.head, &mut self.tail, &mut self.headers, &header, datagram)
         {
@@ -1095,12 +1266,12 @@ mod tests {
         let plain = Beside::default();
         assert_eq!(decode(&encode(&v4, ip, 100, plain)), Some((v4, ip, 100, plain)));
         let v6 = Envelope::rocev2("fe80::1".parse().unwrap(), 51000, "::1".parse().unwrap()).unwrap();
-        let by_reference = Beside { by_reference: true, ack: None };
+        let by_reference = Beside { by_reference: true, ..Beside::default() };
         assert_eq!(decode(&encode(&v6, ip, 4096, by_reference)), Some((v6, ip, 4096, by_reference)));
         let ack = AckBeside { psn: 0xfe_dcba, syndrome: 0x1f, msn: 0x12_3456 };
-        let both = Beside { by_reference: true, ack: Some(ack) };
+        let both = Beside { by_reference: true, ack: Some(ack), ..Beside::default() };
         assert_eq!(decode(&encode(&v4, ip, 44, both)), Some((v4, ip, 44, both)));
-        let wide = Beside { by_reference: false, ack: Some(AckBeside { psn: 0x1ff_ffff, msn: 0xff00_0001, ..ack }) };
+        let wide = Beside { ack: Some(AckBeside { psn: 0x1ff_ffff, msn: 0xff00_0001, ..ack }), ..Beside::default() };
         let narrowed = Beside { ack: Some(AckBeside { psn: 0xff_ffff, msn: 1, ..ack }), ..wide };
         assert_eq!(decode(&encode(&v4, ip, 44, wide)), Some((v4, ip, 44, narrowed)), "PSN and MSN are 24 bits");
         let mut bad = encode(&v4, ip, DATAGRAM_MAX + 1, plain);
@@ -1387,14 +1558,75 @@ mod tests {
         let _no = Inbox::create(&refusing, true, false).unwrap();
         assert!(!Outbox::open(&refusing).unwrap().acks_beside(), "one that does not (its process captures)");
         let ack = AckBeside { psn: 0x00_0102, syndrome: 0x1f, msn: 7 };
-        out.send(&envelope_v4(0), IpInfo::default(), b"answer", Beside { by_reference: false, ack: Some(ack) })
+        out.send(&envelope_v4(0), IpInfo::default(), b"answer", Beside { ack: Some(ack), ..Beside::default() })
             .unwrap();
         out.send(&envelope_v4(1), IpInfo::default(), b"next", Beside::default()).unwrap();
         out.wake();
         let mut got = Vec::new();
         assert_eq!(inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived))), 2);
-        let arrived = Arrived { origin: None, ack: Some(ack) };
+        let arrived = Arrived { ack: Some(ack), ..Arrived::default() };
         assert_eq!(got, [(b"answer".to_vec(), arrived), (b"next".to_vec(), Arrived::default())]);
+    }
+
+    #[test]
+    fn a_grant_beside_a_datagram_arrives_with_it_named_by_the_lanes_owner() {
+        let name = unique("grant");
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
+        let mut out = Outbox::open(&name).unwrap();
+        assert!(out.takes_grants());
+        let grant = Grant {
+            qp: 0x2001,
+            rkey: 0xdead_beef,
+            va: 0x7f00_0000_1000,
+            len: 4096,
+            fd: 9,
+            ino: 77,
+            offset: 0,
+            epoch: 3,
+        };
+        let answer = Beside { grant: Some(grant), ..Beside::default() };
+        out.send(&envelope_v4(0), IpInfo::default(), b"answer", answer).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"next", Beside::default()).unwrap();
+        // A datagram too long to leave room for a grant in its entry goes without it.
+        let long = vec![7u8; DATAGRAM_MAX - GRANT_BYTES + 1];
+        out.send(&envelope_v4(2), IpInfo::default(), &long, answer).unwrap();
+        out.wake();
+        let mut got = Vec::new();
+        assert_eq!(inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.grant))), 3);
+        assert_eq!(got, [(b"answer".to_vec(), Some((my_pid(), grant))), (b"next".to_vec(), None), (long, None)]);
+    }
+
+    #[test]
+    fn the_gate_lets_a_sender_in_only_at_its_epoch_and_closing_it_waits_for_those_inside() {
+        let name = unique("gate");
+        let inbox = Inbox::create(&name, false, true).unwrap();
+        let out = Outbox::open(&name).unwrap();
+        assert_eq!(inbox.gate(), None, "closed until a grant is given");
+        assert!(!out.enter_gate(0));
+        inbox.open_gate(5);
+        assert!(!out.enter_gate(4), "a grant of another epoch");
+        assert!(out.enter_gate(5));
+        let closed = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let closer = s.spawn(|| {
+                let all_out = inbox.close_gate(std::time::Duration::from_secs(20));
+                closed.store(true, Ordering::SeqCst);
+                all_out
+            });
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!closed.load(Ordering::SeqCst), "it waits while a sender is inside");
+            out.leave_gate();
+            assert!(closer.join().unwrap());
+        });
+        assert_eq!(inbox.gate(), None);
+        assert!(!out.enter_gate(5), "closed");
+        // A sender that stays inside is waited for no longer than the patience given.
+        inbox.open_gate(6);
+        assert!(out.enter_gate(6));
+        let started = std::time::Instant::now();
+        assert!(!inbox.close_gate(std::time::Duration::from_millis(20)));
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        out.leave_gate();
     }
 
     #[test]
@@ -1404,8 +1636,13 @@ mod tests {
         let mut out = Outbox::open(&name).unwrap();
         assert!(!out.pulls(), "not before the receiver tried");
         out.send(&envelope_v4(0), IpInfo::default(), b"by value", Beside::default()).unwrap();
-        out.send(&envelope_v4(1), IpInfo::default(), b"by reference", Beside { by_reference: true, ack: None })
-            .unwrap();
+        out.send(
+            &envelope_v4(1),
+            IpInfo::default(),
+            b"by reference",
+            Beside { by_reference: true, ..Beside::default() },
+        )
+        .unwrap();
         out.wake();
         let mut got = Vec::new();
         assert_eq!(inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.origin))), 2);
@@ -1421,7 +1658,9 @@ mod tests {
         let mut other = Outbox::open(&name).unwrap();
         other.map.u64(Mapping::lane(other.lane) + L_TOKEN).store(probe_token() ^ 1, Ordering::Release);
         other.send(&envelope_v4(2), IpInfo::default(), b"x", Beside::default()).unwrap();
-        other.send(&envelope_v4(3), IpInfo::default(), b"flagged", Beside { by_reference: true, ack: None }).unwrap();
+        other
+            .send(&envelope_v4(3), IpInfo::default(), b"flagged", Beside { by_reference: true, ..Beside::default() })
+            .unwrap();
         other.wake();
         let mut got = Vec::new();
         inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.origin)));
@@ -1436,7 +1675,8 @@ mod tests {
         let mut inbox = Inbox::create(&plain, false, true).unwrap();
         let mut out = Outbox::open(&plain).unwrap();
         out.send(&envelope_v4(0), IpInfo::default(), b"x", Beside::default()).unwrap();
-        out.send(&envelope_v4(1), IpInfo::default(), b"flagged", Beside { by_reference: true, ack: None }).unwrap();
+        out.send(&envelope_v4(1), IpInfo::default(), b"flagged", Beside { by_reference: true, ..Beside::default() })
+            .unwrap();
         out.wake();
         let mut got = Vec::new();
         inbox.receive(8, |_, _, d, arrived| got.push((d.to_vec(), arrived.origin)));
