@@ -479,6 +479,9 @@ impl Drop for Locked<'_> {
     fn drop(&mut self) {
         // Mostly there is nothing to drop: no empty list is taken and dropped then (every
         // poll takes the lock, and that was a call of its own, 1.8 % of a ping-pong's time).
+        if let Some(g) = self.guard.as_mut() {
+            g.close_stale_gate();
+        }
         let later = self.guard.as_mut().filter(|g| !g.drop_later.is_empty()).map(|g| std::mem::take(&mut g.drop_later));
         self.guard = None; // unlock first
         drop(later);
@@ -1401,6 +1404,50 @@ impl Shared {
 }
 
 impl State {
+    /// `ibv_post_send` to the engine: a lone atomic of an RC QP with nothing unacknowledged
+    /// may be applied by this process itself, on the responder's memory, if it holds the
+    /// responder's grant (`softrdma_engine::direct`); not while packets are captured, as a
+    /// capture must show every operation.
+    pub(crate) fn post_send(
+        &mut self,
+        qpn: Qpn,
+        wrs: &[softrdma_engine::SendWr<'_>],
+    ) -> std::result::Result<(), softrdma_engine::PostError> {
+        let State { nic, same_host, capture, .. } = self;
+        match (wrs, same_host.as_mut().filter(|l| l.holds_grants() && capture.is_none())) {
+            ([wr], Some(local)) if wr.op.is_atomic() => {
+                nic.engine_mut().post_send_direct(qpn, wr, &mut ProcessMemory, |d| local.direct_atomic(qpn.value(), d))
+            }
+            _ => nic.engine_mut().post_send(qpn, wrs, &ProcessMemory),
+        }
+    }
+
+    /// Runs `f`, which reaches registered memory outside the engine, with no other process
+    /// applying an atomic to this process's regions on its own meanwhile (the inbox's gate
+    /// closed, and open again after at the same epoch).
+    pub(crate) fn paused<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let Some(local) = self.same_host.as_mut().filter(|l| l.gate().is_some()) else { return f() };
+        let was = local.close_gate();
+        let r = f();
+        let epoch = self.nic.engine().grant_epoch();
+        if let Some(local) = self.same_host.as_mut() {
+            local.reopen_gate(was, epoch);
+        }
+        r
+    }
+
+    /// Before the lock is released: if the engine's grants were voided under it (a region
+    /// deregistered, a QP modified or failed), closes the gate the requesters holding them
+    /// go through, and waits for those inside, so that none applies an atomic the engine
+    /// would now refuse once the verb returns.
+    fn close_stale_gate(&mut self) {
+        if let Some(local) = self.same_host.as_mut()
+            && local.gate().is_some_and(|at| at != self.nic.engine().grant_epoch())
+        {
+            local.close_gate();
+        }
+    }
+
     /// One pass: receive what the sockets and the inbox hold (with `sockets`, `inbox`), fire
     /// due timers, transmit,
     /// deliver events. Returns whether there was anything to do.
@@ -1761,6 +1808,9 @@ impl State {
                 // "The data path", "Payloads copied, not gathered").
                 match nic.poll_transmit(now, &mut ProcessMemory, out) {
                     Some(mut t) => {
+                        if capture.is_some() {
+                            t.grant = None; // a capture must show every atomic
+                        }
                         let datagram = &mut tx.arena[at..at + t.len];
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.

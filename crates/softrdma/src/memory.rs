@@ -208,11 +208,43 @@ pub(crate) fn populate(addr: u64, len: u64, write: bool) -> rustix::io::Result<(
 /// gives it zeroed pages as they are first touched, so registering 2 GiB costs no memory until
 /// the application or a peer writes it (the allocator's `alloc_zeroed` at page alignment
 /// writes every byte up front). Smaller regions come from the allocator.
+///
+/// A region that allows remote atomics is a shared mapping of a memfd of its own
+/// ([`MrBuf::zeroed_shared`]), which a process of this host that the device granted it
+/// to can map too, and apply its atomics there itself (`softrdma_engine::direct`).
 #[derive(Debug)]
 pub(crate) struct MrBuf {
     ptr: NonNull<u8>,
     len: usize,
     mapped: bool,
+    /// The memfd it maps, for a [`SharedRegion`].
+    memfd: Option<std::os::fd::OwnedFd>,
+}
+
+/// A region's memory that other processes of the host may map: the memfd that holds it
+/// (its descriptor in this process, and its inode, which a process that opens it by
+/// `/proc/<pid>/fd/<fd>` checks), and where its first byte is in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SharedRegion {
+    pub(crate) fd: i32,
+    pub(crate) ino: u64,
+    pub(crate) offset: u64,
+}
+
+/// The most buffers [`MrBuf::zeroed_shared`] makes memfds for at once: each holds a
+/// descriptor open, and a process's limit is often 1024.
+const MAX_SHARED: usize = 256;
+
+/// The memfd-backed buffers of this process, by address: start → (length, fd, inode).
+static SHARED: RwLock<BTreeMap<u64, (u64, i32, u64)>> = RwLock::new(BTreeMap::new());
+
+/// The memfd holding `addr .. addr + len`, if one buffer of [`MrBuf::zeroed_shared`] holds
+/// the whole range.
+pub(crate) fn shared_region(addr: u64, len: u64) -> Option<SharedRegion> {
+    let map = SHARED.read().unwrap_or_else(PoisonError::into_inner);
+    let (&start, &(length, fd, ino)) = map.range(..=addr).next_back()?;
+    let end = addr.checked_add(len)?;
+    (end <= start + length).then_some(SharedRegion { fd, ino, offset: addr - start })
 }
 
 /// The size from which [`MrBuf`] maps its bytes instead of allocating them.
@@ -240,12 +272,52 @@ impl MrBuf {
                 mmap_anonymous(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::PRIVATE)
             }
             .ok()?;
-            return Some(Self { ptr: NonNull::new(ptr.cast())?, len, mapped: true });
+            return Some(Self { ptr: NonNull::new(ptr.cast())?, len, mapped: true, memfd: None });
         }
         let layout = Layout::from_size_align(len.max(1), MR_ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size.
         let ptr = NonNull::new(unsafe { alloc_zeroed(layout) })?;
-        Some(Self { ptr, len, mapped: false })
+        Some(Self { ptr, len, mapped: false, memfd: None })
+    }
+
+    /// `len` zero bytes (at least one) in a memfd of their own, mapped shared, which other
+    /// processes of the user may map too ([`shared_region`]). The file is sealed against
+    /// shrinking and growing, so that no mapping of it, here or there, can find its pages
+    /// gone (SIGBUS); it is never used for another buffer, so a mapping another process
+    /// keeps after this buffer is gone reaches pages nobody else has. Where a memfd cannot
+    /// be made (no descriptor left), the buffer is a private one, as [`zeroed`](Self::zeroed).
+    pub(crate) fn zeroed_shared(len: usize) -> Option<Self> {
+        use rustix::fs::{MemfdFlags, SealFlags};
+        use rustix::mm::{MapFlags, ProtFlags};
+        if SHARED.read().unwrap_or_else(PoisonError::into_inner).len() >= MAX_SHARED {
+            return Self::zeroed(len); // a descriptor each: leave the process its own
+        }
+        let size = (len.max(1) as u64).next_multiple_of(PAGE);
+        let made = rustix::fs::memfd_create("softrdma-mr", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+            .and_then(|fd| rustix::fs::ftruncate(&fd, size).map(|()| fd))
+            .and_then(|fd| {
+                rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map(|()| fd)
+            })
+            .and_then(|fd| rustix::fs::fstat(&fd).map(|st| (fd, st.st_ino)));
+        let Ok((fd, ino)) = made else { return Self::zeroed(len) };
+        // SAFETY: a fresh shared mapping, at an address the kernel picks, of a file of
+        // `size` bytes that can neither shrink nor grow; it is unmapped only in `drop`.
+        let ptr = unsafe {
+            rustix::mm::mmap(
+                std::ptr::null_mut(),
+                size as usize,
+                ProtFlags::READ | ProtFlags::WRITE,
+                MapFlags::SHARED,
+                &fd,
+                0,
+            )
+        };
+        let Ok(ptr) = ptr else { return Self::zeroed(len) };
+        let ptr = NonNull::new(ptr.cast::<u8>())?;
+        let addr = ptr.as_ptr() as usize as u64;
+        use std::os::fd::AsRawFd;
+        SHARED.write().unwrap_or_else(PoisonError::into_inner).insert(addr, (size, fd.as_raw_fd(), ino));
+        Some(Self { ptr, len, mapped: true, memfd: Some(fd) })
     }
 
     /// The first byte's address.
@@ -277,9 +349,15 @@ impl MrBuf {
 impl Drop for MrBuf {
     fn drop(&mut self) {
         if self.mapped {
-            // SAFETY: mapped in `zeroed` with this address and length; the region was
-            // deregistered before the buffer drops (module documentation).
-            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), self.len) };
+            let len = if self.memfd.is_some() {
+                SHARED.write().unwrap_or_else(PoisonError::into_inner).remove(&self.addr());
+                (self.len.max(1) as u64).next_multiple_of(PAGE) as usize
+            } else {
+                self.len
+            };
+            // SAFETY: mapped in `zeroed` or `zeroed_shared` with this address and length;
+            // the region was deregistered before the buffer drops (module documentation).
+            let _ = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast(), len) };
             return;
         }
         if let Ok(layout) = Layout::from_size_align(self.len.max(1), MR_ALIGN) {

@@ -18,16 +18,26 @@
 //! (`softrdma_engine::Engine::allow_acks_beside`), in the inbox entry, where its inbox
 //! takes them (not while its process captures, as a capture must show every packet):
 //! [`SameHost::send`] says so too.
+//!
+//! An atomic's answer carries the grant its engine gave (`softrdma_engine::direct`) beside
+//! it, where the region is a memfd of this process ([`crate::memory::shared_region`]) and
+//! the requester's inbox takes grants: the requester maps the region
+//! ([`softrdma_udp::peer_region`]) and applies the QP's next atomics to it itself
+//! ([`SameHost::direct_atomic`]), through this inbox's gate, which stands open at the
+//! engine's grant epoch and is closed, and its senders waited for, whenever the epoch moves
+//! or the application reaches its regions ([`SameHost::close_gate`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use softrdma_engine::{AckBeside, Instant, IpInfo, Transmit};
+use softrdma_engine::{AckBeside, DirectAtomic, DirectOp, Instant, IpInfo, Transmit};
 use softrdma_udp::IpInfo as UdpIpInfo;
 use softrdma_udp::host::QPN_SLOT_BITS;
-use softrdma_udp::local::{self, Arrived, Beside, Inbox, Outbox, Sleepers, inbox_name};
+use softrdma_udp::local::{self, Arrived, Beside, Grant, Inbox, Outbox, Sleepers, inbox_name};
+use softrdma_udp::peer_region::PeerRegion;
 use softrdma_wire::{AethRepr, BthPacket, Envelope, Msn, Psn, Syndrome};
 
 /// How long a destination whose inbox could not be opened stays on the socket.
@@ -37,6 +47,24 @@ pub const SAME_HOST_ENV: &str = "SOFTRDMA_SAME_HOST";
 /// IP hop limit reported for a packet that came through shared memory: what a loopback
 /// datagram from a default socket arrives with.
 const HOP_LIMIT: u8 = 64;
+/// How long closing the gate waits for a requester inside it, which takes nanoseconds
+/// unless its thread was descheduled there ([`Inbox::close_gate`]).
+const GATE_PATIENCE: Duration = Duration::from_millis(100);
+
+/// A grant this process holds: the responder's region mapped here, and what it was
+/// granted for.
+struct Held {
+    region: Arc<PeerRegion>,
+    /// The responder's QP, and the slot of its inbox (whose gate the grant goes through).
+    qp: u32,
+    slot: u32,
+    /// The responder's process.
+    pid: u32,
+    va: u64,
+    len: u64,
+    offset: u64,
+    epoch: u64,
+}
 
 enum Route {
     /// Through its inbox; `true` once each process copies from the other.
@@ -78,6 +106,13 @@ pub(crate) struct SameHost {
     /// Packets sent and received through shared memory (an ACK beside a packet counts as one).
     pub(crate) sent: u64,
     pub(crate) received: u64,
+    /// The grants this process holds, by its QP and the region's R_Key.
+    grants: HashMap<(u32, u32), Held>,
+    /// Other processes' regions mapped here, by process and inode (shared by the grants
+    /// that name them; gone with the last).
+    regions: HashMap<(u32, u64), Weak<PeerRegion>>,
+    /// The epoch this inbox's gate stands open at (what it last opened it at), if open.
+    gate: Option<u64>,
 }
 
 impl SameHost {
@@ -102,6 +137,9 @@ impl SameHost {
             published_early: false,
             sent: 0,
             received: 0,
+            grants: HashMap::new(),
+            regions: HashMap::new(),
+            gate: None,
         })
     }
 
@@ -145,7 +183,31 @@ impl SameHost {
             syndrome: a.aeth.syndrome.to_u8(),
             msn: a.aeth.msn.value(),
         });
-        out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack }).ok()?;
+        // A grant goes only to an inbox that takes it, for a region other processes can map;
+        // the gate opens at its epoch before the requester can see it.
+        let grant = t.grant.filter(|_| out.takes_grants()).and_then(|g| {
+            let region = crate::memory::shared_region(g.local, g.len)?;
+            Some(Grant {
+                qp: t.local_qp.value(),
+                rkey: g.rkey.0,
+                va: g.va,
+                len: g.len,
+                fd: u32::try_from(region.fd).ok()?,
+                ino: region.ino,
+                offset: region.offset,
+                epoch: g.epoch,
+            })
+        });
+        if let Some(g) = grant
+            && self.gate != Some(g.epoch)
+        {
+            if self.gate.is_some() {
+                self.inbox.close_gate(GATE_PATIENCE);
+            }
+            self.inbox.open_gate(g.epoch);
+            self.gate = Some(g.epoch);
+        }
+        out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack, grant }).ok()?;
         self.sent += 1 + u64::from(ack.is_some());
         if !self.published_early {
             // The batch's first packet is published at once: a one-WR post (a ping-pong's
@@ -188,8 +250,13 @@ impl SameHost {
         mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], FromInbox),
     ) -> usize {
         let mut acks = 0;
-        let n = self.inbox.receive(max, |envelope, ip, datagram, Arrived { origin, ack }| {
+        let SameHost { inbox, grants, regions, routes, .. } = self;
+        let n = inbox.receive(max, |envelope, ip, datagram, Arrived { origin, ack, grant }| {
             acks += u64::from(ack.is_some());
+            if let Some((pid, grant)) = grant {
+                let qpn = BthPacket::new_unchecked(datagram).dest_qp().value();
+                take_grant(grants, regions, routes, qpn, pid, grant);
+            }
             let ip = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
             let ack = ack.map(|a| AckBeside {
                 psn: Psn::from_u24_truncating(a.psn),
@@ -199,6 +266,63 @@ impl SameHost {
         });
         self.received += n as u64 + acks;
         n
+    }
+
+    /// Applies `d`, an atomic of local QP `qpn`, to the responder's memory, if this
+    /// process holds a grant for it that still holds (its epoch is the responder's gate's):
+    /// the value found. `None`: it goes as a packet (and a grant that no longer holds is
+    /// dropped).
+    pub(crate) fn direct_atomic(&mut self, qpn: u32, d: &DirectAtomic) -> Option<u64> {
+        let key = (qpn, d.rkey.0);
+        let held = self.grants.get(&key)?;
+        let offset = d.va.checked_sub(held.va).filter(|o| o.checked_add(8).is_some_and(|end| end <= held.len));
+        let (Some(offset), true) = (offset, held.qp == d.dest_qp.value()) else { return None };
+        let at = held.offset + offset;
+        let out = match self.routes.get(&held.slot) {
+            Some(Route::Inbox(out, _)) if out.receiver() == held.pid => out,
+            _ => {
+                self.grants.remove(&key);
+                return None;
+            }
+        };
+        if !out.enter_gate(held.epoch) {
+            self.grants.remove(&key);
+            return None;
+        }
+        let found = match d.op {
+            DirectOp::FetchAdd { add } => held.region.fetch_add(at, add),
+            DirectOp::CompareSwap { compare, swap } => held.region.compare_swap(at, compare, swap),
+        };
+        out.leave_gate();
+        found
+    }
+
+    /// Whether this process holds any grant (a post then asks [`direct_atomic`](Self::direct_atomic)).
+    pub(crate) fn holds_grants(&self) -> bool {
+        !self.grants.is_empty()
+    }
+
+    /// The epoch the inbox's gate stands open at, if it is.
+    pub(crate) fn gate(&self) -> Option<u64> {
+        self.gate
+    }
+
+    /// Closes the inbox's gate and waits for the requesters inside: no other process applies
+    /// an atomic to this process's regions until a grant opens it again
+    /// ([`send`](Self::send)). Returns the epoch it stood open at.
+    pub(crate) fn close_gate(&mut self) -> Option<u64> {
+        let was = self.gate.take()?;
+        self.inbox.close_gate(GATE_PATIENCE);
+        Some(was)
+    }
+
+    /// Opens the gate again at `epoch` after [`close_gate`](Self::close_gate), if the
+    /// engine's grants are still of it.
+    pub(crate) fn reopen_gate(&mut self, was: Option<u64>, epoch: u64) {
+        if was == Some(epoch) {
+            self.inbox.open_gate(epoch);
+            self.gate = Some(epoch);
+        }
     }
 
     /// The inbox's count of threads asleep on its bell, for threads that do not hold the
@@ -211,4 +335,42 @@ impl SameHost {
     pub(crate) fn bell(&self) -> std::io::Result<OwnedFd> {
         self.inbox.bell().try_clone_to_owned()
     }
+}
+
+/// Keeps a grant that came from process `pid` for local QP `qpn`, mapping its region if
+/// this process has not yet: only from the process whose inbox the responder's QP is in
+/// (the one this process sent the atomic to), for a region that maps
+/// ([`PeerRegion::open`] checks the file). Grants of that process whose epoch its gate
+/// left behind are dropped on the way, so that a region nobody holds a grant for is
+/// unmapped.
+fn take_grant(
+    grants: &mut HashMap<(u32, u32), Held>,
+    regions: &mut HashMap<(u32, u64), Weak<PeerRegion>>,
+    routes: &BTreeMap<u32, Route>,
+    qpn: u32,
+    pid: u32,
+    g: Grant,
+) {
+    let slot = g.qp >> QPN_SLOT_BITS;
+    let Some(Route::Inbox(out, _)) = routes.get(&slot) else { return };
+    if out.receiver() != pid || !out.takes_grants() {
+        return;
+    }
+    grants.retain(|_, h| h.pid != pid || h.epoch == g.epoch);
+    regions.retain(|_, r| r.strong_count() > 0);
+    let region = match regions.get(&(pid, g.ino)).and_then(Weak::upgrade) {
+        Some(region) => region,
+        None => {
+            let Some(need) = g.offset.checked_add(g.len) else { return };
+            let Ok(region) = PeerRegion::open(pid, g.fd, g.ino, need) else { return };
+            let region = Arc::new(region);
+            regions.insert((pid, g.ino), Arc::downgrade(&region));
+            region
+        }
+    };
+    if g.offset.checked_add(g.len).is_none_or(|end| end > region.len() as u64) {
+        return;
+    }
+    let held = Held { region, qp: g.qp, slot, pid, va: g.va, len: g.len, offset: g.offset, epoch: g.epoch };
+    grants.insert((qpn, g.rkey), held);
 }

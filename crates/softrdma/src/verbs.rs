@@ -204,7 +204,9 @@ impl Pd {
     /// `ibv_reg_mr` of `len` fresh zeroed bytes (page aligned), which the region owns: the
     /// device can reach them while the region lives and never after.
     pub fn reg_mr(&self, len: usize, access: Access) -> Result<Mr> {
-        let buf = MrBuf::zeroed(len).ok_or(Error::NoMemory(len))?;
+        // Memory a peer may apply atomics to is memory a process of the host can map.
+        let buf = if access.contains(Access::REMOTE_ATOMIC) { MrBuf::zeroed_shared(len) } else { MrBuf::zeroed(len) };
+        let buf = buf.ok_or(Error::NoMemory(len))?;
         let keys = self.register(buf.addr(), len as u64, buf.addr(), access)?;
         Ok(Mr { pd: Arc::clone(&self.inner), keys, access, buf: Some(buf) })
     }
@@ -584,25 +586,26 @@ impl Mr {
     /// Copies bytes from `offset` into `out`.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check("Mr::read", &(offset..offset.saturating_add(out.len())))?;
-        let _st = self.pd.ctx.drv.shared.lock();
-        out.copy_from_slice(&self.buf().bytes()[offset..offset + out.len()]);
+        let mut st = self.pd.ctx.drv.shared.lock();
+        st.paused(|| out.copy_from_slice(&self.buf().bytes()[offset..offset + out.len()]));
         Ok(())
     }
 
     /// Copies `data` to `offset`.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check("Mr::write", &(offset..offset.saturating_add(data.len())))?;
-        let _st = self.pd.ctx.drv.shared.lock();
-        self.buf().bytes_mut()[offset..offset + data.len()].copy_from_slice(data);
+        let mut st = self.pd.ctx.drv.shared.lock();
+        st.paused(|| self.buf().bytes_mut()[offset..offset + data.len()].copy_from_slice(data));
         Ok(())
     }
 
-    /// Runs `f` on the region's bytes with the device paused (the device lock held): no
-    /// peer and no work request touches them meanwhile. Keep `f` short, and call no other
-    /// softrdma function inside it (the lock is not reentrant).
+    /// Runs `f` on the region's bytes with the device paused (the device lock held, and
+    /// no process of the host applying an atomic to them on its own): no peer and no work
+    /// request touches them meanwhile. Keep `f` short, and call no other softrdma function
+    /// inside it (the lock is not reentrant).
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        let _st = self.pd.ctx.drv.shared.lock();
-        f(self.buf().bytes_mut())
+        let mut st = self.pd.ctx.drv.shared.lock();
+        st.paused(|| f(self.buf().bytes_mut()))
     }
 
     /// The 8 bytes at `offset` in host order, read under the device lock (what an atomic
@@ -1782,7 +1785,7 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
-        let posted = st.nic.engine_mut().post_send(self.inner.qpn, wrs, &crate::memory::ProcessMemory);
+        let posted = st.post_send(self.inner.qpn, wrs);
         // WRs before a bad one were posted: send them either way.
         sh.after_verb(&mut st);
         Ok(posted?)

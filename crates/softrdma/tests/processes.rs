@@ -70,7 +70,8 @@ fn connect_to_peer(side: &Side, me: &Advert) -> Advert {
 }
 
 /// A target: advertises its buffer, connects, then sleeps in `read(2)` on stdin while the
-/// peer WRITEs and READs; answers `CHECK <offset> <len> <seed>` lines.
+/// peer WRITEs and READs; answers `CHECK <offset> <len> <seed>` lines, and `WORD <offset>`
+/// with the 8 bytes there.
 fn target() {
     let (side, me) = child_side();
     side.mr.write(0, &pattern(side.mr.len(), 0xaa)).unwrap();
@@ -87,6 +88,10 @@ fn target() {
             side.mr.read(side.mr.len() - 1024, &mut got).unwrap();
             let ok = wc.status == WcStatus::Success && got == pattern(200, 0x77);
             say(&format!("RECV {}", if ok { "ok" } else { "bad" }));
+            continue;
+        }
+        if let Some(offset) = line.strip_prefix("WORD ") {
+            say(&format!("WORD {}", side.mr.read_u64(offset.parse().unwrap()).unwrap()));
             continue;
         }
         let f: Vec<u64> = line.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
@@ -343,6 +348,30 @@ fn processes_write_through_shared_memory_and_an_exiting_one_removes_its_inbox() 
     assert!(b.ctx.counters().same_host_sent >= 16, "{:?}", b.ctx.counters());
     second.close_stdin();
     assert!(second.wait_success(WAIT));
+}
+
+#[test]
+fn atomics_to_another_process_are_applied_directly_and_it_sees_every_one() {
+    let port = test_port();
+    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);
+    let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut target);
+    let word = 4096u64;
+    let initial = u64::from_ne_bytes(pattern(1 << 20, 0xaa)[word as usize..word as usize + 8].try_into().unwrap());
+    let sge = [a.mr.sge(0..8).unwrap()];
+    for i in 0..1000u64 {
+        let op = SendOp::FetchAdd { remote_addr: peer.addr + word, rkey: peer.rkey(), add: 3 };
+        a.qp.post_send(&[wr(i, op, &sge)]).unwrap();
+        assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+        assert_eq!(a.mr.read_u64(0).unwrap(), initial.wrapping_add(3 * i), "atomic {i}");
+    }
+    target.send_line(&format!("WORD {word}"));
+    assert_eq!(target.expect_line("WORD", WAIT), format!("WORD {}", initial.wrapping_add(3000)));
+    let c = a.ctx.counters();
+    // The first by packet; the rest on a mapping of the target's region, granted with it.
+    assert!(c.engine.direct_atomics >= 990, "{c:?}");
+    assert!(c.engine.sent_packets < 50, "{c:?}");
+    target.close_stdin();
+    assert!(target.wait_success(WAIT));
 }
 
 #[test]

@@ -1,0 +1,152 @@
+//! Atomics a requester of this host applies to the responder's region itself, once the
+//! responder's engine granted it (`softrdma_engine::direct`): none lost or doubled
+//! against other requesters, direct or by packet; none past a deregistration; none while
+//! a capture runs; and the responder's own reads see every one.
+
+mod common;
+
+use std::net::IpAddr;
+
+use common::*;
+use softrdma::*;
+
+/// A responder context with a region of 4 KiB (all rights) and one RC QP per requester;
+/// requesters with `options` each, an RC QP connected to one of the responder's and an
+/// 8-byte-aligned local buffer.
+struct Rig {
+    responder: Side,
+    extra: Vec<Qp>,
+    requesters: Vec<Side>,
+}
+
+fn rig(options: &[ContextOptions]) -> Rig {
+    let port = test_port();
+    let device = || Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
+    let open = |o: &ContextOptions| device().open_with(&ContextOptions { port, ..o.clone() }).unwrap();
+    let rctx = open(&ContextOptions::default());
+    let rpd = rctx.alloc_pd().unwrap();
+    let rcq = rctx.create_cq(256, None).unwrap();
+    let rmr = rpd.reg_mr(4096, Access::ALL).unwrap();
+    let mut rqps = Vec::new();
+    let mut requesters = Vec::new();
+    let opts = ConnectOptions { timeout: 12, retry_cnt: 7, ..ConnectOptions::default() };
+    for (i, o) in options.iter().enumerate() {
+        let ctx = open(o);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(256, None).unwrap();
+        let qp = pd.create_qp(&QpInit::new(QpType::Rc, &cq)).unwrap();
+        let mr = pd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let rqp = rpd.create_qp(&QpInit::new(QpType::Rc, &rcq)).unwrap();
+        let psn = 100 * i as u32;
+        let (e, re) = (qp.endpoint(0, psn).unwrap(), rqp.endpoint(0, psn + 50).unwrap());
+        qp.connect(psn, &re, &opts).unwrap();
+        rqp.connect(psn + 50, &e, &opts).unwrap();
+        rqps.push(rqp);
+        requesters.push(Side { ctx, pd, cq, qp, mr });
+    }
+    let first = rqps.remove(0);
+    Rig { responder: Side { ctx: rctx, pd: rpd, cq: rcq, qp: first, mr: rmr }, extra: rqps, requesters }
+}
+
+/// A FETCH_ADD of `add` on the responder's word at byte 8; the value found, or the
+/// completion's status.
+fn fetch_add(s: &Side, target: &RemoteMr, add: u64) -> std::result::Result<u64, WcStatus> {
+    let sge = [s.mr.sge(0..8).unwrap()];
+    let op = SendOp::FetchAdd { remote_addr: target.addr + 8, rkey: target.rkey, add };
+    s.qp.post_send(&[wr(1, op, &sge)]).unwrap();
+    let wc = s.cq.wait(WAIT).unwrap();
+    if wc.status != WcStatus::Success {
+        return Err(wc.status);
+    }
+    assert_eq!((wc.opcode, wc.byte_len), (WcOpcode::FetchAdd, 8));
+    Ok(s.mr.read_u64(0).unwrap())
+}
+
+#[test]
+fn atomics_applied_directly_and_by_packet_on_one_word_lose_nothing() {
+    // Two requesters that go directly once granted, one that keeps to the sockets (its
+    // atomics the responder's engine executes with the CPU's atomics), all at once.
+    let off = ContextOptions { same_host: false, ..ContextOptions::default() };
+    let r = rig(&[ContextOptions::default(), ContextOptions::default(), off]);
+    let target = r.responder.mr.remote(0..4096).unwrap();
+    const EACH: u64 = 1500;
+    let found: Vec<Vec<u64>> = std::thread::scope(|s| {
+        let threads: Vec<_> = r
+            .requesters
+            .iter()
+            .map(|q| s.spawn(move || (0..EACH).map(|_| fetch_add(q, &target, 1).unwrap()).collect::<Vec<_>>()))
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    for (i, values) in found.iter().enumerate() {
+        assert!(values.windows(2).all(|w| w[0] < w[1]), "requester {i} saw the word go back");
+    }
+    let mut all: Vec<u64> = found.concat();
+    all.sort_unstable();
+    assert_eq!(all, (0..3 * EACH).collect::<Vec<_>>(), "each value found once: no add lost or doubled");
+    assert_eq!(r.responder.mr.read_u64(8).unwrap(), 3 * EACH);
+    let direct: Vec<u64> = r.requesters.iter().map(|q| q.ctx.counters().engine.direct_atomics).collect();
+    assert!(direct[0] >= EACH - 10 && direct[1] >= EACH - 10, "granted requesters go directly: {direct:?}");
+    assert_eq!(direct[2], 0, "the one on the sockets never does");
+    let c = r.requesters[0].ctx.counters();
+    assert!(c.engine.sent_packets < 100, "a packet for the first atomic and each regrant, not one each: {c:?}");
+    drop(r.extra);
+}
+
+#[test]
+fn the_responders_reads_and_a_deregistration_close_the_gate() {
+    let Rig { responder: Side { ctx: _rctx, pd: _rpd, cq: _rcq, qp: _rqp, mut mr }, requesters, .. } =
+        rig(&[ContextOptions::default()]);
+    let a = &requesters[0];
+    let target = mr.remote(0..4096).unwrap();
+    for i in 0..4 {
+        assert_eq!(fetch_add(a, &target, 1), Ok(i));
+    }
+    let direct = || a.ctx.counters().engine.direct_atomics;
+    assert_eq!(direct(), 3, "the first by packet, then directly");
+    // The responder's own access: it sees every add, and the requester keeps its grant.
+    assert_eq!(mr.read_u64(8).unwrap(), 4);
+    mr.with(|bytes| bytes[8..16].copy_from_slice(&100u64.to_ne_bytes()));
+    assert_eq!(fetch_add(a, &target, 1), Ok(100));
+    assert_eq!(direct(), 4, "still directly after the responder's access");
+    // A compare-swap, directly too.
+    let sge = [a.mr.sge(0..8).unwrap()];
+    let cas = SendOp::CompareSwap { remote_addr: target.addr + 8, rkey: target.rkey, compare: 101, swap: 7 };
+    a.qp.post_send(&[wr(2, cas, &sge)]).unwrap();
+    assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    assert_eq!((a.mr.read_u64(0).unwrap(), mr.read_u64(8).unwrap(), direct()), (101, 7, 5));
+    // Once the region is deregistered, no atomic reaches it: the next one goes as a
+    // packet and the responder refuses it, as any for a key it no longer has.
+    drop(mr);
+    assert_eq!(fetch_add(a, &target, 1), Err(WcStatus::RemAccessErr));
+    assert_eq!(direct(), 5);
+}
+
+#[test]
+fn a_capture_on_the_requester_keeps_every_atomic_in_packets() {
+    let dir = tempfile::tempdir().unwrap();
+    let pcap = dir.path().join("atomics.pcap");
+    let captured = ContextOptions { capture: Some(CaptureOptions::new(&pcap)), ..ContextOptions::default() };
+    let r = rig(&[captured]);
+    let a = &r.requesters[0];
+    let target = r.responder.mr.remote(0..4096).unwrap();
+    for i in 0..5 {
+        assert_eq!(fetch_add(a, &target, 1), Ok(i));
+    }
+    assert_eq!(a.ctx.counters().engine.direct_atomics, 0);
+    drop(r);
+    // Every one of them is in the capture, a request with its answer.
+    let mut reader = softrdma_pcap::CaptureReader::open(&pcap).unwrap();
+    let mut seen = Vec::new();
+    while let Some(frame) = reader.next_frame() {
+        let frame = frame.unwrap();
+        // IPv4 and UDP headers (the test's port is not RoCE's, which parsers key on).
+        let ip = frame.ip_packet().unwrap();
+        let udp_payload = &ip[usize::from(ip[0] & 0xf) * 4 + 8..];
+        let roce = softrdma_wire::RocePacket::new_checked(udp_payload);
+        seen.push(roce.map(|p| p.bth().opcode()).map_err(|e| format!("{e:?}")));
+    }
+    let count = |op| seen.iter().filter(|o| **o == Ok(op)).count();
+    use softrdma_wire::Opcode;
+    assert_eq!((count(Opcode::RC_FETCH_ADD), count(Opcode::RC_ATOMIC_ACKNOWLEDGE)), (5, 5), "{seen:?}");
+}
