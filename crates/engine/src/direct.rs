@@ -87,7 +87,11 @@ impl Shared {
     /// The grant for `rkey` that QP `qp` may give now: only a region's key (a window can
     /// be rebound or invalidated under a grant), of the QP's PD, with remote atomic access
     /// in both the region and the QP.
-    pub(crate) fn grant_for(&self, qp: &Qp, rkey: RKey) -> Option<AtomicGrant> {
+    pub(crate) fn grant_for(&self, qp: &mut Qp, rkey: RKey) -> Option<AtomicGrant> {
+        // Whatever a grant depends on moves the epoch: the last one holds while it does.
+        if let Some(g) = qp.last_grant.filter(|g| g.rkey == rkey && g.epoch == self.grant_epoch) {
+            return Some(g);
+        }
         if qp.qp_type != QpType::Rc
             || qp.state != QpState::Rts
             || !qp.attr.qp_access_flags.contains(Access::REMOTE_ATOMIC)
@@ -96,7 +100,9 @@ impl Shared {
         }
         let mr =
             self.region_by_rkey(rkey.0).filter(|mr| mr.pd == qp.pd && mr.access.contains(Access::REMOTE_ATOMIC))?;
-        Some(AtomicGrant { rkey, va: mr.iova, len: mr.length, local: mr.addr, epoch: self.grant_epoch })
+        let grant = AtomicGrant { rkey, va: mr.iova, len: mr.length, local: mr.addr, epoch: self.grant_epoch };
+        qp.last_grant = Some(grant);
+        Some(grant)
     }
 
     /// Something a grant stood for may have changed: every grant given so far is void.
@@ -113,6 +119,12 @@ impl Engine {
         self.shared.grant_epoch
     }
 
+    /// The grant QP `qpn`'s last atomic answer carried ([`Transmit::grant`](crate::Transmit::grant)),
+    /// while it holds.
+    pub fn grant(&self, qpn: Qpn) -> Option<AtomicGrant> {
+        self.qps.get(&qpn.value())?.last_grant.filter(|g| g.epoch == self.shared.grant_epoch)
+    }
+
     /// `ibv_post_send` of one WR, which, if it is an atomic of an RC QP with nothing
     /// unacknowledged, `apply` may do itself on a mapping of the responder's memory (the
     /// runtime checks its grant): `Some(original)` is the value found, and the WR completes
@@ -127,17 +139,20 @@ impl Engine {
         mem: &mut M,
         apply: impl FnOnce(&DirectAtomic) -> Option<u64>,
     ) -> Result<(), PostError> {
-        let direct = self.qps.get(&qpn.value()).and_then(|qp| direct_atomic(qp, wr));
-        self.post_send(qpn, core::slice::from_ref(wr), &*mem)?;
-        let Some(direct) = direct else { return Ok(()) };
-        let qp = self.qps.get_mut(&qpn.value()).expect("posted to it");
-        // Posted, at the head, nothing sent yet (the post only scheduled the QP).
-        let pos = qp.sq.head();
-        if qp.sq.len() != 1 || qp.sq.get(pos).started {
-            return Ok(());
-        }
-        let Some(original) = apply(&direct) else { return Ok(()) };
+        let qp = crate::engine::sending_qp(&mut self.qps, qpn)?;
         let sh = &mut self.shared;
+        let direct = direct_atomic(qp, wr);
+        let posted = crate::engine::post_sends(qp, core::slice::from_ref(wr), &*mem, sh);
+        // Posted, at the head, nothing sent yet: the runtime may apply it.
+        let pos = qp.sq.head();
+        let applied = match direct {
+            Some(d) if posted.is_ok() && qp.sq.len() == 1 && !qp.sq.get(pos).started => apply(&d),
+            _ => None,
+        };
+        let Some(original) = applied else {
+            sh.schedule(qp);
+            return posted;
+        };
         sh.counters.direct_atomics += 1;
         let sges = core::mem::take(&mut qp.sq.get_mut(pos).sges);
         let scattered = crate::sgl::scatter(sh, qp.pd, mem, &sges, 0, Payload::Bytes(&original.to_ne_bytes()));

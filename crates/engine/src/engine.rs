@@ -229,10 +229,11 @@ pub struct Transmit {
     /// own ([`Engine::allow_acks_beside`]): the receiving engine takes it, with
     /// [`Engine::handle_ack_beside`], just before this packet.
     pub ack_beside: Option<AckBeside>,
-    /// For an atomic's answer: what the responder's engine vouches for, for its peer to
-    /// apply the next atomics on the region itself ([`crate::direct`]). Only for a process
-    /// of this host that can map the region; the runtime drops it anywhere else.
-    pub grant: Option<crate::direct::AtomicGrant>,
+    /// An atomic's answer that a grant goes beside ([`Engine::grant`]): what the
+    /// responder's engine vouches for, for its peer to apply the next atomics on the region
+    /// itself ([`crate::direct`]). Only for a process of this host that can map the region;
+    /// the runtime drops it anywhere else.
+    pub grant: bool,
 }
 
 /// An ACK carried beside a packet to the QP it is for, in place of an ACK packet that
@@ -260,7 +261,7 @@ impl Transmit {
             qp_by_reference: false,
             qp_acks_beside: false,
             ack_beside: None,
-            grant: None,
+            grant: false,
         }
     }
 }
@@ -1818,11 +1819,7 @@ impl Engine {
     /// WR not posted (`*bad_wr`) and every WR before it was posted. Inline data is copied
     /// from `mem` now, so the buffers may be reused as soon as this returns.
     pub fn post_send<M: Memory + ?Sized>(&mut self, qpn: Qpn, wrs: &[SendWr<'_>], mem: &M) -> Result<(), PostError> {
-        let bad = |index, msg: String| PostError { index, kind: PostErrorKind::Invalid(msg) };
-        let qp = self.qps.get_mut(&qpn.value()).ok_or_else(|| bad(0, format!("no such QP {qpn}")))?;
-        if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-            return Err(bad(0, format!("QP {qpn} is in {:?}; post_send needs RTS", qp.state)));
-        }
+        let qp = sending_qp(&mut self.qps, qpn)?;
         let result = post_sends(qp, wrs, mem, &mut self.shared);
         // What was posted before a bad WR goes out.
         self.shared.schedule(qp);
@@ -1864,8 +1861,20 @@ impl Engine {
     }
 }
 
+/// The QP `qpn`, if a post may go to it (it is past RTR).
+#[inline]
+pub(crate) fn sending_qp(qps: &mut BTreeMap<u32, Qp>, qpn: Qpn) -> Result<&mut Qp, PostError> {
+    let bad = |msg: String| PostError { index: 0, kind: PostErrorKind::Invalid(msg) };
+    let qp = qps.get_mut(&qpn.value()).ok_or_else(|| bad(format!("no such QP {qpn}")))?;
+    if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
+        return Err(bad(format!("QP {qpn} is in {:?}; post_send needs RTS", qp.state)));
+    }
+    Ok(qp)
+}
+
 /// The loop of [`Engine::post_send`], which schedules the QP whatever it returns.
-fn post_sends<M: Memory + ?Sized>(
+#[inline]
+pub(crate) fn post_sends<M: Memory + ?Sized>(
     qp: &mut Qp,
     wrs: &[SendWr<'_>],
     mem: &M,

@@ -331,6 +331,9 @@ pub(crate) struct Qp {
     /// It may carry the plain ACK it owes beside its next request
     /// ([`Engine::allow_acks_beside`](crate::Engine::allow_acks_beside)).
     pub(crate) acks_beside: bool,
+    /// The last grant its answers carried ([`crate::direct`]): the same again while the
+    /// R_Key and the epoch are.
+    pub(crate) last_grant: Option<crate::direct::AtomicGrant>,
     /// Congestion control's state, from the first congestion signal on (the engine's
     /// `DeviceConfig::congestion` on).
     pub(crate) cc: Option<Box<crate::congestion::QpCongestion>>,
@@ -383,6 +386,7 @@ impl Qp {
             keys: None,
             by_reference: false,
             acks_beside: false,
+            last_grant: None,
             cc: None,
             sq,
             rq,

@@ -239,7 +239,7 @@ fn respond<M: Memory + ?Sized>(qp: &mut Qp, sh: &mut Shared, mem: &mut M, buf: &
         }
         RespJob::AtomicAck { psn, original, rkey } => {
             qp.resp.out.pop_front();
-            let grant = rkey.and_then(|rkey| sh.grant_for(qp, rkey));
+            let grant = rkey.and_then(|rkey| sh.grant_for(qp, rkey)).is_some();
             let repr = RoceRepr {
                 bth: bth(response_opcode(qp.qp_type, Opcode::RC_ATOMIC_ACKNOWLEDGE), dest, psn),
                 ext: ExtHeaders {

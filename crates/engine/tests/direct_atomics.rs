@@ -173,5 +173,6 @@ fn no_grant_for_a_qp_without_remote_atomics_now() {
         softrdma_wire::RocePacket::new_checked(&buf[..answer.len]).unwrap().bth().opcode(),
         Opcode::RC_ATOMIC_ACKNOWLEDGE
     );
-    assert_eq!(answer.grant, None);
+    assert!(!answer.grant);
+    assert_eq!(pair.b.engine.grant(pair.b.qp), None);
 }

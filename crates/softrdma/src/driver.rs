@@ -476,10 +476,13 @@ impl std::ops::DerefMut for Locked<'_> {
 }
 
 impl Drop for Locked<'_> {
+    #[inline]
     fn drop(&mut self) {
         // Mostly there is nothing to drop: no empty list is taken and dropped then (every
         // poll takes the lock, and that was a call of its own, 1.8 % of a ping-pong's time).
-        if let Some(g) = self.guard.as_mut() {
+        if let Some(g) = self.guard.as_mut()
+            && g.same_host.as_ref().is_some_and(|l| l.gate().is_some())
+        {
             g.close_stale_gate();
         }
         let later = self.guard.as_mut().filter(|g| !g.drop_later.is_empty()).map(|g| std::mem::take(&mut g.drop_later));
@@ -1408,6 +1411,7 @@ impl State {
     /// may be applied by this process itself, on the responder's memory, if it holds the
     /// responder's grant (`softrdma_engine::direct`); not while packets are captured, as a
     /// capture must show every operation.
+    #[inline]
     pub(crate) fn post_send(
         &mut self,
         qpn: Qpn,
@@ -1440,6 +1444,8 @@ impl State {
     /// deregistered, a QP modified or failed), closes the gate the requesters holding them
     /// go through, and waits for those inside, so that none applies an atomic the engine
     /// would now refuse once the verb returns.
+    #[cold]
+    #[inline(never)]
     fn close_stale_gate(&mut self) {
         if let Some(local) = self.same_host.as_mut()
             && local.gate().is_some_and(|at| at != self.nic.engine().grant_epoch())
@@ -1808,16 +1814,15 @@ impl State {
                 // "The data path", "Payloads copied, not gathered").
                 match nic.poll_transmit(now, &mut ProcessMemory, out) {
                     Some(mut t) => {
-                        if capture.is_some() {
-                            t.grant = None; // a capture must show every atomic
-                        }
+                        // A capture must show every atomic: no grant while it runs.
+                        let grant = if t.grant && capture.is_none() { nic.engine().grant(t.local_qp) } else { None };
                         let datagram = &mut tx.arena[at..at + t.len];
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.
                         if capture.is_some() {
                             complete_icrc(&mut t, datagram, &mut tx.prefixes);
                         }
-                        match same_host.as_mut().and_then(|l| l.send(now, &t, ecn, datagram)) {
+                        match same_host.as_mut().and_then(|l| l.send(now, &t, grant, ecn, datagram)) {
                             Some(receiver) => {
                                 if let Some(c) = capture {
                                     c.write_sent(t.local_qp, &t.envelope, datagram);

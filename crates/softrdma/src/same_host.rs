@@ -33,7 +33,7 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use softrdma_engine::{AckBeside, DirectAtomic, DirectOp, Instant, IpInfo, Transmit};
+use softrdma_engine::{AckBeside, AtomicGrant, DirectAtomic, DirectOp, Instant, IpInfo, Transmit};
 use softrdma_udp::IpInfo as UdpIpInfo;
 use softrdma_udp::host::QPN_SLOT_BITS;
 use softrdma_udp::local::{self, Arrived, Beside, Grant, Inbox, Outbox, Sleepers, inbox_name};
@@ -113,6 +113,12 @@ pub(crate) struct SameHost {
     regions: HashMap<(u32, u64), Weak<PeerRegion>>,
     /// The epoch this inbox's gate stands open at (what it last opened it at), if open.
     gate: Option<u64>,
+    /// How many times the gate closed: a requester whose grant met it closed dropped it.
+    closings: u64,
+    /// The grants sent, by this process's QP and R_Key: the epoch and closings they were
+    /// sent at. One that still holds is not sent again (a requester that holds it applies
+    /// its atomics itself; one that goes by packet, behind unacknowledged work, has it).
+    granted: BTreeMap<(u32, u32), (u64, u64)>,
 }
 
 impl SameHost {
@@ -140,16 +146,26 @@ impl SameHost {
             grants: HashMap::new(),
             regions: HashMap::new(),
             gate: None,
+            closings: 0,
+            granted: BTreeMap::new(),
         })
     }
 
-    /// Sends `datagram` (what the engine wrote for `t`, and the ACK beside it) through
+    /// Sends `datagram` (what the engine wrote for `t`, the ACK beside it, and the `grant` its
+    /// engine gives beside an atomic's answer) through
     /// shared memory if its destination is a process of this host. `None`: send it on the
     /// socket; `Some`: sent, and what the receiver takes: whether its process and this one
     /// each copy from the other (the receiver from this one, [`Outbox::pulls`], for SENDs
     /// and WRITEs, this one from it, [`Inbox::pulls_from`], for READs' answers), and
     /// whether it takes ACKs beside packets ([`Outbox::acks_beside`]).
-    pub(crate) fn send(&mut self, now: Instant, t: &Transmit, ecn: u8, datagram: &[u8]) -> Option<Receiver> {
+    pub(crate) fn send(
+        &mut self,
+        now: Instant,
+        t: &Transmit,
+        grant: Option<AtomicGrant>,
+        ecn: u8,
+        datagram: &[u8],
+    ) -> Option<Receiver> {
         if !self.takes(&t.envelope) {
             return None;
         }
@@ -185,8 +201,15 @@ impl SameHost {
         });
         // A grant goes only to an inbox that takes it, for a region other processes can map;
         // the gate opens at its epoch before the requester can see it.
-        let grant = t.grant.filter(|_| out.takes_grants()).and_then(|g| {
+        let closings = self.closings;
+        let granted = &mut self.granted;
+        let grant = grant.filter(|_| out.takes_grants()).and_then(|g| {
+            let sent = granted.entry((t.local_qp.value(), g.rkey.0)).or_insert((u64::MAX, 0));
+            if *sent == (g.epoch, closings) {
+                return None;
+            }
             let region = crate::memory::shared_region(g.local, g.len)?;
+            *sent = (g.epoch, closings);
             Some(Grant {
                 qp: t.local_qp.value(),
                 rkey: g.rkey.0,
@@ -203,6 +226,7 @@ impl SameHost {
         {
             if self.gate.is_some() {
                 self.inbox.close_gate(GATE_PATIENCE);
+                self.closings += 1;
             }
             self.inbox.open_gate(g.epoch);
             self.gate = Some(g.epoch);
@@ -303,6 +327,7 @@ impl SameHost {
     }
 
     /// The epoch the inbox's gate stands open at, if it is.
+    #[inline]
     pub(crate) fn gate(&self) -> Option<u64> {
         self.gate
     }
@@ -313,6 +338,7 @@ impl SameHost {
     pub(crate) fn close_gate(&mut self) -> Option<u64> {
         let was = self.gate.take()?;
         self.inbox.close_gate(GATE_PATIENCE);
+        self.closings += 1;
         Some(was)
     }
 
@@ -352,6 +378,12 @@ fn take_grant(
     g: Grant,
 ) {
     let slot = g.qp >> QPN_SLOT_BITS;
+    if grants
+        .get(&(qpn, g.rkey))
+        .is_some_and(|h| (h.pid, h.qp, h.epoch, h.va, h.len, h.offset) == (pid, g.qp, g.epoch, g.va, g.len, g.offset))
+    {
+        return; // held already: each atomic by packet brings it again
+    }
     let Some(Route::Inbox(out, _)) = routes.get(&slot) else { return };
     if out.receiver() != pid || !out.takes_grants() {
         return;

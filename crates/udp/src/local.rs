@@ -504,6 +504,8 @@ pub struct Grant {
 
 /// A grant's bytes in an entry, after its datagram.
 const GRANT_BYTES: usize = 56;
+/// The longest datagram a grant goes beside (an atomic's answer is 28 bytes).
+const GRANTED_MAX: usize = 200;
 
 impl Grant {
     fn encode(&self) -> [u8; GRANT_BYTES] {
@@ -583,6 +585,7 @@ fn encode(envelope: &Envelope, ip: IpInfo, len: usize, beside: Beside) -> [u8; E
     h
 }
 
+#[inline]
 fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, Beside)> {
     let u16_at = |i: usize| u16::from_le_bytes([h[i], h[i + 1]]);
     let len = u32::from_le_bytes(h[0..4].try_into().ok()?) as usize;
@@ -611,7 +614,7 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, Beside)> {
     let u24_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) & 0xff_ffff;
     let ack = (h[53] != 0).then(|| AckBeside { psn: u24_at(56), syndrome: h[54], msn: u24_at(60) });
     // The grant itself follows the datagram: the caller reads it (a placeholder here).
-    let grant = (h[55] != 0 && len + GRANT_BYTES <= DATAGRAM_MAX).then(Grant::default);
+    let grant = (h[55] != 0 && len <= GRANTED_MAX).then(Grant::default);
     (len <= DATAGRAM_MAX).then_some((envelope, ip, len, Beside { by_reference: h[52] != 0, ack, grant }))
 }
 
@@ -1100,26 +1103,34 @@ impl Outbox {
         if datagram.len() > DATAGRAM_MAX {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
-        let beside = Beside { grant: beside.grant.filter(|_| datagram.len() + GRANT_BYTES <= DATAGRAM_MAX), ..beside };
+        let beside = Beside { grant: beside.grant.filter(|_| datagram.len() <= GRANTED_MAX), ..beside };
         let header = encode(envelope, ip, datagram.len(), beside);
-        let with_grant;
-        let datagram = match beside.grant {
+        match beside.grant {
+            // A grant rides after an atomic's answer, a datagram of a few dozen bytes:
+            // joined on the stack.
             Some(g) => {
-                with_grant = [datagram, &g.encode()].concat();
-                &with_grant[..]
+                let mut joined = [0u8; GRANTED_MAX + GRANT_BYTES];
+                joined[..datagram.len()].copy_from_slice(datagram);
+                joined[datagram.len()..datagram.len() + GRANT_BYTES].copy_from_slice(&g.encode());
+                self.put_entry(&header, &joined[..datagram.len() + GRANT_BYTES]);
             }
-            None => datagram,
-        };
+            None => self.put_entry(&header, datagram),
+        }
+        Ok(())
+    }
+
+    /// Puts an entry into the lane, or behind the backlog.
+    #[inline]
+    fn put_entry(&mut self, header: &[u8; ENTRY_HEADER], datagram: &[u8]) {
         if self.flush()
-            && put(&self.map, self.lane, &mut self.head, &mut self.tail, &mut self.headers, &header, datagram)
+            && put(&self.map, self.lane, &mut self.head, &mut self.tail, &mut self.headers, header, datagram)
         {
-            return Ok(());
+            return;
         }
         let mut entry = Vec::with_capacity(ENTRY_HEADER + datagram.len());
-        entry.extend_from_slice(&header);
+        entry.extend_from_slice(header);
         entry.extend_from_slice(datagram);
         self.backlog.push_back(entry);
-        Ok(())
     }
 
     /// Moves the backlog into the lane as far as it has room. Returns whether the backlog
@@ -1587,8 +1598,8 @@ mod tests {
         let answer = Beside { grant: Some(grant), ..Beside::default() };
         out.send(&envelope_v4(0), IpInfo::default(), b"answer", answer).unwrap();
         out.send(&envelope_v4(1), IpInfo::default(), b"next", Beside::default()).unwrap();
-        // A datagram too long to leave room for a grant in its entry goes without it.
-        let long = vec![7u8; DATAGRAM_MAX - GRANT_BYTES + 1];
+        // A datagram longer than an atomic's answer goes without it.
+        let long = vec![7u8; GRANTED_MAX + 1];
         out.send(&envelope_v4(2), IpInfo::default(), &long, answer).unwrap();
         out.wake();
         let mut got = Vec::new();

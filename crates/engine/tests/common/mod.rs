@@ -228,7 +228,7 @@ impl Pair {
                     delivered: true,
                     by_reference: t.by_reference,
                     ack_beside: t.ack_beside,
-                    grant: t.grant,
+                    grant: if t.grant { n.engine.grant(t.local_qp) } else { None },
                 };
                 if let Some(f) = &mut self.filter {
                     pkt.delivered = f(&pkt);
