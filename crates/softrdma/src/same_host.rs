@@ -178,6 +178,8 @@ impl SameHost {
             && out.is_closed()
         {
             *route = Route::Socket(Instant::ZERO);
+            // Its process is gone: so are its grants, and the mappings of its regions.
+            self.grants.retain(|_, h| h.slot != slot);
         }
         if let Route::Socket(until) = *route {
             if now < until {

@@ -203,6 +203,14 @@ impl Pd {
 
     /// `ibv_reg_mr` of `len` fresh zeroed bytes (page aligned), which the region owns: the
     /// device can reach them while the region lives and never after.
+    ///
+    /// With [`Access::REMOTE_ATOMIC`] the bytes are a memfd of their own, mapped shared (a
+    /// process holds at most 256 such at once; past that, private memory): a peer process of
+    /// this host that the device granted the region applies its atomics on a mapping of it
+    /// itself, without a packet, and never while [`Mr::read`], [`Mr::write`] or [`Mr::with`]
+    /// holds the bytes or after the region is gone (docs/architecture.md, "Atomics the
+    /// requester applies"). A child of `fork` shares these pages with its parent, where it
+    /// gets a copy of private ones.
     pub fn reg_mr(&self, len: usize, access: Access) -> Result<Mr> {
         // Memory a peer may apply atomics to is memory a process of the host can map.
         let buf = if access.contains(Access::REMOTE_ATOMIC) { MrBuf::zeroed_shared(len) } else { MrBuf::zeroed(len) };
