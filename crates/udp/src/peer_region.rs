@@ -14,7 +14,7 @@
 //! region for atomics, so that no access here is a data race with another process.
 
 use std::io;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -44,9 +44,19 @@ impl PeerRegion {
     /// sealed against shrinking, of at least `need` bytes.
     pub fn open(pid: u32, fd: u32, ino: u64, need: u64) -> io::Result<PeerRegion> {
         let refuse = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-        let file = std::fs::OpenOptions::new().read(true).write(true).open(format!("/proc/{pid}/fd/{fd}"))?;
+        let path = format!("/proc/{pid}/fd/{fd}");
+        // What it names, before it is opened: opening a device or a FIFO may do something.
+        let named = std::fs::metadata(&path)?;
+        if named.ino() != ino || !named.file_type().is_file() {
+            return Err(refuse("the descriptor names another file than the grant's"));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
+            .open(&path)?;
         let meta = file.metadata()?;
-        if meta.ino() != ino || !meta.file_type().is_file() {
+        if meta.ino() != ino || meta.dev() != named.dev() || !meta.file_type().is_file() {
             return Err(refuse("the descriptor names another file than the grant's"));
         }
         if !rustix::fs::fcntl_get_seals(&file)?.contains(SealFlags::SHRINK) {
@@ -147,5 +157,10 @@ mod tests {
         let (growable, gino) = memfd(4096, SealFlags::empty());
         assert!(PeerRegion::open(pid, growable.as_raw_fd() as u32, gino, 8).is_err(), "not sealed against shrinking");
         assert!(PeerRegion::open(pid, 1 << 30, ino, 8).is_err(), "no such descriptor");
+        // A descriptor that is no regular file is not even opened (a FIFO here).
+        let (r, w) = std::io::pipe().unwrap();
+        let fifo_ino = rustix::fs::fstat(&r).unwrap().st_ino;
+        let err = PeerRegion::open(pid, w.as_raw_fd() as u32, fifo_ino, 8).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
     }
 }
