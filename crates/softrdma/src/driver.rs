@@ -393,6 +393,9 @@ pub(crate) struct State {
     channel_waits: ChannelWaits,
     /// References to drop once the lock is released ([`Locked`]).
     pub(crate) drop_later: Vec<Box<dyn std::any::Any + Send>>,
+    /// The same-host inbox's gate may stand open ([`SameHost::gate`]): the lock's release
+    /// then checks that the engine's grants still hold ([`State::close_stale_gate`]).
+    gate_open: bool,
     /// Per socket, receives in a row that found nothing.
     rx_empty: Vec<u32>,
     /// The longest message the recent socket receives took (0: none yet), by which a
@@ -481,7 +484,7 @@ impl Drop for Locked<'_> {
         // Mostly there is nothing to drop: no empty list is taken and dropped then (every
         // poll takes the lock, and that was a call of its own, 1.8 % of a ping-pong's time).
         if let Some(g) = self.guard.as_mut()
-            && g.same_host.as_ref().is_some_and(|l| l.gate().is_some())
+            && g.gate_open
         {
             g.close_stale_gate();
         }
@@ -770,6 +773,7 @@ impl Driver {
             send_errors: 0,
             channel_waits: ChannelWaits::default(),
             drop_later: Vec::new(),
+            gate_open: false,
             rx_empty: vec![0; port.sockets().len()],
             rx_longest: 0,
             rx_drops: vec![0; port.sockets().len()],
@@ -1436,6 +1440,7 @@ impl State {
         let epoch = self.nic.engine().grant_epoch();
         if let Some(local) = self.same_host.as_mut() {
             local.reopen_gate(was, epoch);
+            self.gate_open = local.gate().is_some();
         }
         r
     }
@@ -1447,11 +1452,11 @@ impl State {
     #[cold]
     #[inline(never)]
     fn close_stale_gate(&mut self) {
-        if let Some(local) = self.same_host.as_mut()
-            && local.gate().is_some_and(|at| at != self.nic.engine().grant_epoch())
-        {
+        let Some(local) = self.same_host.as_mut() else { return };
+        if local.gate().is_some_and(|at| at != self.nic.engine().grant_epoch()) {
             local.close_gate();
         }
+        self.gate_open = local.gate().is_some();
     }
 
     /// One pass: receive what the sockets and the inbox hold (with `sockets`, `inbox`), fire
@@ -1806,7 +1811,7 @@ impl State {
             self.tx.meta.clear();
             let mut at = 0;
             while self.tx.meta.len() < TX_BATCH {
-                let State { nic, tx, same_host, capture, send_errors, .. } = self;
+                let State { nic, tx, same_host, capture, send_errors, gate_open, .. } = self;
                 let out = &mut tx.arena[at..at + DATAGRAM_MAX];
                 // Payloads are copied into the packet, which then leaves as one piece of
                 // its GSO buffer: gathered by the kernel from where the application has
@@ -1816,6 +1821,7 @@ impl State {
                     Some(mut t) => {
                         // A capture must show every atomic: no grant while it runs.
                         let grant = if t.grant && capture.is_none() { nic.engine().grant(t.local_qp) } else { None };
+                        *gate_open |= grant.is_some(); // the send may open it
                         let datagram = &mut tx.arena[at..at + t.len];
                         // The ICRC is computed last, as a NIC does, and only for what leaves
                         // by a socket or is captured: the same-host path needs none.
