@@ -139,7 +139,9 @@ impl Engine {
         mem: &mut M,
         apply: impl FnOnce(&DirectAtomic) -> Option<u64>,
     ) -> Result<(), PostError> {
-        let qp = crate::engine::sending_qp(&mut self.qps, qpn)?;
+        let Some(qp) = crate::engine::sending_qp(&mut self.qps, qpn) else {
+            return Err(crate::engine::not_sending(&self.qps, qpn));
+        };
         let sh = &mut self.shared;
         let direct = direct_atomic(qp, wr);
         let posted = crate::engine::post_sends(qp, core::slice::from_ref(wr), &*mem, sh);

@@ -1819,7 +1819,7 @@ impl Engine {
     /// WR not posted (`*bad_wr`) and every WR before it was posted. Inline data is copied
     /// from `mem` now, so the buffers may be reused as soon as this returns.
     pub fn post_send<M: Memory + ?Sized>(&mut self, qpn: Qpn, wrs: &[SendWr<'_>], mem: &M) -> Result<(), PostError> {
-        let qp = sending_qp(&mut self.qps, qpn)?;
+        let Some(qp) = sending_qp(&mut self.qps, qpn) else { return Err(not_sending(&self.qps, qpn)) };
         let result = post_sends(qp, wrs, mem, &mut self.shared);
         // What was posted before a bad WR goes out.
         self.shared.schedule(qp);
@@ -1861,15 +1861,21 @@ impl Engine {
     }
 }
 
-/// The QP `qpn`, if a post may go to it (it is past RTR).
+/// The QP `qpn`, if a post may go to it (it is past RTR); else what is wrong
+/// ([`not_sending`]).
 #[inline]
-pub(crate) fn sending_qp(qps: &mut BTreeMap<u32, Qp>, qpn: Qpn) -> Result<&mut Qp, PostError> {
-    let bad = |msg: String| PostError { index: 0, kind: PostErrorKind::Invalid(msg) };
-    let qp = qps.get_mut(&qpn.value()).ok_or_else(|| bad(format!("no such QP {qpn}")))?;
-    if matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr) {
-        return Err(bad(format!("QP {qpn} is in {:?}; post_send needs RTS", qp.state)));
-    }
-    Ok(qp)
+pub(crate) fn sending_qp(qps: &mut BTreeMap<u32, Qp>, qpn: Qpn) -> Option<&mut Qp> {
+    qps.get_mut(&qpn.value()).filter(|qp| !matches!(qp.state, QpState::Reset | QpState::Init | QpState::Rtr))
+}
+
+/// Why a post to `qpn` could not go ([`sending_qp`] found none).
+#[cold]
+pub(crate) fn not_sending(qps: &BTreeMap<u32, Qp>, qpn: Qpn) -> PostError {
+    let msg = match qps.get(&qpn.value()) {
+        None => format!("no such QP {qpn}"),
+        Some(qp) => format!("QP {qpn} is in {:?}; post_send needs RTS", qp.state),
+    };
+    PostError { index: 0, kind: PostErrorKind::Invalid(msg) }
 }
 
 /// The loop of [`Engine::post_send`], which schedules the QP whatever it returns.

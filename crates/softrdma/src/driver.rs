@@ -481,14 +481,27 @@ impl std::ops::DerefMut for Locked<'_> {
 impl Drop for Locked<'_> {
     #[inline]
     fn drop(&mut self) {
-        // Mostly there is nothing to drop: no empty list is taken and dropped then (every
-        // poll takes the lock, and that was a call of its own, 1.8 % of a ping-pong's time).
-        if let Some(g) = self.guard.as_mut()
-            && g.gate_open
-        {
+        // Mostly there is nothing to do but unlock: no empty list is taken and dropped then
+        // (every poll takes the lock, and that was a call of its own, 1.8 % of a ping-pong's
+        // time), and the rest is out of line.
+        if self.guard.as_ref().is_some_and(|g| g.gate_open || !g.drop_later.is_empty()) {
+            self.release_with_work();
+        }
+        self.guard = None;
+    }
+}
+
+impl Locked<'_> {
+    /// The release when there is more to do: the gate to close if the engine's grants were
+    /// voided under the lock ([`State::close_stale_gate`]), references to drop after it.
+    #[cold]
+    #[inline(never)]
+    fn release_with_work(&mut self) {
+        let Some(g) = self.guard.as_mut() else { return };
+        if g.gate_open {
             g.close_stale_gate();
         }
-        let later = self.guard.as_mut().filter(|g| !g.drop_later.is_empty()).map(|g| std::mem::take(&mut g.drop_later));
+        let later = (!g.drop_later.is_empty()).then(|| std::mem::take(&mut g.drop_later));
         self.guard = None; // unlock first
         drop(later);
     }
@@ -1422,12 +1435,15 @@ impl State {
         wrs: &[softrdma_engine::SendWr<'_>],
     ) -> std::result::Result<(), softrdma_engine::PostError> {
         let State { nic, same_host, capture, .. } = self;
-        match (wrs, same_host.as_mut().filter(|l| l.holds_grants() && capture.is_none())) {
-            ([wr], Some(local)) if wr.op.is_atomic() => {
-                nic.engine_mut().post_send_direct(qpn, wr, &mut ProcessMemory, |d| local.direct_atomic(qpn.value(), d))
-            }
-            _ => nic.engine_mut().post_send(qpn, wrs, &ProcessMemory),
+        if let [wr] = wrs
+            && wr.op.is_atomic()
+            && let Some(local) = same_host.as_mut().filter(|l| l.holds_grants() && capture.is_none())
+        {
+            return nic
+                .engine_mut()
+                .post_send_direct(qpn, wr, &mut ProcessMemory, |d| local.direct_atomic(qpn.value(), d));
         }
+        nic.engine_mut().post_send(qpn, wrs, &ProcessMemory)
     }
 
     /// Runs `f`, which reaches registered memory outside the engine, with no other process
