@@ -375,6 +375,28 @@ fn atomics_to_another_process_are_applied_directly_and_it_sees_every_one() {
 }
 
 #[test]
+fn a_killed_responder_applies_no_more_atomics_they_fail_as_its_packets_would() {
+    let port = test_port();
+    let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);
+    let (a, peer) = local_initiator([127, 0, 0, 1], port, &mut target);
+    let sge = [a.mr.sge(0..8).unwrap()];
+    let op = SendOp::FetchAdd { remote_addr: peer.addr + 4096, rkey: peer.rkey(), add: 1 };
+    for i in 0..100u64 {
+        a.qp.post_send(&[wr(i, op, &sge)]).unwrap();
+        assert_eq!(a.cq.wait(WAIT).unwrap().status, WcStatus::Success);
+    }
+    let direct = a.ctx.counters().engine.direct_atomics;
+    assert!(direct >= 90, "applied through the grant before the kill: {direct}");
+    // SIGKILL, and reaped: the responder's memory is no one's now.
+    target.kill();
+    a.qp.post_send(&[wr(100, op, &sge)]).unwrap();
+    let wc = a.cq.wait(Duration::from_secs(10)).expect("an error completion, not a hang");
+    assert_eq!(wc.status, WcStatus::RetryExcErr, "an atomic to a dead process: {wc:?}");
+    assert_eq!(a.ctx.counters().engine.direct_atomics, direct, "none applied after the kill");
+    assert_eq!(a.qp.state(), Some(QpState::Err));
+}
+
+#[test]
 fn peer_killed_mid_transfer_gives_retry_exceeded_not_a_hang() {
     let port = test_port();
     let mut target = ChildProc::spawn(ENTRY, "target", &target_env("127.0.0.1", port, 1 << 20), None);

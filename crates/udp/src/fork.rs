@@ -14,13 +14,17 @@
 use std::ops::Deref;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Once;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
 
 /// Descriptors to close in a child; -1 is a free entry. Lock-free: the handler runs in the
 /// child, where a lock held by another thread of the parent would never be released.
 static FDS: [AtomicI32; 4096] = [const { AtomicI32::new(-1) }; 4096];
 
+/// This process's ID once asked for ([`pid`]); 0 in a child of `fork` until it asks.
+static PID: AtomicU32 = AtomicU32::new(0);
+
 extern "C" fn in_child() {
+    PID.store(0, Ordering::Relaxed);
     for entry in &FDS {
         let fd = entry.swap(-1, Ordering::Relaxed);
         if fd >= 0 {
@@ -39,8 +43,18 @@ fn install() {
     });
 }
 
-fn pid() -> u32 {
-    std::process::id()
+/// This process's ID, without a system call after the first (`getpid` is one, and costs
+/// more than an atomic applied through a grant): a child of `fork` asks again.
+pub(crate) fn pid() -> u32 {
+    let known = PID.load(Ordering::Relaxed);
+    if known != 0 {
+        return known;
+    }
+    // The handler that forgets it in a child, before it is kept.
+    install();
+    let pid = std::process::id();
+    PID.store(pid, Ordering::Relaxed);
+    pid
 }
 
 /// A descriptor of this process only: see the [module](self) documentation.

@@ -133,6 +133,8 @@ mod fork;
 
 pub mod host;
 #[allow(unsafe_code)]
+mod life;
+#[allow(unsafe_code)]
 pub mod local;
 #[allow(unsafe_code)]
 pub mod peer_region;

@@ -149,6 +149,13 @@ const FEATURE_GRANTS: u32 = 8;
 const H_GATE: usize = 72;
 /// The gate's value when no grant holds.
 const GATE_CLOSED: u64 = u64::MAX;
+/// The receiver keeps a life word ([`H_LIFE`]): a sender knows at once, from memory, that
+/// it died ([`Outbox::is_closed`]). Grants go only with it.
+const FEATURE_LIFE: u32 = 16;
+/// The life word's place on the kernel's robust list (`crate::life`), then the word, on
+/// the gate's line, which a sender reads before each atomic it applies.
+const H_LIFE_ENTRY: usize = 80;
+const H_LIFE: usize = 88;
 // Lane fields (from the lane header).
 const L_OWNER: usize = 0;
 /// Whether the receiver can copy from the lane's owner: [`PULLS_UNKNOWN`], [`PULLS_YES`]
@@ -280,7 +287,7 @@ fn probe(map: &Mapping, lane: usize) -> u32 {
 }
 
 fn my_pid() -> u32 {
-    rustix::process::getpid().as_raw_nonzero().get() as u32
+    crate::fork::pid()
 }
 
 /// Whether process `pid` is gone (not merely beyond our right to signal it).
@@ -645,6 +652,8 @@ pub struct Inbox {
     looks: u32,
     /// It takes data by reference ([`Inbox::create`]).
     pulls: bool,
+    /// Keeps the life word ([`FEATURE_LIFE`]), where the kernel has robust lists.
+    keeper: Option<crate::life::Keeper>,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -690,8 +699,11 @@ impl Inbox {
         map.u32(H_SLOTS).store(SLOTS as u32, Ordering::Relaxed);
         map.u32(H_ENTRY).store(ENTRY as u32, Ordering::Relaxed);
         map.u32(H_PID).store(my_pid(), Ordering::Relaxed);
+        let keeper = crate::life::Keeper::start(Arc::clone(&map), map.u64(H_LIFE_ENTRY), map.u32(H_LIFE))
+            .inspect_err(|e| tracing::debug!(target: "softrdma::local", "no life word ({e}): no grants"))
+            .ok();
         let features = FEATURE_HEADS
-            | FEATURE_GRANTS
+            | if keeper.is_some() { FEATURE_LIFE | FEATURE_GRANTS } else { 0 }
             | if pulls { FEATURE_PULLS } else { 0 }
             | if acks_beside { FEATURE_ACKS_BESIDE } else { 0 };
         map.u64(H_GATE).store(GATE_CLOSED, Ordering::Relaxed);
@@ -712,6 +724,7 @@ impl Inbox {
             stamped: 0,
             looks: 0,
             pulls,
+            keeper,
         })
     }
 
@@ -919,6 +932,7 @@ impl Drop for Inbox {
             return; // a child of fork: the parent's inbox stays open
         }
         self.map.u32(H_CLOSED).store(1, Ordering::SeqCst);
+        drop(self.keeper.take()); // the life word says dead
         // Remove the name only while it is still this inbox's.
         if std::fs::metadata(&self.path).is_ok_and(|m| m.ino() == self.ino) {
             let _ = std::fs::remove_file(&self.path);
@@ -984,8 +998,8 @@ impl Outbox {
         {
             return Err(invalid("the inbox is not ready or of another softrdma version"));
         }
-        if map.u32(H_CLOSED).load(Ordering::SeqCst) != 0 {
-            return Err(io::Error::new(io::ErrorKind::NotFound, "the inbox is closed"));
+        if closed(&map) {
+            return Err(io::Error::new(io::ErrorKind::NotFound, "the inbox is closed, or its process died"));
         }
         let bell = rustix::fs::open(
             bell_of(name),
@@ -1038,10 +1052,10 @@ impl Outbox {
         })
     }
 
-    /// Whether the receiver closed the inbox (it went away, or its slot has a new owner):
-    /// open its name again.
+    /// Whether the receiver closed the inbox (it went away, or its slot has a new owner)
+    /// or died: open its name again.
     pub fn is_closed(&self) -> bool {
-        self.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0
+        closed(&self.map)
     }
 
     /// Whether the receiver copies data carried by reference from this process: it says
@@ -1225,6 +1239,15 @@ fn put(
 }
 
 /// Takes a free lane, or one whose owner is no longer alive.
+/// Whether the inbox in `map` is closed (its process went away, or its slot has a new
+/// owner) or its process died: its life word ([`FEATURE_LIFE`]) says so, marked by the
+/// kernel as the process died (`crate::life`).
+fn closed(map: &Mapping) -> bool {
+    map.u32(H_CLOSED).load(Ordering::Acquire) != 0
+        || map.u32(H_FEATURES).load(Ordering::Relaxed) & FEATURE_LIFE != 0
+            && !crate::life::lives(map.u32(H_LIFE).load(Ordering::Acquire))
+}
+
 fn claim(map: &Mapping, me: u32) -> Option<usize> {
     for lane in 0..LANES {
         let owner = map.u32(Mapping::lane(lane) + L_OWNER);
