@@ -1450,7 +1450,7 @@ impl State {
     /// applying an atomic to this process's regions on its own meanwhile (the inbox's gate
     /// closed, and open again after at the same epoch).
     pub(crate) fn paused<R>(&mut self, f: impl FnOnce() -> R) -> R {
-        let Some(local) = self.same_host.as_mut().filter(|l| l.gate().is_some()) else { return f() };
+        let Some(local) = self.same_host.as_mut().filter(|l| l.gate_to_close()) else { return f() };
         let was = local.close_gate();
         let r = f();
         let epoch = self.nic.engine().grant_epoch();

@@ -48,7 +48,10 @@ pub const SAME_HOST_ENV: &str = "SOFTRDMA_SAME_HOST";
 /// datagram from a default socket arrives with.
 const HOP_LIMIT: u8 = 64;
 /// How long closing the gate waits for a requester inside it, which takes nanoseconds
-/// unless its thread was descheduled there ([`Inbox::close_gate`]).
+/// unless its thread was descheduled there ([`Inbox::close_gate`]). One still inside then
+/// (stopped there: `SIGSTOP`, a debugger) is left behind, as a NIC never waits for another
+/// host's CPU, and waited for again at each later close until it left
+/// ([`SameHost::close_gate`]).
 const GATE_PATIENCE: Duration = Duration::from_millis(100);
 
 /// A grant this process holds: the responder's region mapped here, and what it was
@@ -227,7 +230,7 @@ impl SameHost {
             && self.gate != Some(g.epoch)
         {
             if self.gate.is_some() {
-                self.inbox.close_gate(GATE_PATIENCE);
+                close_gate(&mut self.inbox);
                 self.closings += 1;
             }
             self.inbox.open_gate(g.epoch);
@@ -334,14 +337,23 @@ impl SameHost {
         self.gate
     }
 
-    /// Closes the inbox's gate and waits for the requesters inside: no other process applies
-    /// an atomic to this process's regions until a grant opens it again
-    /// ([`send`](Self::send)). Returns the epoch it stood open at.
+    /// Whether a [`close_gate`](Self::close_gate) has anything to do: the gate is open, or a
+    /// requester was left inside it.
+    pub(crate) fn gate_to_close(&self) -> bool {
+        self.gate.is_some() || self.inbox.undrained()
+    }
+
+    /// Closes the inbox's gate and waits for the requesters inside (and for any an earlier
+    /// close left inside): no other process applies an atomic to this process's regions
+    /// until a grant opens it again ([`send`](Self::send)). Returns the epoch it stood
+    /// open at.
     pub(crate) fn close_gate(&mut self) -> Option<u64> {
-        let was = self.gate.take()?;
-        self.inbox.close_gate(GATE_PATIENCE);
-        self.closings += 1;
-        Some(was)
+        let was = self.gate.take();
+        if was.is_some() || self.inbox.undrained() {
+            close_gate(&mut self.inbox);
+        }
+        self.closings += u64::from(was.is_some());
+        was
     }
 
     /// Opens the gate again at `epoch` after [`close_gate`](Self::close_gate), if the
@@ -362,6 +374,17 @@ impl SameHost {
     /// The inbox's bell, for threads that do not hold the device lock.
     pub(crate) fn bell(&self) -> std::io::Result<OwnedFd> {
         self.inbox.bell().try_clone_to_owned()
+    }
+}
+
+/// Closes `inbox`'s gate, and says so where a requester stays inside it.
+fn close_gate(inbox: &mut Inbox) {
+    if !inbox.close_gate(GATE_PATIENCE) {
+        tracing::warn!(
+            target: "softrdma::same_host",
+            "a process applying an atomic to this one's memory stayed inside the gate for {GATE_PATIENCE:?} \
+             (stopped?): going on without it; its atomic may land after the memory was reached"
+        );
     }
 }
 

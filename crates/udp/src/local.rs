@@ -654,6 +654,9 @@ pub struct Inbox {
     pulls: bool,
     /// Keeps the life word ([`FEATURE_LIFE`]), where the kernel has robust lists.
     keeper: Option<crate::life::Keeper>,
+    /// Lanes whose owner [`close_gate`](Self::close_gate) left inside the gate (bit `l`:
+    /// lane `l`).
+    undrained: u16,
 }
 
 impl std::fmt::Debug for Inbox {
@@ -725,6 +728,7 @@ impl Inbox {
             looks: 0,
             pulls,
             keeper,
+            undrained: 0,
         })
     }
 
@@ -850,33 +854,47 @@ impl Inbox {
 
     /// Closes the gate and waits until no sender is inside: from its return until the gate
     /// opens again, no sender applies an atomic here on its own. A sender that stays inside
-    /// is waited for up to `patience` (one that died there, not at all); returns whether
-    /// none was left inside.
-    pub fn close_gate(&self, patience: std::time::Duration) -> bool {
-        if self.map.u64(H_GATE).swap(GATE_CLOSED, Ordering::SeqCst) == GATE_CLOSED {
+    /// (its thread stopped there, or descheduled for long) is waited for up to `patience`,
+    /// and then again at every later close until it left ([`undrained`](Self::undrained));
+    /// one that died there, not at all. Returns whether none was left inside.
+    pub fn close_gate(&mut self, patience: std::time::Duration) -> bool {
+        let was_open = self.map.u64(H_GATE).swap(GATE_CLOSED, Ordering::SeqCst) != GATE_CLOSED;
+        let lanes = if was_open { u16::MAX } else { self.undrained };
+        if lanes == 0 {
             return true;
         }
         let deadline = std::time::Instant::now() + patience;
-        let mut spins = 0u32;
-        for lane in 0..LANES {
+        let mut left = 0u16;
+        for lane in (0..LANES).filter(|l| lanes & 1 << l != 0) {
             let at = Mapping::lane(lane);
+            let mut spins = 0u32;
             while self.map.u32(at + L_INSIDE).load(Ordering::SeqCst) != 0 {
+                spins += 1;
+                if spins % 64 != 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                // Now and then: whether it is still there to wait for (a dead owner's word
+                // stays set until its lane is claimed again, which clears it).
                 let owner = self.map.u32(at + L_OWNER).load(Ordering::Acquire);
-                if owner == 0 || is_gone(owner) || std::time::Instant::now() >= deadline {
-                    if owner != 0 && !is_gone(owner) {
-                        return false;
-                    }
+                if owner == 0 || is_gone(owner) {
                     break;
                 }
-                spins += 1;
-                if spins % 64 == 0 {
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
+                if std::time::Instant::now() >= deadline {
+                    left |= 1 << lane;
+                    break;
                 }
+                std::thread::yield_now();
             }
         }
-        true
+        self.undrained = left;
+        left == 0
+    }
+
+    /// Whether a sender that [`close_gate`](Self::close_gate) left inside may still be
+    /// there: the next close waits for it, even with the gate closed.
+    pub fn undrained(&self) -> bool {
+        self.undrained != 0
     }
 
     /// The bell: readable once a sender rang it; poll it while counted among the
@@ -1633,7 +1651,7 @@ mod tests {
     #[test]
     fn the_gate_lets_a_sender_in_only_at_its_epoch_and_closing_it_waits_for_those_inside() {
         let name = unique("gate");
-        let inbox = Inbox::create(&name, false, true).unwrap();
+        let mut inbox = Inbox::create(&name, false, true).unwrap();
         let out = Outbox::open(&name).unwrap();
         assert_eq!(inbox.gate(), None, "closed until a grant is given");
         assert!(!out.enter_gate(0));
@@ -1642,6 +1660,7 @@ mod tests {
         assert!(out.enter_gate(5));
         let closed = std::sync::atomic::AtomicBool::new(false);
         std::thread::scope(|s| {
+            let inbox = &mut inbox;
             let closer = s.spawn(|| {
                 let all_out = inbox.close_gate(std::time::Duration::from_secs(20));
                 closed.store(true, Ordering::SeqCst);
@@ -1654,13 +1673,23 @@ mod tests {
         });
         assert_eq!(inbox.gate(), None);
         assert!(!out.enter_gate(5), "closed");
-        // A sender that stays inside is waited for no longer than the patience given.
+        // A sender that stays inside is waited for no longer than the patience given...
         inbox.open_gate(6);
         assert!(out.enter_gate(6));
         let started = std::time::Instant::now();
         assert!(!inbox.close_gate(std::time::Duration::from_millis(20)));
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        assert!(inbox.undrained());
+        // ...and again at the next close, though the gate is closed already.
+        assert!(!inbox.close_gate(std::time::Duration::from_millis(20)), "still inside");
         out.leave_gate();
+        assert!(inbox.close_gate(std::time::Duration::from_millis(20)));
+        assert!(!inbox.undrained(), "it left");
+        // One that died inside is not waited for (PID 0x7fff_fff0 is above any pid_max).
+        inbox.open_gate(7);
+        assert!(out.enter_gate(7));
+        inbox.map.u32(Mapping::lane(out.lane) + L_OWNER).store(0x7fff_fff0, Ordering::Release);
+        assert!(inbox.close_gate(std::time::Duration::from_secs(20)));
     }
 
     #[test]
