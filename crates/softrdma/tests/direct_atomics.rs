@@ -150,3 +150,38 @@ fn a_capture_on_the_requester_keeps_every_atomic_in_packets() {
     use softrdma_wire::Opcode;
     assert_eq!((count(Opcode::RC_FETCH_ADD), count(Opcode::RC_ATOMIC_ACKNOWLEDGE)), (5, 5), "{seen:?}");
 }
+
+#[test]
+fn the_responders_own_access_to_its_region_excludes_the_atomics_applied_directly() {
+    // The responder reads, waits and writes its word back (no atomic of its own) while a
+    // requester adds to it directly: an add that landed between its read and its write
+    // would be lost, unless the gate keeps the requesters out meanwhile.
+    let Rig { responder: Side { ctx: _rctx, pd: _rpd, cq: _rcq, qp: _rqp, mut mr }, requesters, .. } =
+        rig(&[ContextOptions::default()]);
+    let a = &requesters[0];
+    let target = mr.remote(0..4096).unwrap();
+    const ADDS: u64 = 3000;
+    const BIG: u64 = 1 << 32;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let mut writes = 0u64;
+    std::thread::scope(|s| {
+        let requester = s.spawn(|| {
+            (0..ADDS).for_each(|_| drop(fetch_add(a, &target, 1).unwrap()));
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+        // For as long as the requester adds (bounded all the same).
+        while !done.load(std::sync::atomic::Ordering::SeqCst) && writes < 1_000_000 {
+            mr.with(|bytes| {
+                let word = u64::from_ne_bytes(bytes[8..16].try_into().unwrap());
+                // A window wider than a direct atomic, a few microseconds.
+                (0..5000).for_each(|_| std::hint::spin_loop());
+                bytes[8..16].copy_from_slice(&(word + BIG).to_ne_bytes());
+            });
+            writes += 1;
+        }
+        requester.join().unwrap();
+    });
+    assert_eq!(mr.read_u64(8).unwrap(), ADDS + writes * BIG, "every add and every write kept ({writes} writes)");
+    let direct = a.ctx.counters().engine.direct_atomics;
+    assert!(direct > ADDS / 2, "most adds went directly, around the responder's writes: {direct}");
+}
