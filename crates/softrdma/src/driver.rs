@@ -1690,7 +1690,8 @@ impl State {
     /// When the engine or the CM next wants to be called.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         let held = self.faults.as_ref().and_then(Faults::next_release);
-        Instant::earliest(self.nic.poll_timeout(), held)
+        let prune = self.same_host.as_ref().and_then(SameHost::next_prune);
+        Instant::earliest(Instant::earliest(self.nic.poll_timeout(), held), prune)
     }
 
     /// The device's counters.
@@ -1814,6 +1815,7 @@ impl State {
         let any = self.flush_packets(shared, now);
         if let Some(local) = &mut self.same_host {
             self.same_host_backlog = local.flush();
+            local.prune(now);
         }
         any
     }

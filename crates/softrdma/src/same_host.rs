@@ -54,6 +54,11 @@ const HOP_LIMIT: u8 = 64;
 /// ([`SameHost::close_gate`]).
 const GATE_PATIENCE: Duration = Duration::from_millis(100);
 
+/// How often the grants held are checked against their responders' gates, so that a
+/// mapping of a region its responder deregistered (or of a process that went away) is
+/// not kept for a grant that will never be used again ([`SameHost::prune`]).
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
 /// A grant this process holds: the responder's region mapped here, and what it was
 /// granted for.
 struct Held {
@@ -122,6 +127,8 @@ pub(crate) struct SameHost {
     /// sent at. One that still holds is not sent again (a requester that holds it applies
     /// its atomics itself; one that goes by packet, behind unacknowledged work, has it).
     granted: BTreeMap<(u32, u32), (u64, u64)>,
+    /// When the grants held are next checked ([`prune`](Self::prune)).
+    next_prune: Instant,
 }
 
 impl SameHost {
@@ -151,6 +158,7 @@ impl SameHost {
             gate: None,
             closings: 0,
             granted: BTreeMap::new(),
+            next_prune: Instant::ZERO,
         })
     }
 
@@ -235,6 +243,8 @@ impl SameHost {
             }
             self.inbox.open_gate(g.epoch);
             self.gate = Some(g.epoch);
+            // Grants sent at earlier epochs hold no more: what they were sent at is of no use.
+            self.granted.retain(|_, (epoch, _)| *epoch == g.epoch);
         }
         out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack, grant }).ok()?;
         self.sent += 1 + u64::from(ack.is_some());
@@ -326,6 +336,35 @@ impl SameHost {
         found
     }
 
+    /// Drops the grants held for local QP `qpn`, which is destroyed, and what this process
+    /// granted its peer: its QPN may name another QP next.
+    pub(crate) fn forget_qp(&mut self, qpn: u32) {
+        self.grants.retain(|&(q, _), _| q != qpn);
+        self.granted.retain(|&(q, _), _| q != qpn);
+        self.regions.retain(|_, r| r.strong_count() > 0);
+    }
+
+    /// Now and then ([`PRUNE_EVERY`]): drops the grants held that no longer hold (their
+    /// responder's gate moved on, or its inbox closed), and with the last of a region's,
+    /// its mapping. A grant is otherwise dropped only when an atomic tries it.
+    pub(crate) fn prune(&mut self, now: Instant) {
+        if self.grants.is_empty() || now < self.next_prune {
+            return;
+        }
+        self.next_prune = now.saturating_add(PRUNE_EVERY);
+        let routes = &self.routes;
+        self.grants.retain(|_, h| match routes.get(&h.slot) {
+            Some(Route::Inbox(out, _)) => out.receiver() == h.pid && !out.is_closed() && out.gate() == Some(h.epoch),
+            _ => false,
+        });
+        self.regions.retain(|_, r| r.strong_count() > 0);
+    }
+
+    /// When [`prune`](Self::prune) next has work, if it may: while grants are held.
+    pub(crate) fn next_prune(&self) -> Option<Instant> {
+        (!self.grants.is_empty()).then_some(self.next_prune)
+    }
+
     /// Whether this process holds any grant (a post then asks [`direct_atomic`](Self::direct_atomic)).
     pub(crate) fn holds_grants(&self) -> bool {
         !self.grants.is_empty()
@@ -413,7 +452,9 @@ fn take_grant(
     if out.receiver() != pid || !out.takes_grants() {
         return;
     }
-    grants.retain(|_, h| h.pid != pid || h.epoch == g.epoch);
+    // Those of the same inbox left behind by its gate (not those of the process's other
+    // inboxes, each with a gate and epochs of its own).
+    grants.retain(|_, h| h.slot != slot || h.epoch == g.epoch);
     regions.retain(|_, r| r.strong_count() > 0);
     let region = match regions.get(&(pid, g.ino)).and_then(Weak::upgrade) {
         Some(region) => region,

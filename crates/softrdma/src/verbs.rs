@@ -1542,6 +1542,9 @@ impl Drop for QpInner {
         let mut st = sh.lock();
         sh.app_flush(&mut st);
         let _ = st.nic.engine_mut().destroy_qp(self.qpn);
+        if let Some(local) = st.same_host.as_mut() {
+            local.forget_qp(self.qpn.value());
+        }
         // Its multicast groups: those it was the device's last member of are left.
         let _ = st.sync_groups(sh);
         drop(st);

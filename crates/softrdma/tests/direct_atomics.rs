@@ -185,3 +185,89 @@ fn the_responders_own_access_to_its_region_excludes_the_atomics_applied_directly
     let direct = a.ctx.counters().engine.direct_atomics;
     assert!(direct > ADDS / 2, "most adds went directly, around the responder's writes: {direct}");
 }
+
+/// How many mappings of this process map the file that the mapping at `addr` maps.
+fn mappings_of_file_at(addr: u64) -> (u64, usize) {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    let inode = |line: &str| line.split_whitespace().nth(4).unwrap().parse::<u64>().unwrap();
+    let start = |line: &str| u64::from_str_radix(line.split('-').next().unwrap(), 16).unwrap();
+    let ino = maps.lines().find(|l| start(l) == addr).map(inode).expect("the region is mapped");
+    (ino, maps.lines().filter(|l| inode(l) == ino).count())
+}
+
+#[test]
+fn a_deregistered_regions_mapping_is_let_go_by_the_requesters_that_held_its_grant() {
+    let Rig { responder: Side { ctx: _rctx, pd: _rpd, cq: _rcq, qp: _rqp, mr }, requesters, .. } =
+        rig(&[ContextOptions::default()]);
+    let a = &requesters[0];
+    let target = mr.remote(0..4096).unwrap();
+    for i in 0..4 {
+        assert_eq!(fetch_add(a, &target, 1), Ok(i));
+    }
+    assert_eq!(a.ctx.counters().engine.direct_atomics, 3);
+    let (ino, maps) = mappings_of_file_at(target.addr);
+    assert_eq!(maps, 2, "the responder's mapping of its memfd ({ino}), and the requester's");
+    drop(mr);
+    // No atomic tries the grant again: the requester finds it stale on its own.
+    let count = || {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().filter(|l| l.split_whitespace().nth(4) == Some(&ino.to_string())).count()
+    };
+    let started = std::time::Instant::now();
+    while count() > 0 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "still mapped: {}", count());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let _ = a.cq.poll_one();
+    }
+    eprintln!("unmapped {:?} after the deregistration", started.elapsed());
+}
+
+#[test]
+fn grants_of_two_contexts_of_one_process_are_held_side_by_side() {
+    // Two responder contexts in one process (two inboxes, each with its gate and its
+    // engine's epochs), one requester with a QP to each: atomics to one must not cost the
+    // grant of the other.
+    let port = test_port();
+    let device = || Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
+    let open = || device().open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
+    let opts = ConnectOptions { timeout: 12, retry_cnt: 7, ..ConnectOptions::default() };
+    let a = open();
+    let (apd, acq) = (a.alloc_pd().unwrap(), a.create_cq(64, None).unwrap());
+    let amr = apd.reg_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let mut kept = Vec::new();
+    let mut pairs = Vec::new();
+    for i in 0..2u32 {
+        let b = open();
+        let (bpd, bcq) = (b.alloc_pd().unwrap(), b.create_cq(64, None).unwrap());
+        let bmr = bpd.reg_mr(4096, Access::ALL).unwrap();
+        // The second one's epoch moves on a few times: the two engines' epochs differ.
+        for _ in 0..i * 3 {
+            drop(bpd.reg_mr(4096, Access::ALL).unwrap());
+        }
+        let (aqp, bqp) = (
+            apd.create_qp(&QpInit::new(QpType::Rc, &acq)).unwrap(),
+            bpd.create_qp(&QpInit::new(QpType::Rc, &bcq)).unwrap(),
+        );
+        let (e, be) = (aqp.endpoint(0, 10).unwrap(), bqp.endpoint(0, 20).unwrap());
+        aqp.connect(10, &be, &opts).unwrap();
+        bqp.connect(20, &e, &opts).unwrap();
+        pairs.push((aqp, bmr.remote(0..4096).unwrap()));
+        kept.push((b, bpd, bcq, bqp, bmr));
+    }
+    const EACH: u64 = 200;
+    let sge = [amr.sge(0..8).unwrap()];
+    for i in 0..EACH {
+        for (qp, target) in &pairs {
+            let op = SendOp::FetchAdd { remote_addr: target.addr + 8, rkey: target.rkey, add: 1 };
+            qp.post_send(&[wr(i, op, &sge)]).unwrap();
+            let wc = acq.wait(WAIT).unwrap();
+            assert_eq!(wc.status, WcStatus::Success);
+            assert_eq!(amr.read_u64(0).unwrap(), i, "each word counts its own adds");
+        }
+    }
+    let direct = a.counters().engine.direct_atomics;
+    assert!(direct >= 2 * EACH - 4, "after one by packet each, all directly: {direct} of {}", 2 * EACH);
+    for (_, _, _, _, bmr) in &kept {
+        assert_eq!(bmr.read_u64(8).unwrap(), EACH);
+    }
+}

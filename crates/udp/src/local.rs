@@ -1114,6 +1114,12 @@ impl Outbox {
         false
     }
 
+    /// The epoch the receiver's gate stands open at, if it does: grants of another epoch
+    /// hold no more.
+    pub fn gate(&self) -> Option<u64> {
+        Some(self.map.u64(H_GATE).load(Ordering::Acquire)).filter(|&g| g != GATE_CLOSED)
+    }
+
     /// After the atomic [`enter_gate`](Self::enter_gate) let through.
     pub fn leave_gate(&self) {
         self.map.u32(Mapping::lane(self.lane) + L_INSIDE).store(0, Ordering::Release);
