@@ -166,7 +166,9 @@ fn the_responders_own_access_to_its_region_excludes_the_atomics_applied_directly
     let mut writes = 0u64;
     std::thread::scope(|s| {
         let requester = s.spawn(|| {
-            (0..ADDS).for_each(|_| drop(fetch_add(a, &target, 1).unwrap()));
+            for _ in 0..ADDS {
+                fetch_add(a, &target, 1).unwrap();
+            }
             done.store(true, std::sync::atomic::Ordering::SeqCst);
         });
         // For as long as the requester adds (bounded all the same).
