@@ -7,10 +7,24 @@
 //! 1. **Every registered range stays allocated while it is registered.** A [`crate::Mr`]
 //!    owns its [`MrBuf`] and deregisters (under the device lock) before the buffer is freed;
 //!    [`crate::Pd::reg_mr_raw`] is `unsafe` and makes its caller promise the same.
-//! 2. **The device lock serialises every access.** The engine runs under the driver's
-//!    mutex, and so do [`crate::Mr`]'s methods that let the owner read or write its buffer.
-//!    No Rust reference to registered memory exists outside that lock, so a remote WRITE can
-//!    never race a Rust reference.
+//! 2. **The device lock serialises every access this process makes.** The engine runs
+//!    under the driver's mutex, and so do [`crate::Mr`]'s methods that let the owner read or
+//!    write its buffer. No Rust reference to registered memory exists outside that lock, so
+//!    a remote WRITE can never race a Rust reference.
+//!
+//! One kind of access takes no lock of this process: the atomics a requester of this host
+//! applies itself, through its responder's grant, on its own mapping of a region's memfd
+//! ([`MrBuf::zeroed_shared`], `softrdma_engine::direct`): another process's, or another
+//! device context's of this one. They are the CPU's atomics on the same physical words, so
+//! they are atomic with the engine's atomics ([`ProcessMemory::fetch_add`] and
+//! [`ProcessMemory::compare_swap`] are the CPU's too) and with each other. A Rust reference
+//! to the bytes is never made while they may run: [`crate::Mr`]'s methods close the
+//! inbox's gate and wait for the requesters inside first (`State::paused`). The engine's
+//! plain copies (a WRITE's payload, a READ's data) are not paused: a copy that covers a word
+//! a direct atomic changes meanwhile reads or leaves either value, which is what the IBTA
+//! allows a NIC (atomics are atomic only with respect to other atomics: a WRITE or READ on
+//! the same bytes at the same time leaves them undefined). Those copies go through raw
+//! pointers, as a NIC's DMA does, never through a reference.
 //!
 //! A region registered **on demand** (`IBV_ACCESS_ON_DEMAND`, including the implicit one
 //! that covers the whole address space) makes no such promise: its pages may be unmapped,
@@ -42,7 +56,9 @@ impl Memory for ProcessMemory {
         fault_in(addr, buf.len() as u64, false)?;
         // SAFETY: the engine calls this only for a range inside a live memory region, after
         // its key, bounds and access checks; the region is allocated while registered and
-        // every access to it happens under the device lock (module documentation).
+        // no Rust reference to it exists while the device lock is held (module
+        // documentation: a granted requester's atomics may change words meanwhile, as a
+        // NIC's atomics would, and the copy then has either value).
         unsafe { std::ptr::copy_nonoverlapping(addr as usize as *const u8, buf.as_mut_ptr(), buf.len()) };
         Ok(())
     }
@@ -330,14 +346,17 @@ impl MrBuf {
         self.len
     }
 
-    /// The bytes. Callers hold the device lock (module documentation).
+    /// The bytes. Callers hold the device lock, and for a region others may have a grant
+    /// for, the gate closed (`State::paused`; module documentation).
     pub(crate) fn bytes(&self) -> &[u8] {
-        // SAFETY: the allocation holds `len` initialised bytes; callers hold the device lock,
-        // so the device does not write them while this reference lives.
+        // SAFETY: the allocation holds `len` initialised bytes; callers hold the device lock
+        // with the gate closed, so neither the device nor a requester applying a granted
+        // atomic writes them while this reference lives.
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
-    /// The bytes, writable. Callers hold the device lock (module documentation).
+    /// The bytes, writable. Callers hold the device lock, and the gate closed, as for
+    /// [`bytes`](Self::bytes).
     #[allow(clippy::mut_from_ref)]
     pub(crate) fn bytes_mut(&self) -> &mut [u8] {
         // SAFETY: as for `bytes`; callers hold the device lock for the reference's whole
