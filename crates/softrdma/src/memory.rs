@@ -39,7 +39,7 @@
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::collections::BTreeMap;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{PoisonError, RwLock};
 
 use softrdma_engine::{Memory, MemoryFault};
@@ -253,6 +253,9 @@ const MAX_SHARED: usize = 256;
 
 /// The memfd-backed buffers of this process, by address: start → (length, fd, inode).
 static SHARED: RwLock<BTreeMap<u64, (u64, i32, u64)>> = RwLock::new(BTreeMap::new());
+/// How many memfds [`MrBuf::zeroed_shared`] holds or is making: a place is taken before the
+/// memfd is made, so that threads registering at once never pass [`MAX_SHARED`].
+static SHARED_PLACES: AtomicUsize = AtomicUsize::new(0);
 
 /// The memfd holding `addr .. addr + len`, if one buffer of [`MrBuf::zeroed_shared`] holds
 /// the whole range.
@@ -305,9 +308,16 @@ impl MrBuf {
     pub(crate) fn zeroed_shared(len: usize) -> Option<Self> {
         use rustix::fs::{MemfdFlags, SealFlags};
         use rustix::mm::{MapFlags, ProtFlags};
-        if SHARED.read().unwrap_or_else(PoisonError::into_inner).len() >= MAX_SHARED {
+        if SHARED_PLACES
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_SHARED).then_some(n + 1))
+            .is_err()
+        {
             return Self::zeroed(len); // a descriptor each: leave the process its own
         }
+        let unshared = || {
+            SHARED_PLACES.fetch_sub(1, Ordering::AcqRel);
+            Self::zeroed(len)
+        };
         let size = (len.max(1) as u64).next_multiple_of(PAGE);
         let made = rustix::fs::memfd_create("softrdma-mr", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
             .and_then(|fd| rustix::fs::ftruncate(&fd, size).map(|()| fd))
@@ -315,7 +325,7 @@ impl MrBuf {
                 rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL).map(|()| fd)
             })
             .and_then(|fd| rustix::fs::fstat(&fd).map(|st| (fd, st.st_ino)));
-        let Ok((fd, ino)) = made else { return Self::zeroed(len) };
+        let Ok((fd, ino)) = made else { return unshared() };
         // SAFETY: a fresh shared mapping, at an address the kernel picks, of a file of
         // `size` bytes that can neither shrink nor grow; it is unmapped only in `drop`.
         let ptr = unsafe {
@@ -328,8 +338,8 @@ impl MrBuf {
                 0,
             )
         };
-        let Ok(ptr) = ptr else { return Self::zeroed(len) };
-        let ptr = NonNull::new(ptr.cast::<u8>())?;
+        let Ok(ptr) = ptr else { return unshared() };
+        let ptr = NonNull::new(ptr.cast::<u8>()).expect("mmap returns a non-null address");
         let addr = ptr.as_ptr() as usize as u64;
         use std::os::fd::AsRawFd;
         SHARED.write().unwrap_or_else(PoisonError::into_inner).insert(addr, (size, fd.as_raw_fd(), ino));
@@ -370,6 +380,7 @@ impl Drop for MrBuf {
         if self.mapped {
             let len = if self.memfd.is_some() {
                 SHARED.write().unwrap_or_else(PoisonError::into_inner).remove(&self.addr());
+                SHARED_PLACES.fetch_sub(1, Ordering::AcqRel);
                 (self.len.max(1) as u64).next_multiple_of(PAGE) as usize
             } else {
                 self.len
@@ -403,5 +414,26 @@ mod tests {
         mem.read(buf.addr() + 8, &mut out).unwrap();
         assert_eq!(u64::from_ne_bytes(out), 99);
         assert_eq!(mem.fetch_add(buf.addr() + 4, 1), Err(MemoryFault { addr: buf.addr() + 4, len: 8 }));
+    }
+
+    #[test]
+    fn threads_making_shared_buffers_at_once_never_pass_the_cap_and_give_their_places_back() {
+        // Other tests of this binary may hold places meanwhile: they leave this one fewer,
+        // never more.
+        let bufs: Vec<MrBuf> = std::thread::scope(|s| {
+            let threads: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| (0..64).map(|_| MrBuf::zeroed_shared(100).unwrap()).collect::<Vec<_>>()))
+                .collect();
+            threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+        });
+        let shared = bufs.iter().filter(|b| b.memfd.is_some()).count();
+        assert!(shared > 0 && shared <= MAX_SHARED, "{shared} memfds for 512 buffers");
+        for b in bufs.iter().filter(|b| b.memfd.is_some()) {
+            assert_eq!(shared_region(b.addr(), 100).map(|r| r.offset), Some(0));
+        }
+        let unshared = bufs.iter().find(|b| b.memfd.is_none()).expect("past the cap: private buffers");
+        assert_eq!(shared_region(unshared.addr(), 1), None);
+        drop(bufs);
+        assert!(MrBuf::zeroed_shared(100).unwrap().memfd.is_some(), "the places are free again");
     }
 }
