@@ -14,6 +14,7 @@
 //! region for atomics, so that no access here is a data race with another process.
 
 use std::io;
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,19 +45,28 @@ impl PeerRegion {
     /// sealed against shrinking, of at least `need` bytes.
     pub fn open(pid: u32, fd: u32, ino: u64, need: u64) -> io::Result<PeerRegion> {
         let refuse = |what: &str| io::Error::new(io::ErrorKind::InvalidData, what.to_string());
-        let path = format!("/proc/{pid}/fd/{fd}");
-        // What it names, before it is opened: opening a device or a FIFO may do something.
-        let named = std::fs::metadata(&path)?;
-        if named.ino() != ino || !named.file_type().is_file() {
+        // What it names, held before it is opened (an O_PATH descriptor opens nothing):
+        // opening a device or a FIFO may do something, and the number may name another
+        // file by the time a second look at the path would open it.
+        let held = rustix::fs::open(
+            format!("/proc/{pid}/fd/{fd}"),
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )?;
+        let named = rustix::fs::fstat(&held)?;
+        if named.st_ino != ino
+            || rustix::fs::FileType::from_raw_mode(named.st_mode) != rustix::fs::FileType::RegularFile
+        {
             return Err(refuse("the descriptor names another file than the grant's"));
         }
+        // That very file, opened for reading and writing.
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK)
-            .open(&path)?;
+            .custom_flags(libc::O_NOCTTY | libc::O_NONBLOCK | libc::O_CLOEXEC)
+            .open(format!("/proc/self/fd/{}", held.as_raw_fd()))?;
         let meta = file.metadata()?;
-        if meta.ino() != ino || meta.dev() != named.dev() || !meta.file_type().is_file() {
+        if meta.ino() != ino || meta.dev() != named.st_dev || !meta.file_type().is_file() {
             return Err(refuse("the descriptor names another file than the grant's"));
         }
         if !rustix::fs::fcntl_get_seals(&file)?.contains(SealFlags::SHRINK) {
