@@ -170,6 +170,12 @@ const PULLS_NO: u32 = 2;
 /// The process that stamps the lane's entries ([`E_STAMP`]): the owner, if it is of a build
 /// that does (an owner of an earlier build leaves the last one's PID here).
 const L_STAMPS: usize = 32;
+/// When the lane's owner started (`/proc/<pid>/stat`'s start time), 0 if unknown, and
+/// the PID of the owner it is of (written after it): a process found under the owner's
+/// PID that started at another time is not the owner, but one that reused the dead
+/// owner's PID ([`owner_gone`]).
+const L_BORN: usize = 40;
+const L_BORN_OF: usize = 48;
 const L_HEAD: usize = 64;
 /// 1 while the lane's owner applies an atomic to the receiver's memory on its own
 /// ([`Outbox::enter_gate`]); on the head's line, which the owner writes anyway.
@@ -293,6 +299,40 @@ fn my_pid() -> u32 {
 /// Whether process `pid` is gone (not merely beyond our right to signal it).
 fn is_gone(pid: u32) -> bool {
     Pid::from_raw(pid as i32).is_none_or(|p| rustix::process::test_kill_process(p) == Err(rustix::io::Errno::SRCH))
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`'s 22nd
+/// field), if it can be read.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis (the command may hold spaces and parentheses)
+    // come the fields from the 3rd on.
+    stat.get(stat.rfind(')')? + 1..)?.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// When this process started ([`start_time`]), read once per process.
+fn my_start_time() -> u64 {
+    static KNOWN: std::sync::Mutex<(u32, u64)> = std::sync::Mutex::new((0, 0));
+    let me = my_pid();
+    let mut known = KNOWN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if known.0 != me {
+        *known = (me, start_time(me).unwrap_or(0));
+    }
+    known.1
+}
+
+/// Whether the owner of `lane`, `owner`, is gone: no process has its PID, or the one that
+/// has it started at another time than the owner did (it reused the PID).
+fn owner_gone(map: &Mapping, lane: usize, owner: u32) -> bool {
+    if is_gone(owner) {
+        return true;
+    }
+    let at = Mapping::lane(lane);
+    if map.u32(at + L_BORN_OF).load(Ordering::Acquire) != owner {
+        return false; // not known (an owner of an earlier build, or one claiming it now)
+    }
+    let born = map.u64(at + L_BORN).load(Ordering::Acquire);
+    born != 0 && start_time(owner).is_some_and(|t| t != born)
 }
 
 /// Removes the inboxes of this user and network namespace whose processes are gone (killed
@@ -881,7 +921,10 @@ impl Inbox {
                     break;
                 }
                 if std::time::Instant::now() >= deadline {
-                    left |= 1 << lane;
+                    // Not a process that took the dead owner's PID since.
+                    if !owner_gone(&self.map, lane, owner) {
+                        left |= 1 << lane;
+                    }
                     break;
                 }
                 std::thread::yield_now();
@@ -1049,6 +1092,8 @@ impl Outbox {
         map.u32(at + L_PULLS).store(PULLS_UNKNOWN, Ordering::Release);
         // Not inside the gate (a dead owner may have left its word set).
         map.u32(at + L_INSIDE).store(0, Ordering::Release);
+        map.u64(at + L_BORN).store(my_start_time(), Ordering::Release);
+        map.u32(at + L_BORN_OF).store(me, Ordering::Release);
         // This process stamps its entries (before the bump that has the receiver read it).
         map.u32(at + L_STAMPS).store(me, Ordering::Release);
         let tail = map.u64(at + L_TAIL).load(Ordering::Acquire);
@@ -1282,7 +1327,8 @@ fn claim(map: &Mapping, me: u32) -> Option<usize> {
     for lane in 0..LANES {
         let owner = map.u32(Mapping::lane(lane) + L_OWNER);
         let held = owner.load(Ordering::Acquire);
-        if is_gone(held) && owner.compare_exchange(held, me, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+        if owner_gone(map, lane, held) && owner.compare_exchange(held, me, Ordering::AcqRel, Ordering::Relaxed).is_ok()
+        {
             return Some(lane);
         }
     }
@@ -1691,11 +1737,22 @@ mod tests {
         out.leave_gate();
         assert!(inbox.close_gate(std::time::Duration::from_millis(20)));
         assert!(!inbox.undrained(), "it left");
-        // One that died inside is not waited for (PID 0x7fff_fff0 is above any pid_max).
+        // One that died inside is not waited for (PID 0x7fff_fff0 is above any pid_max)...
         inbox.open_gate(7);
         assert!(out.enter_gate(7));
-        inbox.map.u32(Mapping::lane(out.lane) + L_OWNER).store(0x7fff_fff0, Ordering::Release);
+        let at = Mapping::lane(out.lane);
+        inbox.map.u32(at + L_OWNER).store(0x7fff_fff0, Ordering::Release);
         assert!(inbox.close_gate(std::time::Duration::from_secs(20)));
+        // ...nor one whose PID a process that started at another time took since (this
+        // one, as if the lane's owner had started a tick earlier).
+        inbox.open_gate(8);
+        inbox.map.u32(at + L_OWNER).store(my_pid(), Ordering::Release);
+        assert!(out.enter_gate(8));
+        assert!(!owner_gone(&inbox.map, out.lane, my_pid()), "the owner's PID and start time");
+        inbox.map.u64(at + L_BORN).store(my_start_time() - 1, Ordering::Release);
+        assert!(owner_gone(&inbox.map, out.lane, my_pid()));
+        assert!(inbox.close_gate(std::time::Duration::from_millis(20)), "not left inside");
+        assert!(!inbox.undrained());
     }
 
     #[test]
