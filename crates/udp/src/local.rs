@@ -349,7 +349,8 @@ fn sweep() {
         if file.metadata().is_ok_and(|m| m.len() == INBOX_BYTES as u64)
             && let Ok(map) = Mapping::new(&file)
             && map.u64(H_MAGIC).load(Ordering::Acquire) == MAGIC
-            && is_gone(map.u32(H_PID).load(Ordering::Relaxed))
+            // Its PID gone, or its life word dead (the PID may be another process's now).
+            && (is_gone(map.u32(H_PID).load(Ordering::Relaxed)) || closed(&map))
         {
             map.u32(H_CLOSED).store(1, Ordering::SeqCst);
             let _ = std::fs::remove_file(path_of(name));
@@ -1834,13 +1835,18 @@ mod tests {
         let (dead, alive) = (unique("dead"), unique("alive"));
         let killed = Inbox::create(&format!("{}{dead}", prefix().unwrap()), true, true).unwrap();
         let live = Inbox::create(&format!("{}{alive}", prefix().unwrap()), true, true).unwrap();
+        let reused = Inbox::create(&format!("{}{}", prefix().unwrap(), unique("reused")), true, true).unwrap();
         // As if its process had been killed: PID 0x7fff_fff0 is above any pid_max.
         killed.map.u32(H_PID).store(0x7fff_fff0, Ordering::Relaxed);
+        // As if its process had been killed and its PID taken since (by this process): the
+        // kernel marked its life word.
+        reused.map.u32(H_LIFE).store(crate::life::DEAD, Ordering::Relaxed);
         let _new = Inbox::create(&unique("sweeper"), true, true).unwrap();
         assert!(!killed.path.exists(), "the dead process's inbox is gone");
         assert!(!killed.bell_path.exists(), "and its bell");
         assert!(killed.map.u32(H_CLOSED).load(Ordering::Relaxed) != 0, "and closed for its senders");
         assert!(live.path.exists(), "a live process's inbox stays");
+        assert!(!reused.path.exists(), "a dead process's inbox goes, whoever has its PID now");
     }
 
     #[test]
