@@ -27,7 +27,7 @@
 //! engine's grant epoch and is closed, and its senders waited for, whenever the epoch moves
 //! or the application reaches its regions ([`SameHost::close_gate`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -38,7 +38,7 @@ use softrdma_udp::IpInfo as UdpIpInfo;
 use softrdma_udp::host::QPN_SLOT_BITS;
 use softrdma_udp::local::{self, Arrived, Beside, Grant, Inbox, Outbox, Sleepers, inbox_name};
 use softrdma_udp::peer_region::PeerRegion;
-use softrdma_wire::{AethRepr, BthPacket, Envelope, Msn, Psn, Syndrome};
+use softrdma_wire::{AethRepr, BthPacket, Envelope, Msn, Opcode, Psn, RocePacket, Syndrome};
 
 /// How long a destination whose inbox could not be opened stays on the socket.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -129,6 +129,9 @@ pub(crate) struct SameHost {
     granted: BTreeMap<(u32, u32), (u64, u64)>,
     /// When the grants held are next checked ([`prune`](Self::prune)).
     next_prune: Instant,
+    /// Grants this process could not map (by its QP and the R_Key): it asks for them no
+    /// more ([`asks_grant`](Self::asks_grant)).
+    unmappable: HashSet<(u32, u32)>,
 }
 
 impl SameHost {
@@ -159,6 +162,7 @@ impl SameHost {
             closings: 0,
             granted: BTreeMap::new(),
             next_prune: Instant::ZERO,
+            unmappable: HashSet::new(),
         })
     }
 
@@ -246,7 +250,8 @@ impl SameHost {
             // Grants sent at earlier epochs hold no more: what they were sent at is of no use.
             self.granted.retain(|_, (epoch, _)| *epoch == g.epoch);
         }
-        out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack, grant }).ok()?;
+        let asks_grant = out.takes_grants() && asks_grant(&self.grants, &self.unmappable, t.local_qp.value(), datagram);
+        out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack, grant, asks_grant }).ok()?;
         self.sent += 1 + u64::from(ack.is_some());
         if !self.published_early {
             // The batch's first packet is published at once: a one-WR post (a ping-pong's
@@ -289,12 +294,18 @@ impl SameHost {
         mut deliver: impl FnMut(&Envelope, IpInfo, &[u8], FromInbox),
     ) -> usize {
         let mut acks = 0;
-        let SameHost { inbox, grants, regions, routes, .. } = self;
-        let n = inbox.receive(max, |envelope, ip, datagram, Arrived { origin, ack, grant }| {
+        let SameHost { inbox, grants, regions, routes, granted, unmappable, .. } = self;
+        let n = inbox.receive(max, |envelope, ip, datagram, Arrived { origin, ack, grant, asks_grant }| {
             acks += u64::from(ack.is_some());
             if let Some((pid, grant)) = grant {
                 let qpn = BthPacket::new_unchecked(datagram).dest_qp().value();
-                take_grant(grants, regions, routes, qpn, pid, grant);
+                if !take_grant(grants, regions, routes, qpn, pid, grant) {
+                    unmappable.insert((qpn, grant.rkey));
+                }
+            }
+            if asks_grant && let Some(rkey) = atomic_rkey(datagram) {
+                // Its answer carries the grant, if the engine gives one, sent before or not.
+                granted.remove(&(BthPacket::new_unchecked(datagram).dest_qp().value(), rkey));
             }
             let ip = IpInfo { hop_limit: ip.hop_limit, traffic_class: ip.traffic_class, flow_label: ip.flow_label };
             let ack = ack.map(|a| AckBeside {
@@ -341,6 +352,7 @@ impl SameHost {
     pub(crate) fn forget_qp(&mut self, qpn: u32) {
         self.grants.retain(|&(q, _), _| q != qpn);
         self.granted.retain(|&(q, _), _| q != qpn);
+        self.unmappable.retain(|&(q, _)| q != qpn);
         self.regions.retain(|_, r| r.strong_count() > 0);
     }
 
@@ -440,17 +452,17 @@ fn take_grant(
     qpn: u32,
     pid: u32,
     g: Grant,
-) {
+) -> bool {
     let slot = g.qp >> QPN_SLOT_BITS;
     if grants
         .get(&(qpn, g.rkey))
         .is_some_and(|h| (h.pid, h.qp, h.epoch, h.va, h.len, h.offset) == (pid, g.qp, g.epoch, g.va, g.len, g.offset))
     {
-        return; // held already: each atomic by packet brings it again
+        return true; // held already: each atomic by packet brings it again
     }
-    let Some(Route::Inbox(out, _)) = routes.get(&slot) else { return };
+    let Some(Route::Inbox(out, _)) = routes.get(&slot) else { return true };
     if out.receiver() != pid || !out.takes_grants() {
-        return;
+        return true;
     }
     // Those of the same inbox left behind by its gate (not those of the process's other
     // inboxes, each with a gate and epochs of its own).
@@ -459,16 +471,38 @@ fn take_grant(
     let region = match regions.get(&(pid, g.ino)).and_then(Weak::upgrade) {
         Some(region) => region,
         None => {
-            let Some(need) = g.offset.checked_add(g.len) else { return };
-            let Ok(region) = PeerRegion::open(pid, g.fd, g.ino, need) else { return };
+            let Some(need) = g.offset.checked_add(g.len) else { return false };
+            let Ok(region) = PeerRegion::open(pid, g.fd, g.ino, need) else { return false };
             let region = Arc::new(region);
             regions.insert((pid, g.ino), Arc::downgrade(&region));
             region
         }
     };
     if g.offset.checked_add(g.len).is_none_or(|end| end > region.len() as u64) {
-        return;
+        return false;
     }
     let held = Held { region, qp: g.qp, slot, pid, va: g.va, len: g.len, offset: g.offset, epoch: g.epoch };
     grants.insert((qpn, g.rkey), held);
+    true
+}
+
+/// The R_Key of `datagram` if it is an RC atomic's request.
+fn atomic_rkey(datagram: &[u8]) -> Option<u32> {
+    let op = *datagram.first()?;
+    if op != Opcode::RC_FETCH_ADD.0 && op != Opcode::RC_COMPARE_SWAP.0 || datagram.len() < ATOMIC_REQUEST_LEN {
+        return None;
+    }
+    Some(RocePacket::new_unchecked(datagram).atomic_eth()?.rkey().0)
+}
+
+/// An atomic's request, BTH and AtomicETH (its ICRC is not needed here).
+const ATOMIC_REQUEST_LEN: usize = 12 + 28;
+
+/// Whether `datagram`, sent by local QP `qpn`, is an atomic's request for a region this
+/// process holds no grant for, and could map: it asks for one with the answer
+/// ([`Beside::asks_grant`]). A responder sends a grant once per epoch and gate closing,
+/// and a requester may have let it go meanwhile (its QP destroyed, the route it came by
+/// not open yet), or be a new process under the same QP number.
+fn asks_grant(grants: &HashMap<(u32, u32), Held>, unmappable: &HashSet<(u32, u32)>, qpn: u32, datagram: &[u8]) -> bool {
+    atomic_rkey(datagram).is_some_and(|rkey| !grants.contains_key(&(qpn, rkey)) && !unmappable.contains(&(qpn, rkey)))
 }

@@ -180,6 +180,10 @@ fn the_responders_own_access_to_its_region_excludes_the_atomics_applied_directly
                 bytes[8..16].copy_from_slice(&(word + BIG).to_ne_bytes());
             });
             writes += 1;
+            // The device lock free for a moment: its progress thread answers the atomics
+            // that go as packets (a loop that takes it back at once starves it, and the
+            // requester's retries run out).
+            std::thread::sleep(std::time::Duration::from_micros(20));
         }
         requester.join().unwrap();
     });
@@ -272,4 +276,52 @@ fn grants_of_two_contexts_of_one_process_are_held_side_by_side() {
     for (_, _, _, _, bmr) in &kept {
         assert_eq!(bmr.read_u64(8).unwrap(), EACH);
     }
+}
+
+#[test]
+fn a_requester_that_missed_its_grant_asks_for_it_again() {
+    // The requester's first atomics take the socket (every lane of the responder's inbox
+    // taken), while their answers come through the requester's inbox with the grant, which
+    // it cannot take without a route to the responder's inbox. Once a lane is free, its
+    // atomics go through the inbox, and ask for the grant the responder sent already.
+    let port = test_port();
+    let device = || Device::with_addresses("lo", vec![IpAddr::from([127, 0, 0, 1])]);
+    let open = || device().open_with(&ContextOptions { port, ..ContextOptions::default() }).unwrap();
+    let (r, a) = (open(), open());
+    let (rpd, rcq) = (r.alloc_pd().unwrap(), r.create_cq(16, None).unwrap());
+    let rmr = rpd.reg_mr(4096, Access::ALL).unwrap();
+    let rqp = rpd.create_qp(&QpInit::new(QpType::Rc, &rcq)).unwrap();
+    let (apd, acq) = (a.alloc_pd().unwrap(), a.create_cq(16, None).unwrap());
+    let amr = apd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+    let aqp = apd.create_qp(&QpInit::new(QpType::Rc, &acq)).unwrap();
+    let opts = ConnectOptions { timeout: 12, retry_cnt: 7, ..ConnectOptions::default() };
+    let (e, re) = (aqp.endpoint(0, 1).unwrap(), rqp.endpoint(0, 2).unwrap());
+    aqp.connect(1, &re, &opts).unwrap();
+    rqp.connect(2, &e, &opts).unwrap();
+    let name = softrdma_udp::local::inbox_name("lo", port, rqp.qpn() >> softrdma_udp::host::QPN_SLOT_BITS).unwrap();
+    let taken: Vec<_> = std::iter::from_fn(|| softrdma_udp::local::Outbox::open(&name).ok()).take(64).collect();
+    assert_eq!(taken.len(), softrdma_udp::local::LANES, "every lane of the responder's inbox taken");
+    let target = rmr.remote(0..4096).unwrap();
+    let sge = [amr.sge(0..8).unwrap()];
+    let op = SendOp::FetchAdd { remote_addr: target.addr + 8, rkey: target.rkey, add: 1 };
+    let fetch_add = |i: u64| {
+        aqp.post_send(&[wr(i, op, &sge)]).unwrap();
+        assert_eq!(acq.wait(WAIT).unwrap().status, WcStatus::Success);
+        assert_eq!(amr.read_u64(0).unwrap(), i);
+    };
+    for i in 0..3 {
+        fetch_add(i);
+    }
+    assert_eq!(a.counters().engine.direct_atomics, 0, "by packet while the lanes are taken");
+    drop(taken);
+    // The requester tries the inbox again a second after it found no lane.
+    let started = std::time::Instant::now();
+    let mut i = 3;
+    while a.counters().engine.direct_atomics == 0 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "never directly: the grant is not sent again");
+        fetch_add(i);
+        i += 1;
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(rmr.read_u64(8).unwrap(), i);
 }

@@ -523,6 +523,10 @@ pub struct Beside {
     /// A grant beside an atomic's answer (only where the receiver takes them,
     /// [`Outbox::takes_grants`]).
     pub grant: Option<Grant>,
+    /// Beside an atomic's request: the sender holds no grant for it and asks for one with
+    /// the answer, whether or not one was sent before (only where the receiver takes
+    /// grants).
+    pub asks_grant: bool,
 }
 
 /// What a responder's device vouches for beside an atomic it executed
@@ -552,6 +556,10 @@ pub struct Grant {
 
 /// A grant's bytes in an entry, after its datagram.
 const GRANT_BYTES: usize = 56;
+/// Byte 55 of an entry's header: a [`Grant`] follows the datagram.
+const GRANT_FOLLOWS: u8 = 1;
+/// Byte 55 of an entry's header: the sender asks for a grant ([`Beside::asks_grant`]).
+const ASKS_GRANT: u8 = 2;
 /// The longest datagram a grant goes beside (an atomic's answer is 28 bytes).
 const GRANTED_MAX: usize = 200;
 
@@ -594,16 +602,25 @@ pub struct Arrived {
     pub ack: Option<AckBeside>,
     /// A grant beside it, and the process that gave it (the lane's owner).
     pub grant: Option<(u32, Grant)>,
+    /// The sender asks for a grant with the answer ([`Beside::asks_grant`]).
+    pub asks_grant: bool,
 }
 
 /// An entry's header: the datagram's length, what the socket would have told, whether its
 /// data is carried by reference (byte 52), an ACK beside it (byte 53 says there is one, 54
 /// is its syndrome, 56..60 its PSN and 60..64 its MSN), and whether a [`Grant`] follows the
-/// datagram in the entry (byte 55).
+/// datagram in the entry (byte 55: [`GRANT_FOLLOWS`]) or the sender asks for one
+/// ([`ASKS_GRANT`]).
 fn encode(envelope: &Envelope, ip: IpInfo, len: usize, beside: Beside) -> [u8; ENTRY_HEADER] {
     let mut h = [0u8; ENTRY_HEADER];
     h[52] = u8::from(beside.by_reference);
-    h[55] = u8::from(beside.grant.is_some());
+    h[55] = if beside.grant.is_some() {
+        GRANT_FOLLOWS
+    } else if beside.asks_grant {
+        ASKS_GRANT
+    } else {
+        0
+    };
     if let Some(ack) = beside.ack {
         h[53] = 1;
         h[54] = ack.syndrome;
@@ -662,8 +679,9 @@ fn decode(h: &[u8]) -> Option<(Envelope, IpInfo, usize, Beside)> {
     let u24_at = |i: usize| u32::from_le_bytes([h[i], h[i + 1], h[i + 2], h[i + 3]]) & 0xff_ffff;
     let ack = (h[53] != 0).then(|| AckBeside { psn: u24_at(56), syndrome: h[54], msn: u24_at(60) });
     // The grant itself follows the datagram: the caller reads it (a placeholder here).
-    let grant = (h[55] != 0 && len <= GRANTED_MAX).then(Grant::default);
-    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, Beside { by_reference: h[52] != 0, ack, grant }))
+    let grant = (h[55] == GRANT_FOLLOWS && len <= GRANTED_MAX).then(Grant::default);
+    let beside = Beside { by_reference: h[52] != 0, ack, grant, asks_grant: h[55] == ASKS_GRANT };
+    (len <= DATAGRAM_MAX).then_some((envelope, ip, len, beside))
 }
 
 /// This process's inbox on one device: datagrams from other processes of the host.
@@ -855,7 +873,7 @@ impl Inbox {
                         .grant
                         .and_then(|_| Grant::decode(&self.scratch[ENTRY_HEADER + len..end]))
                         .map(|g| (self.map.u32(at + L_OWNER).load(Ordering::Acquire), g));
-                    let arrived = Arrived { origin, ack: beside.ack, grant };
+                    let arrived = Arrived { origin, ack: beside.ack, grant, asks_grant: beside.asks_grant };
                     deliver(&envelope, ip, &self.scratch[ENTRY_HEADER..ENTRY_HEADER + len], arrived);
                 }
             }
@@ -1187,7 +1205,12 @@ impl Outbox {
         if datagram.len() > DATAGRAM_MAX {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "datagram larger than an inbox entry"));
         }
-        let beside = Beside { grant: beside.grant.filter(|_| datagram.len() <= GRANTED_MAX), ..beside };
+        let takes_grants = self.takes_grants();
+        let beside = Beside {
+            grant: beside.grant.filter(|_| datagram.len() <= GRANTED_MAX && takes_grants),
+            asks_grant: beside.asks_grant && takes_grants,
+            ..beside
+        };
         let header = encode(envelope, ip, datagram.len(), beside);
         match beside.grant {
             // A grant rides after an atomic's answer, a datagram of a few dozen bytes:
@@ -1376,6 +1399,8 @@ mod tests {
         let ack = AckBeside { psn: 0xfe_dcba, syndrome: 0x1f, msn: 0x12_3456 };
         let both = Beside { by_reference: true, ack: Some(ack), ..Beside::default() };
         assert_eq!(decode(&encode(&v4, ip, 44, both)), Some((v4, ip, 44, both)));
+        let asks = Beside { asks_grant: true, ..Beside::default() };
+        assert_eq!(decode(&encode(&v4, ip, 40, asks)), Some((v4, ip, 40, asks)));
         let wide = Beside { ack: Some(AckBeside { psn: 0x1ff_ffff, msn: 0xff00_0001, ..ack }), ..Beside::default() };
         let narrowed = Beside { ack: Some(AckBeside { psn: 0xff_ffff, msn: 1, ..ack }), ..wide };
         assert_eq!(decode(&encode(&v4, ip, 44, wide)), Some((v4, ip, 44, narrowed)), "PSN and MSN are 24 bits");
