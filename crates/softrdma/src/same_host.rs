@@ -27,7 +27,7 @@
 //! engine's grant epoch and is closed, and its senders waited for, whenever the epoch moves
 //! or the application reaches its regions ([`SameHost::close_gate`]).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -114,8 +114,9 @@ pub(crate) struct SameHost {
     /// Packets sent and received through shared memory (an ACK beside a packet counts as one).
     pub(crate) sent: u64,
     pub(crate) received: u64,
-    /// The grants this process holds, by its QP and the region's R_Key.
-    grants: HashMap<(u32, u32), Held>,
+    /// The grants this process holds, by its QP and the region's R_Key (a few: a tree's
+    /// compares cost less than SipHash on each atomic).
+    grants: BTreeMap<(u32, u32), Held>,
     /// Other processes' regions mapped here, by process and inode (shared by the grants
     /// that name them; gone with the last).
     regions: HashMap<(u32, u64), Weak<PeerRegion>>,
@@ -131,7 +132,7 @@ pub(crate) struct SameHost {
     next_prune: Instant,
     /// Grants this process could not map (by its QP and the R_Key): it asks for them no
     /// more ([`asks_grant`](Self::asks_grant)).
-    unmappable: HashSet<(u32, u32)>,
+    unmappable: BTreeSet<(u32, u32)>,
 }
 
 impl SameHost {
@@ -156,13 +157,13 @@ impl SameHost {
             published_early: false,
             sent: 0,
             received: 0,
-            grants: HashMap::new(),
+            grants: BTreeMap::new(),
             regions: HashMap::new(),
             gate: None,
             closings: 0,
             granted: BTreeMap::new(),
             next_prune: Instant::ZERO,
-            unmappable: HashSet::new(),
+            unmappable: BTreeSet::new(),
         })
     }
 
@@ -446,7 +447,7 @@ fn close_gate(inbox: &mut Inbox) {
 /// left behind are dropped on the way, so that a region nobody holds a grant for is
 /// unmapped.
 fn take_grant(
-    grants: &mut HashMap<(u32, u32), Held>,
+    grants: &mut BTreeMap<(u32, u32), Held>,
     regions: &mut HashMap<(u32, u64), Weak<PeerRegion>>,
     routes: &BTreeMap<u32, Route>,
     qpn: u32,
@@ -503,6 +504,11 @@ const ATOMIC_REQUEST_LEN: usize = 12 + 28;
 /// ([`Beside::asks_grant`]). A responder sends a grant once per epoch and gate closing,
 /// and a requester may have let it go meanwhile (its QP destroyed, the route it came by
 /// not open yet), or be a new process under the same QP number.
-fn asks_grant(grants: &HashMap<(u32, u32), Held>, unmappable: &HashSet<(u32, u32)>, qpn: u32, datagram: &[u8]) -> bool {
+fn asks_grant(
+    grants: &BTreeMap<(u32, u32), Held>,
+    unmappable: &BTreeSet<(u32, u32)>,
+    qpn: u32,
+    datagram: &[u8],
+) -> bool {
     atomic_rkey(datagram).is_some_and(|rkey| !grants.contains_key(&(qpn, rkey)) && !unmappable.contains(&(qpn, rkey)))
 }
