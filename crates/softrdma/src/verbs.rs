@@ -610,7 +610,10 @@ impl Mr {
     /// Runs `f` on the region's bytes with the device paused (the device lock held, and
     /// no process of the host applying an atomic to them on its own): no peer and no work
     /// request touches them meanwhile. Keep `f` short, and call no other softrdma function
-    /// inside it (the lock is not reentrant).
+    /// inside it (the lock is not reentrant). Nor call it back to back in a loop: the
+    /// device's progress thread waits for the same lock, which does not hand itself over
+    /// in turn, and peers' packets go unanswered meanwhile (a loop of `with` calls of some
+    /// microseconds each kept a requester's atomics unanswered until its retries ran out).
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut st = self.pd.ctx.drv.shared.lock();
         st.paused(|| f(self.buf().bytes_mut()))
