@@ -322,11 +322,14 @@ fn my_start_time() -> u64 {
 }
 
 /// Whether the owner of `lane`, `owner`, is gone: no process has its PID, or the one that
-/// has it started at another time than the owner did (it reused the PID).
+/// has it is another ([`pid_reused`]).
 fn owner_gone(map: &Mapping, lane: usize, owner: u32) -> bool {
-    if is_gone(owner) {
-        return true;
-    }
+    is_gone(owner) || pid_reused(map, lane, owner)
+}
+
+/// Whether the process under `owner`'s PID started at another time than the owner of
+/// `lane` did: it took the dead owner's PID.
+fn pid_reused(map: &Mapping, lane: usize, owner: u32) -> bool {
     let at = Mapping::lane(lane);
     if map.u32(at + L_BORN_OF).load(Ordering::Acquire) != owner {
         return false; // not known (an owner of an earlier build, or one claiming it now)
@@ -908,7 +911,7 @@ impl Inbox {
 
     /// The epoch the gate is open at, if it is.
     pub fn gate(&self) -> Option<u64> {
-        Some(self.map.u64(H_GATE).load(Ordering::Relaxed)).filter(|&g| g != GATE_CLOSED)
+        gate(&self.map)
     }
 
     /// Closes the gate and waits until no sender is inside: from its return until the gate
@@ -941,7 +944,7 @@ impl Inbox {
                 }
                 if std::time::Instant::now() >= deadline {
                     // Not a process that took the dead owner's PID since.
-                    if !owner_gone(&self.map, lane, owner) {
+                    if !pid_reused(&self.map, lane, owner) {
                         left |= 1 << lane;
                     }
                     break;
@@ -1181,7 +1184,7 @@ impl Outbox {
     /// The epoch the receiver's gate stands open at, if it does: grants of another epoch
     /// hold no more.
     pub fn gate(&self) -> Option<u64> {
-        Some(self.map.u64(H_GATE).load(Ordering::Acquire)).filter(|&g| g != GATE_CLOSED)
+        gate(&self.map)
     }
 
     /// After the atomic [`enter_gate`](Self::enter_gate) let through.
@@ -1332,6 +1335,11 @@ fn put(
 }
 
 /// Takes a free lane, or one whose owner is no longer alive.
+/// The epoch the gate of the inbox in `map` stands open at, if it does.
+fn gate(map: &Mapping) -> Option<u64> {
+    Some(map.u64(H_GATE).load(Ordering::Acquire)).filter(|&g| g != GATE_CLOSED)
+}
+
 /// Whether the inbox in `map` is closed (its process went away, or its slot has a new
 /// owner) or its process died: its life word ([`FEATURE_LIFE`]) says so, marked by the
 /// kernel as the process died (`crate::life`).
