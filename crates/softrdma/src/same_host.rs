@@ -120,8 +120,6 @@ pub(crate) struct SameHost {
     /// Other processes' regions mapped here, by process and inode (shared by the grants
     /// that name them; gone with the last).
     regions: HashMap<(u32, u64), Weak<PeerRegion>>,
-    /// The epoch this inbox's gate stands open at (what it last opened it at), if open.
-    gate: Option<u64>,
     /// How many times the gate closed: a requester whose grant met it closed dropped it.
     closings: u64,
     /// The grants sent, by this process's QP and R_Key: the epoch and closings they were
@@ -159,7 +157,6 @@ impl SameHost {
             received: 0,
             grants: BTreeMap::new(),
             regions: HashMap::new(),
-            gate: None,
             closings: 0,
             granted: BTreeMap::new(),
             next_prune: Instant::ZERO,
@@ -240,18 +237,19 @@ impl SameHost {
             })
         });
         if let Some(g) = grant
-            && self.gate != Some(g.epoch)
+            && let open = self.inbox.gate()
+            && open != Some(g.epoch)
         {
-            if self.gate.is_some() {
+            if open.is_some() {
                 close_gate(&mut self.inbox);
                 self.closings += 1;
             }
             self.inbox.open_gate(g.epoch);
-            self.gate = Some(g.epoch);
             // Grants sent at earlier epochs hold no more: what they were sent at is of no use.
             self.granted.retain(|_, (epoch, _)| *epoch == g.epoch);
         }
-        let asks_grant = out.takes_grants() && asks_grant(&self.grants, &self.unmappable, t.local_qp.value(), datagram);
+        // (Only into an inbox that takes grants: `Outbox::send` keeps the flag to those.)
+        let asks_grant = asks_grant(&self.grants, &self.unmappable, t.local_qp.value(), datagram);
         out.send(&t.envelope, ip, datagram, Beside { by_reference: t.by_reference, ack, grant, asks_grant }).ok()?;
         self.sent += 1 + u64::from(ack.is_some());
         if !self.published_early {
@@ -383,16 +381,16 @@ impl SameHost {
         !self.grants.is_empty()
     }
 
-    /// The epoch the inbox's gate stands open at, if it is.
+    /// The epoch the inbox's gate stands open at, if it is (only this process writes it).
     #[inline]
     pub(crate) fn gate(&self) -> Option<u64> {
-        self.gate
+        self.inbox.gate()
     }
 
     /// Whether a [`close_gate`](Self::close_gate) has anything to do: the gate is open, or a
     /// requester was left inside it.
     pub(crate) fn gate_to_close(&self) -> bool {
-        self.gate.is_some() || self.inbox.undrained()
+        self.gate().is_some() || self.inbox.undrained()
     }
 
     /// Closes the inbox's gate and waits for the requesters inside (and for any an earlier
@@ -400,7 +398,7 @@ impl SameHost {
     /// until a grant opens it again ([`send`](Self::send)). Returns the epoch it stood
     /// open at.
     pub(crate) fn close_gate(&mut self) -> Option<u64> {
-        let was = self.gate.take();
+        let was = self.gate();
         if was.is_some() || self.inbox.undrained() {
             close_gate(&mut self.inbox);
         }
@@ -413,7 +411,6 @@ impl SameHost {
     pub(crate) fn reopen_gate(&mut self, was: Option<u64>, epoch: u64) {
         if was == Some(epoch) {
             self.inbox.open_gate(epoch);
-            self.gate = Some(epoch);
         }
     }
 
@@ -469,17 +466,17 @@ fn take_grant(
     // inboxes, each with a gate and epochs of its own).
     grants.retain(|_, h| h.slot != slot || h.epoch == g.epoch);
     regions.retain(|_, r| r.strong_count() > 0);
+    let Some(need) = g.offset.checked_add(g.len) else { return false };
     let region = match regions.get(&(pid, g.ino)).and_then(Weak::upgrade) {
         Some(region) => region,
         None => {
-            let Some(need) = g.offset.checked_add(g.len) else { return false };
             let Ok(region) = PeerRegion::open(pid, g.fd, g.ino, need) else { return false };
             let region = Arc::new(region);
             regions.insert((pid, g.ino), Arc::downgrade(&region));
             region
         }
     };
-    if g.offset.checked_add(g.len).is_none_or(|end| end > region.len() as u64) {
+    if need > region.len() as u64 {
         return false;
     }
     let held = Held { region, qp: g.qp, slot, pid, va: g.va, len: g.len, offset: g.offset, epoch: g.epoch };
