@@ -418,8 +418,9 @@ pub(crate) struct State {
     inbox_last: Option<Instant>,
     /// What this device last published as [`Shared::sockets_idle`].
     sockets_idle: bool,
-    /// The CQ whose empty poll last received in the application's thread, and when.
-    app_rx_last: Option<(u32, Instant)>,
+    /// The CQ whose empty poll last received in the application's thread (`None`: an
+    /// access to a region's bytes, [`Shared::lock_polled`]), and when.
+    app_rx_last: Option<(Option<CqId>, Instant)>,
     /// Empty application polls in a row (nothing received, nothing completed).
     pub(crate) app_empty_polls: u32,
     /// Receive batches that held datagrams, since the device opened.
@@ -990,8 +991,9 @@ impl Shared {
     /// Returns when it received (the time the rest of the poll uses, one clock read for
     /// all: they took a fifth of a same-host ping-pong's time) and whether anything came
     /// (datagrams, timers), or `None` when an empty poll of another CQ did within
-    /// [`APP_RX_SHARED`].
-    pub(crate) fn app_receive(&self, st: &mut State, cq: u32) -> Option<(Instant, bool)> {
+    /// [`APP_RX_SHARED`]. `cq`: the polled CQ, whose first completion ends the receive;
+    /// `None` for no CQ (an access to a region's bytes: [`lock_polled`](Self::lock_polled)).
+    pub(crate) fn app_receive(&self, st: &mut State, cq: Option<CqId>) -> Option<(Instant, bool)> {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
         if st.app_rx_last.is_some_and(|(other, at)| other != cq && now - at < APP_RX_SHARED) {
@@ -1004,7 +1006,7 @@ impl Shared {
         // before this thread polled).
         let sleeping = self.sleeping_until.load(Ordering::Acquire);
         if sleeping == 0 || sleeping <= now.saturating_add(APP_POLL_WINDOW).as_nanos() {
-            st.rx_stop_at = Some(CqId(cq));
+            st.rx_stop_at = cq;
         }
         let worked = st.receive(self, now, true, true);
         st.rx_stop_at = None;
@@ -1016,6 +1018,27 @@ impl Shared {
             st.same_host_backlog = local.flush();
         }
         Some((now, worked))
+    }
+
+    /// The device lock for the application's access to a region's bytes ([`Mr::read`],
+    /// [`Mr::write`], [`Mr::with`]), with the device's pending work done first in this
+    /// thread, as an empty poll of a CQ does it. An application that polls a flag in its
+    /// memory for a peer's WRITE takes the lock back at once, over and over; the lock does
+    /// not hand itself over in turn, and the progress thread, waiting for it, left the
+    /// peers' packets unanswered meanwhile (their retries ran out under a loop of `Mr::with`
+    /// calls; a WRITE polled for with `Mr::read` landed after milliseconds). Now such a loop
+    /// makes the progress itself, as a CQ poll loop does, and the progress thread, which
+    /// takes it for a polling application, leaves the sockets to it.
+    ///
+    /// [`Mr::read`]: crate::Mr::read
+    /// [`Mr::write`]: crate::Mr::write
+    /// [`Mr::with`]: crate::Mr::with
+    pub(crate) fn lock_polled(&self) -> Locked<'_> {
+        let mut st = self.lock();
+        if let Some((now, received)) = self.app_receive(&mut st, None) {
+            self.app_flush_after_empty_poll(&mut st, now, received);
+        }
+        st
     }
 
     /// The rest of the pass of a poll that found its CQ empty after receiving

@@ -591,18 +591,22 @@ impl Mr {
         Ok(RemoteMr { addr: self.addr() + range.start as u64, len: range.len() as u64, rkey: self.keys.rkey })
     }
 
-    /// Copies bytes from `offset` into `out`.
+    /// Copies bytes from `offset` into `out`, under the device lock, after doing the
+    /// device's pending work in this thread (as an empty [`Cq::poll`] does): a loop that
+    /// polls a flag a peer's RDMA WRITE sets sees it land as soon as a CQ poll loop would
+    /// see a completion, and keeps no packet of the peer's waiting.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check("Mr::read", &(offset..offset.saturating_add(out.len())))?;
-        let mut st = self.pd.ctx.drv.shared.lock();
+        let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| out.copy_from_slice(&self.buf().bytes()[offset..offset + out.len()]));
         Ok(())
     }
 
-    /// Copies `data` to `offset`.
+    /// Copies `data` to `offset`, under the device lock, after doing the device's pending
+    /// work in this thread (as [`read`](Self::read) does).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check("Mr::write", &(offset..offset.saturating_add(data.len())))?;
-        let mut st = self.pd.ctx.drv.shared.lock();
+        let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| self.buf().bytes_mut()[offset..offset + data.len()].copy_from_slice(data));
         Ok(())
     }
@@ -610,12 +614,13 @@ impl Mr {
     /// Runs `f` on the region's bytes with the device paused (the device lock held, and
     /// no process of the host applying an atomic to them on its own): no peer and no work
     /// request touches them meanwhile. Keep `f` short, and call no other softrdma function
-    /// inside it (the lock is not reentrant). Nor call it back to back in a loop: the
-    /// device's progress thread waits for the same lock, which does not hand itself over
-    /// in turn, and peers' packets go unanswered meanwhile (a loop of `with` calls of some
-    /// microseconds each kept a requester's atomics unanswered until its retries ran out).
+    /// inside it (the lock is not reentrant).
+    ///
+    /// Like [`read`](Self::read) and [`write`](Self::write), it first does the device's
+    /// pending work in this thread, as [`Cq::poll`] does: a loop of them, polling a flag
+    /// that a peer's WRITE sets, moves the peer's packets on itself.
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        let mut st = self.pd.ctx.drv.shared.lock();
+        let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| f(self.buf().bytes_mut()))
     }
 
@@ -1130,7 +1135,7 @@ impl Cq {
         }
         if n == 0
             && !out.is_empty()
-            && let Some((now, received)) = sh.app_receive(&mut st, self.inner.id.0)
+            && let Some((now, received)) = sh.app_receive(&mut st, Some(self.inner.id))
         {
             if let Some(wc) = st.nic.engine_mut().poll_cq(self.inner.id) {
                 out[0] = wc;
