@@ -180,9 +180,10 @@ fn the_responders_own_access_to_its_region_excludes_the_atomics_applied_directly
                 bytes[8..16].copy_from_slice(&(word + BIG).to_ne_bytes());
             });
             writes += 1;
-            // The device lock free for a moment: its progress thread answers the atomics
-            // that go as packets (a loop that takes it back at once starves it, and the
-            // requester's retries run out).
+            // The gate open for a moment, as an owner that does other work between its
+            // accesses leaves it: most adds go directly then. (Back to back they find it
+            // closed and go as packets, which each call answers: `Mr::with` does the
+            // device's pending work first.)
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
         requester.join().unwrap();
