@@ -1021,7 +1021,8 @@ impl Shared {
     }
 
     /// The device lock for the application's access to a region's bytes ([`Mr::read`],
-    /// [`Mr::write`], [`Mr::with`]), with the device's pending work done first in this
+    /// [`Mr::write`], [`Mr::with`], and device memory's copies, `ibv_memcpy_from_dm` and
+    /// `ibv_memcpy_to_dm`), with the device's pending work done first in this
     /// thread, as an empty poll of a CQ does it. An application that polls a flag in its
     /// memory for a peer's WRITE takes the lock back at once, over and over; the lock does
     /// not hand itself over in turn, and the progress thread, waiting for it, left the

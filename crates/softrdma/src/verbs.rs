@@ -755,18 +755,21 @@ impl DeviceMemory {
         Ok(offset as usize..end as usize)
     }
 
-    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset`.
+    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset`, after doing the
+    /// device's pending work in this thread (as [`Mr::write`] does).
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let r = self.range(offset, data.len())?;
-        let _device = self.inner.ctx.drv.shared.lock();
+        let _device = self.inner.ctx.drv.shared.lock_polled();
         self.inner.buf.bytes_mut()[r].copy_from_slice(data);
         Ok(())
     }
 
-    /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out`.
+    /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out`, after doing the
+    /// device's pending work in this thread (as [`Mr::read`] does: a loop of them, polling
+    /// for a peer's WRITE, makes the progress itself).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
-        let _device = self.inner.ctx.drv.shared.lock();
+        let _device = self.inner.ctx.drv.shared.lock_polled();
         out.copy_from_slice(&self.inner.buf.bytes()[r]);
         Ok(())
     }
