@@ -57,6 +57,12 @@ const ASYNC_EVENTS_MAX: usize = 4096;
 /// How long after the application's last poll the progress thread leaves the sockets to it.
 pub const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
 
+/// Accesses to regions' bytes in a row, with no CQ poll or post between them, after which
+/// each receives first ([`Shared::lock_polled`]): more than a program's copies between its
+/// posts and polls make (rsockets: one or two), few enough that a loop polling memory for a
+/// peer's WRITE starts receiving within a fraction of a microsecond.
+const MEMORY_POLL_AFTER: u32 = 8;
+
 /// How long after an empty poll of one CQ received (a `recvmmsg` per socket, about a
 /// microsecond) an empty poll of another CQ of the device skips receiving. A program that
 /// polls several CQs in turn (UCX: the send and receive CQs of its RC and UD transports)
@@ -421,6 +427,9 @@ pub(crate) struct State {
     /// The CQ whose empty poll last received in the application's thread (`None`: an
     /// access to a region's bytes, [`Shared::lock_polled`]), and when.
     app_rx_last: Option<(Option<CqId>, Instant)>,
+    /// Accesses to regions' bytes since the application last polled a CQ or posted
+    /// ([`Shared::lock_polled`]).
+    pub(crate) memory_accesses: u32,
     /// Empty application polls in a row (nothing received, nothing completed).
     pub(crate) app_empty_polls: u32,
     /// Receive batches that held datagrams, since the device opened.
@@ -798,6 +807,7 @@ impl Driver {
             inbox_last: None,
             sockets_idle: false,
             app_rx_last: None,
+            memory_accesses: 0,
             app_empty_polls: 0,
             rx_batches: 0,
             rx_rest: None,
@@ -974,6 +984,7 @@ impl Shared {
     /// wants to be called back before the thread would wake. Call after every verb that
     /// can queue packets or arm timers, with the lock held.
     pub(crate) fn after_verb(&self, st: &mut State) {
+        st.memory_accesses = 0; // the application is not only polling its memory
         let now = self.now();
         st.flush(self, now);
         st.dispatch_events(self, now);
@@ -1022,22 +1033,29 @@ impl Shared {
 
     /// The device lock for the application's access to a region's bytes ([`Mr::read`],
     /// [`Mr::write`], [`Mr::with`], and device memory's copies, `ibv_memcpy_from_dm` and
-    /// `ibv_memcpy_to_dm`), with the device's pending work done first in this
-    /// thread, as an empty poll of a CQ does it. An application that polls a flag in its
-    /// memory for a peer's WRITE takes the lock back at once, over and over; the lock does
-    /// not hand itself over in turn, and the progress thread, waiting for it, left the
-    /// peers' packets unanswered meanwhile (their retries ran out under a loop of `Mr::with`
-    /// calls; a WRITE polled for with `Mr::read` landed after milliseconds). Now such a loop
-    /// makes the progress itself, as a CQ poll loop does, and the progress thread, which
-    /// takes it for a polling application, leaves the sockets to it.
+    /// `ibv_memcpy_to_dm`). Past [`MEMORY_POLL_AFTER`] such accesses in a row with no CQ
+    /// poll or post between them, the application is taken to poll its memory (a word that a peer's
+    /// WRITE sets, `ib_write_lat`'s way of waiting), and each access receives first, as an
+    /// empty CQ poll does, sending what that queued if it received anything. Such a loop
+    /// takes the lock back the moment it let it go; the lock does not hand itself over in
+    /// turn, and the progress thread, woken at each release to find it taken again, left
+    /// the peers' packets unanswered meanwhile (a WRITE landed after milliseconds; under a
+    /// loop of `Mr::with` a requester's retries ran out). An application's copies between
+    /// its posts and polls (rsockets' `rsend` and `rrecv`) stay plain: a receive before
+    /// each of them made a 64 B rsocket ping-pong (`rstream -S 64`) two to three times as
+    /// slow.
     ///
     /// [`Mr::read`]: crate::Mr::read
     /// [`Mr::write`]: crate::Mr::write
     /// [`Mr::with`]: crate::Mr::with
     pub(crate) fn lock_polled(&self) -> Locked<'_> {
         let mut st = self.lock();
-        if let Some((now, received)) = self.app_receive(&mut st, None) {
-            self.app_flush_after_empty_poll(&mut st, now, received);
+        st.memory_accesses = st.memory_accesses.saturating_add(1);
+        if st.memory_accesses > MEMORY_POLL_AFTER
+            && let Some((now, received)) = self.app_receive(&mut st, None)
+            && received
+        {
+            self.app_flush_at(&mut st, now);
         }
         st
     }

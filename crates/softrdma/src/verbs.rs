@@ -591,10 +591,11 @@ impl Mr {
         Ok(RemoteMr { addr: self.addr() + range.start as u64, len: range.len() as u64, rkey: self.keys.rkey })
     }
 
-    /// Copies bytes from `offset` into `out`, under the device lock, after doing the
-    /// device's pending work in this thread (as an empty [`Cq::poll`] does): a loop that
-    /// polls a flag a peer's RDMA WRITE sets sees it land as soon as a CQ poll loop would
-    /// see a completion, and keeps no packet of the peer's waiting.
+    /// Copies bytes from `offset` into `out`, under the device lock. A loop of them with no
+    /// CQ poll or post between (polling a word that a peer's RDMA WRITE sets) is a poll like
+    /// [`Cq::poll`]: after its first few calls each receives first, so the WRITE lands as a
+    /// CQ poll loop would see a completion, where the progress thread, which such a loop
+    /// keeps out of the device lock, could take milliseconds.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check("Mr::read", &(offset..offset.saturating_add(out.len())))?;
         let mut st = self.pd.ctx.drv.shared.lock_polled();
@@ -602,8 +603,8 @@ impl Mr {
         Ok(())
     }
 
-    /// Copies `data` to `offset`, under the device lock, after doing the device's pending
-    /// work in this thread (as [`read`](Self::read) does).
+    /// Copies `data` to `offset`, under the device lock (receiving first in a loop of
+    /// accesses with no CQ poll or post between, as [`read`](Self::read) does).
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check("Mr::write", &(offset..offset.saturating_add(data.len())))?;
         let mut st = self.pd.ctx.drv.shared.lock_polled();
@@ -616,9 +617,8 @@ impl Mr {
     /// request touches them meanwhile. Keep `f` short, and call no other softrdma function
     /// inside it (the lock is not reentrant).
     ///
-    /// Like [`read`](Self::read) and [`write`](Self::write), it first does the device's
-    /// pending work in this thread, as [`Cq::poll`] does: a loop of them, polling a flag
-    /// that a peer's WRITE sets, moves the peer's packets on itself.
+    /// Like [`read`](Self::read) and [`write`](Self::write), in a loop of accesses with no
+    /// CQ poll or post between it receives first: such a loop moves the peers' packets on itself.
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| f(self.buf().bytes_mut()))
@@ -755,8 +755,8 @@ impl DeviceMemory {
         Ok(offset as usize..end as usize)
     }
 
-    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset`, after doing the
-    /// device's pending work in this thread (as [`Mr::write`] does).
+    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset` (receiving first in a
+    /// loop of accesses with no CQ poll or post between, as [`Mr::write`] does).
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let r = self.range(offset, data.len())?;
         let _device = self.inner.ctx.drv.shared.lock_polled();
@@ -764,9 +764,9 @@ impl DeviceMemory {
         Ok(())
     }
 
-    /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out`, after doing the
-    /// device's pending work in this thread (as [`Mr::read`] does: a loop of them, polling
-    /// for a peer's WRITE, makes the progress itself).
+    /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out` (receiving first in a
+    /// loop of accesses with no CQ poll or post between, as [`Mr::read`] does: a loop of them,
+    /// polling for a peer's WRITE, makes the progress itself).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
         let _device = self.inner.ctx.drv.shared.lock_polled();
@@ -1126,6 +1126,7 @@ impl Cq {
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let sh = &self.inner.ctx.drv.shared;
         let mut st = sh.lock();
+        st.memory_accesses = 0;
         let mut n = 0;
         while n < out.len() {
             match st.nic.engine_mut().poll_cq(self.inner.id) {
@@ -1399,6 +1400,7 @@ impl Srq {
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = &self.inner.pd.ctx.drv.shared;
         let mut st = sh.lock();
+        st.memory_accesses = 0;
         st.nic.engine_mut().post_srq_recv(self.inner.id, wrs)?;
         Ok(())
     }
@@ -1891,6 +1893,7 @@ impl Qp {
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
+        st.memory_accesses = 0;
         st.nic.engine_mut().post_recv(self.inner.qpn, wrs)?;
         Ok(())
     }
