@@ -182,8 +182,8 @@ fn the_responders_own_access_to_its_region_excludes_the_atomics_applied_directly
             writes += 1;
             // The gate open for a moment, as an owner that does other work between its
             // accesses leaves it: most adds go directly then. (Back to back they find it
-            // closed and go as packets, which each call answers: `Mr::with` does the
-            // device's pending work first.)
+            // closed and go as packets, which the loop answers: a loop of `Mr::with` calls
+            // receives, as a loop of CQ polls does.)
             std::thread::sleep(std::time::Duration::from_micros(20));
         }
         requester.join().unwrap();

@@ -174,10 +174,11 @@ fn time_write_pingpong_polling_memory(rounds: u64, cq_too: bool) -> Duration {
 fn a_write_pingpong_polling_memory_with_mr_read_alone_is_as_quick_as_one_that_polls_its_cq() {
     // Each application thread takes its device's lock back at once, over and over, to read
     // its word: the progress thread, which waits for the same lock, may not get it for
-    // milliseconds (the lock does not hand itself over in turn). A read does the device's
-    // work itself, as an empty CQ poll does; without that, each round waited for the
-    // progress thread to win the lock: 3 000 rounds took 5.5 s against 0.06 s (debug
-    // build), and under a loop of `Mr::with` a peer's retries ran out.
+    // milliseconds (the lock does not hand itself over in turn). A loop of reads with no
+    // poll or post between receives itself, as a loop of empty CQ polls does; without
+    // that, each round waited for the progress thread to win the lock: 3 000 rounds took
+    // 5.5 s against 0.06 s (debug build), and under a loop of `Mr::with` a peer's retries
+    // ran out.
     const ROUNDS: u64 = 3000;
     let with_cq = time_write_pingpong_polling_memory(ROUNDS, true);
     let alone = time_write_pingpong_polling_memory(ROUNDS, false);
