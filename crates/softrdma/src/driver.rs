@@ -1034,16 +1034,16 @@ impl Shared {
     /// The device lock for the application's access to a region's bytes ([`Mr::read`],
     /// [`Mr::write`], [`Mr::with`], and device memory's copies, `ibv_memcpy_from_dm` and
     /// `ibv_memcpy_to_dm`). Past [`MEMORY_POLL_AFTER`] such accesses in a row with no CQ
-    /// poll or post between them, the application is taken to poll its memory (a word that a peer's
-    /// WRITE sets, `ib_write_lat`'s way of waiting), and each access receives first, as an
-    /// empty CQ poll does, sending what that queued if it received anything. Such a loop
-    /// takes the lock back the moment it let it go; the lock does not hand itself over in
-    /// turn, and the progress thread, woken at each release to find it taken again, left
-    /// the peers' packets unanswered meanwhile (a WRITE landed after milliseconds; under a
-    /// loop of `Mr::with` a requester's retries ran out). An application's copies between
-    /// its posts and polls (rsockets' `rsend` and `rrecv`) stay plain: a receive before
-    /// each of them made a 64 B rsocket ping-pong (`rstream -S 64`) two to three times as
-    /// slow.
+    /// poll or post between them, the application is taken to poll its memory (a word that
+    /// a peer's WRITE sets, `ib_write_lat`'s way of waiting), and each access receives
+    /// first, as an empty CQ poll does, sending what that queued if it received anything.
+    /// Such a loop takes the lock back the moment it let it go; the lock does not hand
+    /// itself over in turn, and the progress thread, woken at each release to find it taken
+    /// again, left the peers' packets unanswered meanwhile (a WRITE landed after
+    /// milliseconds; under a loop of `Mr::with` a requester's retries ran out). An
+    /// application's copies between its posts and polls (rsockets' `rsend` and `rrecv`)
+    /// stay plain: a receive before each of them made a 64 B rsocket ping-pong (`rstream
+    /// -S 64`) two to three times as slow.
     ///
     /// [`Mr::read`]: crate::Mr::read
     /// [`Mr::write`]: crate::Mr::write

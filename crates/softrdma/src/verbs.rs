@@ -618,7 +618,8 @@ impl Mr {
     /// inside it (the lock is not reentrant).
     ///
     /// Like [`read`](Self::read) and [`write`](Self::write), in a loop of accesses with no
-    /// CQ poll or post between it receives first: such a loop moves the peers' packets on itself.
+    /// CQ poll or post between it receives first: such a loop moves the peers' packets on
+    /// itself.
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| f(self.buf().bytes_mut()))
@@ -765,8 +766,8 @@ impl DeviceMemory {
     }
 
     /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out` (receiving first in a
-    /// loop of accesses with no CQ poll or post between, as [`Mr::read`] does: a loop of them,
-    /// polling for a peer's WRITE, makes the progress itself).
+    /// loop of accesses with no CQ poll or post between, as [`Mr::read`] does: a loop of
+    /// them, polling for a peer's WRITE, makes the progress itself).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
         let _device = self.inner.ctx.drv.shared.lock_polled();
