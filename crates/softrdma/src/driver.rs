@@ -57,8 +57,8 @@ const ASYNC_EVENTS_MAX: usize = 4096;
 /// How long after the application's last poll the progress thread leaves the sockets to it.
 pub const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
 
-/// Accesses to regions' bytes in a row, with no CQ poll or post between them, after which
-/// each receives first ([`Shared::lock_polled`]): more than a program's copies between its
+/// Reads of regions' bytes in a row, with no CQ poll or post between them, after which
+/// each receives first ([`Shared::lock_polled`]): more than a program's reads between its
 /// posts and polls make (rsockets: one or two), few enough that a loop polling memory for a
 /// peer's WRITE starts receiving within a fraction of a microsecond.
 const MEMORY_POLL_AFTER: u32 = 8;
@@ -424,10 +424,10 @@ pub(crate) struct State {
     inbox_last: Option<Instant>,
     /// What this device last published as [`Shared::sockets_idle`].
     sockets_idle: bool,
-    /// The CQ whose empty poll last received in the application's thread (`None`: an
-    /// access to a region's bytes, [`Shared::lock_polled`]), and when.
+    /// The CQ whose empty poll last received in the application's thread (`None`: a read
+    /// of a region's bytes, [`Shared::lock_polled`]), and when.
     app_rx_last: Option<(Option<CqId>, Instant)>,
-    /// Accesses to regions' bytes since the application last polled a CQ or posted
+    /// Reads of regions' bytes since the application last polled a CQ or posted
     /// ([`Shared::lock_polled`]).
     pub(crate) memory_accesses: u32,
     /// Empty application polls in a row (nothing received, nothing completed).
@@ -1003,7 +1003,7 @@ impl Shared {
     /// all: they took a fifth of a same-host ping-pong's time) and whether anything came
     /// (datagrams, timers), or `None` when an empty poll of another CQ did within
     /// [`APP_RX_SHARED`]. `cq`: the polled CQ, whose first completion ends the receive;
-    /// `None` for no CQ (an access to a region's bytes: [`lock_polled`](Self::lock_polled)).
+    /// `None` for no CQ (a read of a region's bytes: [`lock_polled`](Self::lock_polled)).
     pub(crate) fn app_receive(&self, st: &mut State, cq: Option<CqId>) -> Option<(Instant, bool)> {
         let now = self.now();
         self.app_polled.store(now.as_nanos().max(1), Ordering::Relaxed);
@@ -1031,22 +1031,24 @@ impl Shared {
         Some((now, worked))
     }
 
-    /// The device lock for the application's access to a region's bytes ([`Mr::read`],
-    /// [`Mr::write`], [`Mr::with`], and device memory's copies, `ibv_memcpy_from_dm` and
-    /// `ibv_memcpy_to_dm`). Past [`MEMORY_POLL_AFTER`] such accesses in a row with no CQ
-    /// poll or post between them, the application is taken to poll its memory (a word that
-    /// a peer's WRITE sets, `ib_write_lat`'s way of waiting), and each access receives
-    /// first, as an empty CQ poll does, sending what that queued if it received anything.
+    /// The device lock for the application's reads of a region's bytes ([`Mr::read`],
+    /// [`Mr::with`], and device memory's `ibv_memcpy_from_dm`). Past [`MEMORY_POLL_AFTER`]
+    /// such reads in a row with no CQ poll or post between them, the application is taken
+    /// to poll its memory (a word that a peer's WRITE sets, `ib_write_lat`'s way of
+    /// waiting), and each read receives first, as an empty CQ poll does, sending what that
+    /// queued if it received anything.
+    ///
     /// Such a loop takes the lock back the moment it let it go; the lock does not hand
     /// itself over in turn, and the progress thread, woken at each release to find it taken
     /// again, left the peers' packets unanswered meanwhile (a WRITE landed after
     /// milliseconds; under a loop of `Mr::with` a requester's retries ran out). An
-    /// application's copies between its posts and polls (rsockets' `rsend` and `rrecv`)
+    /// application's reads between its posts and polls (rsockets' `rsend` and `rrecv`)
     /// stay plain: a receive before each of them made a 64 B rsocket ping-pong (`rstream
-    /// -S 64`) two to three times as slow.
+    /// -S 64`) two to three times as slow. Writes are not counted: a loop of them fills
+    /// buffers (a receive before each, a `recvmmsg` where the inbox is idle, would cost it
+    /// more than its copies), it does not wait for a peer.
     ///
     /// [`Mr::read`]: crate::Mr::read
-    /// [`Mr::write`]: crate::Mr::write
     /// [`Mr::with`]: crate::Mr::with
     pub(crate) fn lock_polled(&self) -> Locked<'_> {
         let mut st = self.lock();

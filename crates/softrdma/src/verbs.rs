@@ -591,7 +591,7 @@ impl Mr {
         Ok(RemoteMr { addr: self.addr() + range.start as u64, len: range.len() as u64, rkey: self.keys.rkey })
     }
 
-    /// Copies bytes from `offset` into `out`, under the device lock. A loop of them with no
+    /// Copies bytes from `offset` into `out`, under the device lock. A loop of reads with no
     /// CQ poll or post between (polling a word that a peer's RDMA WRITE sets) is a poll like
     /// [`Cq::poll`]: after its first few calls each receives first, so the WRITE lands as a
     /// CQ poll loop would see a completion, where the progress thread, which such a loop
@@ -603,11 +603,11 @@ impl Mr {
         Ok(())
     }
 
-    /// Copies `data` to `offset`, under the device lock (receiving first in a loop of
-    /// accesses with no CQ poll or post between, as [`read`](Self::read) does).
+    /// Copies `data` to `offset`, under the device lock. Unlike [`read`](Self::read), a loop
+    /// of writes is not taken for a poll: it fills buffers, it does not wait for a peer.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
         self.check("Mr::write", &(offset..offset.saturating_add(data.len())))?;
-        let mut st = self.pd.ctx.drv.shared.lock_polled();
+        let mut st = self.pd.ctx.drv.shared.lock();
         st.paused(|| self.buf().bytes_mut()[offset..offset + data.len()].copy_from_slice(data));
         Ok(())
     }
@@ -617,9 +617,8 @@ impl Mr {
     /// request touches them meanwhile. Keep `f` short, and call no other softrdma function
     /// inside it (the lock is not reentrant).
     ///
-    /// Like [`read`](Self::read) and [`write`](Self::write), in a loop of accesses with no
-    /// CQ poll or post between it receives first: such a loop moves the peers' packets on
-    /// itself.
+    /// Like [`read`](Self::read), in a loop of reads and `with` calls with no CQ poll or
+    /// post between it receives first: such a loop moves the peers' packets on itself.
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| f(self.buf().bytes_mut()))
@@ -756,18 +755,17 @@ impl DeviceMemory {
         Ok(offset as usize..end as usize)
     }
 
-    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset` (receiving first in a
-    /// loop of accesses with no CQ poll or post between, as [`Mr::write`] does).
+    /// `ibv_memcpy_to_dm`: `data` into the device memory at `offset`.
     pub fn copy_to(&self, offset: u64, data: &[u8]) -> Result<()> {
         let r = self.range(offset, data.len())?;
-        let _device = self.inner.ctx.drv.shared.lock_polled();
+        let _device = self.inner.ctx.drv.shared.lock();
         self.inner.buf.bytes_mut()[r].copy_from_slice(data);
         Ok(())
     }
 
     /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out` (receiving first in a
-    /// loop of accesses with no CQ poll or post between, as [`Mr::read`] does: a loop of
-    /// them, polling for a peer's WRITE, makes the progress itself).
+    /// loop of reads with no CQ poll or post between, as [`Mr::read`] does: a loop of them,
+    /// polling for a peer's WRITE, makes the progress itself).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
         let _device = self.inner.ctx.drv.shared.lock_polled();
