@@ -57,10 +57,11 @@ const ASYNC_EVENTS_MAX: usize = 4096;
 /// How long after the application's last poll the progress thread leaves the sockets to it.
 pub const APP_POLL_WINDOW: Duration = Duration::from_millis(1);
 
-/// Reads of regions' bytes in a row, with no CQ poll or post between them, after which
-/// each receives first ([`Shared::lock_polled`]): more than a program's reads between its
-/// posts and polls make (rsockets: one or two), few enough that a loop polling memory for a
-/// peer's WRITE starts receiving within a fraction of a microsecond.
+/// Reads of regions' bytes in a row, with no other taking of the device lock between them
+/// (a CQ poll, a post, a progress pass), after which each receives first
+/// ([`Shared::lock_polled`]): more than a program's reads between its posts and polls make
+/// (rsockets: one or two), few enough that a loop polling memory for a peer's WRITE starts
+/// receiving within a fraction of a microsecond.
 const MEMORY_POLL_AFTER: u32 = 8;
 
 /// How long after an empty poll of one CQ received (a `recvmmsg` per socket, about a
@@ -427,9 +428,10 @@ pub(crate) struct State {
     /// The CQ whose empty poll last received in the application's thread (`None`: a read
     /// of a region's bytes, [`Shared::lock_polled`]), and when.
     app_rx_last: Option<(Option<CqId>, Instant)>,
-    /// Reads of regions' bytes since the application last polled a CQ or posted
+    /// The [`locks`](Self::locks) count at the last read of a region's bytes, and how many
+    /// such reads came in a row, with no other taking of the lock between them
     /// ([`Shared::lock_polled`]).
-    pub(crate) memory_accesses: u32,
+    memory_reads: (u64, u32),
     /// Empty application polls in a row (nothing received, nothing completed).
     pub(crate) app_empty_polls: u32,
     /// Receive batches that held datagrams, since the device opened.
@@ -807,7 +809,7 @@ impl Driver {
             inbox_last: None,
             sockets_idle: false,
             app_rx_last: None,
-            memory_accesses: 0,
+            memory_reads: (0, 0),
             app_empty_polls: 0,
             rx_batches: 0,
             rx_rest: None,
@@ -984,7 +986,6 @@ impl Shared {
     /// wants to be called back before the thread would wake. Call after every verb that
     /// can queue packets or arm timers, with the lock held.
     pub(crate) fn after_verb(&self, st: &mut State) {
-        st.memory_accesses = 0; // the application is not only polling its memory
         let now = self.now();
         st.flush(self, now);
         st.dispatch_events(self, now);
@@ -1033,10 +1034,11 @@ impl Shared {
 
     /// The device lock for the application's reads of a region's bytes ([`Mr::read`],
     /// [`Mr::with`], and device memory's `ibv_memcpy_from_dm`). Past [`MEMORY_POLL_AFTER`]
-    /// such reads in a row with no CQ poll or post between them, the application is taken
-    /// to poll its memory (a word that a peer's WRITE sets, `ib_write_lat`'s way of
-    /// waiting), and each read receives first, as an empty CQ poll does, sending what that
-    /// queued if it received anything.
+    /// such reads in a row, with no other taking of the device lock between them (a CQ
+    /// poll, a post, any verb, a progress pass), the application is taken to poll its
+    /// memory (a word that a peer's WRITE sets, `ib_write_lat`'s way of waiting), and each
+    /// read receives first, as an empty CQ poll does, sending what that queued if it
+    /// received anything.
     ///
     /// Such a loop takes the lock back the moment it let it go; the lock does not hand
     /// itself over in turn, and the progress thread, woken at each release to find it taken
@@ -1052,8 +1054,12 @@ impl Shared {
     /// [`Mr::with`]: crate::Mr::with
     pub(crate) fn lock_polled(&self) -> Locked<'_> {
         let mut st = self.lock();
-        st.memory_accesses = st.memory_accesses.saturating_add(1);
-        if st.memory_accesses > MEMORY_POLL_AFTER
+        // In a row: nobody took the lock since the last read (no verb, no CQ poll, no
+        // progress pass), as `locks` tells, the way an empty poll's quiet check reads it.
+        let (at, run) = st.memory_reads;
+        let run = if at == st.locks.wrapping_sub(1) { run.saturating_add(1) } else { 1 };
+        st.memory_reads = (st.locks, run);
+        if run > MEMORY_POLL_AFTER
             && let Some((now, received)) = self.app_receive(&mut st, None)
             && received
         {

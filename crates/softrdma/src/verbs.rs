@@ -592,10 +592,10 @@ impl Mr {
     }
 
     /// Copies bytes from `offset` into `out`, under the device lock. A loop of reads with no
-    /// CQ poll or post between (polling a word that a peer's RDMA WRITE sets) is a poll like
-    /// [`Cq::poll`]: after its first few calls each receives first, so the WRITE lands as a
-    /// CQ poll loop would see a completion, where the progress thread, which such a loop
-    /// keeps out of the device lock, could take milliseconds.
+    /// other use of the device between (polling a word that a peer's RDMA WRITE sets) is a
+    /// poll like [`Cq::poll`]: after its first few calls each receives first, so the WRITE
+    /// lands as a CQ poll loop would see a completion, where the progress thread, which such
+    /// a loop keeps out of the device lock, could take milliseconds.
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
         self.check("Mr::read", &(offset..offset.saturating_add(out.len())))?;
         let mut st = self.pd.ctx.drv.shared.lock_polled();
@@ -617,8 +617,8 @@ impl Mr {
     /// request touches them meanwhile. Keep `f` short, and call no other softrdma function
     /// inside it (the lock is not reentrant).
     ///
-    /// Like [`read`](Self::read), in a loop of reads and `with` calls with no CQ poll or
-    /// post between it receives first: such a loop moves the peers' packets on itself.
+    /// Like [`read`](Self::read), in a loop of reads and `with` calls with no other use of
+    /// the device between it receives first: such a loop moves the peers' packets on itself.
     pub fn with<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut st = self.pd.ctx.drv.shared.lock_polled();
         st.paused(|| f(self.buf().bytes_mut()))
@@ -764,8 +764,8 @@ impl DeviceMemory {
     }
 
     /// `ibv_memcpy_from_dm`: the device memory at `offset` into `out` (receiving first in a
-    /// loop of reads with no CQ poll or post between, as [`Mr::read`] does: a loop of them,
-    /// polling for a peer's WRITE, makes the progress itself).
+    /// loop of reads with no other use of the device between, as [`Mr::read`] does: a loop
+    /// of them, polling for a peer's WRITE, makes the progress itself).
     pub fn copy_from(&self, offset: u64, out: &mut [u8]) -> Result<()> {
         let r = self.range(offset, out.len())?;
         let _device = self.inner.ctx.drv.shared.lock_polled();
@@ -1125,7 +1125,6 @@ impl Cq {
     pub fn poll(&self, out: &mut [Wc]) -> usize {
         let sh = &self.inner.ctx.drv.shared;
         let mut st = sh.lock();
-        st.memory_accesses = 0;
         let mut n = 0;
         while n < out.len() {
             match st.nic.engine_mut().poll_cq(self.inner.id) {
@@ -1399,7 +1398,6 @@ impl Srq {
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = &self.inner.pd.ctx.drv.shared;
         let mut st = sh.lock();
-        st.memory_accesses = 0;
         st.nic.engine_mut().post_srq_recv(self.inner.id, wrs)?;
         Ok(())
     }
@@ -1892,7 +1890,6 @@ impl Qp {
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let sh = self.shared();
         let mut st = sh.lock();
-        st.memory_accesses = 0;
         st.nic.engine_mut().post_recv(self.inner.qpn, wrs)?;
         Ok(())
     }
