@@ -494,7 +494,7 @@ fn atomic_rkey(datagram: &[u8]) -> Option<u32> {
 }
 
 /// An atomic's request, BTH and AtomicETH (its ICRC is not needed here).
-const ATOMIC_REQUEST_LEN: usize = 12 + 28;
+const ATOMIC_REQUEST_LEN: usize = softrdma_wire::bth::HEADER_LEN + softrdma_wire::ext::atomic_eth::HEADER_LEN;
 
 /// Whether `datagram`, sent by local QP `qpn`, is an atomic's request for a region this
 /// process holds no grant for, and could map: it asks for one with the answer
