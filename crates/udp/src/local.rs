@@ -1334,7 +1334,6 @@ fn put(
     true
 }
 
-/// Takes a free lane, or one whose owner is no longer alive.
 /// The epoch the gate of the inbox in `map` stands open at, if it does.
 fn gate(map: &Mapping) -> Option<u64> {
     Some(map.u64(H_GATE).load(Ordering::Acquire)).filter(|&g| g != GATE_CLOSED)
@@ -1349,6 +1348,7 @@ fn closed(map: &Mapping) -> bool {
             && !crate::life::lives(map.u32(H_LIFE).load(Ordering::Acquire))
 }
 
+/// Takes a free lane, or one whose owner is no longer alive.
 fn claim(map: &Mapping, me: u32) -> Option<usize> {
     for lane in 0..LANES {
         let owner = map.u32(Mapping::lane(lane) + L_OWNER);
