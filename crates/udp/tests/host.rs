@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{data_packet, group, random, report};
+use common::{data_packet, group, random, report, resume, stop};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Config, RecvBatch};
 
@@ -711,11 +711,6 @@ fn join_of_version_99() -> Vec<u8> {
     b
 }
 
-fn signal(p: &Proc, signal: rustix::process::Signal) {
-    let pid = rustix::process::Pid::from_raw(p.child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, signal).unwrap();
-}
-
 /// A process of a version this build does not speak joins a group: it fails at once,
 /// naming the coordinator and both sides' versions; the group keeps working and takes
 /// newcomers.
@@ -840,7 +835,7 @@ fn stuck_processes_do_not_block_joins() {
     assert!(a.coordinator);
     let b = Proc::spawn(&device, port, &[]);
     let stopped = Proc::spawn(&device, port, &[]);
-    signal(&stopped, rustix::process::Signal::STOP);
+    stop(stopped.child.id());
     let _older = RawMember::new(&device, port, Some(&hello_of_protocol_1()));
     let _newer = RawMember::new(&device, port, Some(&join_of_version_99()));
     let _silent = RawMember::new(&device, port, None);
@@ -857,7 +852,7 @@ fn stuck_processes_do_not_block_joins() {
     let live: Vec<&Proc> = [&a, &b].into_iter().chain(&joined).collect();
     wait_steered(&s, port, &live, Duration::from_secs(2), 1);
     assert!(data_round(&s, port, &live, 100, 20));
-    signal(&stopped, rustix::process::Signal::CONT);
+    resume(stopped.child.id());
 }
 
 /// A coordinator whose process is ending hangs up on hellos while its listener is still
@@ -913,13 +908,13 @@ fn a_stopped_coordinator_fails_joins_fast_and_names_itself() {
     let c = Proc::spawn(&device, port, &[]);
     assert!(c.coordinator);
     let m = Proc::spawn(&device, port, &[]);
-    signal(&c, rustix::process::Signal::STOP);
+    stop(c.child.id());
     let (err, took) = Proc::refused_as(&device, port, None);
     println!("{err} ({took:?} from the start of the process)");
     assert!(err.contains(&format!("is coordinated by process {} (", c.child.id())), "{err}");
     assert!(err.contains("it is stopped"), "{err}");
     assert!(took < Duration::from_secs(1), "{took:?}");
-    signal(&c, rustix::process::Signal::CONT);
+    resume(c.child.id());
     let late = Proc::spawn(&device, port, &[]);
     let s = sender();
     wait_steered(&s, port, &[&c, &m, &late], Duration::from_secs(2), 1);

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 
-use common::{data_packet, group, random, report};
+use common::{data_packet, group, random, report, resume, stop};
 use softrdma_udp::host::{HostConfig, Member};
 use softrdma_udp::{Config, RecvBatch};
 
@@ -363,15 +363,14 @@ fn a_stopped_guest_keeps_the_group_until_it_runs_again() {
     let r = until_steered(&sender, port, &[&owner, &a, &b], 1, Duration::from_secs(3));
     // B cannot answer: founding the group again without it would leave its socket on the
     // port and the others with none, so the others leave the group as it is.
-    let pid = rustix::process::Pid::from_raw(b.child.id() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::STOP).unwrap();
+    stop(b.child.id());
     drop(owner);
     assert!(
         joins_within(&exe, USER_C, &device, port, Duration::from_secs(3)).is_none(),
         "joined beside a stopped guest"
     );
     let r = until_steered(&sender, port, &[&a], r, Duration::from_secs(1));
-    rustix::process::kill_process(pid, rustix::process::Signal::CONT).unwrap();
+    resume(b.child.id());
     let c = joins_within(&exe, USER_C, &device, port, Duration::from_secs(10)).expect("joins once every guest runs");
     until_steered(&sender, port, &[&a, &b, &c], r, Duration::from_secs(5));
 }

@@ -4,7 +4,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::hash::BuildHasher;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use softrdma_udp::RecvBatch;
 use softrdma_udp::host::Member;
@@ -44,4 +44,37 @@ pub fn report(member: &Member, batch: &RecvBatch, out: impl Fn(String)) {
             out("short".into());
         }
     }
+}
+
+/// Stops process `pid` (SIGSTOP) and returns once every thread of it is stopped. `kill`
+/// returns before they are: the kernel wakes one thread to take the signal, and that one
+/// stops the others, so a thread already running goes on until then (4.6 ms after `kill`
+/// returned, on this project's 2-core machine, long enough to answer a newcomer).
+pub fn stop(pid: u32) {
+    let raw = rustix::process::Pid::from_raw(pid as i32).expect("a process ID");
+    rustix::process::kill_process(raw, rustix::process::Signal::STOP).expect("SIGSTOP");
+    let start = Instant::now();
+    while !every_thread_stopped(pid) {
+        assert!(start.elapsed() < Duration::from_secs(10), "process {pid} not stopped 10 s after SIGSTOP");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Resumes process `pid` (SIGCONT).
+pub fn resume(pid: u32) {
+    let raw = rustix::process::Pid::from_raw(pid as i32).expect("a process ID");
+    rustix::process::kill_process(raw, rustix::process::Signal::CONT).expect("SIGCONT");
+}
+
+/// Whether each thread's state in `/proc/PID/task/TID/stat` is stopped (`T`, or `t` when
+/// a debugger holds it).
+fn every_thread_stopped(pid: u32) -> bool {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process lives");
+    tasks.flatten().all(|task| {
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // The command name (in parentheses) may hold spaces; the state follows it.
+        let state = stat.rsplit_once(')').and_then(|(_, r)| r.trim_start().chars().next());
+        // A thread that exited meanwhile has no stat left to read.
+        state.is_none_or(|s| matches!(s, 'T' | 't'))
+    })
 }
