@@ -997,6 +997,15 @@ fn take_port(
     }
 }
 
+/// The datagram that wakes a thread polling a socket that left its group
+/// ([`RoceSocket::replace_with`](crate::RoceSocket::replace_with)): a probe, which every
+/// socket keeps, a guest's too, whose locked filter drops anything else (a byte of
+/// nothing, as sent before, left such a poller asleep for good, and its socket in the
+/// group). Nobody reads it: the socket it reaches is no member's any more.
+pub(crate) fn wake_datagram() -> [u8; steer::PROBE_LEN] {
+    steer::probe(u32::MAX, 0)
+}
+
 /// The abstract name of `uid`'s coordinator of `device` and `port`.
 fn coordinator_name(uid: u32, device: &str, port: u16) -> Vec<u8> {
     format!("softrdma.{uid}.{device}.{port}").into_bytes()

@@ -312,8 +312,10 @@ fn invalid(msg: &'static str) -> io::Error {
 /// socket down wakes nobody (measured on 6.18), and a datagram to a group's address is
 /// steered by its program; so `old` is connected to a fresh socket of its address, which
 /// makes the kernel deliver that socket's datagram to `old` whatever the program says (and
-/// nothing else changes: no other datagram comes from there). Best effort: on a failure
-/// the poller wakes at its own timeout.
+/// nothing else changes: no other datagram comes from there). The datagram is a probe,
+/// which a guest's locked filter keeps ([`host::wake_datagram`]). Best effort: on a failure
+/// the poller wakes at its own timeout, which may be never (a progress thread of an idle
+/// device), and `old` stays in its group meanwhile.
 fn wake_pollers(old: &OwnedFd) {
     let old = socket2::SockRef::from(old);
     let bound = old.local_addr().ok().and_then(|a| a.as_socket()).filter(|a| a.port() != 0);
@@ -335,7 +337,7 @@ fn wake_pollers(old: &OwnedFd) {
     let Ok(waker) = std::net::UdpSocket::bind(from) else { return };
     let Ok(waker_addr) = waker.local_addr() else { return };
     if old.connect(&waker_addr.into()).is_ok() {
-        let _ = waker.send_to(&[0], at);
+        let _ = waker.send_to(&host::wake_datagram(), at);
     }
 }
 
@@ -475,7 +477,8 @@ impl RoceSocket {
     /// Puts `with` behind this socket's descriptor and wakes whoever polls what was there: a
     /// thread asleep in `poll` on it (a progress loop, a thread waiting on a completion
     /// channel) holds the old socket until it returns, so the old one would stay bound, and
-    /// the new one unwatched, until its timeout.
+    /// the new one unwatched, until its timeout. Woken, it returns only if `with` is
+    /// readable ([`vacate`](Self::vacate)); otherwise it watches `with` from then on.
     fn swap_in(&self, with: BorrowedFd<'_>) -> io::Result<()> {
         let old = self.socket.try_clone()?;
         sys::replace_fd(self.socket.as_fd(), with)?;
@@ -483,11 +486,26 @@ impl RoceSocket {
         Ok(())
     }
 
-    /// [`replace_with`](Self::replace_with) an unbound socket of the same family, which
-    /// receives nothing: this one leaves its group.
+    /// [`replace_with`](Self::replace_with) a placeholder, a socket of the same family on
+    /// a port of its own on loopback, in no group: this one leaves its group.
+    ///
+    /// The placeholder holds one datagram already (a [probe](host::wake_datagram), which
+    /// the progress loop reading it answers to nobody), so that a thread asleep in `poll`
+    /// returns. Woken, `poll` looks again at what its descriptors are now, and sleeps on
+    /// if nothing there is readable, holding the files it first looked at until it
+    /// returns: a progress thread of an idle device (no timeout) kept the old socket, and
+    /// with it the old socket's place in its group, for good.
     pub(crate) fn vacate(&self) -> io::Result<()> {
         let placeholder = Socket::new(Domain::for_address(self.local), Type::DGRAM, Some(Protocol::UDP))?;
         placeholder.set_nonblocking(true)?;
+        let loopback: SocketAddr =
+            if self.local.is_ipv4() { (Ipv4Addr::LOCALHOST, 0).into() } else { (Ipv6Addr::LOCALHOST, 0).into() };
+        // Without loopback (IPv6 off), unbound: its poller wakes at its timeout.
+        if placeholder.bind(&loopback.into()).is_ok() {
+            if let Some(at) = placeholder.local_addr().ok().and_then(|a| a.as_socket()) {
+                let _ = std::net::UdpSocket::bind(loopback).and_then(|w| w.send_to(&host::wake_datagram(), at));
+            }
+        }
         self.swap_in(placeholder.as_fd())
     }
 

@@ -1106,3 +1106,45 @@ impl Server {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::time::{Duration, Instant};
+
+    use super::*;
+
+    /// A guest's socket leaves its place (the group founded again) while a thread polls it
+    /// without a timeout, as an idle progress thread does: the thread wakes, and the socket
+    /// closes once it has. The guest's locked filter dropped the byte that used to wake it,
+    /// and the socket stayed in its group for good, connected to nobody's waker.
+    #[test]
+    fn a_thread_polling_a_guest_socket_wakes_when_the_socket_is_replaced() {
+        let port = 20_000 + (super::super::random_u64() % 12_000) as u16;
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let socket = std::sync::Arc::new(
+            crate::RoceSocket::adopt(make_guest_socket(addr, 3).unwrap(), &crate::Config::default()).unwrap(),
+        );
+        let ino = super::super::inode(socket.as_fd()).unwrap().1;
+        let poller = {
+            let socket = socket.clone();
+            std::thread::spawn(move || {
+                let mut fds = [rustix::event::PollFd::new(&*socket, rustix::event::PollFlags::IN)];
+                rustix::event::poll(&mut fds, None).unwrap();
+            })
+        };
+        // The thread is in `poll` by then (nothing but a readable socket ends it).
+        std::thread::sleep(Duration::from_millis(50));
+        socket.vacate().unwrap();
+        let start = Instant::now();
+        while !poller.is_finished() {
+            assert!(start.elapsed() < Duration::from_secs(2), "the poller still sleeps on the guest socket");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        poller.join().unwrap();
+        // Connected or not (the wake connects it), it is gone from the kernel's list.
+        let listed = std::fs::read_to_string("/proc/net/udp").unwrap();
+        let inodes: Vec<&str> = listed.lines().skip(1).filter_map(|l| l.split_whitespace().nth(9)).collect();
+        assert!(!inodes.contains(&ino.to_string().as_str()), "the replaced socket left the port");
+    }
+}
