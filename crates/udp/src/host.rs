@@ -480,7 +480,13 @@ fn run(shared: &Shared) {
             // A guest never coordinates: the groups are another user's, whose sockets it
             // cannot make (and must not hold).
             if server.is_none() && shared.guest_of().is_none() {
-                match coord::Server::bind(&shared.name(), shared.port, failover, shared.speaks) {
+                // Sockets of this user on the port that are not this member's: a group its
+                // user's last process left with guests in it, who re-register as after a
+                // failover (within milliseconds, once a coordinator answers). Fresh members
+                // wait for them as after a failover too: steered first, this member's own
+                // slot alone would send their datagrams to it until they had.
+                let inherited = !failover && others_of_my_user(shared);
+                match coord::Server::bind(&shared.name(), shared.port, failover || inherited, shared.speaks) {
                     Ok(Some(mut s)) => {
                         s.reserve(std::mem::take(&mut reserved));
                         server = Some(s);
@@ -863,6 +869,14 @@ struct PortSocket {
     local: IpAddr,
     uid: u32,
     inode: u64,
+}
+
+/// Whether the port holds unconnected sockets of this process's user that are not this
+/// member's own.
+fn others_of_my_user(shared: &Shared) -> bool {
+    let uid = rustix::process::getuid().as_raw();
+    let mine: BTreeSet<u64> = shared.sockets.iter().filter_map(|s| inode(s.as_fd())).map(|(_, i)| i).collect();
+    port_sockets(&shared.addresses, shared.port).iter().any(|s| s.uid == uid && !mine.contains(&s.inode))
 }
 
 /// The unconnected UDP sockets on `port` bound to one of `addresses` or to the wildcard,

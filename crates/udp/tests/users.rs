@@ -335,6 +335,31 @@ fn guests_found_the_group_again_when_its_user_is_gone() {
     }
 }
 
+/// The group's user's last process ends while a guest is in the group, and another process
+/// of that user comes at once (perftest's client trying again after its first try found no
+/// server, the server another user's guest). The newcomer coordinates the group the guest
+/// is in, and the guest's datagrams reach it from the moment the newcomer's join returns.
+/// They went to the newcomer before, all of `ib_send_bw -c UD`'s run lost: its first round
+/// steered its own slot alone, and the guest re-registered a few milliseconds later.
+#[test]
+fn a_user_coming_back_to_its_group_steers_the_guest_in_it_first() {
+    let Some((exe, _, _, sender)) = setup() else { return };
+    for delay in [0, 10, 20, 40] {
+        let (device, port) = group("users");
+        let owner = exe.member(None, &device, port, "");
+        let guest = exe.member(Some(USER_A), &device, port, "");
+        let r = until_steered(&sender, port, &[&owner, &guest], 1, Duration::from_secs(3));
+        drop(owner);
+        std::thread::sleep(Duration::from_millis(delay));
+        let next = exe.member(None, &device, port, "");
+        let got = round(&sender, port, &[&guest, &next], r, 20);
+        println!("{delay} ms after: the newcomer (slot {}) joined in {:?}", next.slot, next.joined_in);
+        for (p, g) in [&guest, &next].iter().zip(&got) {
+            assert_eq!(*g, own(p, r, 20), "{delay} ms after: slot {} gets exactly its own at once", p.slot);
+        }
+    }
+}
+
 /// Whether a process of `uid` joins within `within`, trying again every 200 ms.
 fn joins_within(exe: &Exe, uid: u32, device: &str, port: u16, within: Duration) -> Option<Proc> {
     let start = Instant::now();
