@@ -764,6 +764,10 @@ impl Driver {
             ..CmConfig::default()
         });
         let doorbell = eventfd()?;
+        // Sockets put in new ones' places (the group founded again) are watched only once
+        // the progress thread's `poll` returns: the doorbell makes it.
+        let bell = doorbell.try_clone().map_err(|e| Error::io("duplicating the doorbell", e))?;
+        port.member.on_sockets_replaced(move || ring(&bell));
         let mut same_host = same_host(options)
             // A capture must show every packet's data: senders then send it in the packets;
             // and where copying from other processes would reach further than the user's

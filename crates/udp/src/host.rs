@@ -155,6 +155,8 @@ struct Shared {
     /// the death of its process moves no socket in a group; handed to the next
     /// coordinator, and held until it sends the set to hold instead.
     held: Mutex<Held>,
+    /// Called once this member's sockets were put in new ones' places ([`refound`]).
+    replaced: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
 }
 
 /// The sockets a member holds for the coordinator ([`ToMember::Hold`]).
@@ -188,6 +190,13 @@ impl Shared {
     }
     fn wake(&self) {
         let _ = self.wake_tx.send(&[0]);
+    }
+    /// Tells the runtime that the sockets were replaced ([`Member::on_sockets_replaced`]).
+    fn sockets_replaced(&self) {
+        let wake = self.replaced.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if let Some(wake) = wake {
+            wake();
+        }
     }
 }
 
@@ -265,6 +274,7 @@ impl Member {
             coordinator_pid: AtomicU32::new(0),
             dropped: AtomicU64::new(0),
             held: Mutex::new(Held::default()),
+            replaced: Mutex::new(None),
         });
         let thread = {
             let shared = shared.clone();
@@ -363,6 +373,17 @@ impl Member {
     pub fn unlisten(&self, service_id: u64) -> io::Result<()> {
         self.shared.state().listeners.remove(&service_id);
         self.request(|id| ToCoord::Unlisten { id, service: service_id })
+    }
+
+    /// Has `wake` called whenever this member's sockets are put in new ones' places,
+    /// behind the same descriptors (the group founded again when its user's processes are
+    /// gone, [`refound`]). A thread asleep in `poll` on them since before then returns only
+    /// when something it polled from the start wakes it with one of them readable: `poll`
+    /// looks at a woken descriptor's current socket, but waits only on the ones it first
+    /// found (measured on 6.18: a datagram to the new socket wakes nobody). `wake` should
+    /// ring something such a thread polls, as a runtime's doorbell.
+    pub fn on_sockets_replaced(&self, wake: impl Fn() + Send + Sync + 'static) {
+        *self.shared.replaced.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(wake));
     }
 
     /// Whether a datagram is a coordinator's probe (to pass to

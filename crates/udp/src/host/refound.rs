@@ -239,7 +239,9 @@ fn follow(shared: &Shared, name: &[u8]) -> io::Result<()> {
 
 /// Closes this member's sockets (their descriptors stay, unbound).
 fn vacate(shared: &Shared) -> io::Result<()> {
-    shared.sockets.iter().try_for_each(RoceSocket::vacate)
+    let result = shared.sockets.iter().try_for_each(RoceSocket::vacate);
+    shared.sockets_replaced();
+    result
 }
 
 /// Puts this member's sockets into the port's new group: bound by itself (its user's
@@ -257,6 +259,7 @@ fn rejoin(shared: &Shared) -> io::Result<()> {
                 for (s, n) in shared.sockets.iter().zip(&new) {
                     s.replace_with(n)?;
                 }
+                shared.sockets_replaced();
                 shared.set_owner(None);
                 return Ok(());
             }
@@ -272,6 +275,7 @@ fn rejoin(shared: &Shared) -> io::Result<()> {
                         for (s, fd) in shared.sockets.iter().zip(fds) {
                             s.replace_with(&RoceSocket::adopt(fd, &shared.socket_config)?)?;
                         }
+                        shared.sockets_replaced();
                         shared.slot.store(new_slot, std::sync::atomic::Ordering::Relaxed);
                         shared.set_owner(Some(owner));
                         *shared.bootstrap.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn);
@@ -290,7 +294,53 @@ fn rejoin(shared: &Shared) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv4Addr;
+    use std::os::unix::net::UnixDatagram;
+
+    use super::super::{HostConfig, Member};
     use super::*;
+
+    /// A thread that polls a member's sockets and the runtime's doorbell, asleep since
+    /// before they were put in new ones' places, returns: the member rings the doorbell.
+    /// Woken through the old socket, `poll` looks at the new one, finds nothing, and sleeps
+    /// on; a datagram to the new socket does not wake it (it waits only on what it first
+    /// found), so a progress thread of an idle device never watched its new sockets.
+    #[test]
+    fn a_thread_asleep_on_replaced_sockets_is_woken_through_the_runtimes_doorbell() {
+        let config = HostConfig {
+            device: format!("refound{}", random_u64() % 1_000_000),
+            port: 20_000 + (random_u64() % 12_000) as u16,
+            ..HostConfig::default()
+        };
+        let member = std::sync::Arc::new(Member::join(&[IpAddr::V4(Ipv4Addr::LOCALHOST)], &config).unwrap());
+        let (bell_tx, bell_rx) = UnixDatagram::pair().unwrap();
+        member.on_sockets_replaced(move || {
+            let _ = bell_tx.send(&[1]);
+        });
+        // The placeholder's probe taken (as the progress loop takes it) and the bell
+        // emptied: nothing is readable when the thread starts to sleep.
+        vacate(&member.shared).unwrap();
+        let mut buf = [0u8; 64];
+        while rustix::net::recv(&member.sockets()[0], &mut buf, rustix::net::RecvFlags::DONTWAIT).is_ok() {}
+        bell_rx.set_nonblocking(true).unwrap();
+        while bell_rx.recv(&mut buf).is_ok() {}
+        // The descriptor itself, as a progress loop polls it (a copy would keep naming the
+        // socket that was there).
+        let polled = member.clone();
+        let poller = std::thread::spawn(move || {
+            use rustix::event::{PollFd, PollFlags, poll};
+            let mut fds = [PollFd::new(&polled.sockets()[0], PollFlags::IN), PollFd::new(&bell_rx, PollFlags::IN)];
+            poll(&mut fds, None).unwrap();
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        rejoin(&member.shared).unwrap();
+        let start = Instant::now();
+        while !poller.is_finished() {
+            assert!(start.elapsed() < Duration::from_secs(2), "the thread sleeps on the replaced sockets");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        poller.join().unwrap();
+    }
 
     #[test]
     fn messages_round_trip() {
