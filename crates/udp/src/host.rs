@@ -191,6 +191,10 @@ impl Shared {
     fn wake(&self) {
         let _ = self.wake_tx.send(&[0]);
     }
+    /// The inodes of this member's sockets.
+    fn inodes(&self) -> Vec<Ino> {
+        self.sockets.iter().filter_map(|s| inode(s.as_fd())).collect()
+    }
     /// Tells the runtime that the sockets were replaced ([`Member::on_sockets_replaced`]).
     fn sockets_replaced(&self) {
         let wake = self.replaced.lock().unwrap_or_else(|e| e.into_inner()).clone();
@@ -896,7 +900,7 @@ struct PortSocket {
 /// member's own.
 fn others_of_my_user(shared: &Shared) -> bool {
     let uid = rustix::process::getuid().as_raw();
-    let mine: BTreeSet<u64> = shared.sockets.iter().filter_map(|s| inode(s.as_fd())).map(|(_, i)| i).collect();
+    let mine: BTreeSet<u64> = shared.inodes().into_iter().map(|(_, i)| i).collect();
     port_sockets(&shared.addresses, shared.port).iter().any(|s| s.uid == uid && !mine.contains(&s.inode))
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketAddrUnix, SocketFlags, SocketType};
 
-use super::{Ino, Shared, coordinator_name, guest_fds, inode, port_owner, port_sockets, random_u64};
+use super::{Ino, Shared, coordinator_name, guest_fds, port_owner, port_sockets, random_u64};
 use crate::RoceSocket;
 use crate::fork::ParentOnly;
 
@@ -121,11 +121,6 @@ fn socket() -> io::Result<OwnedFd> {
     )?)
 }
 
-/// The inodes of this member's sockets.
-fn inodes(shared: &Shared) -> Vec<Ino> {
-    shared.sockets.iter().filter_map(|s| inode(s.as_fd())).collect()
-}
-
 /// The inodes of the sockets on `port` and one of `addresses` (`/proc/net/udp` has no
 /// device: only inodes are compared).
 fn port_inodes(addresses: &[IpAddr], port: u16) -> BTreeSet<u64> {
@@ -157,7 +152,7 @@ fn lead(shared: &Shared, listener: &ParentOnly) -> io::Result<Vec<u32>> {
     let deadline = Instant::now() + REPORT_WINDOW;
     let mut followers: Vec<ParentOnly> = Vec::new();
     let mut slots = vec![shared.slot.load(std::sync::atomic::Ordering::Relaxed)];
-    let mut known: BTreeSet<u64> = inodes(shared).into_iter().map(|(_, i)| i).collect();
+    let mut known: BTreeSet<u64> = shared.inodes().into_iter().map(|(_, i)| i).collect();
     while let Some(left) = deadline.checked_duration_since(Instant::now()) {
         if crate::sys::poll(listener.as_fd(), libc::POLLIN, Some(left)).unwrap_or(false) {
             while let Ok(c) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC | SocketFlags::NONBLOCK) {
@@ -224,7 +219,7 @@ fn follow(shared: &Shared, name: &[u8]) -> io::Result<()> {
     }
     let conn = ParentOnly::new(conn);
     let slot = shared.slot.load(std::sync::atomic::Ordering::Relaxed);
-    send(&conn, &Msg::Report { slot, inos: inodes(shared) })?;
+    send(&conn, &Msg::Report { slot, inos: shared.inodes() })?;
     match recv(&conn, REPORT_WINDOW + STEP) {
         Some(Msg::Close) => {}
         Some(Msg::Abort) => return Err(io::Error::other("the leading guest called it off")),
