@@ -597,6 +597,9 @@ enum Bell {
     Watched,
     /// A packet waits in the inbox: do not sleep.
     Pending,
+    /// The application polls: the thread polls the bell without counting among the
+    /// sleepers, so that only a sender's nudge rings it ([`SameHost::nudge_stalled`]).
+    Nudges,
 }
 
 /// An open device: the engine, its sockets and its progress thread.
@@ -1026,6 +1029,10 @@ impl Shared {
         }
         let worked = st.receive(self, now, true, true);
         st.rx_stop_at = None;
+        if !worked && let Some(local) = &mut st.same_host {
+            // Waiting for an answer: is a receiver leaving what this process sent untaken?
+            local.nudge_stalled(now);
+        }
         if st.same_host_backlog
             && let Some(local) = &mut st.same_host
         {
@@ -1188,16 +1195,22 @@ impl Shared {
     /// published as the instant it wakes, as any sleep of it (`sleeping_until`).
     /// Meanwhile it watches the sockets for the application if it leaves them to this
     /// thread ([`watch_for_app`](Self::watch_for_app)).
-    fn sleep_while_app_polls(&self, now: Instant) {
+    /// Returns whether a sender's nudge rang the inbox's bell meanwhile.
+    fn sleep_while_app_polls(&self, now: Instant) -> bool {
         self.sleeping_until.store(now.saturating_add(APP_POLL_WINDOW).as_nanos().max(1), Ordering::Release);
         let mut fds = vec![PollFd::new(&self.doorbell, PollFlags::IN)];
         let for_app = self.watch_for_app(&mut fds);
+        let bell = self.watch_nudges(&mut fds);
         poll(&mut fds, Some(APP_POLL_WINDOW));
         if for_app {
             self.tell_app_of_sockets(&fds[1..]);
         }
+        let rang = bell == Bell::Nudges && fds.last().is_some_and(|f| !f.revents().is_empty());
+        drop(fds);
         self.sleeping_until.store(0, Ordering::Release);
         drain(&self.doorbell);
+        self.drain_watched_bell(bell);
+        rang
     }
 
     /// Adds the sockets to `fds` (after the doorbell) if this thread's next sleep watches
@@ -1314,6 +1327,21 @@ impl Shared {
         Bell::Watched
     }
 
+    /// Before the progress thread sleeps while the application polls and no thread waits on
+    /// a channel: adds the inbox's bell to `fds`, last, without counting the thread among
+    /// its sleepers, so that senders do not ring it for every packet, but a sender's nudge
+    /// for packets left untaken wakes it ([`SameHost::nudge_stalled`]): the application
+    /// may have stopped polling to wait in its memory.
+    fn watch_nudges<'a>(&'a self, fds: &mut Vec<PollFd<'a>>) -> Bell {
+        match &self.inbox_bell {
+            Some(fd) if self.app_waiting.load(Ordering::SeqCst) == 0 => {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+                Bell::Nudges
+            }
+            _ => Bell::Unwatched,
+        }
+    }
+
     /// Awake again after [`watch_bell`](Self::watch_bell).
     /// Empties the inbox's bell if this thread slept on it ([`Bell::Watched`]), and only
     /// then: a bell that a thread waiting on a channel sleeps on is that thread's, and
@@ -1322,7 +1350,7 @@ impl Shared {
     /// thread's next timer, up to APP_POLL_WINDOW (an event-driven ping-pong's p99 was
     /// 600 us, and one run in three had a median of 550 us).
     fn drain_watched_bell(&self, bell: Bell) {
-        if bell == Bell::Watched
+        if matches!(bell, Bell::Watched | Bell::Nudges)
             && let Some(fd) = &self.inbox_bell
         {
             drain_bell(fd.as_fd());
@@ -1378,7 +1406,7 @@ impl Shared {
             // looks (a 64 KiB WRITE stream's requester: 2.6 % of its samples in futex
             // calls, and 3.5 % of this thread's time spent in the contended lock).
             let Some(mut st) = (if app_polled { self.try_lock() } else { Some(self.lock()) }) else {
-                self.sleep_while_app_polls(now);
+                took_bell |= self.sleep_while_app_polls(now);
                 continue;
             };
             let timeout = {
@@ -1390,7 +1418,14 @@ impl Shared {
                 // channel (the waiting thread takes what rings its bell; this one what
                 // arrives while it is awake).
                 let received = st.rx_batches;
-                let worked = st.progress(&self, now, !app_polling, !app_polled || std::mem::take(&mut took_bell));
+                let rang = std::mem::take(&mut took_bell);
+                if rang
+                    && app_polled
+                    && let Some(local) = &mut st.same_host
+                {
+                    local.nudged += 1; // a sender's nudge: the application polls no more
+                }
+                let worked = st.progress(&self, now, !app_polling, !app_polled || rang);
                 self.thread_receives.fetch_add(st.rx_batches - received, Ordering::Relaxed);
                 if worked {
                     last_work = now;
@@ -1440,7 +1475,9 @@ impl Shared {
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             let mut bell = Bell::Unwatched;
             let for_app = app_polled && self.watch_for_app(&mut fds);
-            if !app_polling {
+            if app_polled {
+                bell = self.watch_nudges(&mut fds);
+            } else if !app_polling {
                 self.watching.store(true, Ordering::SeqCst);
                 if self.app_waiting.load(Ordering::SeqCst) == 0 {
                     fds.extend(self.socket_fds());
@@ -1458,7 +1495,8 @@ impl Shared {
                 self.tell_app_of_sockets(&fds[1..]);
             }
             // The bell is the last descriptor `watch_bell` added.
-            took_bell = bell == Bell::Watched && fds.last().is_some_and(|f| !f.revents().is_empty());
+            took_bell =
+                matches!(bell, Bell::Watched | Bell::Nudges) && fds.last().is_some_and(|f| !f.revents().is_empty());
             drop(fds);
             self.unwatch_bell(bell);
             self.watching.store(false, Ordering::SeqCst);
@@ -2265,6 +2303,8 @@ fn counters(
         gsi_dropped: gsi.gsi_dropped,
         same_host_sent: same_host.map_or(0, |l| l.sent),
         same_host_rcvd: same_host.map_or(0, |l| l.received),
+        same_host_nudges_sent: same_host.map_or(0, |l| l.nudges),
+        same_host_nudges_taken: same_host.map_or(0, |l| l.nudged),
         channel_waits_polled: waits.polled,
         channel_waits_slept: waits.slept,
         acks_left_for_next_poll: acks_left,

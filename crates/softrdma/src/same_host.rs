@@ -75,11 +75,36 @@ struct Held {
 }
 
 enum Route {
-    /// Through its inbox; `true` once each process copies from the other.
-    Inbox(Outbox, bool),
+    /// Through its inbox; `true` once each process copies from the other; what this process
+    /// saw of the receiver's taking ([`SameHost::nudge_stalled`]).
+    Inbox(Outbox, bool, Watch),
     /// On the socket until then.
     Socket(Instant),
 }
+
+/// What a sender last saw of a receiver's taking of its lane ([`SameHost::nudge_stalled`]).
+#[derive(Clone, Copy, Debug, Default)]
+struct Watch {
+    /// The lane's tail as last read.
+    tail: u64,
+    /// Entries published were left untaken at that read.
+    pending: bool,
+    /// Since when the tail has not moved with entries pending (or since the last nudge).
+    since: Instant,
+}
+
+/// How often a polling application's empty polls look whether the receivers take what
+/// this process published ([`SameHost::nudge_stalled`]): a read of each pending lane's
+/// tail, a line the receiver writes, at most this often.
+const NUDGE_LOOK_EVERY: Duration = Duration::from_micros(25);
+/// How long a receiver may leave published entries untaken, taking none, before its bell
+/// is rung for them: far longer than a polling receiver leaves them (a microsecond or
+/// two) or a sleeping one rung at publication takes to wake (15–30 µs here), so that
+/// nudges are rare where the receiver polls. A receiver's polling thread descheduled for
+/// longer gets one all the same: in a polled 8 B WRITE ping-pong (`softrdma perf write
+/// lat --loopback -D 3`, both sides polling, two cores for four threads) 32 µs rang
+/// 1 300–2 100 nudges in 2.5 s, 100 µs 150–190, 250 µs 60–90 (2026-12-03).
+const NUDGE_AFTER: Duration = Duration::from_micros(100);
 
 /// How a packet came through the inbox, beside what a socket would have told.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -114,6 +139,14 @@ pub(crate) struct SameHost {
     /// Packets sent and received through shared memory (an ACK beside a packet counts as one).
     pub(crate) sent: u64,
     pub(crate) received: u64,
+    /// Receivers' bells rung because they left this process's packets untaken
+    /// ([`nudge_stalled`](Self::nudge_stalled)).
+    pub(crate) nudges: u64,
+    /// Nudges this process's progress thread took the inbox on while its application
+    /// polled (its application had stopped polling, to wait in its memory).
+    pub(crate) nudged: u64,
+    /// When [`nudge_stalled`](Self::nudge_stalled) next looks.
+    next_look: Instant,
     /// The grants this process holds, by its QP and the region's R_Key (a few: a tree's
     /// compares cost less than SipHash on each atomic).
     grants: BTreeMap<(u32, u32), Held>,
@@ -155,6 +188,9 @@ impl SameHost {
             published_early: false,
             sent: 0,
             received: 0,
+            nudges: 0,
+            nudged: 0,
+            next_look: Instant::ZERO,
             grants: BTreeMap::new(),
             regions: HashMap::new(),
             closings: 0,
@@ -187,7 +223,7 @@ impl SameHost {
             return None; // QP0/QP1: the CM's MADs, steered by the host's program
         }
         let route = self.routes.entry(slot).or_insert(Route::Socket(Instant::ZERO));
-        if let Route::Inbox(out, _) = route
+        if let Route::Inbox(out, ..) = route
             && out.is_closed()
         {
             *route = Route::Socket(Instant::ZERO);
@@ -199,11 +235,11 @@ impl SameHost {
                 return None;
             }
             *route = match inbox_name(&self.device, self.port, slot).and_then(|name| Outbox::open(&name)) {
-                Ok(out) => Route::Inbox(out, false),
+                Ok(out) => Route::Inbox(out, false, Watch::default()),
                 Err(_) => Route::Socket(now.saturating_add(RETRY_AFTER)),
             };
         }
-        let Route::Inbox(out, mutual) = route else { return None };
+        let Route::Inbox(out, mutual, _) = route else { return None };
         // The QP's DSCP with the device's ECN bits, as `send_units` gives a datagram.
         let ip = UdpIpInfo { hop_limit: HOP_LIMIT, traffic_class: t.traffic_class & !0b11 | ecn, flow_label: 0 };
         // An ACK beside goes only to an inbox that takes it (the engine carries one only for
@@ -276,12 +312,50 @@ impl SameHost {
         self.published_early = false;
         let mut waiting = false;
         for route in self.routes.values_mut() {
-            if let Route::Inbox(out, _) = route {
+            if let Route::Inbox(out, ..) = route {
                 waiting |= !out.flush();
                 out.wake();
             }
         }
         waiting
+    }
+
+    /// Rings the bell of each receiver that has left packets of this process untaken, and
+    /// taken none, for [`NUDGE_AFTER`]. Called by an application's empty polls (an
+    /// application that waits for its peer's answer), it looks at most every
+    /// [`NUDGE_LOOK_EVERY`], and reads a lane's tail only while entries of it may be
+    /// pending.
+    ///
+    /// A receiver whose application polled of late leaves its inbox to that application's
+    /// next poll (its progress thread only keeps the timers, for up to `APP_POLL_WINDOW`).
+    /// But a C program may poll its CQ and then wait in its own memory for the peer's
+    /// WRITE, calling no verb (`ib_write_lat` does, each side polling its send CQ for its
+    /// own WRITE's ACK in between): a WRITE that comes then waited in the inbox until the
+    /// progress thread's next look, up to a millisecond, while the peer polled for the ACK
+    /// that the WRITE's taking would send. The nudge wakes the receiver's progress thread,
+    /// which watches the bell for it, and takes the inbox.
+    pub(crate) fn nudge_stalled(&mut self, now: Instant) {
+        if now < self.next_look {
+            return;
+        }
+        self.next_look = now.saturating_add(NUDGE_LOOK_EVERY);
+        for route in self.routes.values_mut() {
+            let Route::Inbox(out, _, watch) = route else { continue };
+            let published = out.published();
+            if !watch.pending && published == watch.tail {
+                continue; // all it published was taken at the last look
+            }
+            let tail = out.taken();
+            let pending = tail != published;
+            if !pending || !watch.pending || tail != watch.tail {
+                // Taken, or taking, or newly pending: (re)start the clock.
+                *watch = Watch { tail, pending, since: now };
+            } else if now - watch.since >= NUDGE_AFTER {
+                out.nudge();
+                self.nudges += 1;
+                watch.since = now;
+            }
+        }
     }
 
     /// Hands up to `max` packets from other processes to `deliver`, each with the process
@@ -328,7 +402,7 @@ impl SameHost {
         let (Some(offset), true) = (offset, held.qp == d.dest_qp.value()) else { return None };
         let at = held.offset + offset;
         let out = match self.routes.get(&held.slot) {
-            Some(Route::Inbox(out, _)) if out.receiver() == held.pid => out,
+            Some(Route::Inbox(out, ..)) if out.receiver() == held.pid => out,
             _ => {
                 self.grants.remove(&key);
                 return None;
@@ -365,7 +439,7 @@ impl SameHost {
         self.next_prune = now.saturating_add(PRUNE_EVERY);
         let routes = &self.routes;
         self.grants.retain(|_, h| match routes.get(&h.slot) {
-            Some(Route::Inbox(out, _)) => out.receiver() == h.pid && !out.is_closed() && out.gate() == Some(h.epoch),
+            Some(Route::Inbox(out, ..)) => out.receiver() == h.pid && !out.is_closed() && out.gate() == Some(h.epoch),
             _ => false,
         });
         self.regions.retain(|_, r| r.strong_count() > 0);
@@ -458,7 +532,7 @@ fn take_grant(
     {
         return true; // held already: each atomic by packet brings it again
     }
-    let Some(Route::Inbox(out, _)) = routes.get(&slot) else { return true };
+    let Some(Route::Inbox(out, ..)) = routes.get(&slot) else { return true };
     if out.receiver() != pid || !out.takes_grants() {
         return true;
     }

@@ -360,6 +360,14 @@ pub struct Counters {
     /// Those whose data this process copied from the sender's memory (carried by reference:
     /// the same-host path's one copy) are the engine's `rcvd_by_reference`.
     pub same_host_rcvd: u64,
+    /// Times this process rang the bell of another process of the host that had left its
+    /// packets untaken, taking none, for 100 µs (its application had polled of late, so its
+    /// progress thread left the inbox to it, but it polled no more: a C program waiting in
+    /// its memory for the WRITE that waited there).
+    pub same_host_nudges_sent: u64,
+    /// Times this process's progress thread took the inbox on such a ring while its
+    /// application had polled of late.
+    pub same_host_nudges_taken: u64,
     /// Waits on a completion channel (`get_cq_event`) whose event came while the waiting
     /// thread still polled ([`ContextOptions::wait_spin`](crate::ContextOptions::wait_spin)).
     pub channel_waits_polled: u64,
@@ -380,10 +388,10 @@ pub struct Counters {
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
     /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`,
-    /// `channel_waits_polled`, `channel_waits_slept`, `acks_left_for_next_poll`, the injected faults'
+    /// `same_host_nudges_sent`, `same_host_nudges_taken`, `channel_waits_polled`, `channel_waits_slept`, `acks_left_for_next_poll`, the injected faults'
     /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 45] {
+    pub fn named(&self) -> [(&'static str, u64); 47] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -457,6 +465,8 @@ impl Counters {
             ("gsi_dropped", self.gsi_dropped),
             ("same_host_sent", self.same_host_sent),
             ("same_host_rcvd", self.same_host_rcvd),
+            ("same_host_nudges_sent", self.same_host_nudges_sent),
+            ("same_host_nudges_taken", self.same_host_nudges_taken),
             ("channel_waits_polled", self.channel_waits_polled),
             ("channel_waits_slept", self.channel_waits_slept),
             ("acks_left_for_next_poll", self.acks_left_for_next_poll),

@@ -1289,6 +1289,30 @@ impl Outbox {
         }
     }
 
+    /// The lane's head as last published ([`wake`](Self::wake)): the entries before it are
+    /// the receiver's to take.
+    pub fn published(&self) -> u64 {
+        self.published
+    }
+
+    /// The lane's tail, read now: the receiver has taken the entries before it. (The
+    /// receiver writes that line with each take: a read is a miss from its core.)
+    pub fn taken(&mut self) -> u64 {
+        self.tail = self.map.u64(Mapping::lane(self.lane) + L_TAIL).load(Ordering::Acquire);
+        self.tail
+    }
+
+    /// Rings the receiver's bell whether or not a thread of it counts itself asleep on it:
+    /// for a receiver that has taken nothing of this lane for a while, whose application
+    /// polled of late and so leaves the inbox to its next poll, but may now wait in its
+    /// memory (for the very WRITE that waits here) and poll no more. A receiver's thread
+    /// that watches the bell then takes the inbox (the bell is only a wake-up: a ring
+    /// nobody watches is drained by the next sleeper, which finds the inbox as it is).
+    pub fn nudge(&self) {
+        // A write fails only when the FIFO is full: a wake-up is pending anyway.
+        let _ = rustix::io::write(&self.bell, &[1]);
+    }
+
     /// Writes the header line of each entry written since the last publication, unstamped,
     /// and returns how many (at most a lane's worth: a head moved further by hand writes
     /// and stamps no more).
