@@ -122,6 +122,10 @@ const PEER_WINDOW: u32 = (SOCKET_BUFFER / 2 / 8192) as u32;
 /// How soon a progress thread with packets waiting for room in another process's inbox
 /// looks again, when nothing else wakes it.
 const BACKLOG_RETRY: Duration = Duration::from_micros(100);
+/// How long a progress thread that took the inbox on a sender's nudge leaves what that
+/// queued (the ACKs the packets earned) for the application's answer to carry, before its
+/// next pass sends it on its own (the progress thread's loop).
+const NUDGED_ANSWER_WAIT: Duration = Duration::from_micros(20);
 /// A thread that polls and finds nothing this many times in a row yields the CPU once: an
 /// application polling an empty CQ, and the progress thread spinning after work. On a host
 /// with more busy threads than cores, the peer process whose work it waits for (the "NIC"
@@ -1419,13 +1423,25 @@ impl Shared {
                 // arrives while it is awake).
                 let received = st.rx_batches;
                 let rang = std::mem::take(&mut took_bell);
-                if rang
-                    && app_polled
-                    && let Some(local) = &mut st.same_host
-                {
-                    local.nudged += 1; // a sender's nudge: the application polls no more
-                }
-                let worked = st.progress(&self, now, !app_polling, !app_polled || rang);
+                let nudged = rang && app_polled;
+                let worked = if nudged {
+                    // A sender's nudge: the application polls no more, and waits in its
+                    // memory, maybe for what waits in the inbox. Take it and deliver the
+                    // events, but leave what that queued (the ACKs the packets earned) to
+                    // go with the application's answer, as its own poll would, and sleep:
+                    // sent now, on its own, an ACK let the peer's poll return before the
+                    // answer came, and the peer waited in its memory in turn (a chain of
+                    // nudged rounds in `ib_write_lat`). This thread's next pass, after
+                    // NUDGED_ANSWER_WAIT, sends it if the application has not answered.
+                    if let Some(local) = &mut st.same_host {
+                        local.nudged += 1;
+                    }
+                    st.receive(&self, now, false, true);
+                    st.dispatch_events(&self, now);
+                    false
+                } else {
+                    st.progress(&self, now, !app_polling, !app_polled || rang)
+                };
                 self.thread_receives.fetch_add(st.rx_batches - received, Ordering::Relaxed);
                 if worked {
                     last_work = now;
@@ -1440,6 +1456,9 @@ impl Shared {
                     let mut timeout = st.deadline().map(|d| d - now);
                     if app_polled {
                         timeout = Some(timeout.map_or(APP_POLL_WINDOW, |t| t.min(APP_POLL_WINDOW)));
+                    }
+                    if nudged {
+                        timeout = Some(timeout.map_or(NUDGED_ANSWER_WAIT, |t| t.min(NUDGED_ANSWER_WAIT)));
                     }
                     if st.same_host_backlog {
                         // Packets wait for room in another process's inbox: look again soon.
