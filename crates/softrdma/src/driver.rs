@@ -122,10 +122,60 @@ const PEER_WINDOW: u32 = (SOCKET_BUFFER / 2 / 8192) as u32;
 /// How soon a progress thread with packets waiting for room in another process's inbox
 /// looks again, when nothing else wakes it.
 const BACKLOG_RETRY: Duration = Duration::from_micros(100);
-/// How long a progress thread that took the inbox on a sender's nudge leaves what that
-/// queued (the ACKs the packets earned) for the application's answer to carry, before its
-/// next pass sends it on its own (the progress thread's loop).
+/// How long a progress thread that took the inbox on a sender's nudge, or the sockets an
+/// application left ([`SocketGuard`]), leaves what that queued (the ACKs the packets
+/// earned) for the application's answer to carry, before its next pass sends it on its
+/// own (the progress thread's loop).
 const NUDGED_ANSWER_WAIT: Duration = Duration::from_micros(20);
+
+/// The progress thread's watch over the sockets while the application polls them: an
+/// application that polled a CQ and then waits in its memory for a datagram's WRITE,
+/// calling no verb, would leave it in the socket until the thread's next look, up to
+/// `APP_POLL_WINDOW` (on the same-host path its sender rings instead:
+/// [`SameHost::nudge_stalled`]). So the thread, asleep while the application polls, watches
+/// the sockets too; woken by a readable one, it looks whether the application polls
+/// still (a poll since it woke, within [`SocketGuard::CHECK`]), and takes the sockets if
+/// not. Each wake-up that finds the application polling doubles the time until the
+/// thread watches again, up to `APP_POLL_WINDOW`, so that an application that polls pays
+/// about one wake-up a millisecond; one that finds it stopped watches at once again.
+struct SocketGuard {
+    /// When the thread next watches the sockets.
+    next: Instant,
+    /// The wait after a wake-up that found the application polling.
+    backoff: Duration,
+    /// The application left a readable socket: the next pass takes the sockets.
+    take: bool,
+}
+
+impl SocketGuard {
+    /// The first wait after a wake-up that found the application polling.
+    const BACKOFF: Duration = Duration::from_micros(50);
+    /// How long a woken thread waits for a poll of the application's before it takes the
+    /// sockets: a polling application polls every microsecond or two.
+    const CHECK: Duration = Duration::from_micros(10);
+
+    fn new() -> SocketGuard {
+        SocketGuard { next: Instant::ZERO, backoff: Self::BACKOFF, take: false }
+    }
+
+    /// Whether the next sleep watches the sockets.
+    fn watches(&self, now: Instant) -> bool {
+        now >= self.next
+    }
+
+    /// A socket the sleep watched became readable: does the application poll still?
+    fn rang(&mut self, shared: &Shared) {
+        let woke = shared.now();
+        if shared.app_polls_since(woke, Self::CHECK) {
+            self.backoff = (self.backoff * 2).min(APP_POLL_WINDOW);
+            self.next = woke.saturating_add(self.backoff);
+        } else {
+            self.take = true;
+            self.backoff = Self::BACKOFF;
+            self.next = woke;
+        }
+    }
+}
 /// A thread that polls and finds nothing this many times in a row yields the CPU once: an
 /// application polling an empty CQ, and the progress thread spinning after work. On a host
 /// with more busy threads than cores, the peer process whose work it waits for (the "NIC"
@@ -1374,6 +1424,20 @@ impl Shared {
         ring(&self.doorbell);
     }
 
+    /// Whether the application polls after `since`, within `budget` of it (spinning, reading
+    /// its last poll's instant).
+    fn app_polls_since(&self, since: Instant, budget: Duration) -> bool {
+        loop {
+            if self.app_polled.load(Ordering::Relaxed) > since.as_nanos() {
+                return true;
+            }
+            if self.now() - since >= budget {
+                return false;
+            }
+            std::hint::spin_loop();
+        }
+    }
+
     /// The application is about to block (on a completion channel, in a sleeping wait):
     /// give the sockets back to the progress thread at once, or a packet could wait for
     /// the rest of [`APP_POLL_WINDOW`].
@@ -1397,6 +1461,7 @@ impl Shared {
         // This thread emptied the inbox's bell after a sender rang it: the packet is its to
         // take, whoever else slept on the bell (their poll found it empty again).
         let mut took_bell = false;
+        let mut guard = SocketGuard::new();
         let mut spins = 0u32;
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
@@ -1423,7 +1488,8 @@ impl Shared {
                 // arrives while it is awake).
                 let received = st.rx_batches;
                 let rang = std::mem::take(&mut took_bell);
-                let nudged = rang && app_polled;
+                let left = std::mem::take(&mut guard.take);
+                let nudged = (rang || left) && app_polled;
                 let worked = if nudged {
                     // A sender's nudge: the application polls no more, and waits in its
                     // memory, maybe for what waits in the inbox. Take it and deliver the
@@ -1433,10 +1499,10 @@ impl Shared {
                     // answer came, and the peer waited in its memory in turn (a chain of
                     // nudged rounds in `ib_write_lat`). This thread's next pass, after
                     // NUDGED_ANSWER_WAIT, sends it if the application has not answered.
-                    if let Some(local) = &mut st.same_host {
+                    if rang && let Some(local) = &mut st.same_host {
                         local.nudged += 1;
                     }
-                    st.receive(&self, now, false, true);
+                    st.receive(&self, now, left, true);
                     st.dispatch_events(&self, now);
                     false
                 } else {
@@ -1494,6 +1560,16 @@ impl Shared {
             fds.push(PollFd::new(&self.doorbell, PollFlags::IN));
             let mut bell = Bell::Unwatched;
             let for_app = app_polled && self.watch_for_app(&mut fds);
+            // The sockets the application left to itself, watched for it (`SocketGuard`),
+            // between the doorbell and the bell.
+            let guarding = app_polled
+                && !for_app
+                && self.app_waiting.load(Ordering::SeqCst) == 0
+                && !self.port.sockets().is_empty()
+                && guard.watches(now);
+            if guarding {
+                fds.extend(self.socket_fds());
+            }
             if app_polled {
                 bell = self.watch_nudges(&mut fds);
             } else if !app_polling {
@@ -1512,6 +1588,9 @@ impl Shared {
             }
             if for_app {
                 self.tell_app_of_sockets(&fds[1..]);
+            }
+            if guarding && fds[1..].iter().take(self.port.sockets().len()).any(|f| !f.revents().is_empty()) {
+                guard.rang(&self);
             }
             // The bell is the last descriptor `watch_bell` added.
             took_bell =

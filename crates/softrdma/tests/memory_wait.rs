@@ -1,13 +1,21 @@
 //! A C program that polls its CQ and then waits in its own memory for the peer's WRITE,
-//! calling no verb: the WRITE lands without the program's next poll. In a file of its own,
-//! so that no other test of its binary runs beside it: what it checks is how soon the
-//! waiting side's progress thread wakes, which a second core busy with another test's
-//! threads delays.
+//! calling no verb: the WRITE lands without the program's next poll, through the same-host
+//! path and over the sockets. In a file of its own, its tests one at a time, so that
+//! nothing runs beside them: what they check is how soon the waiting side's progress thread
+//! wakes, which a second core busy with another test's threads delays.
 
 mod common;
 
+use std::sync::Mutex;
+use std::time::Duration;
+
 use common::*;
 use softrdma::*;
+
+/// Held by each test: they run one at a time.
+static ALONE: Mutex<()> = Mutex::new(());
+
+const ROUNDS: u64 = 40;
 
 /// The next completion of `s`'s CQ, busy-polled.
 fn busy_next(s: &Side) -> Wc {
@@ -19,22 +27,15 @@ fn busy_next(s: &Side) -> Wc {
     wc[0]
 }
 
-/// A C program may poll its CQ, then wait in its own memory for the peer's WRITE, calling
-/// no verb (`ib_write_lat` polls its send CQ for its own WRITE's ACK, then spins on its
-/// buffer). For `APP_POLL_WINDOW` after a poll the device's progress thread leaves the
-/// inbox to the application, so the WRITE waited there until the thread's next look, 1 to
-/// 2 ms; now its sender, polling for the WRITE's completion, rings the waiting side's bell
-/// once the packet has stayed untaken (`same_host_nudges_sent`), and the progress thread
-/// takes it (`same_host_nudges_taken`).
-#[test]
+/// [`ROUNDS`] rounds of: `b` polls its CQ (nothing comes), then waits in its memory, reading
+/// its buffer by address as a C program does, for the WRITE that `a` then posts, polling
+/// for its completion. Returns how long each WRITE took to land.
 #[allow(unsafe_code)] // The waiting side plays a C program: it reads its buffer by address.
-fn a_write_to_an_application_waiting_in_its_memory_lands_without_its_next_poll() {
-    const ROUNDS: u64 = 40;
-    let (a, b) = rc_pair(4096);
+fn rounds(a: &Side, b: &Side) -> Vec<Duration> {
     let target = b.mr.remote(0..8).unwrap();
     let word = b.mr.addr() as *const u64;
     let (go, went) = std::sync::mpsc::channel::<u64>();
-    let waited = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         s.spawn(|| {
             // The requester: a WRITE of the round's number, then polls until it completes.
             for round in went {
@@ -42,13 +43,12 @@ fn a_write_to_an_application_waiting_in_its_memory_lands_without_its_next_poll()
                 let sge = [a.mr.sge(0..8).unwrap()];
                 a.qp.post_send(&[wr(round, SendOp::RdmaWrite { remote_addr: target.addr, rkey: target.rkey }, &sge)])
                     .unwrap();
-                let wc = busy_next(&a);
+                let wc = busy_next(a);
                 assert_eq!((wc.wr_id, wc.status), (round, WcStatus::Success));
             }
         });
         let mut waited = Vec::new();
         for round in 1..=ROUNDS {
-            // The waiting side polls (nothing comes), then waits in its memory.
             let mut wc = [EMPTY_WC];
             assert_eq!(b.cq.poll(&mut wc), 0);
             let start = std::time::Instant::now();
@@ -64,19 +64,51 @@ fn a_write_to_an_application_waiting_in_its_memory_lands_without_its_next_poll()
         }
         drop(go);
         waited
-    });
-    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
-    // Nudged, a WRITE lands some 120-150 us after it was sent, in every round here;
-    // without, mostly after the window, 1-4 ms (2 to 8 rounds of 40 came sooner, where the
-    // progress thread's look fell so). A host with no CPU to spare delays the progress
-    // thread's wake-up as much as the window's end (a third thread busy on the two cores:
-    // 4 to 9 rounds of 40 within half the window); this binary runs no other test.
+    })
+}
+
+/// Asserts that at least half of the rounds' WRITEs landed within half of the window the
+/// progress thread leaves to a polling application, which they all waited for before.
+fn assert_quick(waited: &[Duration], a: &Side, b: &Side) {
     let quick = waited.iter().filter(|&&w| w < APP_POLL_WINDOW / 2).count();
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert!(
         quick >= waited.len() / 2,
         "only {quick} of {ROUNDS} WRITEs to memory waited on landed within half of APP_POLL_WINDOW \
          ({APP_POLL_WINDOW:?}): {waited:?}\n{ca:?}\n{cb:?}"
     );
+}
+
+/// For `APP_POLL_WINDOW` after a poll the device's progress thread leaves the inbox to the
+/// application, so the WRITE waited there until the thread's next look, 1 to 2 ms; now its
+/// sender, polling for the WRITE's completion, rings the waiting side's bell once the
+/// packet has stayed untaken (`same_host_nudges_sent`), and the progress thread takes it
+/// (`same_host_nudges_taken`). Nudged, a WRITE lands in 120-150 us, in every round here;
+/// without, 2 to 8 rounds of 40 came within half the window (where the progress thread's
+/// look fell so). A host with no CPU to spare delays the progress thread's wake-up as much
+/// as the window's end (a third thread busy on the two cores: 4 to 9 rounds of 40).
+#[test]
+fn a_write_to_an_application_waiting_in_its_memory_lands_without_its_next_poll() {
+    let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (a, b) = rc_pair(4096);
+    let waited = rounds(&a, &b);
+    assert_quick(&waited, &a, &b);
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert!(ca.same_host_nudges_sent > 0, "the requester rang no bell: {ca:?}");
     assert!(cb.same_host_nudges_taken > 0, "the waiting side's progress thread took nothing on a ring: {cb:?}");
+}
+
+/// Over the sockets no sender can ring: the waiting side's progress thread watches them
+/// while its application polls, and takes a readable one that the application does not
+/// poll for within a few microseconds (`SocketGuard` in the driver). Without the watch,
+/// the WRITEs waited for the window as through the inbox.
+#[test]
+fn a_write_over_the_sockets_to_an_application_waiting_in_its_memory_lands_without_its_next_poll() {
+    let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let off = ContextOptions { same_host: false, ..ContextOptions::default() };
+    let (a, b) = pair_with(QpType::Rc, 4096, [off.clone(), off]);
+    let waited = rounds(&a, &b);
+    assert_quick(&waited, &a, &b);
+    let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
+    assert_eq!((ca.same_host_sent, cb.same_host_sent), (0, 0), "the sockets alone");
 }
