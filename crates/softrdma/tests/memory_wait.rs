@@ -17,16 +17,6 @@ static ALONE: Mutex<()> = Mutex::new(());
 
 const ROUNDS: u64 = 40;
 
-/// The next completion of `s`'s CQ, busy-polled.
-fn busy_next(s: &Side) -> Wc {
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut wc = [EMPTY_WC];
-    while s.cq.poll(&mut wc) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
-    }
-    wc[0]
-}
-
 /// [`ROUNDS`] rounds of: `b` polls its CQ (nothing comes), then waits in its memory, reading
 /// its buffer by address as a C program does, for the WRITE that `a` then posts, polling
 /// for its completion. Returns how long each WRITE took to land.

@@ -66,18 +66,6 @@ fn contexts_on_one_host_exchange_packets_through_shared_memory() {
     assert_eq!(ca.engine.rcvd_icrc_exact + ca.engine.rcvd_icrc_errors, 0, "no ICRC checked: {ca:?}");
 }
 
-/// The next completion of `s`'s CQ, busy-polled as a latency-bound program polls: the
-/// application's thread takes what comes, so its answer follows at once (a waiting thread
-/// lets the progress thread take the ping, which sends the ACK then).
-fn busy_next(s: &Side) -> Wc {
-    let deadline = std::time::Instant::now() + WAIT;
-    let mut wc = [EMPTY_WC];
-    while s.cq.poll(&mut wc) == 0 {
-        assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
-    }
-    wc[0]
-}
-
 /// A ping-pong: `b` answers each SEND of `a` at once with a SEND of its own. The ACK `b`
 /// owes for the ping rides beside its answer (`Engine::allow_acks_beside`) once `b`'s
 /// driver knows `a`'s inbox takes them, and `a` takes it before the answer: `a`'s send

@@ -92,6 +92,18 @@ pub fn ud_side_with(ip: [u8; 4], options: ContextOptions) -> Side {
 
 pub const WAIT: Duration = Duration::from_secs(10);
 
+/// The next completion of `s`'s CQ, busy-polled as a latency-bound program polls: the
+/// application's thread takes what comes, so its answer follows at once (a waiting thread
+/// lets the progress thread take the ping, which sends the ACK then).
+pub fn busy_next(s: &Side) -> Wc {
+    let deadline = std::time::Instant::now() + WAIT;
+    let mut wc = [EMPTY_WC];
+    while s.cq.poll(&mut wc) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no completion in {WAIT:?}");
+    }
+    wc[0]
+}
+
 pub fn wr<'a>(wr_id: u64, op: SendOp, sg_list: &'a [Sge]) -> SendWr<'a> {
     SendWr { wr_id, op, sg_list, flags: SendFlags::SIGNALED, ud: None, xrc_srqn: None }
 }
