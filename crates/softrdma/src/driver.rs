@@ -502,6 +502,9 @@ pub(crate) struct State {
     ack_left: Option<LeftAck>,
     /// Receives a poll ended early so ([`rx_rest`](Self::rx_rest)).
     acks_left: u64,
+    /// Passes of the progress thread that took the sockets its polling application left
+    /// readable ([`SocketGuard`]).
+    sockets_left: u64,
     /// The counters published for `softrdma stats`.
     stats: Publisher,
     /// The same-host path: this process's inbox and its routes to others'.
@@ -877,6 +880,7 @@ impl Driver {
             rx_stop_at: None,
             ack_left: None,
             acks_left: 0,
+            sockets_left: 0,
             stats,
             same_host,
             same_host_backlog: false,
@@ -1502,6 +1506,7 @@ impl Shared {
                     if rang && let Some(local) = &mut st.same_host {
                         local.nudged += 1;
                     }
+                    st.sockets_left += u64::from(left);
                     st.receive(&self, now, left, true);
                     st.dispatch_events(&self, now);
                     false
@@ -1795,9 +1800,9 @@ impl State {
             worked = true;
         }
         let progress_thread = shared.thread_id.get().copied();
-        let State { stats, nic, send_errors, channel_waits, acks_left, same_host, faults, .. } = self;
+        let State { stats, nic, send_errors, channel_waits, acks_left, sockets_left, same_host, faults, .. } = self;
         stats.after_receive(now, worked, progress_thread, || {
-            counters(nic, *send_errors, *channel_waits, *acks_left, same_host.as_ref(), faults.as_ref())
+            counters(nic, *send_errors, *channel_waits, *acks_left, *sockets_left, same_host.as_ref(), faults.as_ref())
         });
         worked
     }
@@ -1891,6 +1896,7 @@ impl State {
             self.send_errors,
             self.channel_waits,
             self.acks_left,
+            self.sockets_left,
             self.same_host.as_ref(),
             self.faults.as_ref(),
         )
@@ -2391,6 +2397,7 @@ fn counters(
     send_errors: u64,
     waits: ChannelWaits,
     acks_left: u64,
+    sockets_left: u64,
     same_host: Option<&SameHost>,
     faults: Option<&Faults>,
 ) -> Counters {
@@ -2406,6 +2413,7 @@ fn counters(
         channel_waits_polled: waits.polled,
         channel_waits_slept: waits.slept,
         acks_left_for_next_poll: acks_left,
+        sockets_left_by_app: sockets_left,
         faults: faults.map(Faults::counters).unwrap_or_default(),
         cm: nic.cm().counters(),
     }

@@ -379,6 +379,10 @@ pub struct Counters {
     /// a socket, or beside it in the inbox) for their next call, or the progress thread's
     /// next pass.
     pub acks_left_for_next_poll: u64,
+    /// Passes of the progress thread that took the sockets the application, polling of
+    /// late, left readable without polling for 10 µs (a program waiting in its memory for
+    /// a WRITE that came by a socket).
+    pub sockets_left_by_app: u64,
     /// What injected faults (`SOFTRDMA_FAULTS`) did to the datagrams the device received.
     pub faults: crate::faults::FaultCounters,
     /// The connection manager's counters (MADs sent, received, dropped, retried).
@@ -388,10 +392,11 @@ pub struct Counters {
 impl Counters {
     /// Every counter with its name, in a fixed order: the engine's (named as its fields),
     /// `send_errors`, `gsi_dropped`, `same_host_sent`, `same_host_rcvd`,
-    /// `same_host_nudges_sent`, `same_host_nudges_taken`, `channel_waits_polled`, `channel_waits_slept`, `acks_left_for_next_poll`, the injected faults'
-    /// with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
+    /// `same_host_nudges_sent`, `same_host_nudges_taken`, `channel_waits_polled`,
+    /// `channel_waits_slept`, `acks_left_for_next_poll`, `sockets_left_by_app`, the
+    /// injected faults' with a `faults_` prefix, then the connection manager's with a `cm_` prefix.
     /// These names are what `softrdma stats` prints and what [`crate::stats`] publishes.
-    pub fn named(&self) -> [(&'static str, u64); 47] {
+    pub fn named(&self) -> [(&'static str, u64); 48] {
         // Destructured in full, so that a new counter cannot be left out.
         let softrdma_engine::Counters {
             sent_packets,
@@ -470,6 +475,7 @@ impl Counters {
             ("channel_waits_polled", self.channel_waits_polled),
             ("channel_waits_slept", self.channel_waits_slept),
             ("acks_left_for_next_poll", self.acks_left_for_next_poll),
+            ("sockets_left_by_app", self.sockets_left_by_app),
             ("faults_dropped", dropped),
             ("faults_duplicated", duplicated),
             ("faults_delayed", delayed),

@@ -57,15 +57,26 @@ fn rounds(a: &Side, b: &Side) -> Vec<Duration> {
     })
 }
 
-/// Asserts that at least half of the rounds' WRITEs landed within half of the window the
-/// progress thread leaves to a polling application, which they all waited for before.
-fn assert_quick(waited: &[Duration], a: &Side, b: &Side) {
-    let quick = waited.iter().filter(|&&w| w < APP_POLL_WINDOW / 2).count();
+/// Runs [`rounds`] until at least half of a batch's WRITEs landed within half of the
+/// window the progress thread leaves to a polling application, which they all waited for
+/// before, up to three batches (a host that took the CPUs away for a while delays the
+/// progress thread's wake-up as much as the window's end: with a third thread busy on the
+/// two cores, 4 to 9 rounds of 40 came so). Returns the quick batch.
+fn quick_batch(a: &Side, b: &Side) -> Vec<Duration> {
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        let waited = rounds(a, b);
+        let quick = waited.iter().filter(|&&w| w < APP_POLL_WINDOW / 2).count();
+        if quick >= waited.len() / 2 {
+            return waited;
+        }
+        batches.push((quick, waited));
+    }
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
-    assert!(
-        quick >= waited.len() / 2,
-        "only {quick} of {ROUNDS} WRITEs to memory waited on landed within half of APP_POLL_WINDOW \
-         ({APP_POLL_WINDOW:?}): {waited:?}\n{ca:?}\n{cb:?}"
+    panic!(
+        "in three batches of {ROUNDS}, only {:?} WRITEs to memory waited on landed within half of \
+         APP_POLL_WINDOW ({APP_POLL_WINDOW:?}): {batches:?}\n{ca:?}\n{cb:?}",
+        batches.iter().map(|b| b.0).collect::<Vec<_>>()
     );
 }
 
@@ -75,14 +86,12 @@ fn assert_quick(waited: &[Duration], a: &Side, b: &Side) {
 /// packet has stayed untaken (`same_host_nudges_sent`), and the progress thread takes it
 /// (`same_host_nudges_taken`). Nudged, a WRITE lands in 120-150 us, in every round here;
 /// without, 2 to 8 rounds of 40 came within half the window (where the progress thread's
-/// look fell so). A host with no CPU to spare delays the progress thread's wake-up as much
-/// as the window's end (a third thread busy on the two cores: 4 to 9 rounds of 40).
+/// look fell so).
 #[test]
 fn a_write_to_an_application_waiting_in_its_memory_lands_without_its_next_poll() {
     let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let (a, b) = rc_pair(4096);
-    let waited = rounds(&a, &b);
-    assert_quick(&waited, &a, &b);
+    quick_batch(&a, &b);
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert!(ca.same_host_nudges_sent > 0, "the requester rang no bell: {ca:?}");
     assert!(cb.same_host_nudges_taken > 0, "the waiting side's progress thread took nothing on a ring: {cb:?}");
@@ -90,15 +99,19 @@ fn a_write_to_an_application_waiting_in_its_memory_lands_without_its_next_poll()
 
 /// Over the sockets no sender can ring: the waiting side's progress thread watches them
 /// while its application polls, and takes a readable one that the application does not
-/// poll for within a few microseconds (`SocketGuard` in the driver). Without the watch,
-/// the WRITEs waited for the window as through the inbox.
+/// poll for within a few microseconds (`SocketGuard` in the driver,
+/// `sockets_left_by_app`). Without the watch, 1 to 5 rounds of 40 came within half the
+/// window.
 #[test]
 fn a_write_over_the_sockets_to_an_application_waiting_in_its_memory_lands_without_its_next_poll() {
     let _alone = ALONE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let off = ContextOptions { same_host: false, ..ContextOptions::default() };
     let (a, b) = pair_with(QpType::Rc, 4096, [off.clone(), off]);
-    let waited = rounds(&a, &b);
-    assert_quick(&waited, &a, &b);
+    quick_batch(&a, &b);
     let (ca, cb) = (a.ctx.counters(), b.ctx.counters());
     assert_eq!((ca.same_host_sent, cb.same_host_sent), (0, 0), "the sockets alone");
+    assert!(
+        cb.sockets_left_by_app > 0,
+        "the waiting side's progress thread took no socket its application left: {cb:?}"
+    );
 }
