@@ -508,10 +508,15 @@ fn run(shared: &Shared) {
                 // Sockets of this user on the port that are not this member's: a group its
                 // user's last process left with guests in it, who re-register as after a
                 // failover (within milliseconds, once a coordinator answers). Fresh members
-                // wait for them as after a failover too: steered first, this member's own
-                // slot alone would send their datagrams to it until they had.
-                let inherited = !failover && others_of_my_user(shared);
-                match coord::Server::bind(&shared.name(), shared.port, failover || inherited, shared.speaks) {
+                // wait for them as after a failover too, if not as long: steered first,
+                // this member's own slot alone would send their datagrams to it until they
+                // had.
+                let grace = if failover {
+                    Some(coord::FAILOVER_GRACE)
+                } else {
+                    others_of_my_user(shared).then_some(coord::INHERITED_GRACE)
+                };
+                match coord::Server::bind(&shared.name(), shared.port, grace, shared.speaks) {
                     Ok(Some(mut s)) => {
                         s.reserve(std::mem::take(&mut reserved));
                         server = Some(s);

@@ -29,7 +29,16 @@ fn started(pid: u32) -> u64 {
 const ROUND_TIMEOUT: Duration = Duration::from_millis(300);
 /// After a failover, how long new members (asking for a fresh slot) wait, so that the
 /// survivors re-claim their slots first.
-const FAILOVER_GRACE: Duration = Duration::from_millis(300);
+pub(crate) const FAILOVER_GRACE: Duration = Duration::from_millis(300);
+/// How long new members wait when a fresh coordinator found sockets of its user on the
+/// port that are not its own (`host::others_of_my_user`): guests a group's last process of
+/// its user left, which re-register within milliseconds once a coordinator answers, or
+/// only the sockets of a process that is ending, which nobody re-registers. The failover's
+/// 300 ms there made every process that came to an idle port just after another left
+/// wait that long to be steered: rdma_cm servers started one after another (the rsocket
+/// tests') were not yet steered when their client connected, half the runs of
+/// `crates/ibverbs/tests/rsocket.rs` on 2026-12-03, none with this.
+pub(crate) const INHERITED_GRACE: Duration = Duration::from_millis(50);
 /// Incomplete rounds retried before waiting for the next change.
 const MAX_RETRIES: u32 = 3;
 /// How many processes (other than the coordinator's) hold a copy of every socket the
@@ -211,8 +220,10 @@ impl Server {
         }
     }
 
-    /// Binds the coordinator's name; `Ok(None)` when another process holds it.
-    pub(crate) fn bind(name: &[u8], port: u16, failover: bool, speaks: Speaks) -> io::Result<Option<Self>> {
+    /// Binds the coordinator's name; `Ok(None)` when another process holds it. For `grace`
+    /// new members (asking for a fresh slot) wait, while the members of a group it takes
+    /// over re-claim their slots ([`FAILOVER_GRACE`], [`INHERITED_GRACE`]).
+    pub(crate) fn bind(name: &[u8], port: u16, grace: Option<Duration>, speaks: Speaks) -> io::Result<Option<Self>> {
         let fd = rustix::net::socket_with(
             AddressFamily::UNIX,
             SocketType::SEQPACKET,
@@ -238,7 +249,7 @@ impl Server {
             round: None,
             dirty: false,
             retries: 0,
-            grace_until: failover.then(|| Instant::now() + FAILOVER_GRACE),
+            grace_until: grace.map(|g| Instant::now() + g),
             index_of: BTreeMap::new(),
             pending_replies: Vec::new(),
             tombstones: Vec::new(),
