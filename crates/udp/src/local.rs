@@ -1283,9 +1283,7 @@ impl Outbox {
             self.map.u64(H_SEQ).fetch_add(1, Ordering::SeqCst);
         }
         if self.map.u32(H_SLEEPERS).load(Ordering::SeqCst) != 0 {
-            // A write fails only when the FIFO is full, and then the receiver has a wake-up
-            // pending anyway.
-            let _ = rustix::io::write(&self.bell, &[1]);
+            self.nudge();
         }
     }
 
@@ -1309,7 +1307,8 @@ impl Outbox {
     /// that watches the bell then takes the inbox (the bell is only a wake-up: a ring
     /// nobody watches is drained by the next sleeper, which finds the inbox as it is).
     pub fn nudge(&self) {
-        // A write fails only when the FIFO is full: a wake-up is pending anyway.
+        // A write fails only when the FIFO is full, and then the receiver has a wake-up
+        // pending anyway.
         let _ = rustix::io::write(&self.bell, &[1]);
     }
 
