@@ -659,6 +659,14 @@ enum Bell {
     Nudges,
 }
 
+impl Bell {
+    /// Whether a sleep that watched the bell (the last of `fds`, as [`Shared::watch_bell`]
+    /// and [`Shared::watch_nudges`] add it) was rung.
+    fn rang(self, fds: &[PollFd<'_>]) -> bool {
+        matches!(self, Bell::Watched | Bell::Nudges) && fds.last().is_some_and(|f| !f.revents().is_empty())
+    }
+}
+
 /// An open device: the engine, its sockets and its progress thread.
 pub(crate) struct Driver {
     /// The `softrdma res` answer thread ([`crate::res`]), stopped first when the device closes.
@@ -1263,7 +1271,7 @@ impl Shared {
         if for_app {
             self.tell_app_of_sockets(&fds[1..]);
         }
-        let rang = bell == Bell::Nudges && fds.last().is_some_and(|f| !f.revents().is_empty());
+        let rang = bell.rang(&fds);
         drop(fds);
         self.sleeping_until.store(0, Ordering::Release);
         drain(&self.doorbell);
@@ -1495,14 +1503,15 @@ impl Shared {
                 let left = std::mem::take(&mut guard.take);
                 let nudged = (rang || left) && app_polled;
                 let worked = if nudged {
-                    // A sender's nudge: the application polls no more, and waits in its
-                    // memory, maybe for what waits in the inbox. Take it and deliver the
-                    // events, but leave what that queued (the ACKs the packets earned) to
-                    // go with the application's answer, as its own poll would, and sleep:
-                    // sent now, on its own, an ACK let the peer's poll return before the
-                    // answer came, and the peer waited in its memory in turn (a chain of
-                    // nudged rounds in `ib_write_lat`). This thread's next pass, after
-                    // NUDGED_ANSWER_WAIT, sends it if the application has not answered.
+                    // A sender's nudge, or a socket the application left readable: it polls
+                    // no more, and waits in its memory, maybe for what waits in the inbox
+                    // or the sockets. Take them and deliver the events, but leave what that
+                    // queued (the ACKs the packets earned) to go with the application's
+                    // answer, as its own poll would, and sleep: sent now, on its own, an
+                    // ACK let the peer's poll return before the answer came, and the peer
+                    // waited in its memory in turn (a chain of nudged rounds in
+                    // `ib_write_lat`). This thread's next pass, after NUDGED_ANSWER_WAIT,
+                    // sends it if the application has not answered.
                     if rang && let Some(local) = &mut st.same_host {
                         local.nudged += 1;
                     }
@@ -1597,9 +1606,7 @@ impl Shared {
             if guarding && fds[1..].iter().take(self.port.sockets().len()).any(|f| !f.revents().is_empty()) {
                 guard.rang(&self);
             }
-            // The bell is the last descriptor `watch_bell` added.
-            took_bell =
-                matches!(bell, Bell::Watched | Bell::Nudges) && fds.last().is_some_and(|f| !f.revents().is_empty());
+            took_bell = bell.rang(&fds);
             drop(fds);
             self.unwatch_bell(bell);
             self.watching.store(false, Ordering::SeqCst);
