@@ -454,8 +454,12 @@ unsafe extern "C" fn rsetsockopt(
                 let _ = rs.set_sizes(sizes);
                 0
             }
-            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE | libc::SO_LINGER)
-            | (libc::IPPROTO_TCP, libc::TCP_NODELAY | libc::TCP_MAXSEG | libc::TCP_KEEPIDLE)
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => rs.set_keepalive(v != 0).map_or_else(|e| fail(&e), |()| 0),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => rs.set_keepalive_idle(v).map_or_else(|e| fail(&e), |()| 0),
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_OOBINLINE | libc::SO_LINGER)
+            | (libc::IPPROTO_TCP, libc::TCP_NODELAY | libc::TCP_MAXSEG)
+            // Accepted and not needed: the connection's own retries say when a keepalive
+            // went unanswered (rdma-core ignores them too).
             | (libc::IPPROTO_TCP, libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL)
             | (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => {
                 rs.set_option(level, name, v);
@@ -493,8 +497,10 @@ unsafe extern "C" fn rgetsockopt(
             (libc::SOL_SOCKET, libc::SO_ERROR) => rs.take_error(),
             (libc::SOL_SOCKET, libc::SO_RCVBUF) => sizes.rbuf as c_int,
             (libc::SOL_SOCKET, libc::SO_SNDBUF) => sizes.sbuf as c_int,
-            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_KEEPALIVE | libc::SO_OOBINLINE)
-            | (libc::IPPROTO_TCP, libc::TCP_NODELAY | libc::TCP_KEEPIDLE)
+            (libc::SOL_SOCKET, libc::SO_KEEPALIVE) => c_int::from(rs.keepalive()),
+            (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE) => rs.keepalive_idle().min(c_int::MAX as u32) as c_int,
+            (libc::SOL_SOCKET, libc::SO_REUSEADDR | libc::SO_OOBINLINE)
+            | (libc::IPPROTO_TCP, libc::TCP_NODELAY)
             | (libc::IPPROTO_IPV6, libc::IPV6_V6ONLY) => c_int::from(rs.option(level, name) != 0),
             (libc::IPPROTO_TCP, libc::TCP_MAXSEG) => 2048,
             (libc::IPPROTO_TCP, libc::TCP_KEEPCNT | libc::TCP_KEEPINTVL) => 1,

@@ -37,6 +37,8 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 use rustix::io::Errno;
 
+mod keepalive;
+
 use crate::{
     Access, CmEvent, CmEventKind, CmId, CmStatus, CompChannel, ConnParam, Cq, Error, EventChannel, Mr, Pd, PortSpace,
     Qp, QpCap, QpInit, QpType, RKey, RecvWr, Result, SendFlags, SendOp, SendWr, Sge, WcStatus,
@@ -55,7 +57,7 @@ pub const OP_IOMAP_SGL: u32 = 6;
 pub const OP_CTRL: u32 = 7;
 /// Control: the peer closed both directions.
 pub const CTRL_DISCONNECT: u32 = 0;
-/// Control: keepalive (ignored).
+/// Control: keepalive (nothing to do for its receiver; see `keepalive`).
 pub const CTRL_KEEPALIVE: u32 = 1;
 /// Control: the peer will send no more.
 pub const CTRL_SHUTDOWN: u32 = 2;
@@ -360,8 +362,13 @@ struct State {
     dst: Option<SocketAddr>,
     /// The error of a failed connection (`SO_ERROR`), taken once.
     err: i32,
-    /// Options recorded for `getsockopt` (`SO_REUSEADDR`, `SO_KEEPALIVE`, `TCP_NODELAY`, ...).
+    /// Options recorded for `getsockopt` (`SO_REUSEADDR`, `TCP_NODELAY`, ...).
     pub_opts: Vec<(i32, i32, i32)>,
+    /// `SO_KEEPALIVE`: the keepalive thread sends this socket's ([`keepalive`]).
+    keepalive: bool,
+    /// `TCP_KEEPIDLE`, seconds between keepalives (0 until set or until keepalives are
+    /// turned on, which takes the kernel's `tcp_keepalive_time`, as rdma-core does).
+    keepalive_idle: u32,
 }
 
 /// An rsocket (`SOCK_STREAM`): an RC QP connected by rdma_cm, speaking rdma-core's
@@ -512,6 +519,31 @@ impl State {
         self.writable = false;
     }
 
+    /// The connection failed: the error state, `SO_ERROR` `EIO`.
+    fn failed(&mut self) {
+        self.phase = Phase::Error;
+        self.err = libc_eio();
+        self.readable = false;
+        self.writable = false;
+    }
+
+    /// A keepalive, if connected with a control slot free (`tcp_svc_send_keepalive`): a
+    /// zero-length WRITE with immediate whose completion [`poll_cq`](State::poll_cq) takes
+    /// as any control message's, an error one failing the connection.
+    fn send_keepalive(&mut self) {
+        if !self.connected() {
+            return;
+        }
+        let Some(c) = self.conn.as_mut() else { return };
+        if !c.ctrl_avail() {
+            return;
+        }
+        c.ctrl_seqno = c.ctrl_seqno.wrapping_add(1);
+        if c.post_msg(msg(OP_CTRL, CTRL_KEEPALIVE)).is_err() {
+            self.failed();
+        }
+    }
+
     /// Takes every completion (`rs_poll_cq`).
     fn poll_cq(&mut self) {
         let Some(c) = self.conn.as_mut() else { return };
@@ -586,10 +618,7 @@ impl State {
         if disconnect {
             self.disconnected();
         } else if error && self.phase == Phase::Connected {
-            self.phase = Phase::Error;
-            self.err = libc_eio();
-            self.readable = false;
-            self.writable = false;
+            self.failed();
         }
     }
 
@@ -641,6 +670,8 @@ impl RSocket {
                 dst: None,
                 err: 0,
                 pub_opts: Vec::new(),
+                keepalive: false,
+                keepalive_idle: 0,
             })),
             wait_lock: Mutex::new(()),
         }
@@ -683,8 +714,58 @@ impl RSocket {
         lock(&self.st).nonblocking
     }
 
+    /// `SO_KEEPALIVE`: sends a keepalive every [`keepalive_idle`](Self::keepalive_idle)
+    /// seconds from now on (the kernel's `tcp_keepalive_time` if none was set), while
+    /// connected, so that a peer gone without a word fails the connection (`POLLERR`,
+    /// `SO_ERROR` `EIO`) instead of leaving it waiting ([`keepalive`]). `EIO`-like
+    /// errors only if the keepalive thread cannot start.
+    pub fn set_keepalive(&self, on: bool) -> Result<()> {
+        let idle = {
+            let mut st = lock(&self.st);
+            if st.keepalive == on {
+                return Ok(());
+            }
+            if on && st.keepalive_idle == 0 {
+                st.keepalive_idle = keepalive::default_idle();
+            }
+            st.keepalive = on;
+            st.keepalive_idle
+        };
+        if !on {
+            keepalive::cancel(&self.st);
+            return Ok(());
+        }
+        keepalive::schedule(&self.st, Duration::from_secs(u64::from(idle))).inspect_err(|_| {
+            lock(&self.st).keepalive = false;
+        })
+    }
+
+    /// Whether keepalives are on (`SO_KEEPALIVE`).
+    pub fn keepalive(&self) -> bool {
+        lock(&self.st).keepalive
+    }
+
+    /// `TCP_KEEPIDLE`: seconds between keepalives, at least 1 (`EINVAL` otherwise); with
+    /// keepalives on, the next comes that long from now.
+    pub fn set_keepalive_idle(&self, seconds: i32) -> Result<()> {
+        let Ok(idle @ 1..) = u32::try_from(seconds) else {
+            return Err(errno(Errno::INVAL, format!("rsetsockopt TCP_KEEPIDLE: {seconds} s; it takes 1 s or more")));
+        };
+        let on = {
+            let mut st = lock(&self.st);
+            st.keepalive_idle = idle;
+            st.keepalive
+        };
+        if on { keepalive::schedule(&self.st, Duration::from_secs(u64::from(idle))) } else { Ok(()) }
+    }
+
+    /// `TCP_KEEPIDLE` (0 if neither it nor `SO_KEEPALIVE` was ever set, as rdma-core's).
+    pub fn keepalive_idle(&self) -> u32 {
+        lock(&self.st).keepalive_idle
+    }
+
     /// Records an option value for [`option`](Self::option) (options rsockets accept and
-    /// need not act on: `SO_REUSEADDR`, `SO_KEEPALIVE`, `TCP_NODELAY`, ...).
+    /// need not act on: `SO_REUSEADDR`, `TCP_NODELAY`, ...).
     pub fn set_option(&self, level: i32, name: i32, value: i32) {
         let mut st = lock(&self.st);
         st.pub_opts.retain(|&(l, n, _)| (l, n) != (level, name));
@@ -1522,6 +1603,9 @@ impl Drop for RSocket {
     fn drop(&mut self) {
         if let Some(q) = lock(&self.backlog).as_ref() {
             q.stop.store(true, Ordering::Release);
+        }
+        if lock(&self.st).keepalive {
+            keepalive::cancel(&self.st);
         }
     }
 }
