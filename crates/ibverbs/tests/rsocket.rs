@@ -151,6 +151,18 @@ fn rstream_blocking_nonblocking_and_async_up_to_1_mib() {
 }
 
 #[test]
+fn rstream_with_keepalives_every_second_moves_verified_data() {
+    let Some((lib, stats)) = setup("keepalive", &["rstream"]) else { return };
+    // -k 1: SO_KEEPALIVE and TCP_KEEPIDLE 1 on both sides, read back with rgetsockopt;
+    // the run lasts over a second (1.7 s here), so each side's keepalive goes between its
+    // data writes and the peer takes it as the control message it is (-T v checks every
+    // byte). Keepalives to a peer that is gone: tests/rsocket_keepalive.rs.
+    let out = stream_pair(&lib, &stats, "rstream", 27516, &["-k", "1", "-T", "v", "-S", "65536", "-C", "20000"]);
+    let lines: Vec<&str> = out.lines().map(str::trim).collect();
+    assert!(lines.contains(&"Keepalive: ON") && lines.contains(&"time: 1"), "rgetsockopt's answers:\n{out}");
+}
+
+#[test]
 fn riostream_writes_into_the_peers_iomap() {
     let Some((lib, stats)) = setup("riostream", &["riostream"]) else { return };
     // riostream's data goes by riowrite into the region the server riomap'ed; -T v checks
