@@ -206,6 +206,12 @@ ok_perftest() { grep -Eq "^ *[0-9]+ +[0-9]+ +([0-9.]+|inf|-?nan) " "$2" || echo 
 
 # rstream/riostream: the client's result row ("100k_lat 100k 20 ..." and the like).
 ok_rstream() { grep -Eq "^[a-z0-9_]+ +[0-9.]+[kmg]? +[0-9.]+[kmg]? " "$2" || echo "no result row on the client"; }
+# rstream -k: both sides say they send keepalives (rgetsockopt), and the run carried them.
+ok_rstream_keepalive() {
+    local r; r=$(ok_rstream "$@")
+    [ -n "$r" ] && { echo "$r"; return; }
+    grep -q "Keepalive: ON" "$1" && grep -q "Keepalive: ON" "$2" || echo "no 'Keepalive: ON' on both sides"
+}
 
 # last FILE: its last non-empty line, short.
 last() { grep -v '^[[:space:]]*$' "$1" | tail -n 1 | cut -c1-110; }
@@ -416,6 +422,10 @@ case_ ib_atomic_lat tcp ok_perftest "$T" "ib_atomic_lat $PERF -n 1000" "ib_atomi
 # transfers go through riomap/riowrite.
 case_ "rstream -T v" cm ok_rstream "$T" "rstream -b @ADDR@ -p @PORT@ -S 100000 -C 20 -T v" \
     "rstream -s @PEER@ -p @PORT@ -S 100000 -C 20 -T v"
+# -k 1: each side sends a keepalive (a zero-length WRITE with immediate) every second of a
+# run that lasts several (the guest is slow), between its data, and takes the peer's.
+case_ "rstream -k 1" cm ok_rstream_keepalive "$T" "rstream -b @ADDR@ -p @PORT@ -k 1 -S 100000 -C 400 -T v" \
+    "rstream -s @PEER@ -p @PORT@ -k 1 -S 100000 -C 400 -T v"
 case_ "riostream -T v" cm ok_rstream "$T" "riostream -b @ADDR@ -p @PORT@ -S 100000 -C 20 -T v" \
     "riostream -s @PEER@ -p @PORT@ -S 100000 -C 20 -T v"
 if wanted "ib_write_bw 1% loss"; then
