@@ -181,6 +181,11 @@ impl SocketGuard {
 /// with more busy threads than cores, the peer process whose work it waits for (the "NIC"
 /// is software) then runs. Four process pairs on two cores: see README.
 pub(crate) const YIELD_AFTER_IDLE_TURNS: u32 = 64;
+/// A yield of the progress thread's spin that came back this late gave the CPU to another
+/// thread: the host has more runnable threads than cores.
+const CONTENDED_YIELD: Duration = Duration::from_micros(20);
+/// How long the progress thread then sleeps at once after its work instead of spinning.
+const NO_SPIN_AFTER_CONTENTION: Duration = Duration::from_millis(50);
 /// How often a wait that polls ([`Shared::wait_channel`]) yields the CPU: by time, not by
 /// turns, as a turn that asks the sockets costs 2-3 us (64 turns held a CPU 150-200 us on
 /// the wire, where the peer process that had to answer might be waiting for it).
@@ -931,7 +936,14 @@ impl Driver {
         let for_thread = Arc::clone(&shared);
         let thread = std::thread::Builder::new()
             .name(format!("softrdma-{}", device.interface()))
-            .spawn(move || for_thread.run())
+            .spawn(move || {
+                // Woken while the application's threads spin on every core, it runs after
+                // a slice of theirs, not of the default length (crate::slice).
+                if let Err(e) = crate::slice::set_own_slice(crate::slice::PROGRESS_SLICE) {
+                    tracing::debug!(error = %e, "the progress thread keeps the default scheduler slice");
+                }
+                for_thread.run()
+            })
             .map_err(|e| Error::io("starting the progress thread", e))?;
         let _ = shared.thread_id.set(thread.thread().id());
         let res = res_socket.and_then(|path| {
@@ -1475,6 +1487,9 @@ impl Shared {
         let mut took_bell = false;
         let mut guard = SocketGuard::new();
         let mut spins = 0u32;
+        // Until when the thread does not spin after its work: its last spin's yield found
+        // the CPU wanted by another thread.
+        let mut no_spin_until = Instant::ZERO;
         while !self.stop.load(Ordering::Acquire) {
             let now = self.now();
             let polled = self.app_polled.load(Ordering::Relaxed);
@@ -1527,7 +1542,14 @@ impl Shared {
                     last_work = now;
                     continue;
                 }
-                if !app_polling && now - last_work < self.spin {
+                // Not on a host whose cores are all wanted: there the spin took a core from
+                // the threads this one works for, and every wake-up of this thread then
+                // waited for their slices (the scheduler's lag: a thread that ran more than
+                // its share runs last). Two processes that each wait for the other's WRITE
+                // by reading their memory, on two cores: a round trip of 1.1 ms at the
+                // median with the spin, 29-56 us without (`crate::slice`). A yield that comes back
+                // at once says a core is free again, and the spin resumes after the pause.
+                if !app_polling && now - last_work < self.spin && now >= no_spin_until {
                     None // spin: stay awake, publish nothing
                 } else {
                     // While the application polls, it does the receiving; this thread
@@ -1562,7 +1584,12 @@ impl Shared {
                 // thread waits for may be the one that needs it.
                 spins = spins.wrapping_add(1);
                 if spins % YIELD_AFTER_IDLE_TURNS == 0 {
+                    let before = self.now();
                     std::thread::yield_now();
+                    let after = self.now();
+                    if after - before > CONTENDED_YIELD {
+                        no_spin_until = after + NO_SPIN_AFTER_CONTENTION;
+                    }
                 } else {
                     std::hint::spin_loop();
                 }

@@ -60,6 +60,7 @@ mod memory;
 pub mod res;
 pub mod rsocket;
 mod same_host;
+mod slice;
 pub mod stats;
 pub mod sysfs;
 mod verbs;
