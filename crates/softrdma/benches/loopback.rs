@@ -17,6 +17,11 @@
 //! The peer is this program run again as a child (`SOFTRDMA_TEST_ROLE`); the two talk in
 //! lines over the child's stdin/stdout.
 //!
+//! Reported without a baseline: a ping-pong in which both processes wait for the peer's
+//! WRITE by reading their own memory (programs written for a NIC, which places WRITEs
+//! with no CPU of theirs): the progress threads place every WRITE, on cores the two
+//! spinning applications also want (`--memory-wait-only` runs it alone).
+//!
 //! For profiling: `--rdma-bw-only`, `--rdma-lat-only`, `--rdma-events-only` and
 //! `--empty-poll-only` (an empty CQ polled, per poll) run one figure alone;
 //! `SOFTRDMA_BENCH_SPIN_US=N` sets both sides' progress-thread spin (`ContextOptions::spin`,
@@ -73,6 +78,11 @@ fn main() {
         println!("RDMA WRITE 8 B with events one way: median {:.2} us, p99 {:.2} us", events.median, events.p99);
         return;
     }
+    if std::env::args().any(|a| a == "--memory-wait-only") {
+        let rt = rdma_memory_wait(if quick { 2_000 } else { 10_000 });
+        println!("{}", rt.line());
+        return;
+    }
     let n_lat = if quick { 2_000 } else { 20_000 };
     let bw_time = if quick { Duration::from_millis(300) } else { Duration::from_secs(2) };
 
@@ -85,6 +95,7 @@ fn main() {
     let idle = idle_cpu(100, if quick { Duration::from_millis(500) } else { Duration::from_secs(2) });
     let per_qp = memory_per_qp(1000);
     let (poll_one, poll_two) = empty_poll(if quick { 200_000 } else { 2_000_000 });
+    let memory_wait = rdma_memory_wait(if quick { 2_000 } else { 10_000 });
 
     println!();
     println!("{:<52} {:>12} {:>12} {:>8}", "what", "softrdma", "baseline", "ratio");
@@ -112,6 +123,7 @@ fn main() {
     println!("{:<52} {:>9.1} KiB", "memory per RC QP (default queue sizes)", per_qp / 1024.0);
     println!("{:<52} {:>10.0} ns", "an empty CQ polled, device with one socket", poll_one);
     println!("{:<52} {:>10.0} ns", "an empty CQ polled, device with two (IPv4, IPv6)", poll_two);
+    println!("{}", memory_wait.line());
     println!(
         "latency detail (us, one way): UDP busy p99 {:.2}; RDMA polled min {:.2} p99 {:.2}; RDMA events p99 {:.2}; UDP blocking p99 {:.2}",
         udp_busy.p99, rdma_busy.min, rdma_busy.p99, rdma_event.p99, udp_block.p99
@@ -152,6 +164,100 @@ fn one_way(mut rtts: Vec<Duration>) -> Lat {
     rtts.sort();
     let us = |d: Duration| d.as_secs_f64() * 1e6 / 2.0;
     Lat { min: us(rtts[0]), median: us(rtts[rtts.len() / 2]), p99: us(rtts[rtts.len() * 99 / 100]) }
+}
+
+/// Round trips of [`rdma_memory_wait`], in microseconds.
+struct RoundTrips {
+    median: f64,
+    mean: f64,
+    p99: f64,
+    over_100us: f64,
+}
+
+impl RoundTrips {
+    fn of(mut rtts: Vec<Duration>) -> RoundTrips {
+        rtts.sort();
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        let over = rtts.iter().filter(|&&d| d > Duration::from_micros(100)).count();
+        RoundTrips {
+            median: us(rtts[rtts.len() / 2]),
+            mean: us(rtts.iter().sum::<Duration>()) / rtts.len() as f64,
+            p99: us(rtts[rtts.len() * 99 / 100]),
+            over_100us: over as f64 / rtts.len() as f64,
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "8 B WRITE round trip, both sides waiting in memory (us): median {:.1}, mean {:.1}, p99 {:.0}; {:.1} % over 100 us",
+            self.median,
+            self.mean,
+            self.p99,
+            self.over_100us * 100.0
+        )
+    }
+}
+
+/// WRITEs a ping-pong's number `i` into the peer's first 8 bytes: unsignaled but for one in
+/// 16, whose completion is polled for at once (the send queue's room), as such programs do.
+fn write_number(r: &Rdma, peer: &Advert, i: u64) {
+    r.mr.write(8, &i.to_ne_bytes()).unwrap();
+    let sge = [r.mr.sge(8..16).unwrap()];
+    let signaled = i % 16 == 0;
+    let flags = if signaled { SendFlags::SIGNALED } else { SendFlags(0) };
+    let op = SendOp::RdmaWrite { remote_addr: peer.addr, rkey: peer.rkey() };
+    r.qp.post_send(&[SendWr { wr_id: i, op, sg_list: &sge, flags, ud: None, xrc_srqn: None }]).unwrap();
+    if signaled {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(wc) = r.cq.poll_one() {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "no completion for WRITE {i}");
+        }
+    }
+}
+
+/// Waits until this side's first 8 bytes hold `i` (or `stop` is set), reading them by
+/// address as a C program does: no call into softrdma (`Mr::read` would be a poll).
+#[allow(unsafe_code)] // reads registered memory by address, as the programs it stands for
+fn wait_for_number(r: &Rdma, i: u64, stop: &dyn Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let word = r.mr.addr() as *const u64;
+    loop {
+        // SAFETY: the region's first 8 bytes (it is 4096 long, page-aligned), alive while
+        // `r` is; the device writes them when a WRITE lands, and a volatile read sees that.
+        if unsafe { std::ptr::read_volatile(word) } == i || stop() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "WRITE {i} did not land in 10 s");
+        std::hint::spin_loop();
+    }
+}
+
+/// `n` round trips of 8-byte RDMA WRITEs between two processes that each wait for the
+/// other's by reading their own memory ([`write_number`], [`wait_for_number`]).
+fn rdma_memory_wait(n: usize) -> RoundTrips {
+    let mut peer = spawn("rdma-memory-pong", &[]);
+    let (r, me) = rdma_side(A, 4096);
+    let theirs = Advert::parse(&peer.expect_line("EP ", Duration::from_secs(10)));
+    peer.send_line(&me.line());
+    connect(&r, &me, &theirs);
+    peer.expect_line("CONNECTED", Duration::from_secs(10));
+    let warmup = n / 10;
+    let mut rtts = Vec::with_capacity(n);
+    for i in 1..=(n + warmup) as u64 {
+        let t = Instant::now();
+        write_number(&r, &theirs, i);
+        wait_for_number(&r, i, &|| false);
+        if i as usize > warmup {
+            rtts.push(t.elapsed());
+        }
+    }
+    peer.send_line("QUIT");
+    peer.wait_success(Duration::from_secs(10));
+    RoundTrips::of(rtts)
 }
 
 /// Runs this benchmark again as `role` (the test-runner arguments the helper adds are
@@ -543,6 +649,28 @@ fn child_main(role: &str) {
                     }
                     let _ = r.channel.get_cq_event(Some(Duration::from_millis(100))).unwrap();
                 }
+            }
+        }
+        "rdma-memory-pong" => {
+            // Waits in its memory for each number, and WRITEs it back.
+            let (r, me) = rdma_side(B, 4096);
+            say(&me.line());
+            let peer = Advert::parse(&read_stdin_line().unwrap());
+            connect(&r, &me, &peer);
+            say("CONNECTED");
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s2 = stop.clone();
+            std::thread::spawn(move || {
+                while read_stdin_line().is_some_and(|l| l != "QUIT") {}
+                s2.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+            let stopped = || stop.load(std::sync::atomic::Ordering::Relaxed);
+            for i in 1.. {
+                wait_for_number(&r, i, &stopped);
+                if stopped() {
+                    return;
+                }
+                write_number(&r, &peer, i);
             }
         }
         "rdma-idle" | "rdma-idle-peer" => {
