@@ -1547,8 +1547,9 @@ impl Shared {
                 // waited for their slices (the scheduler's lag: a thread that ran more than
                 // its share runs last). Two processes that each wait for the other's WRITE
                 // by reading their memory, on two cores: a round trip of 1.1 ms at the
-                // median with the spin, 29-56 us without (`crate::slice`). A yield that comes back
-                // at once says a core is free again, and the spin resumes after the pause.
+                // median with the spin, 29-56 us without (`crate::slice`). A yield that
+                // comes back at once says a core is free again, and the spin resumes after
+                // the pause.
                 if !app_polling && now - last_work < self.spin && now >= no_spin_until {
                     None // spin: stay awake, publish nothing
                 } else {

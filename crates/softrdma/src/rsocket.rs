@@ -531,7 +531,8 @@ impl State {
     /// zero-length WRITE with immediate whose completion [`poll_cq`](State::poll_cq) takes
     /// as any control message's, an error one failing the connection.
     fn send_keepalive(&mut self) {
-        if !self.connected() {
+        // Turned off meanwhile (its entry goes with the call that turned it off).
+        if !self.keepalive || !self.connected() {
             return;
         }
         let Some(c) = self.conn.as_mut() else { return };
@@ -717,8 +718,8 @@ impl RSocket {
     /// `SO_KEEPALIVE`: sends a keepalive every [`keepalive_idle`](Self::keepalive_idle)
     /// seconds from now on (the kernel's `tcp_keepalive_time` if none was set), while
     /// connected, so that a peer gone without a word fails the connection (`POLLERR`,
-    /// `SO_ERROR` `EIO`) instead of leaving it waiting ([`keepalive`]). `EIO`-like
-    /// errors only if the keepalive thread cannot start.
+    /// `SO_ERROR` `EIO`) instead of leaving it waiting ([`keepalive`]). Fails only if the
+    /// keepalive thread cannot start.
     pub fn set_keepalive(&self, on: bool) -> Result<()> {
         let idle = {
             let mut st = lock(&self.st);
